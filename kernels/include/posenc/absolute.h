@@ -1,0 +1,72 @@
+// Absolute position encodings (SPEC §2.2, §2.3): y = x * x_scale + PE[pos],
+// with PE sinusoidal or a learned table.
+#ifndef POSENC_ABSOLUTE_H_
+#define POSENC_ABSOLUTE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "posenc/positions.h"
+#include "posenc/tensor.h"
+
+namespace posenc {
+
+enum class SinusoidalLayout : int {
+  kInterleaved = 1,   // Vaswani: PE[p,2i]=sin, PE[p,2i+1]=cos, w_i = base^(-2i/d)
+  kConcatenated = 2,  // fairseq/tensor2tensor: sin half then cos half,
+                      // w_i = base^(-i/(d/2-1)); odd d ends in a zero channel
+};
+
+// A learned table T [rows, dim], kept in float32 (exact for f16/bf16 sources).
+struct LearnedTable {
+  std::string name;
+  int64_t rows = 0;
+  int64_t dim = 0;
+  DType source_dtype = DType::kFloat32;
+  std::vector<float> values;  // [rows, dim]
+};
+
+struct AbsoluteOptions {
+  enum class Kind { kSinusoidal, kLearned } kind = Kind::kSinusoidal;
+  SinusoidalLayout sinusoidal_layout = SinusoidalLayout::kInterleaved;
+  double base = 10000.0;
+  double x_scale = 1.0;
+  std::shared_ptr<const LearnedTable> table;  // kLearned
+};
+
+struct AbsoluteTensors {
+  // [batch, seq, d] or [tokens, d]; updated in place. When absent (a table
+  // request) `out` receives PE itself.
+  MutableTensor x;
+  PositionInputs positions;
+  TensorView cu_seqlens;  // [tokens, d] only
+};
+
+struct AbsolutePlan {
+  AbsoluteOptions options;
+  DType dtype = DType::kFloat32;
+  int64_t num_tokens = 0;
+  int64_t dim = 0;
+  ResolvedPositions positions;
+  bool has_input = true;  // false: write PE (x treated as zero, x_scale ignored)
+  std::vector<double> omega;  // sinusoidal: [dim / 2] angular frequencies
+
+  bool empty() const { return num_tokens == 0 || dim == 0; }
+};
+
+[[nodiscard]] absl::StatusOr<AbsolutePlan> PlanAbsolute(const AbsoluteOptions& options,
+                                                        const AbsoluteTensors& tensors);
+
+// A plan that writes PE rows for the given positions ([n] INT32/INT64) or for
+// 0..count-1 when positions is absent, into an [n, dim] tensor of `dtype`.
+[[nodiscard]] absl::StatusOr<AbsolutePlan> PlanEncodingTable(const AbsoluteOptions& options,
+                                                             int64_t dim, DType dtype,
+                                                             const TensorView& positions,
+                                                             int64_t count);
+
+}  // namespace posenc
+
+#endif  // POSENC_ABSOLUTE_H_

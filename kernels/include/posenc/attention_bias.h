@@ -1,0 +1,58 @@
+// Additive attention bias (SPEC §2.4): ALiBi distances and causal,
+// sliding-window and key-padding masks, as b in softmax(QK^T / sqrt(d) + b).
+#ifndef POSENC_ATTENTION_BIAS_H_
+#define POSENC_ATTENTION_BIAS_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "posenc/tensor.h"
+
+namespace posenc {
+
+// The ALiBi paper's slopes for n heads: 2^(-8h/n), h = 1..n, for n a power of
+// two; otherwise those of the largest power of two below n followed by every
+// other slope of the next power of two. REQUIRES: n >= 1.
+std::vector<double> AlibiSlopes(int64_t num_heads);
+
+enum class BiasForm : int {
+  kNone = 1,       // masks only
+  kCausal = 2,     // -m * (i - j)
+  kSymmetric = 3,  // -m * |i - j|
+};
+
+struct BiasOptions {
+  BiasForm form = BiasForm::kCausal;
+  std::vector<double> slopes;  // empty: AlibiSlopes(num_heads)
+  int64_t batch = 0, num_heads = 0, q_len = 0, k_len = 0;  // 0: from logits
+  std::optional<int64_t> q_offset;  // default k_len - q_len
+  bool causal = false;
+  int64_t window = 0;  // keep the `window` most recent keys incl. self; 0 = off
+  TensorView k_lens;   // [batch] INT32/INT64, keys at j >= k_lens[b] masked
+  DType dtype = DType::kFloat32;  // of the built bias when no logits are given
+};
+
+struct BiasPlan {
+  BiasForm form = BiasForm::kCausal;
+  DType dtype = DType::kFloat32;
+  bool add_to_logits = false;
+  int64_t batch = 1, num_heads = 0, q_len = 0, k_len = 0, q_offset = 0;
+  bool causal = false;
+  int64_t window = 0;
+  std::vector<double> slopes;   // [num_heads]
+  std::vector<int64_t> k_lens;  // [batch]; k_len when not given
+
+  int64_t NumElements() const { return batch * num_heads * q_len * k_len; }
+  bool empty() const { return NumElements() == 0; }
+};
+
+// `logits`, when present, is [batch, heads, q_len, k_len] and receives b added
+// in place; otherwise the caller allocates NumElements() of options.dtype.
+[[nodiscard]] absl::StatusOr<BiasPlan> PlanAttentionBias(const BiasOptions& options,
+                                                         const TensorView& logits);
+
+}  // namespace posenc
+
+#endif  // POSENC_ATTENTION_BIAS_H_

@@ -1,0 +1,66 @@
+// The execution interface every backend (CPU, CUDA) implements. Backends take
+// validated plans and host buffers; where the work runs is their business.
+#ifndef POSENC_BACKEND_H_
+#define POSENC_BACKEND_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "posenc/absolute.h"
+#include "posenc/attention_bias.h"
+#include "posenc/rope.h"
+
+namespace posenc {
+
+enum class BackendKind : int { kCpu = 1, kCuda = 2 };
+
+struct DeviceInfo {
+  std::string name;                // "cpu" or the GPU's name
+  int64_t memory_bytes = 0;        // GPU memory; 0 for the CPU
+  int compute_capability = 0;      // major * 10 + minor; 0 for the CPU
+  int threads = 0;                 // CPU worker threads
+};
+
+// Per-call context: lets a backend stop work for a caller who left.
+struct RunContext {
+  std::function<bool()> cancelled;  // may be empty
+  bool IsCancelled() const { return cancelled && cancelled(); }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual BackendKind kind() const = 0;
+  virtual DeviceInfo device() const = 0;
+
+  // REQUIRES: plan from PlanRope over buffers of these sizes (host memory).
+  // Rotates query (and key when plan.has_key) in place.
+  [[nodiscard]] virtual absl::Status ApplyRope(const RopePlan& plan, void* query, void* key,
+                                               const RunContext& ctx) = 0;
+  // REQUIRES: plan from PlanAbsolute / PlanEncodingTable; `x` holds
+  // num_tokens * dim elements, read (when plan.has_input) and overwritten.
+  [[nodiscard]] virtual absl::Status ApplyAbsolute(const AbsolutePlan& plan, void* x,
+                                                   const RunContext& ctx) = 0;
+  // REQUIRES: plan from PlanAttentionBias; `out` holds plan.NumElements()
+  // elements: the logits when plan.add_to_logits, else written whole.
+  [[nodiscard]] virtual absl::Status ApplyAttentionBias(const BiasPlan& plan, void* out,
+                                                        const RunContext& ctx) = 0;
+};
+
+// A CPU backend on `num_threads` threads (0: hardware concurrency).
+std::unique_ptr<Backend> CreateCpuBackend(int num_threads);
+
+// The CUDA backend on `device`, or FAILED_PRECONDITION saying why there is
+// none (built without CUDA, no driver, no device).
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device);
+
+// True when this library was compiled with the CUDA backend.
+bool BuiltWithCuda();
+
+}  // namespace posenc
+
+#endif  // POSENC_BACKEND_H_

@@ -1,0 +1,103 @@
+// Element types on the wire and in kernels, and exact conversions between
+// float32 and the 16-bit formats (round-to-nearest-even, as SPEC §1 requires).
+#ifndef POSENC_DTYPE_H_
+#define POSENC_DTYPE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+
+namespace posenc {
+
+// Values match proto posenc.v1.DataType; never renumber.
+enum class DType : int {
+  kFloat32 = 1,
+  kFloat16 = 2,
+  kBFloat16 = 3,
+  kInt32 = 4,
+  kInt64 = 5,
+};
+
+size_t SizeOf(DType dtype);
+const char* DTypeName(DType dtype);
+inline bool IsFloating(DType d) {
+  return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16;
+}
+inline bool IsInteger(DType d) { return d == DType::kInt32 || d == DType::kInt64; }
+
+inline uint32_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+inline float BitsFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// bfloat16 is the top half of a float32; rounding adds 0x7fff plus the lowest
+// kept bit so that ties go to even. NaN keeps a quiet payload.
+inline uint16_t FloatToBFloat16(float f) {
+  uint32_t u = FloatBits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float BFloat16ToFloat(uint16_t h) { return BitsFloat(static_cast<uint32_t>(h) << 16); }
+
+// IEEE binary16 with round-to-nearest-even, subnormals and overflow to inf.
+inline uint16_t FloatToHalf(float f) {
+  uint32_t u = FloatBits(f);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  u &= 0x7fffffffu;
+  if (u >= 0x7f800000u) return sign | (u > 0x7f800000u ? 0x7e00u : 0x7c00u);
+  if (u >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 rounds to inf
+  if (u < 0x38800000u) {
+    // Below the smallest normal half (2^-14): adding 0.5 puts the half's
+    // subnormal ulp (2^-24) at the float's ulp, so the FPU rounds for us.
+    const float shifted = BitsFloat(u) + 0.5f;
+    return sign | static_cast<uint16_t>(FloatBits(shifted) - 0x3f000000u);
+  }
+  const uint32_t odd = (u >> 13) & 1u;
+  u += 0xc8000fffu + odd;  // rebias exponent (127 -> 15) and round half to even
+  return sign | static_cast<uint16_t>(u >> 13);
+}
+inline float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  if (exp == 0x1f) return BitsFloat(sign | 0x7f800000u | (mant << 13));
+  if (exp == 0) {
+    // Subnormal or zero: value = mant * 2^-24, exact in float.
+    const float v = static_cast<float>(mant) * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+  }
+  return BitsFloat(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+// Storage types the kernels are templated on.
+struct Half {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
+
+inline float ToFloat(float v) { return v; }
+inline float ToFloat(Half v) { return HalfToFloat(v.bits); }
+inline float ToFloat(BFloat16 v) { return BFloat16ToFloat(v.bits); }
+
+template <typename T>
+inline T FromFloat(float v);
+template <>
+inline float FromFloat<float>(float v) { return v; }
+template <>
+inline Half FromFloat<Half>(float v) { return Half{FloatToHalf(v)}; }
+template <>
+inline BFloat16 FromFloat<BFloat16>(float v) { return BFloat16{FloatToBFloat16(v)}; }
+
+}  // namespace posenc
+
+#endif  // POSENC_DTYPE_H_

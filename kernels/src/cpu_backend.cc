@@ -1,0 +1,85 @@
+// The CPU backend: splits each plan's work across a thread pool.
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "cpu_kernels.h"
+#include "posenc/backend.h"
+#include "posenc/thread_pool.h"
+
+namespace posenc {
+namespace {
+
+// Chunks of at least this many elements amortise the per-chunk overhead
+// (angle buffers, scheduling) without starving threads on small requests.
+constexpr int64_t kMinElementsPerChunk = 1 << 15;
+
+int64_t Grain(int64_t elements_per_item) {
+  return std::max<int64_t>(1, kMinElementsPerChunk / std::max<int64_t>(1, elements_per_item));
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int num_threads) : pool_(num_threads) {}
+
+  BackendKind kind() const override { return BackendKind::kCpu; }
+  DeviceInfo device() const override {
+    DeviceInfo d;
+    d.name = "cpu";
+    d.threads = pool_.num_threads();
+    return d;
+  }
+
+  absl::Status ApplyRope(const RopePlan& plan, void* query, void* key,
+                         const RunContext& ctx) override {
+    if (plan.empty()) return absl::OkStatus();
+    const int64_t per_token = (plan.query_heads + plan.key_heads) * plan.head_dim;
+    return Run(plan.num_tokens, Grain(per_token), ctx, [&](int64_t b, int64_t e) {
+      internal::RopeTokensCpu(plan, query, key, b, e);
+    });
+  }
+
+  absl::Status ApplyAbsolute(const AbsolutePlan& plan, void* x, const RunContext& ctx) override {
+    if (plan.empty()) return absl::OkStatus();
+    return Run(plan.num_tokens, Grain(plan.dim), ctx, [&](int64_t b, int64_t e) {
+      internal::AbsoluteTokensCpu(plan, x, b, e);
+    });
+  }
+
+  absl::Status ApplyAttentionBias(const BiasPlan& plan, void* out, const RunContext& ctx) override {
+    if (plan.empty()) return absl::OkStatus();
+    const int64_t rows = plan.batch * plan.num_heads * plan.q_len;
+    return Run(rows, Grain(plan.k_len), ctx, [&](int64_t b, int64_t e) {
+      internal::AttentionBiasRowsCpu(plan, out, b, e);
+    });
+  }
+
+ private:
+  // Runs fn over [0, n) in parallel; chunks that start after the caller left
+  // are skipped, and the call reports CANCELLED.
+  template <typename Fn>
+  absl::Status Run(int64_t n, int64_t grain, const RunContext& ctx, Fn fn) {
+    std::atomic<bool> cancelled{false};
+    pool_.ParallelFor(n, grain, [&](int64_t b, int64_t e) {
+      if (cancelled.load(std::memory_order_relaxed)) return;
+      if (ctx.IsCancelled()) {
+        cancelled = true;
+        return;
+      }
+      fn(b, e);
+    });
+    if (cancelled) return absl::CancelledError("the call was cancelled while computing");
+    return absl::OkStatus();
+  }
+
+  ThreadPool pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> CreateCpuBackend(int num_threads) {
+  if (num_threads <= 0) num_threads = std::max(1u, std::thread::hardware_concurrency());
+  return std::make_unique<CpuBackend>(num_threads);
+}
+
+}  // namespace posenc

@@ -1,0 +1,35 @@
+// CPU kernels: each processes a contiguous range of the work a plan
+// describes, so the backend can split it across threads. Internal.
+#ifndef POSENC_KERNELS_CPU_KERNELS_H_
+#define POSENC_KERNELS_CPU_KERNELS_H_
+
+#include <cstdint>
+
+#include "posenc/absolute.h"
+#include "posenc/attention_bias.h"
+#include "posenc/rope.h"
+
+// One binary serves old and new x86-64 CPUs: the hot loops are compiled twice
+// and the loader picks the AVX2/FMA version where the CPU has it.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(POSENC_NO_CLONES)
+#define POSENC_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define POSENC_CPU_CLONES
+#endif
+
+#define POSENC_ALWAYS_INLINE inline __attribute__((always_inline))
+
+namespace posenc::internal {
+
+// Rotates tokens [begin, end) of query and key in place.
+void RopeTokensCpu(const RopePlan& plan, void* query, void* key, int64_t begin, int64_t end);
+
+// Writes y = x * x_scale + PE for tokens [begin, end).
+void AbsoluteTokensCpu(const AbsolutePlan& plan, void* x, int64_t begin, int64_t end);
+
+// Writes (or adds) the bias for rows [begin, end) of [batch * heads * q_len].
+void AttentionBiasRowsCpu(const BiasPlan& plan, void* out, int64_t begin, int64_t end);
+
+}  // namespace posenc::internal
+
+#endif  // POSENC_KERNELS_CPU_KERNELS_H_

@@ -1,0 +1,66 @@
+#include "posenc/dtype.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace posenc {
+namespace {
+
+// Round-to-nearest-even into a format with `mant` fraction bits and minimum
+// normal exponent `emin`, computed in double: the independent check of the
+// bit-twiddling conversions.
+double RoundToFormat(double v, int mant, int emin, double max_finite) {
+  if (v == 0 || std::isnan(v)) return v;
+  const int e = std::max(static_cast<int>(std::floor(std::log2(std::abs(v)))), emin);
+  const double ulp = std::ldexp(1.0, e - mant);
+  const double r = std::nearbyint(v / ulp) * ulp;  // default rounding mode: ties to even
+  if (std::abs(r) > max_finite) return std::copysign(std::numeric_limits<double>::infinity(), v);
+  return r;
+}
+
+TEST(DType, SizesAndNames) {
+  EXPECT_EQ(SizeOf(DType::kFloat32), 4u);
+  EXPECT_EQ(SizeOf(DType::kBFloat16), 2u);
+  EXPECT_EQ(SizeOf(DType::kInt64), 8u);
+  EXPECT_EQ(DTypeName(DType::kFloat16), "FLOAT16");
+}
+
+TEST(DType, HalfRoundTripsEveryFiniteValue) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) continue;  // NaN payloads
+    EXPECT_EQ(FloatToHalf(HalfToFloat(static_cast<uint16_t>(h))), h) << std::hex << h;
+  }
+}
+
+TEST(DType, BFloat16RoundTripsEveryValue) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7f80) == 0x7f80 && (h & 0x7f)) continue;
+    EXPECT_EQ(FloatToBFloat16(BFloat16ToFloat(static_cast<uint16_t>(h))), h) << std::hex << h;
+  }
+}
+
+TEST(DType, ConversionsRoundToNearestEven) {
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<uint32_t> bits;
+  for (int i = 0; i < 200000; ++i) {
+    // Random float bit patterns over the ranges where half is interesting.
+    float f = BitsFloat(bits(rng));
+    if (std::isnan(f)) continue;
+    const double h = RoundToFormat(f, 10, -14, 65504.0);
+    const double b = RoundToFormat(f, 7, -126, 3.3895313892515355e38);
+    EXPECT_EQ(static_cast<double>(HalfToFloat(FloatToHalf(f))), h) << f;
+    EXPECT_EQ(static_cast<double>(BFloat16ToFloat(FloatToBFloat16(f))), b) << f;
+  }
+  // Ties: 1 + 2^-11 lies halfway between 1 and 1 + 2^-10 and goes to even (1).
+  EXPECT_EQ(HalfToFloat(FloatToHalf(1.0f + std::ldexp(1.0f, -11))), 1.0f);
+  EXPECT_EQ(HalfToFloat(FloatToHalf(1.0f + 3 * std::ldexp(1.0f, -11))), 1.0f + std::ldexp(1.0f, -9));
+  EXPECT_EQ(HalfToFloat(FloatToHalf(65520.0f)), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(HalfToFloat(FloatToHalf(65519.0f)), 65504.0f);
+  EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(std::nanf("")))));
+}
+
+}  // namespace
+}  // namespace posenc

@@ -1,0 +1,333 @@
+// Frequency resolution for every RoPE scaling, in float64. Each formula
+// follows HF transformers' modeling_rope_utils.py (the compatibility target of
+// SPEC §2.1); comments name the HF function a branch mirrors.
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "posenc/rope.h"
+#include "posenc/status_macros.h"
+
+namespace posenc {
+namespace {
+
+absl::Status Positive(absl::string_view field, double v) {
+  if (!(std::isfinite(v) && v > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " must be a finite number > 0, got ", v));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Required(absl::string_view field, const std::optional<double>& v,
+                                absl::string_view type) {
+  if (!v.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is required for ", type, " scaling"));
+  }
+  POSENC_RETURN_IF_ERROR(Positive(field, *v));
+  return *v;
+}
+
+absl::StatusOr<int64_t> OriginalMax(const RopeScaling& s, absl::string_view type,
+                                    std::optional<int64_t> fallback) {
+  std::optional<int64_t> v = s.original_max_position ? s.original_max_position : fallback;
+  if (!v.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scaling.original_max_position is required for ", type, " scaling"));
+  }
+  if (*v <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scaling.original_max_position must be > 0, got ", *v));
+  }
+  return *v;
+}
+
+// f_k = base^(-2k/dim) for k in [0, dim/2): HF's default inv_freq.
+void DefaultInvFreq(double base, int64_t dim, double* out) {
+  for (int64_t k = 0; k < dim / 2; ++k) {
+    out[k] = 1.0 / std::pow(base, static_cast<double>(2 * k) / static_cast<double>(dim));
+  }
+}
+
+// HF get_mscale: 0.1 * mscale * ln(scale) + 1 above scale 1.
+double YarnMscale(double scale, double mscale) {
+  return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+// HF find_correction_dim: the dimension whose wavelength fits num_rotations
+// times into max_position.
+double YarnCorrectionDim(double num_rotations, double dim, double base, double max_position) {
+  return (dim * std::log(max_position / (num_rotations * 2.0 * M_PI))) / (2.0 * std::log(base));
+}
+
+absl::Status ApplyYarn(const RopeScaling& s, double base, int64_t R, FrequencySet& fs) {
+  POSENC_ASSIGN_OR_RETURN(double factor, Required("scaling.factor", s.factor, "yarn"));
+  POSENC_ASSIGN_OR_RETURN(int64_t orig, OriginalMax(s, "yarn", std::nullopt));
+  const double beta_fast = s.beta_fast.value_or(32.0);
+  const double beta_slow = s.beta_slow.value_or(1.0);
+  POSENC_RETURN_IF_ERROR(Positive("scaling.beta_fast", beta_fast));
+  POSENC_RETURN_IF_ERROR(Positive("scaling.beta_slow", beta_slow));
+
+  if (s.attention_factor.has_value()) {
+    POSENC_RETURN_IF_ERROR(Positive("scaling.attention_factor", *s.attention_factor));
+    fs.attention_scale = *s.attention_factor;
+  } else if (s.mscale.value_or(0) != 0 && s.mscale_all_dim.value_or(0) != 0) {
+    fs.attention_scale = YarnMscale(factor, *s.mscale) / YarnMscale(factor, *s.mscale_all_dim);
+  } else {
+    fs.attention_scale = YarnMscale(factor, 1.0);
+  }
+
+  double low = YarnCorrectionDim(beta_fast, R, base, orig);
+  double high = YarnCorrectionDim(beta_slow, R, base, orig);
+  if (s.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(R - 1));
+  if (low == high) high += 0.001;  // HF: avoid a zero-width ramp
+
+  for (int64_t k = 0; k < R / 2; ++k) {
+    const double pos_freq = std::pow(base, static_cast<double>(2 * k) / R);
+    const double extrapolation = 1.0 / pos_freq;
+    const double interpolation = 1.0 / (factor * pos_freq);
+    const double ramp = std::clamp((static_cast<double>(k) - low) / (high - low), 0.0, 1.0);
+    const double extrapolation_weight = 1.0 - ramp;
+    fs.inv_freq[k] =
+        interpolation * (1.0 - extrapolation_weight) + extrapolation * extrapolation_weight;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyLlama3(const RopeScaling& s, FrequencySet& fs) {
+  const double factor = s.factor.value_or(8.0);
+  const double low_ff = s.low_freq_factor.value_or(1.0);
+  const double high_ff = s.high_freq_factor.value_or(4.0);
+  POSENC_RETURN_IF_ERROR(Positive("scaling.factor", factor));
+  POSENC_RETURN_IF_ERROR(Positive("scaling.low_freq_factor", low_ff));
+  POSENC_RETURN_IF_ERROR(Positive("scaling.high_freq_factor", high_ff));
+  if (!(high_ff > low_ff)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scaling.high_freq_factor must exceed scaling.low_freq_factor, got ", high_ff,
+        " <= ", low_ff));
+  }
+  POSENC_ASSIGN_OR_RETURN(int64_t orig, OriginalMax(s, "llama3", 8192));
+  const double low_freq_wavelen = orig / low_ff;
+  const double high_freq_wavelen = orig / high_ff;
+  for (double& f : fs.inv_freq) {
+    const double wavelen = 2.0 * M_PI / f;
+    if (wavelen > low_freq_wavelen) {
+      f = f / factor;
+    } else if (wavelen >= high_freq_wavelen) {
+      // Medium band: blend the scaled and unscaled frequency.
+      const double smooth = (orig / wavelen - low_ff) / (high_ff - low_ff);
+      f = (1.0 - smooth) * f / factor + smooth * f;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyLongRope(const RopeScaling& s, double base, int64_t R, int64_t seq_len,
+                           FrequencySet& fs) {
+  const int64_t half = R / 2;
+  for (auto [name, v] : {std::pair<const char*, const std::vector<double>*>{
+                             "scaling.short_factor", &s.short_factor},
+                         {"scaling.long_factor", &s.long_factor}}) {
+    if (static_cast<int64_t>(v->size()) != half) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " must have rotary_dim/2 = ", half,
+                                                     " values, got ", v->size()));
+    }
+    for (size_t i = 0; i < v->size(); ++i) {
+      POSENC_RETURN_IF_ERROR(Positive(absl::StrCat(name, "[", i, "]"), (*v)[i]));
+    }
+  }
+  POSENC_ASSIGN_OR_RETURN(int64_t orig, OriginalMax(s, "longrope", std::nullopt));
+  const double factor = s.factor.value_or(1.0);
+  POSENC_RETURN_IF_ERROR(Positive("scaling.factor", factor));
+  if (s.attention_factor.has_value()) {
+    POSENC_RETURN_IF_ERROR(Positive("scaling.attention_factor", *s.attention_factor));
+    fs.attention_scale = *s.attention_factor;
+  } else if (factor <= 1.0) {
+    fs.attention_scale = 1.0;
+  } else {
+    fs.attention_scale =
+        std::sqrt(1.0 + std::log(factor) / std::log(static_cast<double>(orig)));
+  }
+  bool use_long = false;
+  switch (s.longrope_mode) {
+    case LongRopeMode::kBySequenceLength:
+      use_long = seq_len > orig;
+      break;
+    case LongRopeMode::kShort:
+      use_long = false;
+      break;
+    case LongRopeMode::kLong:
+      use_long = true;
+      break;
+  }
+  const std::vector<double>& ext = use_long ? s.long_factor : s.short_factor;
+  for (int64_t k = 0; k < half; ++k) {
+    fs.inv_freq[k] = 1.0 / (ext[k] * std::pow(base, static_cast<double>(2 * k) / R));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AssignAxes(const RopeOptions& o, int64_t R, FrequencySet& fs) {
+  const int64_t half = R / 2;
+  fs.slot_axis.assign(half, 0);
+  switch (o.axis_mode) {
+    case AxisMode::kSingle:
+      return absl::OkStatus();
+    case AxisMode::kAxial: {
+      int64_t sum = 0;
+      for (size_t a = 0; a < o.axis_dims.size(); ++a) {
+        const int64_t d = o.axis_dims[a];
+        if (d <= 0 || d % 2 != 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("axis_dims[", a, "] must be even and > 0, got ", d));
+        }
+        sum += d;
+      }
+      if (o.axis_dims.empty() || sum != R) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "axis_dims must sum to rotary_dim = ", R, ", got ", sum, " over ",
+            o.axis_dims.size(), " axes"));
+      }
+      int64_t k = 0;
+      for (size_t a = 0; a < o.axis_dims.size(); ++a) {
+        for (int64_t j = 0; j < o.axis_dims[a] / 2; ++j, ++k) fs.slot_axis[k] = a;
+      }
+      return absl::OkStatus();
+    }
+    case AxisMode::kMrope:
+    case AxisMode::kMropeInterleaved: {
+      int64_t sum = 0;
+      for (size_t a = 0; a < o.sections.size(); ++a) {
+        if (o.sections[a] < 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("sections[", a, "] must be >= 0, got ", o.sections[a]));
+        }
+        sum += o.sections[a];
+      }
+      if (o.sections.empty() || sum != half) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sections must sum to rotary_dim/2 = ", half, ", got ", sum, " over ",
+            o.sections.size(), " axes"));
+      }
+      const int64_t n = static_cast<int64_t>(o.sections.size());
+      if (o.axis_mode == AxisMode::kMrope) {
+        int64_t k = 0;
+        for (int64_t a = 0; a < n; ++a) {
+          for (int64_t j = 0; j < o.sections[a]; ++j, ++k) fs.slot_axis[k] = a;
+        }
+      } else {
+        // Qwen3-VL: slot k belongs to axis k % n while that axis has slots
+        // left (k < n * sections[a]); the rest stay on axis 0.
+        for (int64_t k = 0; k < half; ++k) {
+          const int64_t a = k % n;
+          fs.slot_axis[k] = (a != 0 && k < n * o.sections[a]) ? a : 0;
+        }
+      }
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError("axis_mode is not a known value");
+}
+
+}  // namespace
+
+int NumPositionAxes(const RopeOptions& o) {
+  switch (o.axis_mode) {
+    case AxisMode::kAxial:
+      return std::max<int>(1, o.axis_dims.size());
+    case AxisMode::kMrope:
+    case AxisMode::kMropeInterleaved:
+      return std::max<int>(1, o.sections.size());
+    case AxisMode::kSingle:
+      break;
+  }
+  return 1;
+}
+
+absl::StatusOr<FrequencySet> ResolveFrequencies(const RopeOptions& o, int64_t R,
+                                                int64_t seq_len) {
+  POSENC_RETURN_IF_ERROR(Positive("base", o.base));
+  const RopeScaling& s = o.scaling;
+  FrequencySet fs;
+  fs.inv_freq.assign(R / 2, 0.0);
+  POSENC_RETURN_IF_ERROR(AssignAxes(o, R, fs));
+  if (R == 0) return fs;
+
+  if (o.axis_mode == AxisMode::kAxial) {
+    if (s.type != ScalingType::kNone && s.type != ScalingType::kLinear &&
+        s.type != ScalingType::kExplicit) {
+      return absl::InvalidArgumentError(
+          "AXIAL supports scaling NONE, LINEAR or EXPLICIT only; length-based scalings are "
+          "defined over a single rotary dimension");
+    }
+    int64_t k = 0;
+    for (int64_t d : o.axis_dims) {
+      DefaultInvFreq(o.base, d, fs.inv_freq.data() + k);
+      k += d / 2;
+    }
+  } else {
+    DefaultInvFreq(o.base, R, fs.inv_freq.data());
+  }
+
+  switch (s.type) {
+    case ScalingType::kNone:
+      break;
+    case ScalingType::kLinear: {  // HF _compute_linear_scaling_rope_parameters
+      POSENC_ASSIGN_OR_RETURN(double factor, Required("scaling.factor", s.factor, "linear"));
+      for (double& f : fs.inv_freq) f /= factor;
+      break;
+    }
+    case ScalingType::kDynamicNtk: {  // HF _compute_dynamic_ntk_parameters
+      POSENC_ASSIGN_OR_RETURN(double factor, Required("scaling.factor", s.factor, "dynamic"));
+      POSENC_ASSIGN_OR_RETURN(int64_t orig, OriginalMax(s, "dynamic", std::nullopt));
+      if (R <= 2) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("dynamic NTK scaling needs rotary_dim > 2, got ", R));
+      }
+      const double L = static_cast<double>(std::max(seq_len, orig));
+      const double base = o.base * std::pow(factor * L / orig - (factor - 1.0),
+                                            static_cast<double>(R) / (R - 2));
+      DefaultInvFreq(base, R, fs.inv_freq.data());
+      break;
+    }
+    case ScalingType::kYarn:
+      POSENC_RETURN_IF_ERROR(ApplyYarn(s, o.base, R, fs));
+      break;
+    case ScalingType::kLlama3:
+      POSENC_RETURN_IF_ERROR(ApplyLlama3(s, fs));
+      break;
+    case ScalingType::kLongRope:
+      POSENC_RETURN_IF_ERROR(ApplyLongRope(s, o.base, R, seq_len, fs));
+      break;
+    case ScalingType::kExplicit: {
+      if (static_cast<int64_t>(s.inv_freq.size()) != R / 2) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "scaling.inv_freq must have rotary_dim/2 = ", R / 2, " values, got ",
+            s.inv_freq.size()));
+      }
+      for (size_t k = 0; k < s.inv_freq.size(); ++k) {
+        if (!std::isfinite(s.inv_freq[k]) || std::abs(s.inv_freq[k]) > 1e3) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "scaling.inv_freq[", k, "] must be finite with |f| <= 1000, got ", s.inv_freq[k]));
+        }
+      }
+      fs.inv_freq = s.inv_freq;
+      if (s.attention_factor.has_value()) {
+        POSENC_RETURN_IF_ERROR(Positive("scaling.attention_factor", *s.attention_factor));
+        fs.attention_scale = *s.attention_factor;
+      }
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("scaling.type ", static_cast<int>(s.type), " is not a known value"));
+  }
+  return fs;
+}
+
+}  // namespace posenc

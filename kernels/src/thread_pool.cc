@@ -1,0 +1,85 @@
+#include "posenc/thread_pool.h"
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+
+namespace posenc {
+
+ThreadPool::ThreadPool(int num_threads) {
+  for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (auto& w : workers_) w.join();
+}
+
+void ThreadPool::WorkerLoop() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stopping and drained
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    task();
+  }
+}
+
+void ThreadPool::ParallelFor(int64_t n, int64_t grain,
+                             const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  // A few chunks per thread balance uneven work without much overhead.
+  const int64_t max_chunks = static_cast<int64_t>(num_threads()) * 4;
+  const int64_t chunk = std::max(grain, (n + max_chunks - 1) / max_chunks);
+  const int64_t num_chunks = (n + chunk - 1) / chunk;
+  if (num_chunks == 1 || workers_.empty()) {
+    fn(0, n);
+    return;
+  }
+
+  // Shared by the caller and the helpers; helpers that start late find no
+  // chunk left and return at once.
+  struct Loop {
+    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> done{0};
+    std::mutex mu;
+    std::condition_variable cv;
+  };
+  auto loop = std::make_shared<Loop>();
+  auto run_chunks = [loop, n, chunk, num_chunks, &fn] {
+    for (;;) {
+      const int64_t c = loop->next.fetch_add(1);
+      if (c >= num_chunks) return;
+      const int64_t begin = c * chunk;
+      fn(begin, std::min(n, begin + chunk));
+      if (loop->done.fetch_add(1) + 1 == num_chunks) {
+        std::lock_guard<std::mutex> lock(loop->mu);
+        loop->cv.notify_all();
+      }
+    }
+  };
+  const int64_t helpers = std::min<int64_t>(workers_.size(), num_chunks - 1);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int64_t i = 0; i < helpers; ++i) tasks_.emplace_back(run_chunks);
+  }
+  if (helpers == 1) {
+    cv_.notify_one();
+  } else {
+    cv_.notify_all();
+  }
+  run_chunks();
+  std::unique_lock<std::mutex> lock(loop->mu);
+  loop->cv.wait(lock, [&] { return loop->done.load() == num_chunks; });
+}
+
+}  // namespace posenc

@@ -1,0 +1,606 @@
+// Every backend this build has, against the float64 reference of SPEC §5.
+// Inputs are fresh random data each run; write-only outputs are poisoned with
+// NaN before the kernel runs so unwritten elements fail.
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "posenc/backend.h"
+#include "reference.h"
+#include "test_tensors.h"
+
+namespace posenc {
+namespace {
+
+using testing::Bytes;
+
+std::unique_ptr<Backend> MakeBackend(const std::string& name) {
+  if (name == "cpu") return CreateCpuBackend(3);
+  if (name == "cpu1") return CreateCpuBackend(1);
+  auto cuda = CreateCudaBackend(0);
+  return cuda.ok() ? std::move(*cuda) : nullptr;
+}
+
+class BackendTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    backend_ = MakeBackend(GetParam());
+    if (backend_ == nullptr) GTEST_SKIP() << "no " << GetParam() << " device visible";
+  }
+  std::unique_ptr<Backend> backend_;
+};
+
+// ---------------------------------------------------------------- RoPE ----
+
+enum class Pos { kDefault, kIds, kOffsets };
+
+struct RopeCase {
+  RopeOptions options;
+  DType dtype = DType::kFloat32;
+  int64_t batch = 2, seq = 7, query_heads = 4, key_heads = 2, head_dim = 64;
+  std::vector<int64_t> cu_seqlens;  // THD: sequence boundaries over `seq` tokens
+  Pos pos = Pos::kIds;
+  int64_t pos_center = 0;  // random positions drawn around this value
+  int64_t pos_spread = 3000;
+  bool key = true;
+};
+
+int64_t ElementOffset(RopeLayout layout, int64_t b, int64_t s, int64_t t, int64_t h, int64_t H,
+                      int64_t S, int64_t D) {
+  switch (layout) {
+    case RopeLayout::kBSHD:
+      return ((b * S + s) * H + h) * D;
+    case RopeLayout::kBHSD:
+      return ((b * H + h) * S + s) * D;
+    case RopeLayout::kTHD:
+      return (t * H + h) * D;
+  }
+  return 0;
+}
+
+std::vector<int64_t> Shape(RopeLayout layout, int64_t B, int64_t S, int64_t H, int64_t D) {
+  switch (layout) {
+    case RopeLayout::kBSHD:
+      return {B, S, H, D};
+    case RopeLayout::kBHSD:
+      return {B, H, S, D};
+    case RopeLayout::kTHD:
+      return {S, H, D};
+  }
+  return {};
+}
+
+// Runs one case on `backend`; returns the rotated query for further checks.
+void CheckRope(Backend& backend, const RopeCase& c) {
+  const RopeOptions& o = c.options;
+  const bool packed = o.layout == RopeLayout::kTHD;
+  const int64_t B = packed ? 1 : c.batch, S = c.seq, D = c.head_dim;
+  const int64_t T = B * S;
+  const int A = NumPositionAxes(o);
+  const int64_t R = o.rotary_dim == 0 ? D : o.rotary_dim;
+  std::vector<int64_t> cu = c.cu_seqlens;
+  if (packed && cu.empty()) cu = {0, S};
+  const int64_t num_seq = packed ? static_cast<int64_t>(cu.size()) - 1 : B;
+
+  // Token -> (sequence, index) and the positions the test expects.
+  std::vector<int64_t> tok_seq(T), tok_idx(T);
+  for (int64_t t = 0; t < T; ++t) {
+    if (packed) {
+      int64_t s = 0;
+      while (cu[s + 1] <= t) ++s;
+      tok_seq[t] = s;
+      tok_idx[t] = t - cu[s];
+    } else {
+      tok_seq[t] = t / S;
+      tok_idx[t] = t % S;
+    }
+  }
+  std::vector<int64_t> ids(T * A);
+  std::vector<int64_t> offsets(num_seq);
+  std::uniform_int_distribution<int64_t> spread(-c.pos_spread, c.pos_spread);
+  for (auto& v : offsets) v = c.pos_center + spread(testing::Rng());
+  for (int64_t t = 0; t < T; ++t) {
+    for (int a = 0; a < A; ++a) {
+      int64_t p = tok_idx[t];
+      if (c.pos == Pos::kIds) p = c.pos_center + spread(testing::Rng());
+      if (c.pos == Pos::kOffsets) p = offsets[tok_seq[t]] + tok_idx[t];
+      ids[t * A + a] = p;
+    }
+  }
+  std::vector<int64_t> seq_len(num_seq, 0);
+  int64_t max_abs = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int a = 0; a < A; ++a) {
+      seq_len[tok_seq[t]] = std::max(seq_len[tok_seq[t]], ids[t * A + a] + 1);
+      max_abs = std::max(max_abs, std::abs(ids[t * A + a]));
+    }
+  }
+
+  Bytes q = testing::RandomTensor(c.dtype, T * c.query_heads * D);
+  Bytes k = c.key ? testing::RandomTensor(c.dtype, T * c.key_heads * D) : Bytes{};
+  std::vector<double> q_ref = testing::ToDoubles(c.dtype, q);
+  std::vector<double> k_ref = c.key ? testing::ToDoubles(c.dtype, k) : std::vector<double>{};
+
+  std::map<int64_t, reference::Frequencies> freq_cache;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t L = seq_len[tok_seq[t]];
+    auto it = freq_cache.find(L);
+    if (it == freq_cache.end()) it = freq_cache.emplace(L, reference::RopeFrequencies(o, R, L)).first;
+    std::vector<int64_t> pos(ids.begin() + t * A, ids.begin() + (t + 1) * A);
+    const int64_t b = packed ? 0 : tok_seq[t], s = packed ? t : tok_idx[t];
+    for (int64_t h = 0; h < c.query_heads; ++h) {
+      reference::RotateHead(o, it->second, R, pos,
+                            q_ref.data() + ElementOffset(o.layout, b, s, t, h, c.query_heads, S, D));
+    }
+    for (int64_t h = 0; c.key && h < c.key_heads; ++h) {
+      reference::RotateHead(o, it->second, R, pos,
+                            k_ref.data() + ElementOffset(o.layout, b, s, t, h, c.key_heads, S, D));
+    }
+  }
+
+  RopeTensors in;
+  in.query = testing::Mutable(c.dtype, Shape(o.layout, B, S, c.query_heads, D), q);
+  if (c.key) in.key = testing::Mutable(c.dtype, Shape(o.layout, B, S, c.key_heads, D), k);
+  std::vector<int64_t> ids_shape = packed ? std::vector<int64_t>{T} : std::vector<int64_t>{B, S};
+  if (A > 1) ids_shape.push_back(A);
+  if (c.pos == Pos::kIds) in.positions.position_ids = testing::IntView(ids, ids_shape);
+  std::vector<int32_t> offsets32(offsets.begin(), offsets.end());
+  if (c.pos == Pos::kOffsets) in.positions.offsets = testing::IntView(offsets32, {num_seq});
+  if (packed) in.cu_seqlens = testing::IntView(cu, {static_cast<int64_t>(cu.size())});
+
+  auto plan = PlanRope(o, in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(backend.ApplyRope(*plan, q.data(), c.key ? k.data() : nullptr, {}).ok());
+  const double tol = max_abs <= 1000000 ? 1e-6 : 1e-5;
+  EXPECT_TRUE(testing::MatchesReference(c.dtype, q_ref, q.data(), tol)) << "query";
+  if (c.key) EXPECT_TRUE(testing::MatchesReference(c.dtype, k_ref, k.data(), tol)) << "key";
+}
+
+constexpr DType kFloatTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+constexpr RopeStyle kStyles[] = {RopeStyle::kNeox, RopeStyle::kGptj};
+
+TEST_P(BackendTest, RopeAwkwardHeadDimsBothStylesAllDtypes) {
+  for (int64_t D : {64, 80, 112, 120, 128, 256}) {
+    for (RopeStyle style : kStyles) {
+      for (DType dtype : kFloatTypes) {
+        SCOPED_TRACE(::testing::Message() << "head_dim " << D << " style " << int(style)
+                                          << " dtype " << DTypeName(dtype));
+        RopeCase c;
+        c.options.style = style;
+        c.dtype = dtype;
+        c.head_dim = D;
+        c.query_heads = 17;
+        c.key_heads = 3;
+        c.seq = 5;
+        CheckRope(*backend_, c);
+      }
+    }
+  }
+}
+
+TEST_P(BackendTest, RopeLayoutsAndPositionForms) {
+  for (RopeLayout layout : {RopeLayout::kBSHD, RopeLayout::kBHSD, RopeLayout::kTHD}) {
+    for (Pos pos : {Pos::kDefault, Pos::kIds, Pos::kOffsets}) {
+      for (DType dtype : kFloatTypes) {
+        SCOPED_TRACE(::testing::Message() << "layout " << int(layout) << " pos " << int(pos)
+                                          << " dtype " << DTypeName(dtype));
+        RopeCase c;
+        c.options.layout = layout;
+        c.dtype = dtype;
+        c.pos = pos;
+        c.query_heads = 8;
+        c.key_heads = 1;  // multi-query attention
+        c.head_dim = 128;
+        if (layout == RopeLayout::kTHD) {
+          c.seq = 23;
+          c.cu_seqlens = {0, 5, 5, 22, 23};  // uneven, with an empty sequence
+        }
+        CheckRope(*backend_, c);
+      }
+    }
+  }
+}
+
+TEST_P(BackendTest, RopeDecodeShapesWithoutKey) {
+  for (int64_t batch : {1, 3, 64}) {
+    RopeCase c;
+    c.batch = batch;
+    c.seq = 1;
+    c.pos = Pos::kOffsets;
+    c.pos_center = 5000;
+    c.key = false;
+    c.query_heads = 32;
+    c.dtype = DType::kBFloat16;
+    CheckRope(*backend_, c);
+  }
+}
+
+TEST_P(BackendTest, RopePartialRotaryInverseNegativeAndLargePositions) {
+  for (DType dtype : kFloatTypes) {
+    RopeCase c;
+    c.dtype = dtype;
+    c.head_dim = 80;
+    c.options.rotary_dim = 32;  // GPT-NeoX / Phi partial rotary
+    CheckRope(*backend_, c);
+    c.options.inverse = true;
+    c.pos_center = -40000;  // negative positions: rotating by a delta
+    CheckRope(*backend_, c);
+    c.options.inverse = false;
+    c.pos_center = 999000;  // near 10^6: the 1e-6 bar
+    CheckRope(*backend_, c);
+    c.pos_center = 9990000;  // near 10^7: the 1e-5 bar
+    c.options.style = RopeStyle::kGptj;
+    CheckRope(*backend_, c);
+  }
+}
+
+TEST_P(BackendTest, RopeEveryScaling) {
+  std::vector<std::pair<std::string, RopeScaling>> scalings;
+  RopeScaling s;
+  s.type = ScalingType::kLinear;
+  s.factor = 4;
+  scalings.emplace_back("linear", s);
+  s = {};
+  s.type = ScalingType::kDynamicNtk;
+  s.factor = 2;
+  s.original_max_position = 2048;
+  scalings.emplace_back("dynamic", s);
+  s = {};
+  s.type = ScalingType::kYarn;
+  s.factor = 40;
+  s.original_max_position = 4096;
+  s.mscale = 1.0;
+  s.mscale_all_dim = 0.8;
+  scalings.emplace_back("yarn-mscale", s);
+  s.mscale.reset();
+  s.truncate = false;
+  s.beta_fast = 24;
+  scalings.emplace_back("yarn-untruncated", s);
+  s = {};
+  s.type = ScalingType::kLlama3;
+  scalings.emplace_back("llama3", s);
+  s = {};
+  s.type = ScalingType::kLongRope;
+  s.factor = 32;
+  s.original_max_position = 4096;
+  std::uniform_real_distribution<double> u(1.0, 8.0);
+  for (int k = 0; k < 32; ++k) {
+    s.short_factor.push_back(u(testing::Rng()));
+    s.long_factor.push_back(u(testing::Rng()) * 4);
+  }
+  scalings.emplace_back("longrope", s);
+  s.longrope_mode = LongRopeMode::kLong;
+  scalings.emplace_back("longrope-long", s);
+  s = {};
+  s.type = ScalingType::kExplicit;
+  for (int k = 0; k < 32; ++k) s.inv_freq.push_back(u(testing::Rng()) / 8);
+  s.attention_factor = 0.7;
+  scalings.emplace_back("explicit", s);
+
+  for (const auto& [name, scaling] : scalings) {
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      SCOPED_TRACE(name + " " + std::string(DTypeName(dtype)));
+      RopeCase c;
+      c.options.scaling = scaling;
+      c.options.base = name == "llama3" ? 500000 : 10000;
+      c.dtype = dtype;
+      c.options.layout = RopeLayout::kTHD;
+      c.seq = 30;
+      c.cu_seqlens = {0, 10, 30};
+      c.pos_center = 3000;  // some sequences above, some below 4096 / 2048
+      c.pos_spread = 2500;
+      CheckRope(*backend_, c);
+    }
+  }
+}
+
+TEST_P(BackendTest, RopeMultiAxis) {
+  struct AxisCase {
+    const char* name;
+    AxisMode mode;
+    std::vector<int64_t> dims;
+    RopeStyle style;
+    int64_t head_dim;
+  };
+  const AxisCase cases[] = {
+      {"vit-2d", AxisMode::kAxial, {32, 32}, RopeStyle::kGptj, 64},
+      {"qwen2-vl-vision", AxisMode::kAxial, {40, 40}, RopeStyle::kNeox, 80},
+      {"flux", AxisMode::kAxial, {16, 56, 56}, RopeStyle::kGptj, 128},
+      {"qwen2-vl-mrope", AxisMode::kMrope, {16, 24, 24}, RopeStyle::kNeox, 128},
+      {"qwen3-vl-interleaved", AxisMode::kMropeInterleaved, {24, 20, 20}, RopeStyle::kNeox, 128},
+  };
+  for (const AxisCase& a : cases) {
+    for (DType dtype : {DType::kFloat32, DType::kFloat16}) {
+      SCOPED_TRACE(std::string(a.name) + " " + std::string(DTypeName(dtype)));
+      RopeCase c;
+      c.options.axis_mode = a.mode;
+      (a.mode == AxisMode::kAxial ? c.options.axis_dims : c.options.sections) = a.dims;
+      c.options.style = a.style;
+      c.head_dim = a.head_dim;
+      c.dtype = dtype;
+      c.pos_center = 100;
+      c.pos_spread = 100;
+      CheckRope(*backend_, c);
+    }
+  }
+}
+
+TEST_P(BackendTest, RopeInverseUndoesForward) {
+  RopeOptions o;
+  Bytes q = testing::RandomTensor(DType::kFloat32, 3 * 9 * 4 * 64);
+  const Bytes original = q;
+  RopeTensors in;
+  in.query = testing::Mutable(DType::kFloat32, {3, 9, 4, 64}, q);
+  std::vector<int64_t> off = {123456, -7, 0};
+  in.positions.offsets = testing::IntView(off, {3});
+  auto fwd = PlanRope(o, in);
+  o.inverse = true;
+  auto inv = PlanRope(o, in);
+  ASSERT_TRUE(fwd.ok() && inv.ok());
+  ASSERT_TRUE(backend_->ApplyRope(*fwd, q.data(), nullptr, {}).ok());
+  EXPECT_FALSE(testing::MatchesReference(DType::kFloat32, testing::ToDoubles(DType::kFloat32, original),
+                                         q.data(), 1e-3));
+  ASSERT_TRUE(backend_->ApplyRope(*inv, q.data(), nullptr, {}).ok());
+  EXPECT_TRUE(testing::MatchesReference(DType::kFloat32, testing::ToDoubles(DType::kFloat32, original),
+                                        q.data(), 1e-6));
+}
+
+TEST_P(BackendTest, DynamicScalingIgnoresBatchCompanions) {
+  // A sequence's result must not depend on what it is batched with.
+  RopeOptions o;
+  o.layout = RopeLayout::kTHD;
+  o.scaling.type = ScalingType::kDynamicNtk;
+  o.scaling.factor = 4;
+  o.scaling.original_max_position = 16;
+  Bytes alone = testing::RandomTensor(DType::kFloat32, 8 * 2 * 32);
+  Bytes batched = alone;
+  Bytes other = testing::RandomTensor(DType::kFloat32, 100 * 2 * 32);
+  batched.insert(batched.end(), other.begin(), other.end());
+  std::vector<int64_t> cu_alone = {0, 8}, cu_batched = {0, 8, 108};
+  RopeTensors a, b;
+  a.query = testing::Mutable(DType::kFloat32, {8, 2, 32}, alone);
+  a.cu_seqlens = testing::IntView(cu_alone, {2});
+  b.query = testing::Mutable(DType::kFloat32, {108, 2, 32}, batched);
+  b.cu_seqlens = testing::IntView(cu_batched, {3});
+  auto pa = PlanRope(o, a);
+  auto pb = PlanRope(o, b);
+  ASSERT_TRUE(pa.ok() && pb.ok());
+  ASSERT_TRUE(backend_->ApplyRope(*pa, alone.data(), nullptr, {}).ok());
+  ASSERT_TRUE(backend_->ApplyRope(*pb, batched.data(), nullptr, {}).ok());
+  EXPECT_EQ(0, std::memcmp(alone.data(), batched.data(), alone.size()));
+}
+
+// ---------------------------------------------------- absolute encodings ----
+
+TEST_P(BackendTest, SinusoidalBothLayoutsMatchReference) {
+  for (SinusoidalLayout layout : {SinusoidalLayout::kInterleaved, SinusoidalLayout::kConcatenated}) {
+    for (int64_t d : {4, 64, 77, 512}) {
+      for (DType dtype : kFloatTypes) {
+        SCOPED_TRACE(::testing::Message() << "layout " << int(layout) << " d " << d << " "
+                                          << DTypeName(dtype));
+        const int64_t B = 3, S = 6;
+        Bytes x = testing::RandomTensor(dtype, B * S * d);
+        std::vector<double> ref = testing::ToDoubles(dtype, x);
+        std::vector<int64_t> ids(B * S);
+        std::uniform_int_distribution<int64_t> p(0, 2000000);
+        for (auto& v : ids) v = p(testing::Rng());
+        AbsoluteOptions o;
+        o.sinusoidal_layout = layout;
+        o.base = d == 4 ? 100 : 10000;
+        o.x_scale = std::sqrt(double(d));
+        for (int64_t t = 0; t < B * S; ++t) {
+          auto row = reference::SinusoidalRow(layout, o.base, d, ids[t]);
+          for (int64_t i = 0; i < d; ++i) ref[t * d + i] = ref[t * d + i] * o.x_scale + row[i];
+        }
+        AbsoluteTensors in;
+        in.x = testing::Mutable(dtype, {B, S, d}, x);
+        in.positions.position_ids = testing::IntView(ids, {B, S});
+        auto plan = PlanAbsolute(o, in);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        ASSERT_TRUE(backend_->ApplyAbsolute(*plan, x.data(), {}).ok());
+        EXPECT_TRUE(testing::MatchesReference(dtype, ref, x.data(), 1e-5));
+      }
+    }
+  }
+}
+
+TEST_P(BackendTest, Seed003TableIsReproduced) {
+  // Seed 003 prints getPositionEncoding(seq_len=4, d=4, n=100).
+  const double printed[4][4] = {{0., 1., 0., 1.},
+                                {0.84147098, 0.54030231, 0.09983342, 0.99500417},
+                                {0.90929743, -0.41614684, 0.19866933, 0.98006658},
+                                {0.14112001, -0.9899925, 0.29552021, 0.95533649}};
+  AbsoluteOptions o;
+  o.base = 100;
+  auto plan = PlanEncodingTable(o, 4, DType::kFloat32, TensorView{}, 4);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  Bytes out = testing::Poisoned(DType::kFloat32, 16);
+  ASSERT_TRUE(backend_->ApplyAbsolute(*plan, out.data(), {}).ok());
+  for (int p = 0; p < 4; ++p) {
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_NEAR(testing::ReadDouble(DType::kFloat32, out.data(), p * 4 + i), printed[p][i], 6e-8)
+          << "PE[" << p << ", " << i << "]";
+    }
+  }
+}
+
+TEST_P(BackendTest, LearnedTableAddsRowsAndRejectsOutOfRange) {
+  auto table = std::make_shared<LearnedTable>();
+  table->name = "gpt2/wpe";
+  table->rows = 50;
+  table->dim = 24;
+  Bytes tb = testing::RandomTensor(DType::kFloat32, 50 * 24);
+  for (double v : testing::ToDoubles(DType::kFloat32, tb)) table->values.push_back(float(v));
+  AbsoluteOptions o;
+  o.kind = AbsoluteOptions::Kind::kLearned;
+  o.table = table;
+  o.x_scale = 0.5;
+  for (DType dtype : kFloatTypes) {
+    Bytes x = testing::RandomTensor(dtype, 7 * 24);
+    std::vector<double> ref = testing::ToDoubles(dtype, x);
+    std::vector<int32_t> cu = {0, 3, 7};
+    std::vector<int32_t> off = {10, 46};  // the second sequence ends at 49
+    for (int64_t t = 0; t < 7; ++t) {
+      const int64_t pos = t < 3 ? 10 + t : 46 + (t - 3);
+      for (int i = 0; i < 24; ++i) ref[t * 24 + i] = ref[t * 24 + i] * 0.5 + table->values[pos * 24 + i];
+    }
+    AbsoluteTensors in;
+    in.x = testing::Mutable(dtype, {7, 24}, x);
+    in.cu_seqlens = testing::IntView(cu, {3});
+    in.positions.offsets = testing::IntView(off, {2});
+    auto plan = PlanAbsolute(o, in);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_TRUE(backend_->ApplyAbsolute(*plan, x.data(), {}).ok());
+    EXPECT_TRUE(testing::MatchesReference(dtype, ref, x.data(), 1e-6)) << DTypeName(dtype);
+
+    off[1] = 47;  // last token at 50: out of the table
+    auto bad = PlanAbsolute(o, in);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(bad.status().message().find("position 50"), std::string_view::npos) << bad.status();
+    EXPECT_NE(bad.status().message().find("length 50"), std::string_view::npos) << bad.status();
+  }
+}
+
+// -------------------------------------------------------- attention bias ----
+
+TEST(AlibiSlopes, MatchThePaperFor1To130Heads) {
+  for (int64_t n = 1; n <= 130; ++n) {
+    const std::vector<double> ours = AlibiSlopes(n);
+    const std::vector<double> paper = reference::PaperAlibiSlopes(n);
+    ASSERT_EQ(ours.size(), paper.size()) << n;
+    for (int64_t h = 0; h < n; ++h) {
+      // The paper chains products, drifting by about one ulp.
+      EXPECT_NEAR(ours[h], paper[h], 1e-14 * paper[h]) << "n " << n << " head " << h;
+    }
+  }
+  EXPECT_EQ(AlibiSlopes(8)[0], 0.5);
+  EXPECT_EQ(AlibiSlopes(8)[7], 1.0 / 256);
+}
+
+void CheckBias(Backend& backend, const BiasOptions& o, bool with_logits) {
+  const int64_t n = o.batch * o.num_heads * o.q_len * o.k_len;
+  Bytes out = with_logits ? testing::RandomTensor(o.dtype, n) : testing::Poisoned(o.dtype, n);
+  std::vector<double> logits = with_logits ? testing::ToDoubles(o.dtype, out) : std::vector<double>(n, 0.0);
+  TensorView lv;
+  if (with_logits) lv = TensorView{o.dtype, {o.batch, o.num_heads, o.q_len, o.k_len}, out.data(), out.size()};
+  auto plan = PlanAttentionBias(o, lv);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<double> ref(n);
+  int64_t e = 0;
+  for (int64_t b = 0; b < o.batch; ++b)
+    for (int64_t h = 0; h < o.num_heads; ++h)
+      for (int64_t i = 0; i < o.q_len; ++i)
+        for (int64_t j = 0; j < o.k_len; ++j, ++e) ref[e] = logits[e] + reference::Bias(*plan, b, h, i, j);
+  ASSERT_TRUE(backend.ApplyAttentionBias(*plan, out.data(), {}).ok());
+  EXPECT_TRUE(testing::MatchesReference(o.dtype, ref, out.data(), 1e-6));
+}
+
+TEST_P(BackendTest, AttentionBiasFormsAndMasks) {
+  std::vector<int64_t> k_lens = {9, 3};
+  for (DType dtype : kFloatTypes) {
+    for (BiasForm form : {BiasForm::kNone, BiasForm::kCausal, BiasForm::kSymmetric}) {
+      for (bool logits : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " form " << int(form) << " logits " << logits);
+        BiasOptions o;
+        o.dtype = dtype;
+        o.form = form;
+        o.batch = 2;
+        o.num_heads = 12;
+        o.q_len = 4;
+        o.k_len = 9;
+        CheckBias(*backend_, o, logits);
+        o.causal = true;
+        o.window = 3;
+        o.k_lens = testing::IntView(k_lens, {2});
+        CheckBias(*backend_, o, logits);
+        o.q_offset = 2;
+        o.slopes = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, -1.2};
+        CheckBias(*backend_, o, logits);
+      }
+    }
+  }
+}
+
+TEST_P(BackendTest, SlidingWindowKeepsExactlyWKeys) {
+  for (int64_t W : {1, 4, 16}) {
+    BiasOptions o;
+    o.num_heads = 2;
+    o.q_len = 40;
+    o.k_len = 40;
+    o.causal = true;
+    o.window = W;
+    auto plan = PlanAttentionBias(o, {});
+    ASSERT_TRUE(plan.ok());
+    Bytes out = testing::Poisoned(DType::kFloat32, plan->NumElements());
+    ASSERT_TRUE(backend_->ApplyAttentionBias(*plan, out.data(), {}).ok());
+    for (int64_t row = 0; row < 2 * 40; ++row) {
+      const int64_t i = row % 40;
+      int64_t kept = 0;
+      for (int64_t j = 0; j < 40; ++j) {
+        if (std::isfinite(testing::ReadDouble(DType::kFloat32, out.data(), row * 40 + j))) ++kept;
+      }
+      EXPECT_EQ(kept, std::min(W, i + 1)) << "window " << W << " row " << i;
+    }
+  }
+}
+
+// ------------------------------------------------------- planning errors ----
+
+TEST(Planning, ErrorsNameFieldExpectationAndValue) {
+  Bytes q = testing::RandomTensor(DType::kFloat32, 2 * 3 * 4 * 64);
+  RopeTensors in;
+  in.query = testing::Mutable(DType::kFloat32, {2, 3, 4, 64}, q);
+  RopeOptions o;
+  o.rotary_dim = 63;
+  auto r = PlanRope(o, in);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("rotary_dim must be even"), std::string_view::npos) << r.status();
+  EXPECT_NE(r.status().message().find("got 63"), std::string_view::npos) << r.status();
+
+  o.rotary_dim = 0;
+  in.query.nbytes -= 4;
+  r = PlanRope(o, in);
+  EXPECT_NE(r.status().message().find("needs 6144 bytes"), std::string_view::npos) << r.status();
+  EXPECT_NE(r.status().message().find("got 6140 bytes"), std::string_view::npos) << r.status();
+
+  in.query.nbytes += 4;
+  Bytes k = testing::RandomTensor(DType::kFloat32, 2 * 3 * 4 * 32);
+  in.key = testing::Mutable(DType::kFloat32, {2, 3, 4, 32}, k);
+  r = PlanRope(o, in);
+  EXPECT_NE(r.status().message().find("key.shape"), std::string_view::npos) << r.status();
+
+  in.key = {};
+  in.query.shape = {2, 3, 256};
+  r = PlanRope(o, in);
+  EXPECT_NE(r.status().message().find("rank 4"), std::string_view::npos) << r.status();
+}
+
+TEST(Planning, ZeroSizedTensorsAreLegalAndEmpty) {
+  Bytes none;
+  RopeTensors in;
+  in.query = testing::Mutable(DType::kBFloat16, {0, 5, 4, 64}, none);
+  auto r = PlanRope(RopeOptions{}, in);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->empty());
+  auto cpu = CreateCpuBackend(2);
+  EXPECT_TRUE(cpu->ApplyRope(*r, none.data(), nullptr, {}).ok());
+}
+
+TEST(Planning, CancelledCallStops) {
+  auto cpu = CreateCpuBackend(2);
+  Bytes q = testing::RandomTensor(DType::kFloat32, 64 * 8 * 64);
+  RopeTensors in;
+  in.query = testing::Mutable(DType::kFloat32, {1, 64, 8, 64}, q);
+  auto plan = PlanRope(RopeOptions{}, in);
+  ASSERT_TRUE(plan.ok());
+  RunContext ctx;
+  ctx.cancelled = [] { return true; };
+  EXPECT_EQ(cpu->ApplyRope(*plan, q.data(), nullptr, ctx).code(), absl::StatusCode::kCancelled);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, BackendTest, ::testing::Values("cpu", "cpu1", "cuda"));
+
+}  // namespace
+}  // namespace posenc
