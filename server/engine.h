@@ -1,0 +1,89 @@
+// The service's work behind a plain C++ API: validates requests, chooses a
+// backend, runs the kernels, fills responses. Knows protobuf messages but
+// nothing of gRPC; errors are absl::Status with the SPEC §3 codes.
+#ifndef POSENC_SERVER_ENGINE_H_
+#define POSENC_SERVER_ENGINE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "posenc/backend.h"
+#include "posenc/v1/posenc.pb.h"
+#include "table_repository.h"
+
+namespace posenc::server {
+
+struct EngineOptions {
+  v1::Backend default_backend = v1::BACKEND_AUTO;
+  int cpu_threads = 0;  // 0: every hardware thread
+  bool enable_cuda = true;
+  int cuda_device = 0;
+  // AUTO sends requests of at least this many tensor bytes to the GPU.
+  int64_t auto_gpu_min_bytes = int64_t{1} << 20;
+  // Largest total of tensor bytes in one request (and in one response).
+  int64_t max_request_tensor_bytes = int64_t{1} << 30;
+  // Requests computing at once; more get RESOURCE_EXHAUSTED.
+  int max_inflight_requests = 64;
+  std::string table_dir;
+  int64_t max_message_bytes = 0;  // the transport's limit, reported by GetServerInfo
+};
+
+class Engine {
+ public:
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
+
+  [[nodiscard]] absl::Status ApplyRope(const v1::RopeRequest& req, v1::RopeResponse* resp,
+                                       const RunContext& ctx);
+  [[nodiscard]] absl::Status AddAbsoluteEncoding(const v1::AbsoluteEncodingRequest& req,
+                                                 v1::AbsoluteEncodingResponse* resp,
+                                                 const RunContext& ctx);
+  [[nodiscard]] absl::Status GetEncodingTable(const v1::EncodingTableRequest& req,
+                                              v1::EncodingTableResponse* resp,
+                                              const RunContext& ctx);
+  [[nodiscard]] absl::Status AttentionBias(const v1::AttentionBiasRequest& req,
+                                           v1::AttentionBiasResponse* resp, const RunContext& ctx);
+  v1::ListTablesResponse ListTables() const;
+  v1::ListTablesResponse ReloadTables();
+  v1::ServerInfo GetServerInfo() const;
+
+  // After this, new work is refused with UNAVAILABLE (graceful drain).
+  void StartDraining() { draining_ = true; }
+  int inflight() const { return inflight_.load(); }
+  const EngineOptions& options() const { return options_; }
+  // Why there is no CUDA backend ("" when there is one).
+  const std::string& cuda_unavailable_reason() const { return cuda_unavailable_reason_; }
+
+ private:
+  explicit Engine(const EngineOptions& options);
+
+  // Holds one in-flight slot for its lifetime.
+  class Admission {
+   public:
+    explicit Admission(std::atomic<int>* counter) : counter_(counter) {}
+    Admission(Admission&& o) noexcept : counter_(o.counter_) { o.counter_ = nullptr; }
+    ~Admission() {
+      if (counter_) counter_->fetch_sub(1);
+    }
+
+   private:
+    std::atomic<int>* counter_;
+  };
+  [[nodiscard]] absl::StatusOr<Admission> Admit(int64_t tensor_bytes);
+  [[nodiscard]] absl::StatusOr<Backend*> Choose(v1::Backend requested, int64_t bytes);
+  std::string BackendName(const Backend* b) const;
+
+  const EngineOptions options_;
+  std::unique_ptr<Backend> cpu_;
+  std::unique_ptr<Backend> cuda_;
+  std::string cuda_unavailable_reason_;
+  TableRepository tables_;
+  std::atomic<int> inflight_{0};
+  std::atomic<bool> draining_{false};
+};
+
+}  // namespace posenc::server
+
+#endif  // POSENC_SERVER_ENGINE_H_

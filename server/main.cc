@@ -1,0 +1,148 @@
+// posenc-server: flags, logging, then RunServer. Every flag can also be set
+// from the environment as POSENC_<FLAG_IN_CAPITALS>; the command line wins.
+#include <csignal>
+#include <cstdlib>
+#include <fstream>
+#include <pthread.h>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "Address to serve gRPC on (port 0: any free port).");
+ABSL_FLAG(int, threads, 0, "CPU backend worker threads; 0 = every hardware thread.");
+ABSL_FLAG(int, max_message_bytes, 1 << 30,
+          "Largest gRPC message received or sent (gRPC's own default is 4 MiB).");
+ABSL_FLAG(int64_t, max_request_bytes, int64_t{1} << 30,
+          "Largest total of tensor bytes in one request or response; more is RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, max_inflight, 64, "Requests computing at once; more get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(std::string, table_dir, "", "Directory of .safetensors learned tables (empty: none).");
+ABSL_FLAG(std::string, default_backend, "auto", "Backend for requests that name none: auto, cpu or cuda.");
+ABSL_FLAG(bool, enable_cuda, true, "Use the GPU when this build has CUDA and a device is visible.");
+ABSL_FLAG(int, cuda_device, 0, "CUDA device ordinal.");
+ABSL_FLAG(int64_t, auto_gpu_min_bytes, int64_t{1} << 20,
+          "AUTO sends requests of at least this many tensor bytes to the GPU.");
+ABSL_FLAG(int, drain_seconds, 20, "On SIGTERM, how long calls in flight may take to finish.");
+ABSL_FLAG(int, max_connection_age_ms, 0,
+          "Close client connections after this long so they re-resolve DNS (0: never).");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error.");
+ABSL_FLAG(std::string, port_file, "", "If set, write the bound port here once serving.");
+
+namespace {
+
+constexpr const char* kFlagNames[] = {
+    "listen", "threads", "max_message_bytes", "max_request_bytes", "max_inflight", "table_dir",
+    "default_backend", "enable_cuda", "cuda_device", "auto_gpu_min_bytes", "drain_seconds",
+    "max_connection_age_ms", "log_level", "port_file"};
+
+// POSENC_<NAME> environment variables set flag defaults.
+bool ApplyEnvironment() {
+  bool ok = true;
+  for (const char* name : kFlagNames) {
+    const std::string var = absl::StrCat("POSENC_", absl::AsciiStrToUpper(name));
+    const char* value = std::getenv(var.c_str());
+    if (value == nullptr) continue;
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    std::string error;
+    if (flag == nullptr || !flag->ParseFrom(value, &error)) {
+      std::fprintf(stderr, "posenc-server: bad %s=%s: %s\n", var.c_str(), value, error.c_str());
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+absl::StatusOr<posenc::v1::Backend> ParseBackend(const std::string& s) {
+  const std::string v = absl::AsciiStrToLower(s);
+  if (v == "auto") return posenc::v1::BACKEND_AUTO;
+  if (v == "cpu") return posenc::v1::BACKEND_CPU;
+  if (v == "cuda") return posenc::v1::BACKEND_CUDA;
+  return absl::InvalidArgumentError(absl::StrCat("--default_backend must be auto, cpu or cuda, got '", s, "'"));
+}
+
+void LogStartup(posenc::server::Server& server, const posenc::server::ServerOptions& o) {
+  const posenc::v1::ServerInfo info = server.engine().GetServerInfo();
+  spdlog::info("posenc-server {} listening on port {} ({})", info.version(), server.port(), o.listen_address);
+  for (const auto& b : info.backends()) {
+    if (b.available()) {
+      spdlog::info("backend {}: {} threads={} memory={}MiB cc={}", posenc::v1::Backend_Name(b.kind()),
+                   b.device_name(), b.threads(), b.memory_bytes() >> 20, b.compute_capability());
+    } else {
+      spdlog::info("backend {}: unavailable ({}); serving from the CPU",
+                   posenc::v1::Backend_Name(b.kind()), b.unavailable_reason());
+    }
+  }
+  spdlog::info("limits: max_message_bytes={} max_request_bytes={} max_inflight={} default_backend={}",
+               o.max_message_bytes, o.engine.max_request_tensor_bytes, o.engine.max_inflight_requests,
+               posenc::v1::Backend_Name(o.engine.default_backend));
+  const auto tables = server.engine().ListTables();
+  spdlog::info("table_dir '{}': {} tables loaded", o.engine.table_dir, tables.tables_size());
+  for (const auto& s : tables.skipped()) spdlog::warn("table skipped: {}", s);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "posenc-server: positional encodings (RoPE, sinusoidal, learned, ALiBi) over gRPC.\n"
+      "Every flag may also come from the environment as POSENC_<FLAG>.");
+  if (!ApplyEnvironment()) return 2;
+  absl::ParseCommandLine(argc, argv);
+  spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e%z %^%l%$ posenc-server: %v");
+
+  // Block SIGTERM/SIGINT in every thread; one thread waits for them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  posenc::server::ServerOptions o;
+  o.listen_address = absl::GetFlag(FLAGS_listen);
+  o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  o.max_connection_age_ms = absl::GetFlag(FLAGS_max_connection_age_ms);
+  o.engine.cpu_threads = absl::GetFlag(FLAGS_threads);
+  o.engine.max_request_tensor_bytes = absl::GetFlag(FLAGS_max_request_bytes);
+  o.engine.max_inflight_requests = absl::GetFlag(FLAGS_max_inflight);
+  o.engine.table_dir = absl::GetFlag(FLAGS_table_dir);
+  o.engine.enable_cuda = absl::GetFlag(FLAGS_enable_cuda);
+  o.engine.cuda_device = absl::GetFlag(FLAGS_cuda_device);
+  o.engine.auto_gpu_min_bytes = absl::GetFlag(FLAGS_auto_gpu_min_bytes);
+  auto backend = ParseBackend(absl::GetFlag(FLAGS_default_backend));
+  if (!backend.ok()) {
+    spdlog::critical("{}", std::string(backend.status().message()));
+    return 2;
+  }
+  o.engine.default_backend = *backend;
+
+  auto server = posenc::server::Server::Start(o);
+  if (!server.ok()) {
+    spdlog::critical("cannot start: {}", server.status().ToString());
+    return 1;
+  }
+  LogStartup(**server, o);
+  if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
+    std::ofstream(port_file) << (*server)->port() << "\n";
+  }
+
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    const int drain = absl::GetFlag(FLAGS_drain_seconds);
+    spdlog::info("signal {}: draining ({} requests in flight, up to {}s)", sig,
+                 (*server)->engine().inflight(), drain);
+    (*server)->Shutdown(absl::Seconds(drain));
+  });
+  (*server)->Wait();
+  waiter.join();
+  spdlog::info("stopped");
+  return 0;
+}

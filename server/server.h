@@ -1,0 +1,55 @@
+// A running posenc gRPC server: the service, standard health checking and
+// server reflection on one port. Used by main and by end-to-end tests.
+#ifndef POSENC_SERVER_SERVER_H_
+#define POSENC_SERVER_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine.h"
+#include "grpcpp/server.h"
+#include "service.h"
+
+namespace posenc::server {
+
+// Health service names: liveness stays SERVING until exit; readiness (the
+// overall "" and the API's own name) turns NOT_SERVING when draining starts.
+inline constexpr char kLivenessService[] = "liveness";
+inline constexpr char kReadinessService[] = "posenc.v1.PositionalEncoding";
+
+struct ServerOptions {
+  std::string listen_address = "0.0.0.0:50051";  // port 0 picks a free port
+  // gRPC's own default is 4 MiB; tensors need far more.
+  int max_message_bytes = 1 << 30;
+  // Close connections after this long so clients re-resolve DNS; 0 = never.
+  int max_connection_age_ms = 0;
+  EngineOptions engine;
+};
+
+class Server {
+ public:
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
+  ~Server();
+
+  int port() const { return port_; }
+  Engine& engine() { return *engine_; }
+
+  // Graceful drain: readiness turns NOT_SERVING, new calls get UNAVAILABLE,
+  // calls in flight get up to `deadline` to finish; then the server stops.
+  void Shutdown(absl::Duration deadline);
+  void Wait() { server_->Wait(); }
+
+ private:
+  Server() = default;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<PositionalEncodingService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  bool shut_down_ = false;
+};
+
+}  // namespace posenc::server
+
+#endif  // POSENC_SERVER_SERVER_H_

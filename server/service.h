@@ -1,0 +1,44 @@
+// The gRPC callback service: translates calls into Engine calls and Engine
+// errors into gRPC statuses (via ToGrpcStatus). No work lives here.
+#ifndef POSENC_SERVER_SERVICE_H_
+#define POSENC_SERVER_SERVICE_H_
+
+#include "engine.h"
+#include "posenc/v1/posenc.grpc.pb.h"
+
+namespace posenc::server {
+
+class PositionalEncodingService final : public v1::PositionalEncoding::CallbackService {
+ public:
+  explicit PositionalEncodingService(Engine* engine) : engine_(engine) {}
+
+  grpc::ServerUnaryReactor* ApplyRope(grpc::CallbackServerContext* ctx, const v1::RopeRequest* req,
+                                      v1::RopeResponse* resp) override;
+  grpc::ServerBidiReactor<v1::RopeRequest, v1::RopeResponse>* StreamRope(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* AddAbsoluteEncoding(grpc::CallbackServerContext* ctx,
+                                                const v1::AbsoluteEncodingRequest* req,
+                                                v1::AbsoluteEncodingResponse* resp) override;
+  grpc::ServerUnaryReactor* GetEncodingTable(grpc::CallbackServerContext* ctx,
+                                             const v1::EncodingTableRequest* req,
+                                             v1::EncodingTableResponse* resp) override;
+  grpc::ServerUnaryReactor* AttentionBias(grpc::CallbackServerContext* ctx,
+                                          const v1::AttentionBiasRequest* req,
+                                          v1::AttentionBiasResponse* resp) override;
+  grpc::ServerUnaryReactor* ListTables(grpc::CallbackServerContext* ctx,
+                                       const v1::ListTablesRequest* req,
+                                       v1::ListTablesResponse* resp) override;
+  grpc::ServerUnaryReactor* ReloadTables(grpc::CallbackServerContext* ctx,
+                                         const v1::ReloadTablesRequest* req,
+                                         v1::ListTablesResponse* resp) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* ctx,
+                                          const v1::GetServerInfoRequest* req,
+                                          v1::ServerInfo* resp) override;
+
+ private:
+  Engine* engine_;
+};
+
+}  // namespace posenc::server
+
+#endif  // POSENC_SERVER_SERVICE_H_
