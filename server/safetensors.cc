@@ -75,7 +75,7 @@ absl::StatusOr<SafetensorsContents> ParseSafetensors(absl::string_view bytes,
       skip(absl::StrCat("shape ", ShapeString(shape), " is not [max_positions, dim]"));
       continue;
     }
-    if (shape[0] > 0 && shape[1] > int64_t{1} << 40 / shape[0]) {
+    if (shape[0] > 0 && shape[1] > (int64_t{1} << 40) / shape[0]) {
       return Malformed(absl::StrCat("tensor '", name, "' is too large"));
     }
     const uint64_t expected = static_cast<uint64_t>(shape[0] * shape[1]) * SizeOf(dt);

@@ -6,16 +6,18 @@ namespace posenc::server {
 namespace {
 
 TEST(Safetensors, RoundTripsFloatTables) {
-  LearnedTable t;
-  t.rows = 3;
-  t.dim = 2;
-  t.values = {1, 2, 3, 4, 5, 6};
-  const std::string bytes = SerializeSafetensors({{"wpe.weight", &t}});
-  auto parsed = ParseSafetensors(bytes, "gpt2");
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  ASSERT_EQ(parsed->tables.size(), 1u);
-  EXPECT_EQ(parsed->tables[0]->name, "gpt2/wpe.weight");
-  EXPECT_EQ(parsed->tables[0]->values, t.values);
+  for (auto [rows, dim] : {std::pair<int64_t, int64_t>{3, 2}, {1024, 768}, {8192, 64}}) {
+    LearnedTable t;
+    t.rows = rows;
+    t.dim = dim;
+    for (int64_t i = 0; i < rows * dim; ++i) t.values.push_back(static_cast<float>(i % 977) / 7.0f);
+    const std::string bytes = SerializeSafetensors({{"wpe.weight", &t}});
+    auto parsed = ParseSafetensors(bytes, "gpt2");
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    ASSERT_EQ(parsed->tables.size(), 1u) << rows << "x" << dim;
+    EXPECT_EQ(parsed->tables[0]->name, "gpt2/wpe.weight");
+    EXPECT_EQ(parsed->tables[0]->values, t.values);
+  }
 }
 
 TEST(Safetensors, ReadsHalfAndBFloat16AndSkipsNonTables) {
