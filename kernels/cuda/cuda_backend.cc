@@ -1,0 +1,340 @@
+// The CUDA backend: moves a plan's tensors to the GPU, runs the kernels and
+// brings the results back. Compiled by the host compiler; kernels live in
+// *.cu files behind cuda_kernels.h.
+//
+// Each call takes a Worker (a stream, a grow-only device buffer and a pinned
+// host staging buffer) from a small pool, so buffers are reused across
+// requests and concurrent calls overlap on separate streams.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "cuda_kernels.h"
+#include "posenc/backend.h"
+#include "posenc/status_macros.h"
+
+namespace posenc {
+namespace {
+
+// Concurrent GPU calls; more wait for a worker.
+constexpr int kWorkers = 4;
+constexpr size_t kAlign = 256;
+
+size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+absl::Status CudaStatus(cudaError_t e, absl::string_view what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("CUDA error in ", what, ": ", cudaGetErrorName(e), " (",
+                                          cudaGetErrorString(e), ")"));
+}
+#define POSENC_CUDA(call) POSENC_RETURN_IF_ERROR(CudaStatus((call), #call))
+
+// Regions of one request inside a worker's buffers.
+class Layout {
+ public:
+  size_t Add(size_t bytes) {
+    const size_t at = size_;
+    size_ += AlignUp(bytes);
+    return at;
+  }
+  size_t size() const { return size_; }
+
+ private:
+  size_t size_ = 0;
+};
+
+struct Worker {
+  cudaStream_t stream = nullptr;
+  char* device = nullptr;
+  size_t device_bytes = 0;
+  char* pinned = nullptr;
+  size_t pinned_bytes = 0;
+
+  absl::Status Reserve(size_t bytes) {
+    if (bytes > device_bytes) {
+      if (device != nullptr) POSENC_CUDA(cudaFree(device));
+      device = nullptr;
+      device_bytes = 0;
+      const size_t want = std::max(bytes, device_bytes * 2);
+      POSENC_CUDA(cudaMalloc(&device, want));
+      device_bytes = want;
+    }
+    if (bytes > pinned_bytes) {
+      if (pinned != nullptr) POSENC_CUDA(cudaFreeHost(pinned));
+      pinned = nullptr;
+      pinned_bytes = 0;
+      POSENC_CUDA(cudaMallocHost(&pinned, bytes));
+      pinned_bytes = bytes;
+    }
+    return absl::OkStatus();
+  }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, DeviceInfo info) : device_(device), info_(std::move(info)) {}
+
+  ~CudaBackend() override {
+    cudaSetDevice(device_);
+    for (auto& w : workers_) {
+      if (w->device) cudaFree(w->device);
+      if (w->pinned) cudaFreeHost(w->pinned);
+      if (w->stream) cudaStreamDestroy(w->stream);
+    }
+    for (auto& [ptr, entry] : tables_) cudaFree(entry.device);
+  }
+
+  absl::Status Init() {
+    POSENC_CUDA(cudaSetDevice(device_));
+    for (int i = 0; i < kWorkers; ++i) {
+      auto w = std::make_unique<Worker>();
+      POSENC_CUDA(cudaStreamCreateWithFlags(&w->stream, cudaStreamNonBlocking));
+      idle_.push_back(w.get());
+      workers_.push_back(std::move(w));
+    }
+    return absl::OkStatus();
+  }
+
+  BackendKind kind() const override { return BackendKind::kCuda; }
+  DeviceInfo device() const override { return info_; }
+
+  absl::Status ApplyRope(const RopePlan& plan, void* query, void* key,
+                         const RunContext& ctx) override {
+    if (plan.empty()) return absl::OkStatus();
+    if (ctx.IsCancelled()) return absl::CancelledError("the call was cancelled");
+    const size_t esize = SizeOf(plan.dtype);
+    const size_t q_bytes = plan.num_tokens * plan.query_heads * plan.head_dim * esize;
+    const size_t k_bytes = plan.has_key ? plan.num_tokens * plan.key_heads * plan.head_dim * esize : 0;
+    const bool per_token_sets = plan.num_freq_sets > 1;
+    std::vector<int32_t> token_set;
+    if (per_token_sets) {
+      token_set.resize(plan.num_tokens);
+      for (int64_t t = 0; t < plan.num_tokens; ++t) token_set[t] = plan.FreqSetOfToken(t);
+    }
+    Layout l;
+    const size_t q_at = l.Add(q_bytes), k_at = l.Add(k_bytes);
+    const size_t pos_at = l.Add(plan.positions.values.size() * 8);
+    const size_t set_at = l.Add(token_set.size() * 4);
+    const size_t freq_at = l.Add(plan.inv_freq.size() * 8);
+    const size_t scale_at = l.Add(plan.attention_scale.size() * 8);
+    const size_t axis_at = l.Add(plan.slot_axis.size() * 4);
+    return WithWorker(l.size(), [&](Worker& w) -> absl::Status {
+      char* h = w.pinned;
+      std::memcpy(h + q_at, query, q_bytes);
+      if (k_bytes) std::memcpy(h + k_at, key, k_bytes);
+      std::memcpy(h + pos_at, plan.positions.values.data(), plan.positions.values.size() * 8);
+      if (per_token_sets) std::memcpy(h + set_at, token_set.data(), token_set.size() * 4);
+      std::memcpy(h + freq_at, plan.inv_freq.data(), plan.inv_freq.size() * 8);
+      std::memcpy(h + scale_at, plan.attention_scale.data(), plan.attention_scale.size() * 8);
+      std::memcpy(h + axis_at, plan.slot_axis.data(), plan.slot_axis.size() * 4);
+      POSENC_CUDA(cudaMemcpyAsync(w.device, h, l.size(), cudaMemcpyHostToDevice, w.stream));
+      cuda::RopeParams p{};
+      p.query = w.device + q_at;
+      p.key = k_bytes ? w.device + k_at : nullptr;
+      p.positions = reinterpret_cast<const int64_t*>(w.device + pos_at);
+      p.token_freq_set = per_token_sets ? reinterpret_cast<const int32_t*>(w.device + set_at) : nullptr;
+      p.inv_freq = reinterpret_cast<const double*>(w.device + freq_at);
+      p.attention_scale = reinterpret_cast<const double*>(w.device + scale_at);
+      p.slot_axis = reinterpret_cast<const int32_t*>(w.device + axis_at);
+      p.num_tokens = plan.num_tokens;
+      p.seq_len = plan.seq_len;
+      p.dtype = static_cast<int>(plan.dtype);
+      p.layout = static_cast<int>(plan.layout);
+      p.style = static_cast<int>(plan.style);
+      p.inverse = plan.inverse;
+      p.query_heads = static_cast<int>(plan.query_heads);
+      p.key_heads = static_cast<int>(plan.key_heads);
+      p.head_dim = static_cast<int>(plan.head_dim);
+      p.rotary_dim = static_cast<int>(plan.rotary_dim);
+      p.num_axes = plan.num_axes;
+      POSENC_RETURN_IF_ERROR(Launched(cuda::LaunchRope(p, w.stream), "RoPE"));
+      POSENC_CUDA(cudaMemcpyAsync(h, w.device, q_at + q_bytes, cudaMemcpyDeviceToHost, w.stream));
+      if (k_bytes) {
+        POSENC_CUDA(cudaMemcpyAsync(h + k_at, w.device + k_at, k_bytes, cudaMemcpyDeviceToHost, w.stream));
+      }
+      POSENC_CUDA(cudaStreamSynchronize(w.stream));
+      std::memcpy(query, h + q_at, q_bytes);
+      if (k_bytes) std::memcpy(key, h + k_at, k_bytes);
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status ApplyAbsolute(const AbsolutePlan& plan, void* x, const RunContext& ctx) override {
+    if (plan.empty()) return absl::OkStatus();
+    if (ctx.IsCancelled()) return absl::CancelledError("the call was cancelled");
+    const size_t x_bytes = plan.num_tokens * plan.dim * SizeOf(plan.dtype);
+    const bool learned = plan.options.kind == AbsoluteOptions::Kind::kLearned;
+    const float* table = nullptr;
+    if (learned) {
+      POSENC_ASSIGN_OR_RETURN(table, DeviceTable(plan.options.table));
+    }
+    Layout l;
+    const size_t x_at = l.Add(x_bytes);
+    const size_t pos_at = l.Add(plan.positions.values.size() * 8);
+    const size_t omega_at = l.Add(plan.omega.size() * 8);
+    return WithWorker(l.size(), [&](Worker& w) -> absl::Status {
+      char* h = w.pinned;
+      if (plan.has_input) std::memcpy(h + x_at, x, x_bytes);
+      std::memcpy(h + pos_at, plan.positions.values.data(), plan.positions.values.size() * 8);
+      std::memcpy(h + omega_at, plan.omega.data(), plan.omega.size() * 8);
+      POSENC_CUDA(cudaMemcpyAsync(w.device, h, l.size(), cudaMemcpyHostToDevice, w.stream));
+      cuda::AbsoluteParams p{};
+      p.x = w.device + x_at;
+      p.positions = reinterpret_cast<const int64_t*>(w.device + pos_at);
+      p.omega = learned ? nullptr : reinterpret_cast<const double*>(w.device + omega_at);
+      p.table = table;
+      p.num_tokens = plan.num_tokens;
+      p.dim = plan.dim;
+      p.dtype = static_cast<int>(plan.dtype);
+      p.interleaved = plan.options.sinusoidal_layout == SinusoidalLayout::kInterleaved;
+      p.has_input = plan.has_input;
+      p.x_scale = plan.options.x_scale;
+      POSENC_RETURN_IF_ERROR(Launched(cuda::LaunchAbsolute(p, w.stream), "absolute encoding"));
+      POSENC_CUDA(cudaMemcpyAsync(h, w.device, x_bytes, cudaMemcpyDeviceToHost, w.stream));
+      POSENC_CUDA(cudaStreamSynchronize(w.stream));
+      std::memcpy(x, h, x_bytes);
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status ApplyAttentionBias(const BiasPlan& plan, void* out, const RunContext& ctx) override {
+    if (plan.empty()) return absl::OkStatus();
+    if (ctx.IsCancelled()) return absl::CancelledError("the call was cancelled");
+    const size_t out_bytes = plan.NumElements() * SizeOf(plan.dtype);
+    Layout l;
+    const size_t out_at = l.Add(out_bytes);
+    const size_t slopes_at = l.Add(plan.slopes.size() * 8);
+    const size_t klens_at = l.Add(plan.k_lens.size() * 8);
+    return WithWorker(l.size(), [&](Worker& w) -> absl::Status {
+      char* h = w.pinned;
+      if (plan.add_to_logits) std::memcpy(h + out_at, out, out_bytes);
+      std::memcpy(h + slopes_at, plan.slopes.data(), plan.slopes.size() * 8);
+      std::memcpy(h + klens_at, plan.k_lens.data(), plan.k_lens.size() * 8);
+      // Built biases upload only their small side tables.
+      const size_t upload_from = plan.add_to_logits ? 0 : slopes_at;
+      POSENC_CUDA(cudaMemcpyAsync(w.device + upload_from, h + upload_from, l.size() - upload_from,
+                                  cudaMemcpyHostToDevice, w.stream));
+      cuda::BiasParams p{};
+      p.out = w.device + out_at;
+      p.slopes = reinterpret_cast<const double*>(w.device + slopes_at);
+      p.k_lens = reinterpret_cast<const int64_t*>(w.device + klens_at);
+      p.batch = plan.batch;
+      p.heads = plan.num_heads;
+      p.q_len = plan.q_len;
+      p.k_len = plan.k_len;
+      p.q_offset = plan.q_offset;
+      p.window = plan.window;
+      p.dtype = static_cast<int>(plan.dtype);
+      p.form = static_cast<int>(plan.form);
+      p.causal = plan.causal;
+      p.add_to_logits = plan.add_to_logits;
+      POSENC_RETURN_IF_ERROR(Launched(cuda::LaunchBias(p, w.stream), "attention bias"));
+      POSENC_CUDA(cudaMemcpyAsync(h, w.device, out_bytes, cudaMemcpyDeviceToHost, w.stream));
+      POSENC_CUDA(cudaStreamSynchronize(w.stream));
+      std::memcpy(out, h, out_bytes);
+      return absl::OkStatus();
+    });
+  }
+
+ private:
+  static absl::Status Launched(cudaError_t e, absl::string_view what) {
+    if (e == cudaErrorInvalidValue) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": this shape is outside what the CUDA kernels support (rotary_dim up to 6144); "
+                "use backend CPU"));
+    }
+    return CudaStatus(e, absl::StrCat("launching the ", what, " kernel"));
+  }
+
+  template <typename Fn>
+  absl::Status WithWorker(size_t bytes, Fn fn) {
+    Worker* w;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return !idle_.empty(); });
+      w = idle_.back();
+      idle_.pop_back();
+    }
+    absl::Status s = CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
+    if (s.ok()) s = w->Reserve(bytes);
+    if (s.ok()) s = fn(*w);
+    if (!s.ok()) cudaStreamSynchronize(w->stream);  // leave no work in flight on the buffers
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      idle_.push_back(w);
+    }
+    cv_.notify_one();
+    return s;
+  }
+
+  // A learned table's device copy, uploaded on first use and kept while the
+  // repository holds the table.
+  absl::StatusOr<const float*> DeviceTable(const std::shared_ptr<const LearnedTable>& t) {
+    std::lock_guard<std::mutex> lock(tables_mu_);
+    for (auto it = tables_.begin(); it != tables_.end();) {
+      if (it->second.owner.expired()) {
+        cudaFree(it->second.device);
+        it = tables_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    auto it = tables_.find(t.get());
+    if (it != tables_.end()) return it->second.device;
+    POSENC_CUDA(cudaSetDevice(device_));
+    float* d = nullptr;
+    const size_t bytes = t->values.size() * sizeof(float);
+    POSENC_CUDA(cudaMalloc(&d, std::max<size_t>(bytes, 1)));
+    POSENC_CUDA(cudaMemcpy(d, t->values.data(), bytes, cudaMemcpyHostToDevice));
+    tables_[t.get()] = TableEntry{t, d};
+    return d;
+  }
+
+  struct TableEntry {
+    std::weak_ptr<const LearnedTable> owner;
+    float* device = nullptr;
+  };
+
+  const int device_;
+  const DeviceInfo info_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Worker*> idle_;
+  std::mutex tables_mu_;
+  std::map<const LearnedTable*, TableEntry> tables_;
+};
+
+}  // namespace
+
+bool BuiltWithCuda() { return true; }
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky error for later calls
+    return absl::FailedPreconditionError(
+        absl::StrCat("no usable CUDA driver or device (", cudaGetErrorString(e), ")"));
+  }
+  if (device < 0 || device >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", device, " does not exist (", count, " visible)"));
+  }
+  cudaDeviceProp prop{};
+  POSENC_CUDA(cudaGetDeviceProperties(&prop, device));
+  DeviceInfo info;
+  info.name = prop.name;
+  info.memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);
+  info.compute_capability = prop.major * 10 + prop.minor;
+  auto backend = std::make_unique<CudaBackend>(device, info);
+  POSENC_RETURN_IF_ERROR(backend->Init());
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace posenc

@@ -1,0 +1,157 @@
+// RoPE on the GPU. One block per token (grid-stride): the block forms the
+// token's cos/sin once in shared memory, then its threads rotate every head
+// of query and key, 16 bytes per load and store when alignment allows.
+#include "angle.h"
+#include "cuda_kernels.h"
+#include "element.cuh"
+
+namespace posenc::cuda {
+namespace {
+
+__device__ __forceinline__ int64_t HeadOffset(const RopeParams& p, int64_t t, int h, int heads) {
+  if (p.layout == kBHSD) {
+    const int64_t b = t / p.seq_len, s = t % p.seq_len;
+    return ((b * heads + h) * p.seq_len + s) * p.head_dim;
+  }
+  return (t * heads + h) * p.head_dim;
+}
+
+// kWidth elements per thread item: 16 bytes (vector path) or the minimum
+// (1 pair for NEOX, 2 elements for GPT-J).
+template <typename T, int kStyle, int kWidth>
+__global__ void RopeKernel(RopeParams p) {
+  using E = Element<T>;
+  using Acc = typename E::Acc;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int half = p.rotary_dim / 2;
+  Acc* cos_s = reinterpret_cast<Acc*>(smem);  // [half]
+  Acc* sin_s = cos_s + half;                  // [half]
+  // NEOX: an item is kWidth pairs (x[i..], x[i+half..]); GPT-J: kWidth
+  // consecutive elements, kWidth / 2 pairs.
+  const int items_per_head = kStyle == kNeox ? half / kWidth : p.rotary_dim / kWidth;
+  const int heads = p.query_heads + (p.key != nullptr ? p.key_heads : 0);
+
+  for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+    const int set = p.token_freq_set != nullptr ? p.token_freq_set[t] : 0;
+    const double* f = p.inv_freq + static_cast<int64_t>(set) * half;
+    const Acc scale = static_cast<Acc>(p.attention_scale[set]);
+    const Acc sign = p.inverse ? -scale : scale;
+    const int64_t* pos = p.positions + t * p.num_axes;
+    for (int k = threadIdx.x; k < half; k += blockDim.x) {
+      const int axis = p.num_axes == 1 ? 0 : p.slot_axis[k];
+      Acc s, c;
+      posenc::internal::SinCosAcc(static_cast<double>(pos[axis]) * f[k], &s, &c);
+      cos_s[k] = c * scale;
+      sin_s[k] = s * sign;
+    }
+    __syncthreads();
+
+    for (int w = threadIdx.x; w < heads * items_per_head; w += blockDim.x) {
+      const int h = w / items_per_head, item = w % items_per_head;
+      T* head = h < p.query_heads
+                    ? static_cast<T*>(p.query) + HeadOffset(p, t, h, p.query_heads)
+                    : static_cast<T*>(p.key) + HeadOffset(p, t, h - p.query_heads, p.key_heads);
+      if constexpr (kStyle == kNeox) {
+        const int i0 = item * kWidth;
+        T xs[kWidth], ys[kWidth];
+        if constexpr (kWidth * sizeof(T) == 16) {
+          *reinterpret_cast<Vec16<T>*>(xs) = *reinterpret_cast<const Vec16<T>*>(head + i0);
+          *reinterpret_cast<Vec16<T>*>(ys) = *reinterpret_cast<const Vec16<T>*>(head + half + i0);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kWidth; ++j) {
+            xs[j] = head[i0 + j];
+            ys[j] = head[half + i0 + j];
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kWidth; ++j) {
+          const Acc a = E::Load(xs[j]), b = E::Load(ys[j]);
+          const Acc c = cos_s[i0 + j], n = sin_s[i0 + j];
+          xs[j] = E::FromFloat(static_cast<float>(a * c - b * n));
+          ys[j] = E::FromFloat(static_cast<float>(b * c + a * n));
+        }
+        if constexpr (kWidth * sizeof(T) == 16) {
+          *reinterpret_cast<Vec16<T>*>(head + i0) = *reinterpret_cast<const Vec16<T>*>(xs);
+          *reinterpret_cast<Vec16<T>*>(head + half + i0) = *reinterpret_cast<const Vec16<T>*>(ys);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kWidth; ++j) {
+            head[i0 + j] = xs[j];
+            head[half + i0 + j] = ys[j];
+          }
+        }
+      } else {
+        const int e0 = item * kWidth;
+        T xs[kWidth];
+        if constexpr (kWidth * sizeof(T) == 16) {
+          *reinterpret_cast<Vec16<T>*>(xs) = *reinterpret_cast<const Vec16<T>*>(head + e0);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kWidth; ++j) xs[j] = head[e0 + j];
+        }
+#pragma unroll
+        for (int j = 0; j < kWidth; j += 2) {
+          const int k = (e0 + j) / 2;
+          const Acc a = E::Load(xs[j]), b = E::Load(xs[j + 1]);
+          const Acc c = cos_s[k], n = sin_s[k];
+          xs[j] = E::FromFloat(static_cast<float>(a * c - b * n));
+          xs[j + 1] = E::FromFloat(static_cast<float>(b * c + a * n));
+        }
+        if constexpr (kWidth * sizeof(T) == 16) {
+          *reinterpret_cast<Vec16<T>*>(head + e0) = *reinterpret_cast<const Vec16<T>*>(xs);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kWidth; ++j) head[e0 + j] = xs[j];
+        }
+      }
+    }
+    __syncthreads();  // cos_s/sin_s are rewritten for the next token
+  }
+}
+
+template <typename T, int kStyle>
+cudaError_t LaunchTyped(const RopeParams& p, cudaStream_t stream) {
+  using Acc = typename Element<T>::Acc;
+  constexpr int kVec = 16 / sizeof(T);
+  const int half = p.rotary_dim / 2;
+  const size_t smem = 2 * static_cast<size_t>(half) * sizeof(Acc);
+  if (smem > 48 * 1024) return cudaErrorInvalidValue;
+  const int heads = p.query_heads + (p.key != nullptr ? p.key_heads : 0);
+  // 16-byte accesses need every head, and the NEOX second half, aligned.
+  const bool vector = p.head_dim % kVec == 0 &&
+                      (kStyle == kNeox ? half % kVec == 0 : p.rotary_dim % kVec == 0);
+  const int width = vector ? kVec : (kStyle == kNeox ? 1 : 2);
+  const int items = heads * (kStyle == kNeox ? half / width : p.rotary_dim / width);
+  const int threads = items >= 256 ? 256 : 128;
+  const unsigned blocks = static_cast<unsigned>(p.num_tokens < (1 << 24) ? p.num_tokens : (1 << 24));
+  if (vector) {
+    RopeKernel<T, kStyle, kVec><<<blocks, threads, smem, stream>>>(p);
+  } else {
+    RopeKernel<T, kStyle, kStyle == kNeox ? 1 : 2><<<blocks, threads, smem, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchStyle(const RopeParams& p, cudaStream_t stream) {
+  return p.style == kNeox ? LaunchTyped<T, kNeox>(p, stream) : LaunchTyped<T, kGptj>(p, stream);
+}
+
+}  // namespace
+
+cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream) {
+  if (p.num_tokens == 0 || p.rotary_dim == 0) return cudaSuccess;
+  switch (p.dtype) {
+    case kF32:
+      return LaunchStyle<float>(p, stream);
+    case kF16:
+      return LaunchStyle<__half>(p, stream);
+    case kBF16:
+      return LaunchStyle<__nv_bfloat16>(p, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace posenc::cuda
