@@ -1,6 +1,5 @@
-// Element types on the device: loads to float/double and round-to-nearest-
-// even stores, matching the CPU backend bit for bit (16-bit results are
-// rounded double -> float -> 16-bit, as on the CPU).
+// Element types on the device: loads to float and round-to-nearest-even
+// stores from float, matching the CPU backend's posenc::ToFloat/FromFloat.
 #ifndef POSENC_KERNELS_CUDA_ELEMENT_CUH_
 #define POSENC_KERNELS_CUDA_ELEMENT_CUH_
 
@@ -14,29 +13,22 @@ struct Element;
 
 template <>
 struct Element<float> {
-  using Acc = float;  // float32 outputs are judged by relative norm
+  static constexpr bool kSixteenBit = false;
   static __device__ __forceinline__ float Load(float v) { return v; }
-  static __device__ __forceinline__ float Store(float v) { return v; }
   static __device__ __forceinline__ float FromFloat(float v) { return v; }
 };
 
 template <>
 struct Element<__half> {
-  using Acc = double;  // one ulp per element needs double where results cancel
+  static constexpr bool kSixteenBit = true;
   static __device__ __forceinline__ float Load(__half v) { return __half2float(v); }
-  static __device__ __forceinline__ __half Store(double v) {
-    return __float2half_rn(__double2float_rn(v));
-  }
   static __device__ __forceinline__ __half FromFloat(float v) { return __float2half_rn(v); }
 };
 
 template <>
 struct Element<__nv_bfloat16> {
-  using Acc = double;
+  static constexpr bool kSixteenBit = true;
   static __device__ __forceinline__ float Load(__nv_bfloat16 v) { return __bfloat162float(v); }
-  static __device__ __forceinline__ __nv_bfloat16 Store(double v) {
-    return __float2bfloat16_rn(__double2float_rn(v));
-  }
   static __device__ __forceinline__ __nv_bfloat16 FromFloat(float v) { return __float2bfloat16_rn(v); }
 };
 

@@ -21,11 +21,10 @@ __device__ __forceinline__ int64_t HeadOffset(const RopeParams& p, int64_t t, in
 template <typename T, int kStyle, int kWidth>
 __global__ void RopeKernel(RopeParams p) {
   using E = Element<T>;
-  using Acc = typename E::Acc;
   extern __shared__ __align__(16) unsigned char smem[];
   const int half = p.rotary_dim / 2;
-  Acc* cos_s = reinterpret_cast<Acc*>(smem);  // [half]
-  Acc* sin_s = cos_s + half;                  // [half]
+  float* cos_s = reinterpret_cast<float*>(smem);  // [half]
+  float* sin_s = cos_s + half;                    // [half]
   // NEOX: an item is kWidth pairs (x[i..], x[i+half..]); GPT-J: kWidth
   // consecutive elements, kWidth / 2 pairs.
   const int items_per_head = kStyle == kNeox ? half / kWidth : p.rotary_dim / kWidth;
@@ -34,17 +33,40 @@ __global__ void RopeKernel(RopeParams p) {
   for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
     const int set = p.token_freq_set != nullptr ? p.token_freq_set[t] : 0;
     const double* f = p.inv_freq + static_cast<int64_t>(set) * half;
-    const Acc scale = static_cast<Acc>(p.attention_scale[set]);
-    const Acc sign = p.inverse ? -scale : scale;
+    const double scale = p.attention_scale[set];
+    const double sign = p.inverse ? -scale : scale;
+    const float scale_f = static_cast<float>(scale), sign_f = static_cast<float>(sign);
+    const float bound = posenc::internal::kCancellationBound * fabsf(scale_f);
     const int64_t* pos = p.positions + t * p.num_axes;
+    auto angle = [&](int k) {
+      return static_cast<double>(pos[p.num_axes == 1 ? 0 : p.slot_axis[k]]) * f[k];
+    };
     for (int k = threadIdx.x; k < half; k += blockDim.x) {
-      const int axis = p.num_axes == 1 ? 0 : p.slot_axis[k];
-      Acc s, c;
-      posenc::internal::SinCosAcc(static_cast<double>(pos[axis]) * f[k], &s, &c);
-      cos_s[k] = c * scale;
-      sin_s[k] = s * sign;
+      float s, c;
+      posenc::internal::SinCos(angle(k), &s, &c);
+      cos_s[k] = c * scale_f;
+      sin_s[k] = s * sign_f;
     }
     __syncthreads();
+    // One pair: float arithmetic; for 16-bit outputs, double where the
+    // cancellation bound says float could miss (same rule as the CPU).
+    auto rotate = [&](int k, T& x, T& y) {
+      const float u = E::Load(x), v = E::Load(y);
+      float r1 = u * cos_s[k] - v * sin_s[k];
+      float r2 = v * cos_s[k] + u * sin_s[k];
+      if constexpr (E::kSixteenBit) {
+        const float m = bound * (fabsf(u) + fabsf(v));
+        if (fabsf(r1) < m || fabsf(r2) < m) {
+          double sd, cd;
+          posenc::internal::SinCosPrecise(angle(k), &sd, &cd);
+          const double c2 = cd * scale, n2 = sd * sign;
+          r1 = static_cast<float>(static_cast<double>(u) * c2 - static_cast<double>(v) * n2);
+          r2 = static_cast<float>(static_cast<double>(v) * c2 + static_cast<double>(u) * n2);
+        }
+      }
+      x = E::FromFloat(r1);
+      y = E::FromFloat(r2);
+    };
 
     for (int w = threadIdx.x; w < heads * items_per_head; w += blockDim.x) {
       const int h = w / items_per_head, item = w % items_per_head;
@@ -65,12 +87,7 @@ __global__ void RopeKernel(RopeParams p) {
           }
         }
 #pragma unroll
-        for (int j = 0; j < kWidth; ++j) {
-          const Acc a = E::Load(xs[j]), b = E::Load(ys[j]);
-          const Acc c = cos_s[i0 + j], n = sin_s[i0 + j];
-          xs[j] = E::FromFloat(static_cast<float>(a * c - b * n));
-          ys[j] = E::FromFloat(static_cast<float>(b * c + a * n));
-        }
+        for (int j = 0; j < kWidth; ++j) rotate(i0 + j, xs[j], ys[j]);
         if constexpr (kWidth * sizeof(T) == 16) {
           *reinterpret_cast<Vec16<T>*>(head + i0) = *reinterpret_cast<const Vec16<T>*>(xs);
           *reinterpret_cast<Vec16<T>*>(head + half + i0) = *reinterpret_cast<const Vec16<T>*>(ys);
@@ -91,13 +108,7 @@ __global__ void RopeKernel(RopeParams p) {
           for (int j = 0; j < kWidth; ++j) xs[j] = head[e0 + j];
         }
 #pragma unroll
-        for (int j = 0; j < kWidth; j += 2) {
-          const int k = (e0 + j) / 2;
-          const Acc a = E::Load(xs[j]), b = E::Load(xs[j + 1]);
-          const Acc c = cos_s[k], n = sin_s[k];
-          xs[j] = E::FromFloat(static_cast<float>(a * c - b * n));
-          xs[j + 1] = E::FromFloat(static_cast<float>(b * c + a * n));
-        }
+        for (int j = 0; j < kWidth; j += 2) rotate((e0 + j) / 2, xs[j], xs[j + 1]);
         if constexpr (kWidth * sizeof(T) == 16) {
           *reinterpret_cast<Vec16<T>*>(head + e0) = *reinterpret_cast<const Vec16<T>*>(xs);
         } else {
@@ -112,10 +123,9 @@ __global__ void RopeKernel(RopeParams p) {
 
 template <typename T, int kStyle>
 cudaError_t LaunchTyped(const RopeParams& p, cudaStream_t stream) {
-  using Acc = typename Element<T>::Acc;
   constexpr int kVec = 16 / sizeof(T);
   const int half = p.rotary_dim / 2;
-  const size_t smem = 2 * static_cast<size_t>(half) * sizeof(Acc);
+  const size_t smem = 2 * static_cast<size_t>(half) * sizeof(float);
   if (smem > 48 * 1024) return cudaErrorInvalidValue;
   const int heads = p.query_heads + (p.key != nullptr ? p.key_heads : 0);
   // 16-byte accesses need every head, and the NEOX second half, aligned.

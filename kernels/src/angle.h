@@ -39,7 +39,8 @@ POSENC_HOST_DEVICE void SinCos(double angle, float* sin_out, float* cos_out) {
   const float sp = x + x * x2 * (-1.6666654611e-1f + x2 * (8.3321608736e-3f + x2 * -1.9515295891e-4f));
   const float cp = 1.0f - 0.5f * x2 +
                    x2 * x2 * (4.166664568298827e-2f + x2 * (-1.388731625493765e-3f + x2 * 2.443315711809948e-5f));
-  const int quadrant = static_cast<int>(static_cast<int64_t>(q) & 3);
+  // |q| < 2^31, so a 32-bit conversion suffices (and vectorises on AVX2).
+  const int quadrant = static_cast<int32_t>(q) & 3;
   float s = (quadrant & 1) ? cp : sp;
   float c = (quadrant & 1) ? sp : cp;
   s = (quadrant & 2) ? -s : s;
@@ -70,7 +71,7 @@ POSENC_HOST_DEVICE void SinCosPrecise(double angle, double* sin_out, double* cos
                 z * (2.48015872894767294178e-05 +
                      z * (-2.75573143513906633035e-07 +
                           z * (2.08757232129817482790e-09 + z * -1.13596475577881948265e-11)))));
-  const int quadrant = static_cast<int>(static_cast<int64_t>(q) & 3);
+  const int quadrant = static_cast<int32_t>(q) & 3;
   double s = (quadrant & 1) ? cp : sp;
   double c = (quadrant & 1) ? sp : cp;
   s = (quadrant & 2) ? -s : s;
@@ -79,20 +80,15 @@ POSENC_HOST_DEVICE void SinCosPrecise(double angle, double* sin_out, double* cos
   *cos_out = c;
 }
 
-// The arithmetic type of a kernel writing T: float32 outputs are judged by
-// relative norm (float suffices); 16-bit outputs element by element against
-// one ulp, which needs double where the result cancels to a tiny value.
-template <typename T>
-struct AccumulatorOf {
-  using type = double;
-};
-template <>
-struct AccumulatorOf<float> {
-  using type = float;
-};
-
-POSENC_HOST_DEVICE void SinCosAcc(double angle, float* s, float* c) { SinCos(angle, s, c); }
-POSENC_HOST_DEVICE void SinCosAcc(double angle, double* s, double* c) { SinCosPrecise(angle, s, c); }
+// 16-bit outputs must land within one ulp of the float64 result, element by
+// element (SPEC §5). Kernels compute them in float32 and recompute in double
+// only the elements where float32 could miss: a float result r of terms
+// t = a*c, b*n (or x*s, pe) errs by at most ~2^-21.7 (|a| + |b|) |scale|
+// (float cos/sin are good to ~2^-23 absolute, plus three roundings), and
+// half an ulp of r is at least 2^-12 |r| for float16 (2^-9 for bfloat16,
+// and 2^-25 absolute in float16's subnormal range). So r is safe when
+// |r| >= 2^-9 (|a| + |b|) |scale|; below that, double it is.
+inline constexpr float kCancellationBound = 1.0f / 512;
 
 }  // namespace posenc::internal
 

@@ -1,3 +1,4 @@
+#include <cmath>
 #include <vector>
 
 #include "angle.h"
@@ -7,64 +8,131 @@
 namespace posenc::internal {
 namespace {
 
-// cos/sin of every frequency slot of one token, scaled by the attention scale
-// and negated for inverse rotation. Computed once per token, used by all heads.
-template <typename Acc>
-POSENC_ALWAYS_INLINE void TokenAngles(const RopePlan& p, int64_t t, Acc* cos_out, Acc* sin_out) {
-  const int64_t half = p.half();
-  const double* f = p.inv_freq.data() + static_cast<int64_t>(p.FreqSetOfToken(t)) * half;
-  const Acc scale = static_cast<Acc>(p.attention_scale[p.FreqSetOfToken(t)]);
-  const Acc sign = p.inverse ? -scale : scale;
+// The angle of slot k of token t, in float64.
+POSENC_ALWAYS_INLINE double SlotAngle(const RopePlan& p, int64_t t, int64_t k, const double* f) {
   const int64_t* pos = p.positions.values.data() + t * p.num_axes;
-  if (p.num_axes == 1) {
-    const double pos0 = static_cast<double>(pos[0]);
-    for (int64_t k = 0; k < half; ++k) {
-      Acc s, c;
-      SinCosAcc(pos0 * f[k], &s, &c);
-      cos_out[k] = c * scale;
-      sin_out[k] = s * sign;
-    }
-  } else {
-    const int32_t* axis = p.slot_axis.data();
-    for (int64_t k = 0; k < half; ++k) {
-      Acc s, c;
-      SinCosAcc(static_cast<double>(pos[axis[k]]) * f[k], &s, &c);
-      cos_out[k] = c * scale;
-      sin_out[k] = s * sign;
-    }
-  }
+  return static_cast<double>(pos[p.num_axes == 1 ? 0 : p.slot_axis[k]]) * f[k];
 }
 
-template <typename T, RopeStyle kStyle, typename Acc>
-POSENC_ALWAYS_INLINE void RotateHead(T* x, const Acc* c, const Acc* n, int64_t half) {
-  if constexpr (kStyle == RopeStyle::kNeox) {
-    T* y = x + half;
-    for (int64_t i = 0; i < half; ++i) {
-      const Acc a = ToFloat(x[i]), b = ToFloat(y[i]);
-      x[i] = FromFloat<T>(static_cast<float>(a * c[i] - b * n[i]));
-      y[i] = FromFloat<T>(static_cast<float>(b * c[i] + a * n[i]));
-    }
-  } else {
-    for (int64_t i = 0; i < half; ++i) {
-      const Acc a = ToFloat(x[2 * i]), b = ToFloat(x[2 * i + 1]);
-      x[2 * i] = FromFloat<T>(static_cast<float>(a * c[i] - b * n[i]));
-      x[2 * i + 1] = FromFloat<T>(static_cast<float>(b * c[i] + a * n[i]));
-    }
-  }
-}
+// Per-thread buffers, separately allocated so the compiler can see they do
+// not overlap (a shared buffer defeated vectorisation).
+struct Scratch {
+  explicit Scratch(int64_t rotary_dim)
+      : cos(rotary_dim / 2), sin(rotary_dim / 2), result(rotary_dim), flag(rotary_dim / 2) {}
+  std::vector<float> cos, sin;  // [half] scaled cos/sin of the token
+  std::vector<float> result;    // [rotary_dim] one head's float results
+  std::vector<uint8_t> flag;    // [half] pairs to recompute in double
+};
 
-template <typename T, RopeStyle kStyle, typename Acc>
-POSENC_ALWAYS_INLINE void RopeTokens(const RopePlan& p, T* q, T* k, int64_t begin, int64_t end,
-                                     Acc* c, Acc* n) {
+// Per-token rotation constants: float cos/sin of every slot, scaled by the
+// attention scale and signed for inverse rotation. Computed once per token,
+// used by all heads.
+struct TokenAngles {
+  const double* f;
+  double scale;  // s
+  double sign;   // s, or -s for inverse rotation
+  float* c;
+  float* n;
+};
+
+POSENC_ALWAYS_INLINE TokenAngles ComputeAngles(const RopePlan& p, int64_t t, float* c, float* n) {
   const int64_t half = p.half();
+  const int set = p.FreqSetOfToken(t);
+  TokenAngles a{p.inv_freq.data() + static_cast<int64_t>(set) * half, p.attention_scale[set], 0, c, n};
+  a.sign = p.inverse ? -a.scale : a.scale;
+  const float scale = static_cast<float>(a.scale), sign = static_cast<float>(a.sign);
+  for (int64_t k = 0; k < half; ++k) {
+    float s, co;
+    SinCos(SlotAngle(p, t, k, a.f), &s, &co);
+    c[k] = co * scale;
+    n[k] = s * sign;
+  }
+  return a;
+}
+
+// Element indices of pair k.
+template <RopeStyle kStyle>
+POSENC_ALWAYS_INLINE int64_t First(int64_t k, int64_t /*half*/) {
+  return kStyle == RopeStyle::kNeox ? k : 2 * k;
+}
+template <RopeStyle kStyle>
+POSENC_ALWAYS_INLINE int64_t Second(int64_t k, int64_t half) {
+  return kStyle == RopeStyle::kNeox ? k + half : 2 * k + 1;
+}
+
+// float32 outputs: float arithmetic meets their relative-norm bar.
+template <RopeStyle kStyle>
+POSENC_ALWAYS_INLINE void RotateHeadF32(float* __restrict x, const TokenAngles& a, int64_t half) {
+  const float* __restrict c = a.c;
+  const float* __restrict n = a.n;
+  for (int64_t k = 0; k < half; ++k) {
+    const int64_t i = First<kStyle>(k, half), j = Second<kStyle>(k, half);
+    const float u = x[i], v = x[j];
+    x[i] = u * c[k] - v * n[k];
+    x[j] = v * c[k] + u * n[k];
+  }
+}
+
+// 16-bit outputs: float arithmetic into `tmp`, then double for the elements
+// the cancellation bound flags (see angle.h), then one rounding to T.
+template <typename T, RopeStyle kStyle>
+POSENC_ALWAYS_INLINE void RotateHead16(const RopePlan& p, int64_t t, T* __restrict x,
+                                       const TokenAngles& a, int64_t half, float* __restrict tmp,
+                                       uint8_t* __restrict flag) {
+  const float* __restrict c = a.c;
+  const float* __restrict n = a.n;
+  const float bound = kCancellationBound * std::fabs(static_cast<float>(a.scale));
+  // Pass 1 (vectorised): float results and a per-pair flag.
+  for (int64_t k = 0; k < half; ++k) {
+    const int64_t i = First<kStyle>(k, half), j = Second<kStyle>(k, half);
+    const float u = ToFloat(x[i]), v = ToFloat(x[j]);
+    const float r1 = u * c[k] - v * n[k];
+    const float r2 = v * c[k] + u * n[k];
+    tmp[i] = r1;
+    tmp[j] = r2;
+    const float m = bound * (std::fabs(u) + std::fabs(v));
+    flag[k] = static_cast<uint8_t>((std::fabs(r1) < m) | (std::fabs(r2) < m));
+  }
+  // Pass 2: the rare flagged pairs again, in double.
+  for (int64_t k = 0; k < half; ++k) {
+    if (!flag[k]) continue;
+    const int64_t i = First<kStyle>(k, half), j = Second<kStyle>(k, half);
+    const double u = ToFloat(x[i]), v = ToFloat(x[j]);
+    double s, c;
+    SinCosPrecise(SlotAngle(p, t, k, a.f), &s, &c);
+    const double cd = c * a.scale, nd = s * a.sign;
+    tmp[i] = static_cast<float>(u * cd - v * nd);
+    tmp[j] = static_cast<float>(v * cd + u * nd);
+  }
+  // Pass 3 (vectorised): one rounding to T.
+  for (int64_t k = 0; k < half; ++k) {
+    const int64_t i = First<kStyle>(k, half), j = Second<kStyle>(k, half);
+    x[i] = FromFloat<T>(tmp[i]);
+    x[j] = FromFloat<T>(tmp[j]);
+  }
+}
+
+template <typename T, RopeStyle kStyle>
+POSENC_ALWAYS_INLINE void RopeTokens(const RopePlan& p, T* q, T* k, int64_t begin, int64_t end,
+                                     Scratch& scratch) {
+  const int64_t half = p.half();
+  float* c = scratch.cos.data();
+  float* n = scratch.sin.data();
+  float* tmp = scratch.result.data();
+  uint8_t* flag = scratch.flag.data();
   for (int64_t t = begin; t < end; ++t) {
-    TokenAngles(p, t, c, n);
-    for (int64_t h = 0; h < p.query_heads; ++h) {
-      RotateHead<T, kStyle>(q + p.HeadOffset(t, h, p.query_heads), c, n, half);
-    }
-    if (k != nullptr) {
-      for (int64_t h = 0; h < p.key_heads; ++h) {
-        RotateHead<T, kStyle>(k + p.HeadOffset(t, h, p.key_heads), c, n, half);
+    const TokenAngles a = ComputeAngles(p, t, c, n);
+    for (int64_t side = 0; side < 2; ++side) {
+      T* base = side == 0 ? q : k;
+      const int64_t heads = side == 0 ? p.query_heads : p.key_heads;
+      if (base == nullptr) continue;
+      for (int64_t h = 0; h < heads; ++h) {
+        T* x = base + p.HeadOffset(t, h, heads);
+        if constexpr (std::is_same_v<T, float>) {
+          RotateHeadF32<kStyle>(x, a, half);
+        } else {
+          RotateHead16<T, kStyle>(p, t, x, a, half, tmp, flag);
+        }
       }
     }
   }
@@ -72,20 +140,17 @@ POSENC_ALWAYS_INLINE void RopeTokens(const RopePlan& p, T* q, T* k, int64_t begi
 
 template <typename T>
 POSENC_ALWAYS_INLINE void RopeTokensTyped(const RopePlan& p, void* q, void* k, int64_t begin,
-                                          int64_t end, double* scratch) {
-  using Acc = typename AccumulatorOf<T>::type;
-  Acc* c = reinterpret_cast<Acc*>(scratch);
-  Acc* n = c + p.half();
+                                          int64_t end, Scratch& scratch) {
   T* kq = p.has_key ? static_cast<T*>(k) : nullptr;
   if (p.style == RopeStyle::kNeox) {
-    RopeTokens<T, RopeStyle::kNeox>(p, static_cast<T*>(q), kq, begin, end, c, n);
+    RopeTokens<T, RopeStyle::kNeox>(p, static_cast<T*>(q), kq, begin, end, scratch);
   } else {
-    RopeTokens<T, RopeStyle::kGptj>(p, static_cast<T*>(q), kq, begin, end, c, n);
+    RopeTokens<T, RopeStyle::kGptj>(p, static_cast<T*>(q), kq, begin, end, scratch);
   }
 }
 
 POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, void* q, void* k, int64_t begin,
-                                          int64_t end, double* scratch) {
+                                          int64_t end, Scratch& scratch) {
   switch (p.dtype) {
     case DType::kFloat32:
       RopeTokensTyped<float>(p, q, k, begin, end, scratch);
@@ -104,8 +169,8 @@ POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, void* q, void* k, i
 }  // namespace
 
 void RopeTokensCpu(const RopePlan& plan, void* query, void* key, int64_t begin, int64_t end) {
-  std::vector<double> scratch(2 * plan.half());  // cos and sin, float or double
-  RopeTokensDispatch(plan, query, key, begin, end, scratch.data());
+  Scratch scratch(plan.rotary_dim);
+  RopeTokensDispatch(plan, query, key, begin, end, scratch);
 }
 
 }  // namespace posenc::internal
