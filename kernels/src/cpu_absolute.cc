@@ -54,7 +54,7 @@ POSENC_ALWAYS_INLINE void EncodingRow(const AbsolutePlan& p, int64_t pos, float*
 struct Scratch {
   explicit Scratch(int64_t dim) : row(dim), result(dim), sin(dim / 2), cos(dim / 2), flag(dim) {}
   std::vector<float> row;     // [dim] PE in float32
-  std::vector<float> result;  // [dim] float results
+  std::vector<float> result;  // [dim] 16-bit inputs kept for recomputation
   std::vector<float> sin, cos;
   std::vector<uint8_t> flag;  // [dim] elements to recompute in double
 };
@@ -89,20 +89,21 @@ POSENC_ALWAYS_INLINE void AbsoluteTokens(const AbsolutePlan& p, T* __restrict x,
     if constexpr (std::is_same_v<T, float>) {
       for (int64_t i = 0; i < dim; ++i) y[i] = y[i] * xs + row[i];
     } else {
-      // Float results and flags (vectorised), the rare flagged elements
-      // again in double, then one rounding to T.
+      // Float results rounded and stored at once (vectorised), inputs kept;
+      // then the rare flagged elements again in double.
+      T* __restrict saved = reinterpret_cast<T*>(tmp);
       for (int64_t i = 0; i < dim; ++i) {
-        const float u = ToFloat(y[i]) * xs;
+        const T xi = y[i];
+        saved[i] = xi;
+        const float u = ToFloat(xi) * xs;
         const float r = u + row[i];
-        tmp[i] = r;
+        y[i] = FromFloat<T>(r);
         flag[i] = static_cast<uint8_t>(std::fabs(r) < kCancellationBound * (std::fabs(u) + std::fabs(row[i]) + 1.0f));
       }
-      for (int64_t i = 0; i < dim; ++i) {
-        if (!flag[i]) continue;
-        tmp[i] = static_cast<float>(static_cast<double>(ToFloat(y[i])) * p.options.x_scale +
-                                    PreciseEncoding(p, pos, i));
-      }
-      for (int64_t i = 0; i < dim; ++i) y[i] = FromFloat<T>(tmp[i]);
+      ForEachFlagged(flag, dim, [&](int64_t i) {
+        y[i] = FromFloat<T>(static_cast<float>(static_cast<double>(ToFloat(saved[i])) * p.options.x_scale +
+                                               PreciseEncoding(p, pos, i)));
+      });
     }
   }
 }

@@ -4,6 +4,7 @@
 #define POSENC_KERNELS_CPU_KERNELS_H_
 
 #include <cstdint>
+#include <cstring>
 
 #include "posenc/absolute.h"
 #include "posenc/attention_bias.h"
@@ -20,6 +21,25 @@
 #define POSENC_ALWAYS_INLINE inline __attribute__((always_inline))
 
 namespace posenc::internal {
+
+// Calls fix(i) for every nonzero byte of flag[0, n), reading eight bytes at a
+// time: flags are sparse, and a byte-by-byte scan cost more than the work.
+template <typename Fix>
+POSENC_ALWAYS_INLINE void ForEachFlagged(const uint8_t* flag, int64_t n, Fix fix) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t word;
+    std::memcpy(&word, flag + i, 8);
+    while (word != 0) {
+      const int byte = __builtin_ctzll(word) / 8;
+      fix(i + byte);
+      word &= ~(uint64_t{0xff} << (8 * byte));
+    }
+  }
+  for (; i < n; ++i) {
+    if (flag[i]) fix(i);
+  }
+}
 
 // Rotates tokens [begin, end) of query and key in place.
 void RopeTokensCpu(const RopePlan& plan, void* query, void* key, int64_t begin, int64_t end);

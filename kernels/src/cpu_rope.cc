@@ -18,9 +18,9 @@ POSENC_ALWAYS_INLINE double SlotAngle(const RopePlan& p, int64_t t, int64_t k, c
 // not overlap (a shared buffer defeated vectorisation).
 struct Scratch {
   explicit Scratch(int64_t rotary_dim)
-      : cos(rotary_dim / 2), sin(rotary_dim / 2), result(rotary_dim), flag(rotary_dim / 2) {}
+      : cos(rotary_dim / 2), sin(rotary_dim / 2), saved(rotary_dim), flag(rotary_dim / 2) {}
   std::vector<float> cos, sin;  // [half] scaled cos/sin of the token
-  std::vector<float> result;    // [rotary_dim] one head's float results
+  std::vector<uint16_t> saved;  // [rotary_dim] one head's 16-bit inputs
   std::vector<uint8_t> flag;    // [half] pairs to recompute in double
 };
 
@@ -31,11 +31,12 @@ struct TokenAngles {
   const double* f;
   double scale;  // s
   double sign;   // s, or -s for inverse rotation
-  float* c;
-  float* n;
+  float* c;      // [half] s cos
+  float* n;      // [half] +-s sin
 };
 
-POSENC_ALWAYS_INLINE TokenAngles ComputeAngles(const RopePlan& p, int64_t t, float* c, float* n) {
+POSENC_ALWAYS_INLINE TokenAngles ComputeAngles(const RopePlan& p, int64_t t, float* __restrict c,
+                                               float* __restrict n) {
   const int64_t half = p.half();
   const int set = p.FreqSetOfToken(t);
   TokenAngles a{p.inv_freq.data() + static_cast<int64_t>(set) * half, p.attention_scale[set], 0, c, n};
@@ -73,43 +74,38 @@ POSENC_ALWAYS_INLINE void RotateHeadF32(float* __restrict x, const TokenAngles& 
   }
 }
 
-// 16-bit outputs: float arithmetic into `tmp`, then double for the elements
-// the cancellation bound flags (see angle.h), then one rounding to T.
+// 16-bit outputs: float arithmetic, rounded once to T and stored at once;
+// the inputs are kept in `saved` so that the pairs the cancellation bound
+// flags (see angle.h) can be recomputed in double afterwards.
 template <typename T, RopeStyle kStyle>
 POSENC_ALWAYS_INLINE void RotateHead16(const RopePlan& p, int64_t t, T* __restrict x,
-                                       const TokenAngles& a, int64_t half, float* __restrict tmp,
+                                       const TokenAngles& a, int64_t half, T* __restrict saved,
                                        uint8_t* __restrict flag) {
   const float* __restrict c = a.c;
   const float* __restrict n = a.n;
   const float bound = kCancellationBound * std::fabs(static_cast<float>(a.scale));
-  // Pass 1 (vectorised): float results and a per-pair flag.
   for (int64_t k = 0; k < half; ++k) {
     const int64_t i = First<kStyle>(k, half), j = Second<kStyle>(k, half);
-    const float u = ToFloat(x[i]), v = ToFloat(x[j]);
+    const T xi = x[i], xj = x[j];
+    saved[i] = xi;
+    saved[j] = xj;
+    const float u = ToFloat(xi), v = ToFloat(xj);
     const float r1 = u * c[k] - v * n[k];
     const float r2 = v * c[k] + u * n[k];
-    tmp[i] = r1;
-    tmp[j] = r2;
+    x[i] = FromFloat<T>(r1);
+    x[j] = FromFloat<T>(r2);
     const float m = bound * (std::fabs(u) + std::fabs(v));
     flag[k] = static_cast<uint8_t>((std::fabs(r1) < m) | (std::fabs(r2) < m));
   }
-  // Pass 2: the rare flagged pairs again, in double.
-  for (int64_t k = 0; k < half; ++k) {
-    if (!flag[k]) continue;
+  ForEachFlagged(flag, half, [&](int64_t k) {
     const int64_t i = First<kStyle>(k, half), j = Second<kStyle>(k, half);
-    const double u = ToFloat(x[i]), v = ToFloat(x[j]);
-    double s, c;
-    SinCosPrecise(SlotAngle(p, t, k, a.f), &s, &c);
-    const double cd = c * a.scale, nd = s * a.sign;
-    tmp[i] = static_cast<float>(u * cd - v * nd);
-    tmp[j] = static_cast<float>(v * cd + u * nd);
-  }
-  // Pass 3 (vectorised): one rounding to T.
-  for (int64_t k = 0; k < half; ++k) {
-    const int64_t i = First<kStyle>(k, half), j = Second<kStyle>(k, half);
-    x[i] = FromFloat<T>(tmp[i]);
-    x[j] = FromFloat<T>(tmp[j]);
-  }
+    const double u = ToFloat(saved[i]), v = ToFloat(saved[j]);
+    double s, co;
+    SinCosPrecise(SlotAngle(p, t, k, a.f), &s, &co);
+    const double cd = co * a.scale, nd = s * a.sign;
+    x[i] = FromFloat<T>(static_cast<float>(u * cd - v * nd));
+    x[j] = FromFloat<T>(static_cast<float>(v * cd + u * nd));
+  });
 }
 
 template <typename T, RopeStyle kStyle>
@@ -118,7 +114,7 @@ POSENC_ALWAYS_INLINE void RopeTokens(const RopePlan& p, T* q, T* k, int64_t begi
   const int64_t half = p.half();
   float* c = scratch.cos.data();
   float* n = scratch.sin.data();
-  float* tmp = scratch.result.data();
+  T* saved = reinterpret_cast<T*>(scratch.saved.data());
   uint8_t* flag = scratch.flag.data();
   for (int64_t t = begin; t < end; ++t) {
     const TokenAngles a = ComputeAngles(p, t, c, n);
@@ -131,7 +127,7 @@ POSENC_ALWAYS_INLINE void RopeTokens(const RopePlan& p, T* q, T* k, int64_t begi
         if constexpr (std::is_same_v<T, float>) {
           RotateHeadF32<kStyle>(x, a, half);
         } else {
-          RotateHead16<T, kStyle>(p, t, x, a, half, tmp, flag);
+          RotateHead16<T, kStyle>(p, t, x, a, half, saved, flag);
         }
       }
     }
