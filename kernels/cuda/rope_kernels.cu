@@ -1,6 +1,8 @@
 // RoPE on the GPU. One block per token (grid-stride): the block forms the
 // token's cos/sin once in shared memory, then its threads rotate every head
 // of query and key, 16 bytes per load and store when alignment allows.
+#include <type_traits>
+
 #include "angle.h"
 #include "cuda_kernels.h"
 #include "element.cuh"
@@ -16,15 +18,22 @@ __device__ __forceinline__ int64_t HeadOffset(const RopeParams& p, int64_t t, in
   return (t * heads + h) * p.head_dim;
 }
 
+// The arithmetic type for outputs of type T, as on the CPU: float for
+// float32 outputs (judged by relative norm), double for 16-bit outputs (one
+// ulp per element, also where x*c - y*s cancels).
+template <typename T>
+using AccOf = typename std::conditional<Element<T>::kSixteenBit, double, float>::type;
+
 // kWidth elements per thread item: 16 bytes (vector path) or the minimum
 // (1 pair for NEOX, 2 elements for GPT-J).
 template <typename T, int kStyle, int kWidth>
 __global__ void RopeKernel(RopeParams p) {
   using E = Element<T>;
+  using Acc = AccOf<T>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int half = p.rotary_dim / 2;
-  float* cos_s = reinterpret_cast<float*>(smem);  // [half]
-  float* sin_s = cos_s + half;                    // [half]
+  Acc* cos_s = reinterpret_cast<Acc*>(smem);  // [half] s cos
+  Acc* sin_s = cos_s + half;                  // [half] +-s sin
   // NEOX: an item is kWidth pairs (x[i..], x[i+half..]); GPT-J: kWidth
   // consecutive elements, kWidth / 2 pairs.
   const int items_per_head = kStyle == kNeox ? half / kWidth : p.rotary_dim / kWidth;
@@ -35,37 +44,26 @@ __global__ void RopeKernel(RopeParams p) {
     const double* f = p.inv_freq + static_cast<int64_t>(set) * half;
     const double scale = p.attention_scale[set];
     const double sign = p.inverse ? -scale : scale;
-    const float scale_f = static_cast<float>(scale), sign_f = static_cast<float>(sign);
-    const float bound = posenc::internal::kCancellationBound * fabsf(scale_f);
     const int64_t* pos = p.positions + t * p.num_axes;
-    auto angle = [&](int k) {
-      return static_cast<double>(pos[p.num_axes == 1 ? 0 : p.slot_axis[k]]) * f[k];
-    };
     for (int k = threadIdx.x; k < half; k += blockDim.x) {
-      float s, c;
-      posenc::internal::SinCos(angle(k), &s, &c);
-      cos_s[k] = c * scale_f;
-      sin_s[k] = s * sign_f;
+      const double angle = static_cast<double>(pos[p.num_axes == 1 ? 0 : p.slot_axis[k]]) * f[k];
+      if constexpr (E::kSixteenBit) {
+        double s, c;
+        posenc::internal::SinCosPrecise(angle, &s, &c);
+        cos_s[k] = c * scale;
+        sin_s[k] = s * sign;
+      } else {
+        float s, c;
+        posenc::internal::SinCos(angle, &s, &c);
+        cos_s[k] = c * static_cast<float>(scale);
+        sin_s[k] = s * static_cast<float>(sign);
+      }
     }
     __syncthreads();
-    // One pair: float arithmetic; for 16-bit outputs, double where the
-    // cancellation bound says float could miss (same rule as the CPU).
     auto rotate = [&](int k, T& x, T& y) {
-      const float u = E::Load(x), v = E::Load(y);
-      float r1 = u * cos_s[k] - v * sin_s[k];
-      float r2 = v * cos_s[k] + u * sin_s[k];
-      if constexpr (E::kSixteenBit) {
-        const float m = bound * (fabsf(u) + fabsf(v));
-        if (fabsf(r1) < m || fabsf(r2) < m) {
-          double sd, cd;
-          posenc::internal::SinCosPrecise(angle(k), &sd, &cd);
-          const double c2 = cd * scale, n2 = sd * sign;
-          r1 = static_cast<float>(static_cast<double>(u) * c2 - static_cast<double>(v) * n2);
-          r2 = static_cast<float>(static_cast<double>(v) * c2 + static_cast<double>(u) * n2);
-        }
-      }
-      x = E::FromFloat(r1);
-      y = E::FromFloat(r2);
+      const Acc u = E::Load(x), v = E::Load(y);
+      x = E::FromFloat(static_cast<float>(u * cos_s[k] - v * sin_s[k]));
+      y = E::FromFloat(static_cast<float>(v * cos_s[k] + u * sin_s[k]));
     };
 
     for (int w = threadIdx.x; w < heads * items_per_head; w += blockDim.x) {
@@ -125,7 +123,7 @@ template <typename T, int kStyle>
 cudaError_t LaunchTyped(const RopeParams& p, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
   const int half = p.rotary_dim / 2;
-  const size_t smem = 2 * static_cast<size_t>(half) * sizeof(float);
+  const size_t smem = 2 * static_cast<size_t>(half) * sizeof(AccOf<T>);
   if (smem > 48 * 1024) return cudaErrorInvalidValue;
   const int heads = p.query_heads + (p.key != nullptr ? p.key_heads : 0);
   // 16-byte accesses need every head, and the NEOX second half, aligned.

@@ -81,8 +81,10 @@ POSENC_HOST_DEVICE void SinCosPrecise(double angle, double* sin_out, double* cos
 }
 
 // 16-bit outputs must land within one ulp of the float64 result, element by
-// element (SPEC §5). Kernels compute them in float32 and recompute in double
-// only the elements where float32 could miss: a float result r of terms
+// element (SPEC §5). RoPE computes them in double throughout (its cos/sin
+// are shared by all heads). Absolute encodings, which need a sin or cos per
+// element, compute in float32 and recompute in double only the elements
+// where float32 could miss: a float result r of terms
 // t = a*c, b*n (or x*s, pe) errs by at most ~2^-21.7 (|a| + |b|) |scale|
 // (float cos/sin are good to ~2^-23 absolute, plus three roundings), and
 // half an ulp of r is at least 2^-12 |r| for float16 (2^-9 for bfloat16,

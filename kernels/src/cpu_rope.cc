@@ -14,39 +14,56 @@ POSENC_ALWAYS_INLINE double SlotAngle(const RopePlan& p, int64_t t, int64_t k, c
   return static_cast<double>(pos[p.num_axes == 1 ? 0 : p.slot_axis[k]]) * f[k];
 }
 
-// Per-thread buffers, separately allocated so the compiler can see they do
-// not overlap (a shared buffer defeated vectorisation).
-struct Scratch {
-  explicit Scratch(int64_t rotary_dim)
-      : cos(rotary_dim / 2), sin(rotary_dim / 2), saved(rotary_dim), flag(rotary_dim / 2) {}
-  std::vector<float> cos, sin;  // [half] scaled cos/sin of the token
-  std::vector<uint16_t> saved;  // [rotary_dim] one head's 16-bit inputs
-  std::vector<uint8_t> flag;    // [half] pairs to recompute in double
-};
 
 // Per-token rotation constants: float cos/sin of every slot, scaled by the
 // attention scale and signed for inverse rotation. Computed once per token,
 // used by all heads.
-struct TokenAngles {
-  const double* f;
-  double scale;  // s
-  double sign;   // s, or -s for inverse rotation
-  float* c;      // [half] s cos
-  float* n;      // [half] +-s sin
+// Per-thread buffers, separately allocated so the compiler can see they do
+// not overlap (a shared buffer defeated vectorisation).
+struct Scratch {
+  explicit Scratch(int64_t rotary_dim)
+      : cos(rotary_dim / 2), sin(rotary_dim / 2), cos_d(rotary_dim / 2), sin_d(rotary_dim / 2) {}
+  std::vector<float> cos, sin;       // [half] scaled cos/sin, float32 outputs
+  std::vector<double> cos_d, sin_d;  // [half] the same in double, 16-bit outputs
 };
 
-POSENC_ALWAYS_INLINE TokenAngles ComputeAngles(const RopePlan& p, int64_t t, float* __restrict c,
-                                               float* __restrict n) {
+struct TokenAngles {
+  float* c;   // [half] s cos (float32 outputs)
+  float* n;   // [half] +-s sin
+  double* cd;  // [half] s cos (16-bit outputs)
+  double* nd;  // [half] +-s sin
+};
+
+// cos/sin of every slot of token t, scaled by the attention scale and signed
+// for inverse rotation; once per token, shared by all heads. float32 outputs
+// use float cos/sin; 16-bit outputs use double ones (see RotateHead16).
+template <bool kDouble>
+POSENC_ALWAYS_INLINE TokenAngles ComputeAngles(const RopePlan& p, int64_t t, Scratch& scratch) {
   const int64_t half = p.half();
   const int set = p.FreqSetOfToken(t);
-  TokenAngles a{p.inv_freq.data() + static_cast<int64_t>(set) * half, p.attention_scale[set], 0, c, n};
-  a.sign = p.inverse ? -a.scale : a.scale;
-  const float scale = static_cast<float>(a.scale), sign = static_cast<float>(a.sign);
-  for (int64_t k = 0; k < half; ++k) {
-    float s, co;
-    SinCos(SlotAngle(p, t, k, a.f), &s, &co);
-    c[k] = co * scale;
-    n[k] = s * sign;
+  const double* f = p.inv_freq.data() + static_cast<int64_t>(set) * half;
+  const double scale = p.attention_scale[set];
+  const double sign = p.inverse ? -scale : scale;
+  TokenAngles a{scratch.cos.data(), scratch.sin.data(), scratch.cos_d.data(), scratch.sin_d.data()};
+  if constexpr (kDouble) {
+    double* __restrict cd = a.cd;
+    double* __restrict nd = a.nd;
+    for (int64_t k = 0; k < half; ++k) {
+      double s, co;
+      SinCosPrecise(SlotAngle(p, t, k, f), &s, &co);
+      cd[k] = co * scale;
+      nd[k] = s * sign;
+    }
+  } else {
+    float* __restrict c = a.c;
+    float* __restrict n = a.n;
+    const float scale_f = static_cast<float>(scale), sign_f = static_cast<float>(sign);
+    for (int64_t k = 0; k < half; ++k) {
+      float s, co;
+      SinCos(SlotAngle(p, t, k, f), &s, &co);
+      c[k] = co * scale_f;
+      n[k] = s * sign_f;
+    }
   }
   return a;
 }
@@ -74,60 +91,39 @@ POSENC_ALWAYS_INLINE void RotateHeadF32(float* __restrict x, const TokenAngles& 
   }
 }
 
-// 16-bit outputs: float arithmetic, rounded once to T and stored at once;
-// the inputs are kept in `saved` so that the pairs the cancellation bound
-// flags (see angle.h) can be recomputed in double afterwards.
+// 16-bit outputs must be within one ulp of the float64 result element by
+// element, also where x*c - y*s cancels to a tiny value; float32 cannot
+// promise that, double can (its error, ~2^-52 of the inputs, is far below a
+// 16-bit ulp of any result above ~2^-45). Rounded double -> float -> T.
 template <typename T, RopeStyle kStyle>
-POSENC_ALWAYS_INLINE void RotateHead16(const RopePlan& p, int64_t t, T* __restrict x,
-                                       const TokenAngles& a, int64_t half, T* __restrict saved,
-                                       uint8_t* __restrict flag) {
-  const float* __restrict c = a.c;
-  const float* __restrict n = a.n;
-  const float bound = kCancellationBound * std::fabs(static_cast<float>(a.scale));
+POSENC_ALWAYS_INLINE void RotateHead16(T* __restrict x, const TokenAngles& a, int64_t half) {
+  const double* __restrict c = a.cd;
+  const double* __restrict n = a.nd;
   for (int64_t k = 0; k < half; ++k) {
     const int64_t i = First<kStyle>(k, half), j = Second<kStyle>(k, half);
-    const T xi = x[i], xj = x[j];
-    saved[i] = xi;
-    saved[j] = xj;
-    const float u = ToFloat(xi), v = ToFloat(xj);
-    const float r1 = u * c[k] - v * n[k];
-    const float r2 = v * c[k] + u * n[k];
-    x[i] = FromFloat<T>(r1);
-    x[j] = FromFloat<T>(r2);
-    const float m = bound * (std::fabs(u) + std::fabs(v));
-    flag[k] = static_cast<uint8_t>((std::fabs(r1) < m) | (std::fabs(r2) < m));
+    const double u = ToFloat(x[i]), v = ToFloat(x[j]);
+    x[i] = FromFloat<T>(static_cast<float>(u * c[k] - v * n[k]));
+    x[j] = FromFloat<T>(static_cast<float>(v * c[k] + u * n[k]));
   }
-  ForEachFlagged(flag, half, [&](int64_t k) {
-    const int64_t i = First<kStyle>(k, half), j = Second<kStyle>(k, half);
-    const double u = ToFloat(saved[i]), v = ToFloat(saved[j]);
-    double s, co;
-    SinCosPrecise(SlotAngle(p, t, k, a.f), &s, &co);
-    const double cd = co * a.scale, nd = s * a.sign;
-    x[i] = FromFloat<T>(static_cast<float>(u * cd - v * nd));
-    x[j] = FromFloat<T>(static_cast<float>(v * cd + u * nd));
-  });
 }
 
 template <typename T, RopeStyle kStyle>
 POSENC_ALWAYS_INLINE void RopeTokens(const RopePlan& p, T* q, T* k, int64_t begin, int64_t end,
                                      Scratch& scratch) {
+  constexpr bool kSixteenBit = !std::is_same_v<T, float>;
   const int64_t half = p.half();
-  float* c = scratch.cos.data();
-  float* n = scratch.sin.data();
-  T* saved = reinterpret_cast<T*>(scratch.saved.data());
-  uint8_t* flag = scratch.flag.data();
   for (int64_t t = begin; t < end; ++t) {
-    const TokenAngles a = ComputeAngles(p, t, c, n);
+    const TokenAngles a = ComputeAngles<kSixteenBit>(p, t, scratch);
     for (int64_t side = 0; side < 2; ++side) {
       T* base = side == 0 ? q : k;
       const int64_t heads = side == 0 ? p.query_heads : p.key_heads;
       if (base == nullptr) continue;
       for (int64_t h = 0; h < heads; ++h) {
         T* x = base + p.HeadOffset(t, h, heads);
-        if constexpr (std::is_same_v<T, float>) {
-          RotateHeadF32<kStyle>(x, a, half);
+        if constexpr (kSixteenBit) {
+          RotateHead16<T, kStyle>(x, a, half);
         } else {
-          RotateHead16<T, kStyle>(p, t, x, a, half, saved, flag);
+          RotateHeadF32<kStyle>(x, a, half);
         }
       }
     }
