@@ -1,0 +1,223 @@
+// posenc-bench-gpu: device kernels against a device-to-device copy of the same
+// bytes, measured in the same run with CUDA events (issue 3's targets).
+//
+//   RoPE bf16 16384 tokens x (32 q + 8 k heads) x 128, NEOX and GPT-J:
+//     effective bandwidth (q and k read + written) vs cudaMemcpy D2D.
+//   Decode RoPE, batch 1..256 x 1 token: mean kernel time over back-to-back
+//     launches (includes launch gaps, so an upper bound on kernel time).
+//   Sinusoidal add [16384, 4096] and bias added to logits [1, 32, 2048, 2048].
+// Prints a table; --json=PATH writes the figures. Exits 0 with a note when no
+// GPU is visible.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cuda_kernels.h"
+
+namespace {
+
+#define CHECK(call)                                                                   \
+  do {                                                                                \
+    cudaError_t e_ = (call);                                                          \
+    if (e_ != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call,               \
+                   cudaGetErrorString(e_));                                           \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+
+// Median milliseconds per call of fn, over `reps` timed calls of `batch`
+// back-to-back launches each.
+double MedianMs(const std::function<void()>& fn, int reps = 30, int batch = 1) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 5; ++i) fn();
+  std::vector<float> t;
+  for (int r = 0; r < reps; ++r) {
+    CHECK(cudaEventRecord(a));
+    for (int i = 0; i < batch; ++i) fn();
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms / batch);
+  }
+  CHECK(cudaGetLastError());
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+template <typename T>
+T* DeviceArray(const std::vector<T>& host) {
+  T* d;
+  CHECK(cudaMalloc(&d, std::max<size_t>(1, host.size() * sizeof(T))));
+  CHECK(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+// Random bf16/f32 bytes (never zeros: they hide unwritten outputs).
+void* RandomDevice(size_t bytes) {
+  std::vector<uint16_t> h(bytes / 2);
+  uint32_t x = 12345;
+  for (auto& v : h) {
+    x = x * 1664525u + 1013904223u;
+    v = static_cast<uint16_t>(0x3c00 | (x >> 22));  // values in [1, 2) as bf16/f16-ish bits
+  }
+  return DeviceArray(h);
+}
+
+struct Row {
+  std::string name;
+  double bytes;  // moved by the kernel (read + write)
+  double ms;
+  double copy_ms;  // D2D copy of bytes / 2 (same read + write traffic); 0 if n/a
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--json=", 0) == 0) json = a.substr(7);
+  }
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("posenc-bench-gpu: no CUDA device visible; nothing to measure\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  int driver = 0;
+  CHECK(cudaDriverGetVersion(&driver));
+  std::vector<Row> rows;
+
+  auto copy_ms = [&](size_t bytes) {
+    void *src, *dst;
+    CHECK(cudaMalloc(&src, bytes));
+    CHECK(cudaMalloc(&dst, bytes));
+    CHECK(cudaMemset(src, 1, bytes));
+    const double ms = MedianMs([&] { CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); });
+    CHECK(cudaFree(src));
+    CHECK(cudaFree(dst));
+    return ms;
+  };
+
+  // RoPE on T tokens, one position set, THD layout.
+  auto rope_params = [&](int64_t T, int dtype, int style, size_t* bytes) {
+    const int Hq = 32, Hk = 8, D = 128;
+    const size_t es = dtype == posenc::cuda::kF32 ? 4 : 2;
+    *bytes = static_cast<size_t>(T) * (Hq + Hk) * D * es;
+    std::vector<int64_t> pos(T);
+    for (int64_t t = 0; t < T; ++t) pos[t] = 1000 + t;
+    std::vector<double> inv(D / 2);
+    for (int k = 0; k < D / 2; ++k) inv[k] = std::pow(10000.0, -2.0 * k / D);
+    posenc::cuda::RopeParams p{};
+    p.query = RandomDevice(static_cast<size_t>(T) * Hq * D * es);
+    p.key = RandomDevice(static_cast<size_t>(T) * Hk * D * es);
+    p.positions = DeviceArray(pos);
+    p.inv_freq = DeviceArray(inv);
+    p.attention_scale = DeviceArray(std::vector<double>{1.0});
+    p.slot_axis = DeviceArray(std::vector<int32_t>(D / 2, 0));
+    p.num_tokens = T;
+    p.dtype = dtype;
+    p.layout = posenc::cuda::kTHD;
+    p.style = style;
+    p.query_heads = Hq;
+    p.key_heads = Hk;
+    p.head_dim = D;
+    p.rotary_dim = D;
+    p.num_axes = 1;
+    return p;
+  };
+
+  for (int dtype : {posenc::cuda::kBF16, posenc::cuda::kF32}) {
+    for (int style : {posenc::cuda::kNeox, posenc::cuda::kGptj}) {
+      size_t bytes;
+      posenc::cuda::RopeParams p = rope_params(16384, dtype, style, &bytes);
+      const double ms = MedianMs([&] { CHECK(posenc::cuda::LaunchRope(p, nullptr)); });
+      rows.push_back({std::string("rope ") + (dtype == posenc::cuda::kBF16 ? "bf16" : "f32") +
+                          (style == posenc::cuda::kNeox ? " neox" : " gptj") + " 16384x(32+8)x128",
+                      2.0 * bytes, ms, copy_ms(bytes)});
+    }
+  }
+  for (int64_t batch : {1, 8, 32, 64, 128, 256}) {
+    size_t bytes;
+    posenc::cuda::RopeParams p = rope_params(batch, posenc::cuda::kBF16, posenc::cuda::kNeox, &bytes);
+    const double ms = MedianMs([&] { CHECK(posenc::cuda::LaunchRope(p, nullptr)); }, 20, 200);
+    rows.push_back({"decode rope bf16 batch " + std::to_string(batch) + " x1 token", 2.0 * bytes, ms, 0});
+  }
+  for (int dtype : {posenc::cuda::kBF16, posenc::cuda::kF32}) {
+    const int64_t T = 16384, d = 4096;
+    const size_t bytes = static_cast<size_t>(T) * d * (dtype == posenc::cuda::kF32 ? 4 : 2);
+    std::vector<int64_t> pos(T);
+    for (int64_t t = 0; t < T; ++t) pos[t] = t;
+    std::vector<double> omega(d / 2);
+    for (int64_t i = 0; i < d / 2; ++i) omega[i] = std::pow(10000.0, -2.0 * i / d);
+    posenc::cuda::AbsoluteParams p{};
+    p.x = RandomDevice(bytes);
+    p.positions = DeviceArray(pos);
+    p.omega = DeviceArray(omega);
+    p.num_tokens = T;
+    p.dim = d;
+    p.dtype = dtype;
+    p.interleaved = 1;
+    p.has_input = 1;
+    p.x_scale = 1.0;
+    const double ms = MedianMs([&] { CHECK(posenc::cuda::LaunchAbsolute(p, nullptr)); });
+    rows.push_back({std::string("sinusoidal add ") + (dtype == posenc::cuda::kBF16 ? "bf16" : "f32") +
+                        " [16384, 4096]",
+                    2.0 * bytes, ms, copy_ms(bytes)});
+  }
+  {
+    const int64_t H = 32, Q = 2048, K = 2048;
+    const size_t bytes = static_cast<size_t>(H) * Q * K * 2;
+    posenc::cuda::BiasParams p{};
+    p.out = RandomDevice(bytes);
+    std::vector<double> slopes(H);
+    for (int h = 0; h < H; ++h) slopes[h] = std::exp2(-8.0 * (h + 1) / H);
+    p.slopes = DeviceArray(slopes);
+    p.k_lens = DeviceArray(std::vector<int64_t>{K});
+    p.batch = 1;
+    p.heads = H;
+    p.q_len = Q;
+    p.k_len = K;
+    p.q_offset = 0;
+    p.dtype = posenc::cuda::kBF16;
+    p.form = 2;
+    p.causal = 1;
+    p.add_to_logits = 1;
+    const double ms = MedianMs([&] { CHECK(posenc::cuda::LaunchBias(p, nullptr)); });
+    rows.push_back({"alibi+causal added to bf16 logits [1,32,2048,2048]", 2.0 * bytes, ms, copy_ms(bytes)});
+  }
+
+  std::printf("posenc-bench-gpu on %s (cc %d.%d, %zu MiB, driver %d)\n", prop.name, prop.major,
+              prop.minor, prop.totalGlobalMem >> 20, driver);
+  std::printf("%-52s %10s %10s %10s %8s\n", "operation", "us", "GB/s", "copy GB/s", "ratio");
+  for (const Row& r : rows) {
+    const double gbs = r.bytes / (r.ms * 1e-3) / 1e9;
+    if (r.copy_ms > 0) {
+      const double cgbs = r.bytes / (r.copy_ms * 1e-3) / 1e9;
+      std::printf("%-52s %10.1f %10.0f %10.0f %8.2f\n", r.name.c_str(), r.ms * 1e3, gbs, cgbs, r.copy_ms / r.ms);
+    } else {
+      std::printf("%-52s %10.2f %10.0f %10s %8s\n", r.name.c_str(), r.ms * 1e3, gbs, "-", "-");
+    }
+  }
+  if (!json.empty()) {
+    std::ofstream out(json);
+    out << "{\"device\": \"" << prop.name << "\", \"driver\": " << driver << ", \"results\": [";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      out << (i ? ", " : "") << "{\"name\": \"" << rows[i].name << "\", \"bytes\": " << rows[i].bytes
+          << ", \"ms\": " << rows[i].ms << ", \"copy_ms\": " << rows[i].copy_ms << "}";
+    }
+    out << "]}\n";
+  }
+  return 0;
+}
