@@ -10,6 +10,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "posenc/backend.h"
 #include "posenc/v1/posenc.pb.h"
 #include "table_repository.h"
@@ -51,6 +53,9 @@ class Engine {
 
   // After this, new work is refused with UNAVAILABLE (graceful drain).
   void StartDraining() { draining_ = true; }
+  // Every call notes its arrival, so a drain can wait for callers to go quiet.
+  void NoteArrival() { last_arrival_ns_ = absl::GetCurrentTimeNanos(); }
+  absl::Time last_arrival() const { return absl::FromUnixNanos(last_arrival_ns_.load()); }
   int inflight() const { return inflight_.load(); }
   const EngineOptions& options() const { return options_; }
   // Why there is no CUDA backend ("" when there is one).
@@ -82,6 +87,7 @@ class Engine {
   TableRepository tables_;
   std::atomic<int> inflight_{0};
   std::atomic<bool> draining_{false};
+  std::atomic<int64_t> last_arrival_ns_{0};
 };
 
 }  // namespace posenc::server

@@ -34,13 +34,20 @@ ABSL_FLAG(int, max_connection_age_ms, 0,
           "Close client connections after this long so they re-resolve DNS (0: never).");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error.");
 ABSL_FLAG(std::string, port_file, "", "If set, write the bound port here once serving.");
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9090",
+          "Prometheus /metrics address (empty: no metrics endpoint).");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain file; serves TLS when set.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key file for --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA file; when set, clients must present a certificate it signed (mutual TLS).");
 
 namespace {
 
 constexpr const char* kFlagNames[] = {
     "listen", "threads", "max_message_bytes", "max_request_bytes", "max_inflight", "table_dir",
     "default_backend", "enable_cuda", "cuda_device", "auto_gpu_min_bytes", "drain_seconds",
-    "max_connection_age_ms", "log_level", "port_file"};
+    "max_connection_age_ms", "log_level", "port_file", "metrics_listen", "tls_cert", "tls_key",
+    "tls_client_ca"};
 
 // POSENC_<NAME> environment variables set flag defaults.
 bool ApplyEnvironment() {
@@ -69,7 +76,10 @@ absl::StatusOr<posenc::v1::Backend> ParseBackend(const std::string& s) {
 
 void LogStartup(posenc::server::Server& server, const posenc::server::ServerOptions& o) {
   const posenc::v1::ServerInfo info = server.engine().GetServerInfo();
-  spdlog::info("posenc-server {} listening on port {} ({})", info.version(), server.port(), o.listen_address);
+  spdlog::info("posenc-server {} listening on port {} ({}, {})", info.version(), server.port(),
+               o.listen_address,
+               o.tls.cert_pem.empty() ? "plaintext" : o.tls.client_ca_pem.empty() ? "TLS" : "mutual TLS");
+  if (server.metrics_port() != 0) spdlog::info("metrics on port {} (/metrics)", server.metrics_port());
   for (const auto& b : info.backends()) {
     if (b.available()) {
       spdlog::info("backend {}: {} threads={} memory={}MiB cc={}", posenc::v1::Backend_Name(b.kind()),
@@ -123,6 +133,22 @@ int main(int argc, char** argv) {
   }
   o.engine.default_backend = *backend;
 
+  o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  for (auto [flag, out] : {std::pair<std::string, std::string*>{absl::GetFlag(FLAGS_tls_cert), &o.tls.cert_pem},
+                           {absl::GetFlag(FLAGS_tls_key), &o.tls.key_pem},
+                           {absl::GetFlag(FLAGS_tls_client_ca), &o.tls.client_ca_pem}}) {
+    if (flag.empty()) continue;
+    std::ifstream in(flag);
+    if (!in) {
+      spdlog::critical("cannot read {}", flag);
+      return 2;
+    }
+    out->assign(std::istreambuf_iterator<char>(in), {});
+  }
+  if (o.tls.cert_pem.empty() != o.tls.key_pem.empty()) {
+    spdlog::critical("--tls_cert and --tls_key go together");
+    return 2;
+  }
   auto server = posenc::server::Server::Start(o);
   if (!server.ok()) {
     spdlog::critical("cannot start: {}", server.status().ToString());

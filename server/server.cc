@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
@@ -16,12 +17,25 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   EngineOptions engine_options = options.engine;
   engine_options.max_message_bytes = options.max_message_bytes;
   POSENC_ASSIGN_OR_RETURN(s->engine_, Engine::Create(engine_options));
-  s->service_ = std::make_unique<PositionalEncodingService>(s->engine_.get());
+  if (!options.metrics_listen.empty()) {
+    POSENC_ASSIGN_OR_RETURN(s->metrics_, Metrics::Start(options.metrics_listen, s->engine_.get()));
+  }
+  s->service_ = std::make_unique<PositionalEncodingService>(s->engine_.get(), s->metrics_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &s->port_);
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (!options.tls.cert_pem.empty()) {
+    const bool mutual = !options.tls.client_ca_pem.empty();
+    grpc::SslServerCredentialsOptions ssl(
+        mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+               : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+    ssl.pem_root_certs = options.tls.client_ca_pem;
+    ssl.pem_key_cert_pairs.push_back({options.tls.key_pem, options.tls.cert_pem});
+    creds = grpc::SslServerCredentials(ssl);
+  }
+  builder.AddListeningPort(options.listen_address, creds, &s->port_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   if (options.max_connection_age_ms > 0) {
@@ -44,11 +58,24 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 void Server::Shutdown(absl::Duration deadline) {
   if (shut_down_) return;
   shut_down_ = true;
+  const absl::Time end = absl::Now() + deadline;
+  // 1. Readiness off, and new work refused with UNAVAILABLE (retryable on
+  //    another replica) while the transport still answers.
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   health->SetServingStatus(kReadinessService, false);
   health->SetServingStatus("", false);
   engine_->StartDraining();
-  server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(deadline));
+  // 2. Calls already computing finish, and callers go quiet: each learns
+  //    UNAVAILABLE on its next call (and Kubernetes stops routing here).
+  //    Shutting the transport down while calls still arrive would cancel
+  //    them in flight instead of refusing them.
+  constexpr absl::Duration kQuiet = absl::Milliseconds(300);
+  while (absl::Now() < end &&
+         (engine_->inflight() > 0 || absl::Now() - engine_->last_arrival() < kQuiet)) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  // 3. The transport. Streams still open get what is left of the deadline.
+  server_->Shutdown(absl::ToChronoTime(std::max(end, absl::Now() + absl::Milliseconds(100))));
 }
 
 Server::~Server() {

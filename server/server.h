@@ -19,12 +19,23 @@ namespace posenc::server {
 inline constexpr char kLivenessService[] = "liveness";
 inline constexpr char kReadinessService[] = "posenc.v1.PositionalEncoding";
 
+// TLS for the gRPC port: PEM contents. An empty cert serves plaintext; a
+// client CA requires and verifies client certificates (mutual TLS).
+struct TlsOptions {
+  std::string cert_pem;
+  std::string key_pem;
+  std::string client_ca_pem;
+};
+
 struct ServerOptions {
   std::string listen_address = "0.0.0.0:50051";  // port 0 picks a free port
   // gRPC's own default is 4 MiB; tensors need far more.
   int max_message_bytes = 1 << 30;
   // Close connections after this long so clients re-resolve DNS; 0 = never.
   int max_connection_age_ms = 0;
+  TlsOptions tls;
+  // Prometheus /metrics address ("" = none; port 0 picks one).
+  std::string metrics_listen;
   EngineOptions engine;
 };
 
@@ -34,6 +45,7 @@ class Server {
   ~Server();
 
   int port() const { return port_; }
+  int metrics_port() const { return metrics_ == nullptr ? 0 : metrics_->port(); }
   Engine& engine() { return *engine_; }
 
   // Graceful drain: readiness turns NOT_SERVING, new calls get UNAVAILABLE,
@@ -44,6 +56,7 @@ class Server {
  private:
   Server() = default;
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<PositionalEncodingService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -42,12 +42,35 @@ void LogFailure(const char* method, const absl::Status& s) {
   }
 }
 
-template <typename Fn>
-grpc::ServerUnaryReactor* Unary(const char* method, grpc::CallbackServerContext* ctx, Fn fn) {
+// The backend a response reports, for the per-backend counter.
+std::string BackendOf(const v1::RopeResponse& r) { return r.backend(); }
+std::string BackendOf(const v1::AbsoluteEncodingResponse& r) { return r.backend(); }
+std::string BackendOf(const v1::EncodingTableResponse& r) { return r.backend(); }
+std::string BackendOf(const v1::AttentionBiasResponse& r) { return r.backend(); }
+std::string BackendOf(const google::protobuf::Message&) { return ""; }
+
+void Record(Metrics* metrics, const char* method, const absl::Status& s,
+            std::chrono::steady_clock::time_point start, const google::protobuf::Message& req,
+            const google::protobuf::Message& resp, const std::string& backend) {
+  if (metrics == nullptr) return;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  metrics->RecordCall(method, absl::StatusCodeToString(s.code()), seconds,
+                      static_cast<double>(req.ByteSizeLong()),
+                      s.ok() ? static_cast<double>(resp.ByteSizeLong()) : 0.0, s.ok() ? backend : "");
+}
+
+template <typename Request, typename Response, typename Fn>
+grpc::ServerUnaryReactor* Unary(const char* method, Engine* engine, Metrics* metrics,
+                                grpc::CallbackServerContext* ctx, const Request* req,
+                                Response* resp, Fn fn) {
+  const auto start = std::chrono::steady_clock::now();
+  engine->NoteArrival();
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   absl::Status s = CheckCallAlive(ctx);
   if (s.ok()) s = fn(ContextOf(ctx));
   LogFailure(method, s);
+  Record(metrics, method, s, start, *req, *resp, BackendOf(*resp));
   reactor->Finish(ToGrpcStatus(s));
   return reactor;
 }
@@ -56,8 +79,8 @@ grpc::ServerUnaryReactor* Unary(const char* method, grpc::CallbackServerContext*
 // with its status in the response and the stream continues.
 class RopeStreamReactor final : public grpc::ServerBidiReactor<v1::RopeRequest, v1::RopeResponse> {
  public:
-  RopeStreamReactor(Engine* engine, grpc::CallbackServerContext* ctx)
-      : engine_(engine), ctx_(ctx), run_(ContextOf(ctx)) {
+  RopeStreamReactor(Engine* engine, Metrics* metrics, grpc::CallbackServerContext* ctx)
+      : engine_(engine), metrics_(metrics), ctx_(ctx), run_(ContextOf(ctx)) {
     StartRead(&request_);
   }
 
@@ -67,8 +90,11 @@ class RopeStreamReactor final : public grpc::ServerBidiReactor<v1::RopeRequest, 
       return;
     }
     response_.Clear();
+    engine_->NoteArrival();
+    const auto start = std::chrono::steady_clock::now();
     absl::Status s = CheckCallAlive(ctx_);
     if (s.ok()) s = engine_->ApplyRope(request_, &response_, run_);
+    Record(metrics_, "StreamRope", s, start, request_, response_, response_.backend());
     if (!s.ok()) {
       LogFailure("StreamRope", s);
       if (s.code() == absl::StatusCode::kCancelled ||
@@ -96,6 +122,7 @@ class RopeStreamReactor final : public grpc::ServerBidiReactor<v1::RopeRequest, 
 
  private:
   Engine* engine_;
+  Metrics* metrics_;
   grpc::CallbackServerContext* ctx_;
   RunContext run_;
   v1::RopeRequest request_;
@@ -107,48 +134,45 @@ class RopeStreamReactor final : public grpc::ServerBidiReactor<v1::RopeRequest, 
 grpc::ServerUnaryReactor* PositionalEncodingService::ApplyRope(grpc::CallbackServerContext* ctx,
                                                                const v1::RopeRequest* req,
                                                                v1::RopeResponse* resp) {
-  return Unary("ApplyRope", ctx, [&](const RunContext& rc) { return engine_->ApplyRope(*req, resp, rc); });
+  return Unary("ApplyRope", engine_, metrics_, ctx, req, resp, [&](const RunContext& rc) { return engine_->ApplyRope(*req, resp, rc); });
 }
 
 grpc::ServerBidiReactor<v1::RopeRequest, v1::RopeResponse>* PositionalEncodingService::StreamRope(
     grpc::CallbackServerContext* ctx) {
-  return new RopeStreamReactor(engine_, ctx);
+  return new RopeStreamReactor(engine_, metrics_, ctx);
 }
 
 grpc::ServerUnaryReactor* PositionalEncodingService::AddAbsoluteEncoding(
     grpc::CallbackServerContext* ctx, const v1::AbsoluteEncodingRequest* req,
     v1::AbsoluteEncodingResponse* resp) {
-  return Unary("AddAbsoluteEncoding", ctx,
-               [&](const RunContext& rc) { return engine_->AddAbsoluteEncoding(*req, resp, rc); });
+  return Unary("AddAbsoluteEncoding", engine_, metrics_, ctx, req, resp, [&](const RunContext& rc) { return engine_->AddAbsoluteEncoding(*req, resp, rc); });
 }
 
 grpc::ServerUnaryReactor* PositionalEncodingService::GetEncodingTable(
     grpc::CallbackServerContext* ctx, const v1::EncodingTableRequest* req,
     v1::EncodingTableResponse* resp) {
-  return Unary("GetEncodingTable", ctx,
-               [&](const RunContext& rc) { return engine_->GetEncodingTable(*req, resp, rc); });
+  return Unary("GetEncodingTable", engine_, metrics_, ctx, req, resp, [&](const RunContext& rc) { return engine_->GetEncodingTable(*req, resp, rc); });
 }
 
 grpc::ServerUnaryReactor* PositionalEncodingService::AttentionBias(
     grpc::CallbackServerContext* ctx, const v1::AttentionBiasRequest* req,
     v1::AttentionBiasResponse* resp) {
-  return Unary("AttentionBias", ctx,
-               [&](const RunContext& rc) { return engine_->AttentionBias(*req, resp, rc); });
+  return Unary("AttentionBias", engine_, metrics_, ctx, req, resp, [&](const RunContext& rc) { return engine_->AttentionBias(*req, resp, rc); });
 }
 
 grpc::ServerUnaryReactor* PositionalEncodingService::ListTables(grpc::CallbackServerContext* ctx,
-                                                                const v1::ListTablesRequest*,
+                                                                const v1::ListTablesRequest* req,
                                                                 v1::ListTablesResponse* resp) {
-  return Unary("ListTables", ctx, [&](const RunContext&) {
+  return Unary("ListTables", engine_, metrics_, ctx, req, resp, [&](const RunContext&) {
     *resp = engine_->ListTables();
     return absl::OkStatus();
   });
 }
 
 grpc::ServerUnaryReactor* PositionalEncodingService::ReloadTables(grpc::CallbackServerContext* ctx,
-                                                                  const v1::ReloadTablesRequest*,
+                                                                  const v1::ReloadTablesRequest* req,
                                                                   v1::ListTablesResponse* resp) {
-  return Unary("ReloadTables", ctx, [&](const RunContext&) {
+  return Unary("ReloadTables", engine_, metrics_, ctx, req, resp, [&](const RunContext&) {
     *resp = engine_->ReloadTables();
     spdlog::info("tables reloaded: {} loaded, {} skipped", resp->tables_size(), resp->skipped_size());
     return absl::OkStatus();
@@ -156,9 +180,9 @@ grpc::ServerUnaryReactor* PositionalEncodingService::ReloadTables(grpc::Callback
 }
 
 grpc::ServerUnaryReactor* PositionalEncodingService::GetServerInfo(grpc::CallbackServerContext* ctx,
-                                                                   const v1::GetServerInfoRequest*,
+                                                                   const v1::GetServerInfoRequest* req,
                                                                    v1::ServerInfo* resp) {
-  return Unary("GetServerInfo", ctx, [&](const RunContext&) {
+  return Unary("GetServerInfo", engine_, metrics_, ctx, req, resp, [&](const RunContext&) {
     *resp = engine_->GetServerInfo();
     return absl::OkStatus();
   });

@@ -4,13 +4,15 @@
 #define POSENC_SERVER_SERVICE_H_
 
 #include "engine.h"
+#include "metrics.h"
 #include "posenc/v1/posenc.grpc.pb.h"
 
 namespace posenc::server {
 
 class PositionalEncodingService final : public v1::PositionalEncoding::CallbackService {
  public:
-  explicit PositionalEncodingService(Engine* engine) : engine_(engine) {}
+  // `metrics` may be null (no metrics endpoint).
+  PositionalEncodingService(Engine* engine, Metrics* metrics) : engine_(engine), metrics_(metrics) {}
 
   grpc::ServerUnaryReactor* ApplyRope(grpc::CallbackServerContext* ctx, const v1::RopeRequest* req,
                                       v1::RopeResponse* resp) override;
@@ -37,6 +39,7 @@ class PositionalEncodingService final : public v1::PositionalEncoding::CallbackS
 
  private:
   Engine* engine_;
+  Metrics* metrics_;
 };
 
 }  // namespace posenc::server
