@@ -45,7 +45,8 @@ std::vector<uint8_t> Random(size_t bytes, posenc::DType dtype) {
     if (dtype == posenc::DType::kFloat32) {
       std::memcpy(&b[4 * i], &f, 4);
     } else {
-      const uint16_t h = dtype == posenc::DType::kBFloat16 ? posenc::FloatToBFloat16(f) : posenc::FloatToHalf(f);
+      const uint16_t h =
+          dtype == posenc::DType::kBFloat16 ? posenc::FloatToBFloat16(f) : posenc::FloatToHalf(f);
       std::memcpy(&b[2 * i], &h, 2);
     }
   }
@@ -100,7 +101,8 @@ int main(int argc, char** argv) {
       std::vector<int64_t> offsets = {1000};
       auto plan = posenc::PlanRope(o, t);
       if (!plan.ok()) return 1;
-      const double s = Median(2, reps, [&] { (void)cpu->ApplyRope(*plan, q.data(), k.data(), {}); });
+      const double s =
+          Median(2, reps, [&] { (void)cpu->ApplyRope(*plan, q.data(), k.data(), {}); });
       const size_t bytes = q.size() + k.size();
       results.push_back({std::string("rope ") + posenc::DTypeName(dtype) +
                              (style == posenc::RopeStyle::kNeox ? " neox" : " gptj") +
@@ -122,7 +124,8 @@ int main(int argc, char** argv) {
   }
 
   std::printf("posenc-bench-cpu: %d threads, median of %d runs\n", threads, reps);
-  std::printf("%-42s %10s %10s %12s %8s\n", "operation", "MB moved", "GB/s", "memcpy GB/s", "ratio");
+  std::printf("%-42s %10s %10s %12s %8s\n", "operation", "MB moved", "GB/s", "memcpy GB/s",
+              "ratio");
   for (const Result& r : results) {
     std::printf("%-42s %10.1f %10.2f %12.2f %8.2f\n", r.name.c_str(), r.bytes / 1e6,
                 r.bytes / r.kernel_s / 1e9, r.bytes / r.memcpy_s / 1e9, r.memcpy_s / r.kernel_s);

@@ -22,14 +22,13 @@
 
 namespace {
 
-#define CHECK(call)                                                                   \
-  do {                                                                                \
-    cudaError_t e_ = (call);                                                          \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call,               \
-                   cudaGetErrorString(e_));                                           \
-      std::exit(1);                                                                   \
-    }                                                                                 \
+#define CHECK(call)                                                                              \
+  do {                                                                                           \
+    cudaError_t e_ = (call);                                                                     \
+    if (e_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
   } while (0)
 
 // Median milliseconds per call of fn, over `reps` timed calls of `batch`
@@ -104,7 +103,8 @@ int main(int argc, char** argv) {
     CHECK(cudaMalloc(&src, bytes));
     CHECK(cudaMalloc(&dst, bytes));
     CHECK(cudaMemset(src, 1, bytes));
-    const double ms = MedianMs([&] { CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); });
+    const double ms =
+        MedianMs([&] { CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); });
     CHECK(cudaFree(src));
     CHECK(cudaFree(dst));
     return ms;
@@ -150,9 +150,11 @@ int main(int argc, char** argv) {
   }
   for (int64_t batch : {1, 8, 32, 64, 128, 256}) {
     size_t bytes;
-    posenc::cuda::RopeParams p = rope_params(batch, posenc::cuda::kBF16, posenc::cuda::kNeox, &bytes);
+    posenc::cuda::RopeParams p =
+        rope_params(batch, posenc::cuda::kBF16, posenc::cuda::kNeox, &bytes);
     const double ms = MedianMs([&] { CHECK(posenc::cuda::LaunchRope(p, nullptr)); }, 20, 200);
-    rows.push_back({"decode rope bf16 batch " + std::to_string(batch) + " x1 token", 2.0 * bytes, ms, 0});
+    rows.push_back(
+        {"decode rope bf16 batch " + std::to_string(batch) + " x1 token", 2.0 * bytes, ms, 0});
   }
   for (int dtype : {posenc::cuda::kBF16, posenc::cuda::kF32}) {
     const int64_t T = 16384, d = 4096;
@@ -172,8 +174,8 @@ int main(int argc, char** argv) {
     p.has_input = 1;
     p.x_scale = 1.0;
     const double ms = MedianMs([&] { CHECK(posenc::cuda::LaunchAbsolute(p, nullptr)); });
-    rows.push_back({std::string("sinusoidal add ") + (dtype == posenc::cuda::kBF16 ? "bf16" : "f32") +
-                        " [16384, 4096]",
+    rows.push_back({std::string("sinusoidal add ") +
+                        (dtype == posenc::cuda::kBF16 ? "bf16" : "f32") + " [16384, 4096]",
                     2.0 * bytes, ms, copy_ms(bytes)});
   }
   {
@@ -195,7 +197,8 @@ int main(int argc, char** argv) {
     p.causal = 1;
     p.add_to_logits = 1;
     const double ms = MedianMs([&] { CHECK(posenc::cuda::LaunchBias(p, nullptr)); });
-    rows.push_back({"alibi+causal added to bf16 logits [1,32,2048,2048]", 2.0 * bytes, ms, copy_ms(bytes)});
+    rows.push_back(
+        {"alibi+causal added to bf16 logits [1,32,2048,2048]", 2.0 * bytes, ms, copy_ms(bytes)});
   }
 
   std::printf("posenc-bench-gpu on %s (cc %d.%d, %zu MiB, driver %d)\n", prop.name, prop.major,
@@ -205,7 +208,8 @@ int main(int argc, char** argv) {
     const double gbs = r.bytes / (r.ms * 1e-3) / 1e9;
     if (r.copy_ms > 0) {
       const double cgbs = r.bytes / (r.copy_ms * 1e-3) / 1e9;
-      std::printf("%-52s %10.1f %10.0f %10.0f %8.2f\n", r.name.c_str(), r.ms * 1e3, gbs, cgbs, r.copy_ms / r.ms);
+      std::printf("%-52s %10.1f %10.0f %10.0f %8.2f\n", r.name.c_str(), r.ms * 1e3, gbs, cgbs,
+                  r.copy_ms / r.ms);
     } else {
       std::printf("%-52s %10.2f %10.0f %10s %8s\n", r.name.c_str(), r.ms * 1e3, gbs, "-", "-");
     }
@@ -214,8 +218,9 @@ int main(int argc, char** argv) {
     std::ofstream out(json);
     out << "{\"device\": \"" << prop.name << "\", \"driver\": " << driver << ", \"results\": [";
     for (size_t i = 0; i < rows.size(); ++i) {
-      out << (i ? ", " : "") << "{\"name\": \"" << rows[i].name << "\", \"bytes\": " << rows[i].bytes
-          << ", \"ms\": " << rows[i].ms << ", \"copy_ms\": " << rows[i].copy_ms << "}";
+      out << (i ? ", " : "") << "{\"name\": \"" << rows[i].name
+          << "\", \"bytes\": " << rows[i].bytes << ", \"ms\": " << rows[i].ms
+          << ", \"copy_ms\": " << rows[i].copy_ms << "}";
     }
     out << "]}\n";
   }

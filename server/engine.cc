@@ -31,8 +31,7 @@ absl::StatusOr<int64_t> CheckedBytes(int64_t elements, DType dtype, int64_t limi
 
 }  // namespace
 
-Engine::Engine(const EngineOptions& options)
-    : options_(options), tables_(options.table_dir) {}
+Engine::Engine(const EngineOptions& options) : options_(options), tables_(options.table_dir) {}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   if (options.max_inflight_requests <= 0) {
@@ -51,8 +50,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     e->cuda_unavailable_reason_ = "disabled by --enable_cuda=false";
   }
   if (options.default_backend == v1::BACKEND_CUDA && e->cuda_ == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--default_backend=cuda but no CUDA backend: ", e->cuda_unavailable_reason_));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--default_backend=cuda but no CUDA backend: ", e->cuda_unavailable_reason_));
   }
   e->tables_.Reload();
   return e;
@@ -61,15 +60,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
 absl::StatusOr<Engine::Admission> Engine::Admit(int64_t tensor_bytes) {
   if (draining_) return absl::UnavailableError("server is draining; retry on another replica");
   if (tensor_bytes > options_.max_request_tensor_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "request carries ", tensor_bytes, " tensor bytes, over the server's limit of ",
-        options_.max_request_tensor_bytes, " (--max_request_bytes)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("request carries ", tensor_bytes, " tensor bytes, over the server's limit of ",
+                     options_.max_request_tensor_bytes, " (--max_request_bytes)"));
   }
   if (inflight_.fetch_add(1) >= options_.max_inflight_requests) {
     inflight_.fetch_sub(1);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "server is saturated: ", options_.max_inflight_requests,
-        " requests in flight (--max_inflight); retry with backoff"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("server is saturated: ", options_.max_inflight_requests,
+                     " requests in flight (--max_inflight); retry with backoff"));
   }
   return Admission(&inflight_);
 }
@@ -81,9 +80,9 @@ absl::StatusOr<Backend*> Engine::Choose(v1::Backend requested, int64_t bytes) {
       return cpu_.get();
     case v1::BACKEND_CUDA:
       if (cuda_ == nullptr) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "backend CUDA was requested but this server has no GPU backend: ",
-            cuda_unavailable_reason_, ". Use backend AUTO or CPU."));
+        return absl::FailedPreconditionError(
+            absl::StrCat("backend CUDA was requested but this server has no GPU backend: ",
+                         cuda_unavailable_reason_, ". Use backend AUTO or CPU."));
       }
       return cuda_.get();
     case v1::BACKEND_AUTO:
@@ -119,10 +118,12 @@ absl::Status Engine::ApplyRope(const v1::RopeRequest& req, v1::RopeResponse* res
   POSENC_ASSIGN_OR_RETURN(t.positions.position_ids,
                           ViewOf("position_ids", req.has_position_ids(), req.position_ids()));
   POSENC_ASSIGN_OR_RETURN(t.positions.offsets, ViewOf("offsets", req.has_offsets(), req.offsets()));
-  POSENC_ASSIGN_OR_RETURN(t.cu_seqlens, ViewOf("cu_seqlens", req.has_cu_seqlens(), req.cu_seqlens()));
+  POSENC_ASSIGN_OR_RETURN(t.cu_seqlens,
+                          ViewOf("cu_seqlens", req.has_cu_seqlens(), req.cu_seqlens()));
   POSENC_ASSIGN_OR_RETURN(RopePlan plan, PlanRope(options, t));
   POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(req.backend(), bytes));
-  POSENC_RETURN_IF_ERROR(backend->ApplyRope(plan, t.query.data, has_key ? t.key.data : nullptr, ctx));
+  POSENC_RETURN_IF_ERROR(
+      backend->ApplyRope(plan, t.query.data, has_key ? t.key.data : nullptr, ctx));
   *resp->mutable_query() = DescOf(t.query);
   if (has_key) *resp->mutable_key() = DescOf(t.key);
   resp->set_request_id(req.request_id());
@@ -158,7 +159,8 @@ absl::Status Engine::AddAbsoluteEncoding(const v1::AbsoluteEncodingRequest& req,
   POSENC_ASSIGN_OR_RETURN(t.positions.position_ids,
                           ViewOf("position_ids", req.has_position_ids(), req.position_ids()));
   POSENC_ASSIGN_OR_RETURN(t.positions.offsets, ViewOf("offsets", req.has_offsets(), req.offsets()));
-  POSENC_ASSIGN_OR_RETURN(t.cu_seqlens, ViewOf("cu_seqlens", req.has_cu_seqlens(), req.cu_seqlens()));
+  POSENC_ASSIGN_OR_RETURN(t.cu_seqlens,
+                          ViewOf("cu_seqlens", req.has_cu_seqlens(), req.cu_seqlens()));
   POSENC_ASSIGN_OR_RETURN(AbsolutePlan plan, PlanAbsolute(o, t));
   POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(req.backend(), bytes));
   POSENC_RETURN_IF_ERROR(backend->ApplyAbsolute(plan, t.x.data, ctx));
@@ -198,9 +200,9 @@ absl::Status Engine::GetEncodingTable(const v1::EncodingTableRequest& req,
   POSENC_ASSIGN_OR_RETURN(TensorView positions,
                           ViewOf("positions", req.has_positions(), req.positions()));
   POSENC_ASSIGN_OR_RETURN(AbsolutePlan plan, PlanEncodingTable(o, dim, dtype, positions, count));
-  POSENC_ASSIGN_OR_RETURN(int64_t out_bytes,
-                          CheckedBytes(plan.num_tokens * dim, dtype,
-                                       options_.max_request_tensor_bytes, "the table"));
+  POSENC_ASSIGN_OR_RETURN(
+      int64_t out_bytes,
+      CheckedBytes(plan.num_tokens * dim, dtype, options_.max_request_tensor_bytes, "the table"));
   POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(req.backend(), out_bytes));
   std::string* out = resp->mutable_table_data();
   out->resize(out_bytes);
@@ -237,9 +239,9 @@ absl::Status Engine::AttentionBias(const v1::AttentionBiasRequest& req,
     POSENC_ASSIGN_OR_RETURN(logits, MutableOf("logits", req.logits(), resp->mutable_bias_data()));
   }
   POSENC_ASSIGN_OR_RETURN(BiasPlan plan, PlanAttentionBias(o, logits.view()));
-  POSENC_ASSIGN_OR_RETURN(int64_t out_bytes,
-                          CheckedBytes(plan.NumElements(), plan.dtype,
-                                       options_.max_request_tensor_bytes, "the bias"));
+  POSENC_ASSIGN_OR_RETURN(
+      int64_t out_bytes,
+      CheckedBytes(plan.NumElements(), plan.dtype, options_.max_request_tensor_bytes, "the bias"));
   if (!has_logits) resp->mutable_bias_data()->resize(out_bytes);
   POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(req.backend(), out_bytes));
   POSENC_RETURN_IF_ERROR(backend->ApplyAttentionBias(plan, resp->mutable_bias_data()->data(), ctx));

@@ -1,9 +1,10 @@
 // posenc-server: flags, logging, then RunServer. Every flag can also be set
 // from the environment as POSENC_<FLAG_IN_CAPITALS>; the command line wins.
+#include <pthread.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
-#include <pthread.h>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -16,7 +17,8 @@
 #include "server.h"
 #include "spdlog/spdlog.h"
 
-ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "Address to serve gRPC on (port 0: any free port).");
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
+          "Address to serve gRPC on (port 0: any free port).");
 ABSL_FLAG(int, threads, 0, "CPU backend worker threads; 0 = every hardware thread.");
 ABSL_FLAG(int, max_message_bytes, 1 << 30,
           "Largest gRPC message received or sent (gRPC's own default is 4 MiB).");
@@ -24,7 +26,8 @@ ABSL_FLAG(int64_t, max_request_bytes, int64_t{1} << 30,
           "Largest total of tensor bytes in one request or response; more is RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, max_inflight, 64, "Requests computing at once; more get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(std::string, table_dir, "", "Directory of .safetensors learned tables (empty: none).");
-ABSL_FLAG(std::string, default_backend, "auto", "Backend for requests that name none: auto, cpu or cuda.");
+ABSL_FLAG(std::string, default_backend, "auto",
+          "Backend for requests that name none: auto, cpu or cuda.");
 ABSL_FLAG(bool, enable_cuda, true, "Use the GPU when this build has CUDA and a device is visible.");
 ABSL_FLAG(int, cuda_device, 0, "CUDA device ordinal.");
 ABSL_FLAG(int64_t, auto_gpu_min_bytes, int64_t{1} << 20,
@@ -43,11 +46,24 @@ ABSL_FLAG(std::string, tls_client_ca, "",
 
 namespace {
 
-constexpr const char* kFlagNames[] = {
-    "listen", "threads", "max_message_bytes", "max_request_bytes", "max_inflight", "table_dir",
-    "default_backend", "enable_cuda", "cuda_device", "auto_gpu_min_bytes", "drain_seconds",
-    "max_connection_age_ms", "log_level", "port_file", "metrics_listen", "tls_cert", "tls_key",
-    "tls_client_ca"};
+constexpr const char* kFlagNames[] = {"listen",
+                                      "threads",
+                                      "max_message_bytes",
+                                      "max_request_bytes",
+                                      "max_inflight",
+                                      "table_dir",
+                                      "default_backend",
+                                      "enable_cuda",
+                                      "cuda_device",
+                                      "auto_gpu_min_bytes",
+                                      "drain_seconds",
+                                      "max_connection_age_ms",
+                                      "log_level",
+                                      "port_file",
+                                      "metrics_listen",
+                                      "tls_cert",
+                                      "tls_key",
+                                      "tls_client_ca"};
 
 // POSENC_<NAME> environment variables set flag defaults.
 bool ApplyEnvironment() {
@@ -71,27 +87,33 @@ absl::StatusOr<posenc::v1::Backend> ParseBackend(const std::string& s) {
   if (v == "auto") return posenc::v1::BACKEND_AUTO;
   if (v == "cpu") return posenc::v1::BACKEND_CPU;
   if (v == "cuda") return posenc::v1::BACKEND_CUDA;
-  return absl::InvalidArgumentError(absl::StrCat("--default_backend must be auto, cpu or cuda, got '", s, "'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--default_backend must be auto, cpu or cuda, got '", s, "'"));
 }
 
 void LogStartup(posenc::server::Server& server, const posenc::server::ServerOptions& o) {
   const posenc::v1::ServerInfo info = server.engine().GetServerInfo();
   spdlog::info("posenc-server {} listening on port {} ({}, {})", info.version(), server.port(),
                o.listen_address,
-               o.tls.cert_pem.empty() ? "plaintext" : o.tls.client_ca_pem.empty() ? "TLS" : "mutual TLS");
-  if (server.metrics_port() != 0) spdlog::info("metrics on port {} (/metrics)", server.metrics_port());
+               o.tls.cert_pem.empty()        ? "plaintext"
+               : o.tls.client_ca_pem.empty() ? "TLS"
+                                             : "mutual TLS");
+  if (server.metrics_port() != 0)
+    spdlog::info("metrics on port {} (/metrics)", server.metrics_port());
   for (const auto& b : info.backends()) {
     if (b.available()) {
-      spdlog::info("backend {}: {} threads={} memory={}MiB cc={}", posenc::v1::Backend_Name(b.kind()),
-                   b.device_name(), b.threads(), b.memory_bytes() >> 20, b.compute_capability());
+      spdlog::info("backend {}: {} threads={} memory={}MiB cc={}",
+                   posenc::v1::Backend_Name(b.kind()), b.device_name(), b.threads(),
+                   b.memory_bytes() >> 20, b.compute_capability());
     } else {
       spdlog::info("backend {}: unavailable ({}); serving from the CPU",
                    posenc::v1::Backend_Name(b.kind()), b.unavailable_reason());
     }
   }
-  spdlog::info("limits: max_message_bytes={} max_request_bytes={} max_inflight={} default_backend={}",
-               o.max_message_bytes, o.engine.max_request_tensor_bytes, o.engine.max_inflight_requests,
-               posenc::v1::Backend_Name(o.engine.default_backend));
+  spdlog::info(
+      "limits: max_message_bytes={} max_request_bytes={} max_inflight={} default_backend={}",
+      o.max_message_bytes, o.engine.max_request_tensor_bytes, o.engine.max_inflight_requests,
+      posenc::v1::Backend_Name(o.engine.default_backend));
   const auto tables = server.engine().ListTables();
   spdlog::info("table_dir '{}': {} tables loaded", o.engine.table_dir, tables.tables_size());
   for (const auto& s : tables.skipped()) spdlog::warn("table skipped: {}", s);
@@ -134,9 +156,10 @@ int main(int argc, char** argv) {
   o.engine.default_backend = *backend;
 
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  for (auto [flag, out] : {std::pair<std::string, std::string*>{absl::GetFlag(FLAGS_tls_cert), &o.tls.cert_pem},
-                           {absl::GetFlag(FLAGS_tls_key), &o.tls.key_pem},
-                           {absl::GetFlag(FLAGS_tls_client_ca), &o.tls.client_ca_pem}}) {
+  for (auto [flag, out] :
+       {std::pair<std::string, std::string*>{absl::GetFlag(FLAGS_tls_cert), &o.tls.cert_pem},
+        {absl::GetFlag(FLAGS_tls_key), &o.tls.key_pem},
+        {absl::GetFlag(FLAGS_tls_client_ca), &o.tls.client_ca_pem}}) {
     if (flag.empty()) continue;
     std::ifstream in(flag);
     if (!in) {

@@ -63,7 +63,8 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
   try {
     m->exposer_ = std::make_unique<prometheus::Exposer>(listen);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", listen, ": ", e.what()));
+    return absl::UnavailableError(
+        absl::StrCat("metrics: cannot listen on ", listen, ": ", e.what()));
   }
   auto f = std::make_unique<Families>();
   f->requests = &prometheus::BuildCounter()

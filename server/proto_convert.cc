@@ -8,9 +8,9 @@ namespace {
 
 template <typename Enum>
 absl::Status UnknownEnum(absl::string_view field, Enum v, const std::string& name) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, " has unknown value ", static_cast<int>(v), name.empty() ? "" : " (", name,
-                   name.empty() ? "" : ")"));
+  return absl::InvalidArgumentError(absl::StrCat(field, " has unknown value ", static_cast<int>(v),
+                                                 name.empty() ? "" : " (", name,
+                                                 name.empty() ? "" : ")"));
 }
 
 }  // namespace

@@ -20,12 +20,13 @@ absl::Status Malformed(absl::string_view why) {
 
 absl::StatusOr<SafetensorsContents> ParseSafetensors(absl::string_view bytes,
                                                      absl::string_view stem) {
-  if (bytes.size() < 8) return Malformed(absl::StrCat("file of ", bytes.size(), " bytes has no header"));
+  if (bytes.size() < 8)
+    return Malformed(absl::StrCat("file of ", bytes.size(), " bytes has no header"));
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(bytes[i]);
   if (header_len > kMaxHeaderBytes || header_len > bytes.size() - 8) {
-    return Malformed(absl::StrCat("header length ", header_len, " exceeds the file (",
-                                  bytes.size(), " bytes)"));
+    return Malformed(
+        absl::StrCat("header length ", header_len, " exceeds the file (", bytes.size(), " bytes)"));
   }
   const absl::string_view data = bytes.substr(8 + header_len);
   nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_len).begin(),
@@ -40,14 +41,14 @@ absl::StatusOr<SafetensorsContents> ParseSafetensors(absl::string_view bytes,
       out.skipped.push_back(absl::StrCat(stem, "/", name, ": ", why));
     };
     if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") ||
-        !info.contains("data_offsets") || !info["dtype"].is_string() ||
-        !info["shape"].is_array() || !info["data_offsets"].is_array() ||
-        info["data_offsets"].size() != 2) {
+        !info.contains("data_offsets") || !info["dtype"].is_string() || !info["shape"].is_array() ||
+        !info["data_offsets"].is_array() || info["data_offsets"].size() != 2) {
       return Malformed(absl::StrCat("tensor '", name, "' lacks dtype, shape or data_offsets"));
     }
     std::vector<int64_t> shape;
     for (const auto& d : info["shape"]) {
-      if (!d.is_number_unsigned()) return Malformed(absl::StrCat("tensor '", name, "' has a bad shape"));
+      if (!d.is_number_unsigned())
+        return Malformed(absl::StrCat("tensor '", name, "' has a bad shape"));
       shape.push_back(d.get<int64_t>());
     }
     const auto& off = info["data_offsets"];

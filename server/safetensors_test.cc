@@ -26,7 +26,8 @@ TEST(Safetensors, ReadsHalfAndBFloat16AndSkipsNonTables) {
       R"({"a":{"dtype":"BF16","shape":[1,2],"data_offsets":[0,4]},)"
       R"("b":{"dtype":"F16","shape":[2,1],"data_offsets":[4,8]},)"
       R"("c":{"dtype":"I64","shape":[1],"data_offsets":[8,16]},"__metadata__":{"x":"y"}})";
-  std::string data = std::string("\x80\x3f\x00\x40", 4) + std::string("\x00\x3c\x00\xc0", 4) + std::string(8, '\0');
+  std::string data = std::string("\x80\x3f\x00\x40", 4) + std::string("\x00\x3c\x00\xc0", 4) +
+                     std::string(8, '\0');
   std::string file(8, '\0');
   file[0] = static_cast<char>(header.size());
   file += header + data;

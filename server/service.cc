@@ -55,9 +55,9 @@ void Record(Metrics* metrics, const char* method, const absl::Status& s,
   if (metrics == nullptr) return;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  metrics->RecordCall(method, absl::StatusCodeToString(s.code()), seconds,
-                      static_cast<double>(req.ByteSizeLong()),
-                      s.ok() ? static_cast<double>(resp.ByteSizeLong()) : 0.0, s.ok() ? backend : "");
+  metrics->RecordCall(
+      method, absl::StatusCodeToString(s.code()), seconds, static_cast<double>(req.ByteSizeLong()),
+      s.ok() ? static_cast<double>(resp.ByteSizeLong()) : 0.0, s.ok() ? backend : "");
 }
 
 template <typename Request, typename Response, typename Fn>
@@ -134,7 +134,8 @@ class RopeStreamReactor final : public grpc::ServerBidiReactor<v1::RopeRequest, 
 grpc::ServerUnaryReactor* PositionalEncodingService::ApplyRope(grpc::CallbackServerContext* ctx,
                                                                const v1::RopeRequest* req,
                                                                v1::RopeResponse* resp) {
-  return Unary("ApplyRope", engine_, metrics_, ctx, req, resp, [&](const RunContext& rc) { return engine_->ApplyRope(*req, resp, rc); });
+  return Unary("ApplyRope", engine_, metrics_, ctx, req, resp,
+               [&](const RunContext& rc) { return engine_->ApplyRope(*req, resp, rc); });
 }
 
 grpc::ServerBidiReactor<v1::RopeRequest, v1::RopeResponse>* PositionalEncodingService::StreamRope(
@@ -145,19 +146,22 @@ grpc::ServerBidiReactor<v1::RopeRequest, v1::RopeResponse>* PositionalEncodingSe
 grpc::ServerUnaryReactor* PositionalEncodingService::AddAbsoluteEncoding(
     grpc::CallbackServerContext* ctx, const v1::AbsoluteEncodingRequest* req,
     v1::AbsoluteEncodingResponse* resp) {
-  return Unary("AddAbsoluteEncoding", engine_, metrics_, ctx, req, resp, [&](const RunContext& rc) { return engine_->AddAbsoluteEncoding(*req, resp, rc); });
+  return Unary("AddAbsoluteEncoding", engine_, metrics_, ctx, req, resp,
+               [&](const RunContext& rc) { return engine_->AddAbsoluteEncoding(*req, resp, rc); });
 }
 
 grpc::ServerUnaryReactor* PositionalEncodingService::GetEncodingTable(
     grpc::CallbackServerContext* ctx, const v1::EncodingTableRequest* req,
     v1::EncodingTableResponse* resp) {
-  return Unary("GetEncodingTable", engine_, metrics_, ctx, req, resp, [&](const RunContext& rc) { return engine_->GetEncodingTable(*req, resp, rc); });
+  return Unary("GetEncodingTable", engine_, metrics_, ctx, req, resp,
+               [&](const RunContext& rc) { return engine_->GetEncodingTable(*req, resp, rc); });
 }
 
 grpc::ServerUnaryReactor* PositionalEncodingService::AttentionBias(
     grpc::CallbackServerContext* ctx, const v1::AttentionBiasRequest* req,
     v1::AttentionBiasResponse* resp) {
-  return Unary("AttentionBias", engine_, metrics_, ctx, req, resp, [&](const RunContext& rc) { return engine_->AttentionBias(*req, resp, rc); });
+  return Unary("AttentionBias", engine_, metrics_, ctx, req, resp,
+               [&](const RunContext& rc) { return engine_->AttentionBias(*req, resp, rc); });
 }
 
 grpc::ServerUnaryReactor* PositionalEncodingService::ListTables(grpc::CallbackServerContext* ctx,
@@ -169,19 +173,19 @@ grpc::ServerUnaryReactor* PositionalEncodingService::ListTables(grpc::CallbackSe
   });
 }
 
-grpc::ServerUnaryReactor* PositionalEncodingService::ReloadTables(grpc::CallbackServerContext* ctx,
-                                                                  const v1::ReloadTablesRequest* req,
-                                                                  v1::ListTablesResponse* resp) {
+grpc::ServerUnaryReactor* PositionalEncodingService::ReloadTables(
+    grpc::CallbackServerContext* ctx, const v1::ReloadTablesRequest* req,
+    v1::ListTablesResponse* resp) {
   return Unary("ReloadTables", engine_, metrics_, ctx, req, resp, [&](const RunContext&) {
     *resp = engine_->ReloadTables();
-    spdlog::info("tables reloaded: {} loaded, {} skipped", resp->tables_size(), resp->skipped_size());
+    spdlog::info("tables reloaded: {} loaded, {} skipped", resp->tables_size(),
+                 resp->skipped_size());
     return absl::OkStatus();
   });
 }
 
-grpc::ServerUnaryReactor* PositionalEncodingService::GetServerInfo(grpc::CallbackServerContext* ctx,
-                                                                   const v1::GetServerInfoRequest* req,
-                                                                   v1::ServerInfo* resp) {
+grpc::ServerUnaryReactor* PositionalEncodingService::GetServerInfo(
+    grpc::CallbackServerContext* ctx, const v1::GetServerInfoRequest* req, v1::ServerInfo* resp) {
   return Unary("GetServerInfo", engine_, metrics_, ctx, req, resp, [&](const RunContext&) {
     *resp = engine_->GetServerInfo();
     return absl::OkStatus();

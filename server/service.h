@@ -12,7 +12,8 @@ namespace posenc::server {
 class PositionalEncodingService final : public v1::PositionalEncoding::CallbackService {
  public:
   // `metrics` may be null (no metrics endpoint).
-  PositionalEncodingService(Engine* engine, Metrics* metrics) : engine_(engine), metrics_(metrics) {}
+  PositionalEncodingService(Engine* engine, Metrics* metrics)
+      : engine_(engine), metrics_(metrics) {}
 
   grpc::ServerUnaryReactor* ApplyRope(grpc::CallbackServerContext* ctx, const v1::RopeRequest* req,
                                       v1::RopeResponse* resp) override;

@@ -31,7 +31,8 @@ class TableRepository {
   void Reload();
 
   // NOT_FOUND listing the tables that exist.
-  [[nodiscard]] absl::StatusOr<std::shared_ptr<const LearnedTable>> Find(absl::string_view name) const;
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<const LearnedTable>> Find(
+      absl::string_view name) const;
 
   std::vector<TableEntry> List() const;
   std::vector<std::string> skipped() const;

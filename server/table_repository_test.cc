@@ -1,8 +1,9 @@
 #include "table_repository.h"
 
+#include <stdlib.h>
+
 #include <filesystem>
 #include <fstream>
-#include <stdlib.h>
 
 #include "gtest/gtest.h"
 #include "safetensors.h"

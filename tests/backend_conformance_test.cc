@@ -127,12 +127,14 @@ void CheckRope(Backend& backend, const RopeCase& c) {
   for (int64_t t = 0; t < T; ++t) {
     const int64_t L = seq_len[tok_seq[t]];
     auto it = freq_cache.find(L);
-    if (it == freq_cache.end()) it = freq_cache.emplace(L, reference::RopeFrequencies(o, R, L)).first;
+    if (it == freq_cache.end())
+      it = freq_cache.emplace(L, reference::RopeFrequencies(o, R, L)).first;
     std::vector<int64_t> pos(ids.begin() + t * A, ids.begin() + (t + 1) * A);
     const int64_t b = packed ? 0 : tok_seq[t], s = packed ? t : tok_idx[t];
     for (int64_t h = 0; h < c.query_heads; ++h) {
-      reference::RotateHead(o, it->second, R, pos,
-                            q_ref.data() + ElementOffset(o.layout, b, s, t, h, c.query_heads, S, D));
+      reference::RotateHead(
+          o, it->second, R, pos,
+          q_ref.data() + ElementOffset(o.layout, b, s, t, h, c.query_heads, S, D));
     }
     for (int64_t h = 0; c.key && h < c.key_heads; ++h) {
       reference::RotateHead(o, it->second, R, pos,
@@ -340,11 +342,11 @@ TEST_P(BackendTest, RopeInverseUndoesForward) {
   auto inv = PlanRope(o, in);
   ASSERT_TRUE(fwd.ok() && inv.ok());
   ASSERT_TRUE(backend_->ApplyRope(*fwd, q.data(), nullptr, {}).ok());
-  EXPECT_FALSE(testing::MatchesReference(DType::kFloat32, testing::ToDoubles(DType::kFloat32, original),
-                                         q.data(), 1e-3));
+  EXPECT_FALSE(testing::MatchesReference(
+      DType::kFloat32, testing::ToDoubles(DType::kFloat32, original), q.data(), 1e-3));
   ASSERT_TRUE(backend_->ApplyRope(*inv, q.data(), nullptr, {}).ok());
-  EXPECT_TRUE(testing::MatchesReference(DType::kFloat32, testing::ToDoubles(DType::kFloat32, original),
-                                        q.data(), 1e-6));
+  EXPECT_TRUE(testing::MatchesReference(
+      DType::kFloat32, testing::ToDoubles(DType::kFloat32, original), q.data(), 1e-6));
 }
 
 TEST_P(BackendTest, DynamicScalingIgnoresBatchCompanions) {
@@ -375,11 +377,12 @@ TEST_P(BackendTest, DynamicScalingIgnoresBatchCompanions) {
 // ---------------------------------------------------- absolute encodings ----
 
 TEST_P(BackendTest, SinusoidalBothLayoutsMatchReference) {
-  for (SinusoidalLayout layout : {SinusoidalLayout::kInterleaved, SinusoidalLayout::kConcatenated}) {
+  for (SinusoidalLayout layout :
+       {SinusoidalLayout::kInterleaved, SinusoidalLayout::kConcatenated}) {
     for (int64_t d : {4, 64, 77, 512}) {
       for (DType dtype : kFloatTypes) {
-        SCOPED_TRACE(::testing::Message() << "layout " << int(layout) << " d " << d << " "
-                                          << DTypeName(dtype));
+        SCOPED_TRACE(::testing::Message()
+                     << "layout " << int(layout) << " d " << d << " " << DTypeName(dtype));
         const int64_t B = 3, S = 6;
         Bytes x = testing::RandomTensor(dtype, B * S * d);
         std::vector<double> ref = testing::ToDoubles(dtype, x);
@@ -444,7 +447,8 @@ TEST_P(BackendTest, LearnedTableAddsRowsAndRejectsOutOfRange) {
     std::vector<int32_t> off = {10, 46};  // the second sequence ends at 49
     for (int64_t t = 0; t < 7; ++t) {
       const int64_t pos = t < 3 ? 10 + t : 46 + (t - 3);
-      for (int i = 0; i < 24; ++i) ref[t * 24 + i] = ref[t * 24 + i] * 0.5 + table->values[pos * 24 + i];
+      for (int i = 0; i < 24; ++i)
+        ref[t * 24 + i] = ref[t * 24 + i] * 0.5 + table->values[pos * 24 + i];
     }
     AbsoluteTensors in;
     in.x = testing::Mutable(dtype, {7, 24}, x);
@@ -482,9 +486,11 @@ TEST(AlibiSlopes, MatchThePaperFor1To130Heads) {
 void CheckBias(Backend& backend, const BiasOptions& o, bool with_logits) {
   const int64_t n = o.batch * o.num_heads * o.q_len * o.k_len;
   Bytes out = with_logits ? testing::RandomTensor(o.dtype, n) : testing::Poisoned(o.dtype, n);
-  std::vector<double> logits = with_logits ? testing::ToDoubles(o.dtype, out) : std::vector<double>(n, 0.0);
+  std::vector<double> logits =
+      with_logits ? testing::ToDoubles(o.dtype, out) : std::vector<double>(n, 0.0);
   TensorView lv;
-  if (with_logits) lv = TensorView{o.dtype, {o.batch, o.num_heads, o.q_len, o.k_len}, out.data(), out.size()};
+  if (with_logits)
+    lv = TensorView{o.dtype, {o.batch, o.num_heads, o.q_len, o.k_len}, out.data(), out.size()};
   auto plan = PlanAttentionBias(o, lv);
   ASSERT_TRUE(plan.ok()) << plan.status();
   std::vector<double> ref(n);
@@ -492,7 +498,8 @@ void CheckBias(Backend& backend, const BiasOptions& o, bool with_logits) {
   for (int64_t b = 0; b < o.batch; ++b)
     for (int64_t h = 0; h < o.num_heads; ++h)
       for (int64_t i = 0; i < o.q_len; ++i)
-        for (int64_t j = 0; j < o.k_len; ++j, ++e) ref[e] = logits[e] + reference::Bias(*plan, b, h, i, j);
+        for (int64_t j = 0; j < o.k_len; ++j, ++e)
+          ref[e] = logits[e] + reference::Bias(*plan, b, h, i, j);
   ASSERT_TRUE(backend.ApplyAttentionBias(*plan, out.data(), {}).ok());
   EXPECT_TRUE(testing::MatchesReference(o.dtype, ref, out.data(), 1e-6));
 }
@@ -502,7 +509,8 @@ TEST_P(BackendTest, AttentionBiasFormsAndMasks) {
   for (DType dtype : kFloatTypes) {
     for (BiasForm form : {BiasForm::kNone, BiasForm::kCausal, BiasForm::kSymmetric}) {
       for (bool logits : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " form " << int(form) << " logits " << logits);
+        SCOPED_TRACE(::testing::Message()
+                     << DTypeName(dtype) << " form " << int(form) << " logits " << logits);
         BiasOptions o;
         o.dtype = dtype;
         o.form = form;
@@ -556,7 +564,8 @@ TEST(Planning, ErrorsNameFieldExpectationAndValue) {
   o.rotary_dim = 63;
   auto r = PlanRope(o, in);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("rotary_dim must be even"), std::string_view::npos) << r.status();
+  EXPECT_NE(r.status().message().find("rotary_dim must be even"), std::string_view::npos)
+      << r.status();
   EXPECT_NE(r.status().message().find("got 63"), std::string_view::npos) << r.status();
 
   o.rotary_dim = 0;

@@ -1,8 +1,9 @@
 // End to end over a real socket: an in-process posenc server on port 0 and
 // the C++ client library, for every RPC and every error class of SPEC §3.
+#include <stdlib.h>
+
 #include <filesystem>
 #include <fstream>
-#include <stdlib.h>
 
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
@@ -108,8 +109,8 @@ TEST_F(EndToEnd, AsyncCallsAndStreamKeepOrderAndReportErrorsPerMessage) {
   std::vector<std::future<absl::Status>> futures;
   for (int i = 0; i < 6; ++i) qs.push_back(testing::RandomTensor(DType::kFloat32, 4 * 2 * 64));
   for (int i = 0; i < 6; ++i) {
-    futures.push_back(client_->ApplyRopeAsync(v1::RopeRequest(),
-                                              testing::Mutable(DType::kFloat32, {1, 4, 2, 64}, qs[i]), {}));
+    futures.push_back(client_->ApplyRopeAsync(
+        v1::RopeRequest(), testing::Mutable(DType::kFloat32, {1, 4, 2, 64}, qs[i]), {}));
   }
   for (auto& f : futures) EXPECT_TRUE(f.get().ok());
 
@@ -148,7 +149,8 @@ TEST_F(EndToEnd, AbsoluteEncodingsTablesAndBias) {
   auto table = client_->GetEncodingTable(treq);
   ASSERT_TRUE(table.ok()) << table.status();
   ASSERT_EQ(table->table_data().size(), 64u);
-  EXPECT_NEAR(testing::ReadDouble(DType::kFloat32, table->table_data().data(), 4), 0.84147098, 1e-7);
+  EXPECT_NEAR(testing::ReadDouble(DType::kFloat32, table->table_data().data(), 4), 0.84147098,
+              1e-7);
 
   // Learned table rows come back exactly.
   v1::EncodingTableRequest lreq;
@@ -164,7 +166,8 @@ TEST_F(EndToEnd, AbsoluteEncodingsTablesAndBias) {
   v1::AbsoluteEncodingRequest areq;
   areq.mutable_learned()->set_table_name("gpt2/wpe");
   areq.set_x_scale(2);
-  ASSERT_TRUE(client_->AddAbsoluteEncoding(areq, testing::Mutable(DType::kFloat32, {2, 5, 16}, x)).ok());
+  ASSERT_TRUE(
+      client_->AddAbsoluteEncoding(areq, testing::Mutable(DType::kFloat32, {2, 5, 16}, x)).ok());
   for (int t = 0; t < 10; ++t) {
     for (int i = 0; i < 16; ++i) {
       const double want = float(float(x0[t * 16 + i]) * 2.0f + table_->values[(t % 5) * 16 + i]);
@@ -183,8 +186,12 @@ TEST_F(EndToEnd, AbsoluteEncodingsTablesAndBias) {
   ASSERT_EQ(bias->slopes_size(), 6);
   std::vector<float> logits(6 * 5 * 11, 1.0f);
   std::vector<double> slopes;
-  ASSERT_TRUE(client_->ApplyAttentionBias(breq, MutableTensor{DType::kFloat32, {1, 6, 5, 11}, logits.data(), logits.size() * 4},
-                                          &slopes).ok());
+  ASSERT_TRUE(
+      client_
+          ->ApplyAttentionBias(
+              breq, MutableTensor{DType::kFloat32, {1, 6, 5, 11}, logits.data(), logits.size() * 4},
+              &slopes)
+          .ok());
   for (size_t i = 0; i < logits.size(); ++i) {
     const double b = testing::ReadDouble(DType::kFloat32, bias->bias_data().data(), i);
     EXPECT_EQ(logits[i], float(1.0 + b)) << i;
@@ -232,7 +239,8 @@ TEST_F(EndToEnd, HealthServiceAnswers) {
 
 void ExpectError(const absl::Status& s, absl::StatusCode code, std::vector<std::string> parts) {
   EXPECT_EQ(s.code(), code) << s;
-  for (const auto& p : parts) EXPECT_NE(s.message().find(p), absl::string_view::npos) << s << " lacks '" << p << "'";
+  for (const auto& p : parts)
+    EXPECT_NE(s.message().find(p), absl::string_view::npos) << s << " lacks '" << p << "'";
 }
 
 TEST_F(EndToEnd, WrongByteCountNamesBothNumbers) {
@@ -252,8 +260,9 @@ TEST_F(EndToEnd, WrongByteCountNamesBothNumbers) {
 
 TEST_F(EndToEnd, BadShapeOddRotaryDimAndMissingDtype) {
   Bytes q = testing::RandomTensor(DType::kFloat32, 4 * 64);
-  ExpectError(client_->ApplyRope(v1::RopeRequest(), testing::Mutable(DType::kFloat32, {4, 64}, q), {}),
-              absl::StatusCode::kInvalidArgument, {"query.shape", "rank 4", "[4, 64]"});
+  ExpectError(
+      client_->ApplyRope(v1::RopeRequest(), testing::Mutable(DType::kFloat32, {4, 64}, q), {}),
+      absl::StatusCode::kInvalidArgument, {"query.shape", "rank 4", "[4, 64]"});
   v1::RopeRequest odd;
   odd.set_rotary_dim(33);
   ExpectError(client_->ApplyRope(odd, testing::Mutable(DType::kFloat32, {1, 1, 4, 64}, q), {}),
@@ -290,11 +299,13 @@ TEST_F(EndToEnd, CudaWithoutGpuIsFailedPrecondition) {
 TEST_F(EndToEnd, OversizedMessagesAndRequestsAreResourceExhausted) {
   // Over the transport limit (8 MiB): gRPC itself refuses it.
   Bytes big = testing::RandomTensor(DType::kFloat32, 9 << 18);
-  auto s = client_->ApplyRope(v1::RopeRequest(), testing::Mutable(DType::kFloat32, {1, 9 << 10, 4, 64}, big), {});
+  auto s = client_->ApplyRope(v1::RopeRequest(),
+                              testing::Mutable(DType::kFloat32, {1, 9 << 10, 4, 64}, big), {});
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   // Under it but over --max_request_bytes (6 MiB): the engine refuses it.
   Bytes mid = testing::RandomTensor(DType::kFloat32, 7 << 18);
-  ExpectError(client_->ApplyRope(v1::RopeRequest(), testing::Mutable(DType::kFloat32, {1, 7 << 10, 4, 64}, mid), {}),
+  ExpectError(client_->ApplyRope(v1::RopeRequest(),
+                                 testing::Mutable(DType::kFloat32, {1, 7 << 10, 4, 64}, mid), {}),
               absl::StatusCode::kResourceExhausted, {"limit", "max_request_bytes"});
   // A small request whose output would be over the limit.
   v1::AttentionBiasRequest b;
@@ -309,7 +320,8 @@ TEST_F(EndToEnd, DeadlinesAreHonoured) {
   Bytes q = testing::RandomTensor(DType::kFloat32, 4096 * 8 * 64);
   CallOptions call;
   call.timeout = absl::Microseconds(1);
-  auto s = client_->ApplyRope(v1::RopeRequest(), testing::Mutable(DType::kFloat32, {1, 4096, 8, 64}, q), {}, call);
+  auto s = client_->ApplyRope(v1::RopeRequest(),
+                              testing::Mutable(DType::kFloat32, {1, 4096, 8, 64}, q), {}, call);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
 }
 
@@ -317,7 +329,8 @@ TEST_F(EndToEnd, DeadlinesAreHonoured) {
 TEST_F(EndToEnd, ZDrainingRefusesNewCallsWithUnavailable) {
   server_->engine().StartDraining();
   Bytes q = testing::RandomTensor(DType::kFloat32, 64);
-  ExpectError(client_->ApplyRope(v1::RopeRequest(), testing::Mutable(DType::kFloat32, {1, 1, 1, 64}, q), {}),
+  ExpectError(client_->ApplyRope(v1::RopeRequest(),
+                                 testing::Mutable(DType::kFloat32, {1, 1, 1, 64}, q), {}),
               absl::StatusCode::kUnavailable, {"draining"});
 }
 

@@ -45,7 +45,8 @@ RopeScaling ScalingOf(const json& s) {
   opt("attention_factor", r.attention_factor);
   opt("low_freq_factor", r.low_freq_factor);
   opt("high_freq_factor", r.high_freq_factor);
-  if (s.contains("original_max_position")) r.original_max_position = s.at("original_max_position").get<int64_t>();
+  if (s.contains("original_max_position"))
+    r.original_max_position = s.at("original_max_position").get<int64_t>();
   if (s.contains("short_factor")) r.short_factor = s.at("short_factor").get<std::vector<double>>();
   if (s.contains("long_factor")) r.long_factor = s.at("long_factor").get<std::vector<double>>();
   return r;
@@ -92,13 +93,17 @@ TEST_P(HfConventions, RotationsMatchHfApplyFunctions) {
     SCOPED_TRACE(c.at("name").get<std::string>());
     RopeOptions o;
     const std::string layout = c.at("layout");
-    o.layout = layout == "BHSD" ? RopeLayout::kBHSD : layout == "THD" ? RopeLayout::kTHD : RopeLayout::kBSHD;
+    o.layout = layout == "BHSD"  ? RopeLayout::kBHSD
+               : layout == "THD" ? RopeLayout::kTHD
+                                 : RopeLayout::kBSHD;
     o.style = c.at("style") == "GPTJ" ? RopeStyle::kGptj : RopeStyle::kNeox;
     o.rotary_dim = c.at("rotary_dim");
     if (c.contains("base")) o.base = c.at("base");
     if (c.contains("axis_mode")) {
       const std::string m = c.at("axis_mode");
-      o.axis_mode = m == "AXIAL" ? AxisMode::kAxial : m == "MROPE" ? AxisMode::kMrope : AxisMode::kMropeInterleaved;
+      o.axis_mode = m == "AXIAL"   ? AxisMode::kAxial
+                    : m == "MROPE" ? AxisMode::kMrope
+                                   : AxisMode::kMropeInterleaved;
     }
     if (c.contains("sections")) o.sections = c.at("sections").get<std::vector<int64_t>>();
     if (c.contains("axis_dims")) o.axis_dims = c.at("axis_dims").get<std::vector<int64_t>>();
@@ -112,7 +117,8 @@ TEST_P(HfConventions, RotationsMatchHfApplyFunctions) {
     const auto ids = c.at("position_ids").get<std::vector<int64_t>>();
     RopeTensors t;
     t.query = MutableTensor{DType::kFloat32, shape, q.data(), q.size() * 4};
-    t.positions.position_ids = testing::IntView(ids, c.at("position_shape").get<std::vector<int64_t>>());
+    t.positions.position_ids =
+        testing::IntView(ids, c.at("position_shape").get<std::vector<int64_t>>());
     auto plan = PlanRope(o, t);
     ASSERT_TRUE(plan.ok()) << plan.status();
     ASSERT_TRUE(backend->ApplyRope(*plan, q.data(), nullptr, {}).ok());

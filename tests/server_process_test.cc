@@ -6,9 +6,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <map>
 #include <mutex>
-#include <fstream>
 #include <string>
 #include <thread>
 
@@ -33,8 +33,8 @@ class ServerProcess : public ::testing::Test {
     if (pid_ == 0) {
       const std::string port_flag = "--port_file=" + port_file_;
       execl(POSENC_SERVER_BINARY, POSENC_SERVER_BINARY, "--listen=127.0.0.1:0", port_flag.c_str(),
-            "--threads=1", "--drain_seconds=5", "--log_level=warn", "--metrics_listen=",
-            static_cast<char*>(nullptr));
+            "--threads=1", "--drain_seconds=5", "--log_level=warn",
+            "--metrics_listen=", static_cast<char*>(nullptr));
       _exit(127);
     }
     for (int i = 0; i < 200 && port_ == 0; ++i) {
@@ -42,7 +42,8 @@ class ServerProcess : public ::testing::Test {
       std::ifstream(port_file_) >> port_;
     }
     ASSERT_NE(port_, 0) << "server did not report a port";
-    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port_), grpc::InsecureChannelCredentials());
+    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
+                                   grpc::InsecureChannelCredentials());
   }
   void TearDown() override {
     if (pid_ > 0) {
@@ -78,7 +79,8 @@ TEST_F(ServerProcess, HealthReflectionAndGracefulExit) {
   ASSERT_TRUE(stream->Read(&resp));
   std::vector<std::string> services;
   for (const auto& s : resp.list_services_response().service()) services.push_back(s.name());
-  EXPECT_NE(std::find(services.begin(), services.end(), "posenc.v1.PositionalEncoding"), services.end());
+  EXPECT_NE(std::find(services.begin(), services.end(), "posenc.v1.PositionalEncoding"),
+            services.end());
   EXPECT_NE(std::find(services.begin(), services.end(), "grpc.health.v1.Health"), services.end());
 
   refl::ServerReflectionRequest symbol;
@@ -127,7 +129,9 @@ TEST_F(ServerProcess, LoadAcrossSigtermLosesNoAcceptedCall) {
       while (!stop) {
         absl::Status s = (*client)->ApplyRope(
             posenc::v1::RopeRequest(),
-            posenc::MutableTensor{posenc::DType::kFloat32, {1, 256, 8, 128}, q.data(), q.size() * 4}, {});
+            posenc::MutableTensor{
+                posenc::DType::kFloat32, {1, 256, 8, 128}, q.data(), q.size() * 4},
+            {});
         std::lock_guard<std::mutex> lock(mu);
         ++codes[s.code()];
         messages[s.code()] = std::string(s.message());

@@ -78,7 +78,8 @@ inline Bytes Poisoned(DType dtype, int64_t n) { return Bytes(n * SizeOf(dtype), 
 inline double Ulp(DType dtype, double v) {
   const int mant = dtype == DType::kFloat16 ? 10 : dtype == DType::kBFloat16 ? 7 : 23;
   const int emin = dtype == DType::kFloat16 ? -14 : -126;
-  const int e = v == 0 ? emin : std::max(emin, static_cast<int>(std::floor(std::log2(std::abs(v)))));
+  const int e =
+      v == 0 ? emin : std::max(emin, static_cast<int>(std::floor(std::log2(std::abs(v)))));
   return std::ldexp(1.0, e - mant);
 }
 
@@ -94,7 +95,9 @@ inline ::testing::AssertionResult MatchesReference(DType dtype, const std::vecto
     const double r = ref[i];
     if (std::isinf(r) || std::isinf(o)) {
       if (o != r) {
-        if (bad++ == 0) first = "element " + std::to_string(i) + ": got " + std::to_string(o) + ", want " + std::to_string(r);
+        if (bad++ == 0)
+          first = "element " + std::to_string(i) + ": got " + std::to_string(o) + ", want " +
+                  std::to_string(r);
       }
       continue;
     }

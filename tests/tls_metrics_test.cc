@@ -33,14 +33,16 @@ class Certificates : public ::testing::Test {
     const std::string d = *dir_;
     const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
     const std::string script =
-        "set -e; cd " + d + "; " +
-        "openssl req -x509 " + key + " -keyout ca.key -out ca.pem -days 2 -subj /CN=posenc-test-ca; " +
-        "openssl req " + key + " -keyout server.key -out server.csr -subj /CN=localhost " +
+        "set -e; cd " + d + "; " + "openssl req -x509 " + key +
+        " -keyout ca.key -out ca.pem -days 2 -subj /CN=posenc-test-ca; " + "openssl req " + key +
+        " -keyout server.key -out server.csr -subj /CN=localhost " +
         "-addext subjectAltName=DNS:localhost,IP:127.0.0.1; " +
-        "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem " +
-        "-days 2 -copy_extensions copy; " +
-        "openssl req " + key + " -keyout client.key -out client.csr -subj /CN=posenc-client; " +
-        "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 2; " +
+        "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out "
+        "server.pem " +
+        "-days 2 -copy_extensions copy; " + "openssl req " + key +
+        " -keyout client.key -out client.csr -subj /CN=posenc-client; " +
+        "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem "
+        "-days 2; " +
         "openssl req -x509 " + key + " -keyout other.key -out other.pem -days 2 -subj /CN=stranger";
     ASSERT_EQ(std::system(("bash -c '" + script + "' > " + d + "/openssl.log 2>&1").c_str()), 0)
         << Read(d + "/openssl.log");
@@ -88,7 +90,8 @@ TEST_F(Certificates, TlsServesOnlyTlsClientsThatTrustIt) {
   EXPECT_FALSE(Call(server->port(), ClientOptions{}).ok()) << "plaintext client must fail";
   ClientOptions wrong_ca = tls;
   wrong_ca.root_certs_pem = Pem("other.pem");
-  EXPECT_FALSE(Call(server->port(), wrong_ca).ok()) << "a client not trusting the server's CA must fail";
+  EXPECT_FALSE(Call(server->port(), wrong_ca).ok())
+      << "a client not trusting the server's CA must fail";
 }
 
 TEST_F(Certificates, MutualTlsRequiresAClientCertificateFromTheCa) {
@@ -143,19 +146,25 @@ TEST_F(Certificates, MetricsCountCallsByMethodCodeAndBackend) {
   ASSERT_TRUE(client.ok());
   testing::Bytes q = testing::RandomTensor(DType::kFloat32, 2 * 8 * 4 * 64);
   for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE((*client)->ApplyRope(v1::RopeRequest(), testing::Mutable(DType::kFloat32, {2, 8, 4, 64}, q), {}).ok());
+    ASSERT_TRUE(
+        (*client)
+            ->ApplyRope(v1::RopeRequest(), testing::Mutable(DType::kFloat32, {2, 8, 4, 64}, q), {})
+            .ok());
   }
   v1::RopeRequest bad;
   bad.set_rotary_dim(3);
-  EXPECT_FALSE((*client)->ApplyRope(bad, testing::Mutable(DType::kFloat32, {2, 8, 4, 64}, q), {}).ok());
+  EXPECT_FALSE(
+      (*client)->ApplyRope(bad, testing::Mutable(DType::kFloat32, {2, 8, 4, 64}, q), {}).ok());
 
   const std::string text = HttpGet(server->metrics_port(), "/metrics");
   ASSERT_NE(text.find("200 OK"), std::string::npos) << text.substr(0, 200);
   EXPECT_EQ(Sample(text, R"(posenc_requests_total\{code="OK",method="ApplyRope"\})"), 3) << text;
-  EXPECT_EQ(Sample(text, R"(posenc_requests_total\{code="INVALID_ARGUMENT",method="ApplyRope"\})"), 1);
+  EXPECT_EQ(Sample(text, R"(posenc_requests_total\{code="INVALID_ARGUMENT",method="ApplyRope"\})"),
+            1);
   EXPECT_EQ(Sample(text, R"(posenc_request_duration_seconds_count\{method="ApplyRope"\})"), 4);
   EXPECT_EQ(Sample(text, R"(posenc_backend_requests_total\{backend="cpu"\})"), 3);
-  EXPECT_GE(Sample(text, R"(posenc_bytes_total\{direction="in",method="ApplyRope"\})"), 4.0 * q.size());
+  EXPECT_GE(Sample(text, R"(posenc_bytes_total\{direction="in",method="ApplyRope"\})"),
+            4.0 * q.size());
   EXPECT_EQ(Sample(text, R"(posenc_inflight_requests)"), 0);
 }
 

@@ -18,13 +18,14 @@ void Color(double t, uint8_t* rgb) {
   t = std::clamp(t, 0.0, 1.0) * 4;
   const int i = std::min(3, static_cast<int>(t));
   const double f = t - i;
-  for (int c = 0; c < 3; ++c) rgb[c] = static_cast<uint8_t>(stops[i][c] + f * (stops[i + 1][c] - stops[i][c]));
+  for (int c = 0; c < 3; ++c)
+    rgb[c] = static_cast<uint8_t>(stops[i][c] + f * (stops[i + 1][c] - stops[i][c]));
 }
 
 }  // namespace
 
-absl::Status WriteHeatmapPng(const std::string& path, const std::vector<double>& values, int64_t rows,
-                             int64_t cols) {
+absl::Status WriteHeatmapPng(const std::string& path, const std::vector<double>& values,
+                             int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return absl::InvalidArgumentError("nothing to draw: empty array");
   double lo = INFINITY, hi = -INFINITY;
   for (double v : values) {
@@ -36,7 +37,8 @@ absl::Status WriteHeatmapPng(const std::string& path, const std::vector<double>&
   if (!(hi > lo)) hi = lo + 1;
   const int64_t scale = std::max<int64_t>(1, 256 / std::max(rows, cols));
   const int64_t w = cols * scale, h = rows * scale;
-  if (w > 16384 || h > 16384) return absl::InvalidArgumentError("array too large for a heatmap (max 16384 px)");
+  if (w > 16384 || h > 16384)
+    return absl::InvalidArgumentError("array too large for a heatmap (max 16384 px)");
 
   FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) return absl::UnavailableError(absl::StrCat("cannot write ", path));

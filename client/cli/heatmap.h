@@ -11,8 +11,9 @@ namespace posenc::cli {
 
 // values is [rows, cols]; -inf (masked) cells are drawn dark grey. Small
 // arrays are upscaled so the image is at least ~256 pixels across.
-[[nodiscard]] absl::Status WriteHeatmapPng(const std::string& path, const std::vector<double>& values,
-                                           int64_t rows, int64_t cols);
+[[nodiscard]] absl::Status WriteHeatmapPng(const std::string& path,
+                                           const std::vector<double>& values, int64_t rows,
+                                           int64_t cols);
 
 }  // namespace posenc::cli
 

@@ -27,7 +27,8 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate for mutual TLS.");
 ABSL_FLAG(std::string, tls_key, "", "PEM client key for mutual TLS.");
 ABSL_FLAG(std::string, backend, "", "auto, cpu or cuda (default: the server's).");
 ABSL_FLAG(std::string, dtype, "float32", "float32, float16 or bfloat16.");
-ABSL_FLAG(std::string, shape, "", "rope: B,S,H,D (BSHD/BHSD order) or T,H,D; absolute: B,S,D or T,D.");
+ABSL_FLAG(std::string, shape, "",
+          "rope: B,S,H,D (BSHD/BHSD order) or T,H,D; absolute: B,S,D or T,D.");
 ABSL_FLAG(int64_t, key_heads, 0, "rope: also rotate a random key with this many heads.");
 ABSL_FLAG(std::string, layout, "bshd", "rope: bshd, bhsd or thd.");
 ABSL_FLAG(std::string, style, "neox", "rope: neox or gptj.");
@@ -69,14 +70,16 @@ absl::StatusOr<DType> ParseDType(std::string s) {
   if (s == "float32" || s == "f32" || s == "fp32") return DType::kFloat32;
   if (s == "float16" || s == "f16" || s == "fp16") return DType::kFloat16;
   if (s == "bfloat16" || s == "bf16") return DType::kBFloat16;
-  return absl::InvalidArgumentError(absl::StrCat("--dtype must be float32, float16 or bfloat16, got ", s));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--dtype must be float32, float16 or bfloat16, got ", s));
 }
 
 absl::StatusOr<std::vector<int64_t>> ParseShape() {
   std::vector<int64_t> shape;
   for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_shape), ',', absl::SkipEmpty())) {
     int64_t v;
-    if (!absl::SimpleAtoi(d, &v) || v < 0) return absl::InvalidArgumentError("--shape: comma-separated sizes");
+    if (!absl::SimpleAtoi(d, &v) || v < 0)
+      return absl::InvalidArgumentError("--shape: comma-separated sizes");
     shape.push_back(v);
   }
   if (shape.empty()) return absl::InvalidArgumentError("--shape is required");
@@ -118,7 +121,8 @@ absl::StatusOr<std::string> InputData(DType dtype, std::vector<int64_t>* shape) 
         std::memcpy(&h, a.data.data() + 2 * i, 2);
         f = HalfToFloat(h);
       }
-      if (dtype == DType::kFloat32) std::memcpy(bytes.data() + 4 * i, &f, 4);
+      if (dtype == DType::kFloat32)
+        std::memcpy(bytes.data() + 4 * i, &f, 4);
       else {
         uint16_t h = dtype == DType::kFloat16 ? FloatToHalf(f) : FloatToBFloat16(f);
         std::memcpy(bytes.data() + 2 * i, &h, 2);
@@ -132,7 +136,8 @@ absl::StatusOr<std::string> InputData(DType dtype, std::vector<int64_t>* shape) 
   std::uniform_real_distribution<float> u(-1, 1);
   for (int64_t i = 0; i < n; ++i) {
     const float f = u(rng);
-    if (dtype == DType::kFloat32) std::memcpy(bytes.data() + 4 * i, &f, 4);
+    if (dtype == DType::kFloat32)
+      std::memcpy(bytes.data() + 4 * i, &f, 4);
     else {
       uint16_t h = dtype == DType::kFloat16 ? FloatToHalf(f) : FloatToBFloat16(f);
       std::memcpy(bytes.data() + 2 * i, &h, 2);
@@ -193,7 +198,9 @@ absl::Status Rope(Client& client, const CallOptions& call) {
   POSENC_ASSIGN_OR_RETURN(std::string q, InputData(dtype, &shape));
   v1::RopeRequest req;
   const std::string layout = absl::GetFlag(FLAGS_layout);
-  req.set_layout(layout == "thd" ? v1::ROPE_LAYOUT_THD : layout == "bhsd" ? v1::ROPE_LAYOUT_BHSD : v1::ROPE_LAYOUT_BSHD);
+  req.set_layout(layout == "thd"    ? v1::ROPE_LAYOUT_THD
+                 : layout == "bhsd" ? v1::ROPE_LAYOUT_BHSD
+                                    : v1::ROPE_LAYOUT_BSHD);
   req.set_style(absl::GetFlag(FLAGS_style) == "gptj" ? v1::ROPE_STYLE_GPTJ : v1::ROPE_STYLE_NEOX);
   req.set_rotary_dim(absl::GetFlag(FLAGS_rotary_dim));
   req.set_base(absl::GetFlag(FLAGS_base));
@@ -201,18 +208,24 @@ absl::Status Rope(Client& client, const CallOptions& call) {
   req.set_backend(BackendFlag());
   const std::string scaling = absl::GetFlag(FLAGS_scaling);
   v1::RopeScaling* s = req.mutable_scaling();
-  if (scaling == "linear") s->set_type(v1::SCALING_TYPE_LINEAR);
-  else if (scaling == "dynamic") s->set_type(v1::SCALING_TYPE_DYNAMIC_NTK);
-  else if (scaling == "yarn") s->set_type(v1::SCALING_TYPE_YARN);
-  else if (scaling == "llama3") s->set_type(v1::SCALING_TYPE_LLAMA3);
-  else if (scaling != "none") return absl::InvalidArgumentError("--scaling: none, linear, dynamic, yarn or llama3");
+  if (scaling == "linear")
+    s->set_type(v1::SCALING_TYPE_LINEAR);
+  else if (scaling == "dynamic")
+    s->set_type(v1::SCALING_TYPE_DYNAMIC_NTK);
+  else if (scaling == "yarn")
+    s->set_type(v1::SCALING_TYPE_YARN);
+  else if (scaling == "llama3")
+    s->set_type(v1::SCALING_TYPE_LLAMA3);
+  else if (scaling != "none")
+    return absl::InvalidArgumentError("--scaling: none, linear, dynamic, yarn or llama3");
   if (absl::GetFlag(FLAGS_factor) > 0) s->set_factor(absl::GetFlag(FLAGS_factor));
   if (absl::GetFlag(FLAGS_original_max_position) > 0) {
     s->set_original_max_position(absl::GetFlag(FLAGS_original_max_position));
   }
   if (absl::GetFlag(FLAGS_offset) != 0 && layout != "thd") {
     std::vector<int64_t> off(shape[0], absl::GetFlag(FLAGS_offset));
-    SetTensor(TensorView{DType::kInt64, {shape[0]}, off.data(), off.size() * 8}, req.mutable_offsets());
+    SetTensor(TensorView{DType::kInt64, {shape[0]}, off.data(), off.size() * 8},
+              req.mutable_offsets());
   }
   MutableTensor query{dtype, shape, q.data(), q.size()};
   MutableTensor key;
@@ -242,9 +255,11 @@ absl::Status Absolute(Client& client, const CallOptions& call) {
   req.set_backend(BackendFlag());
   if (absl::GetFlag(FLAGS_offset) != 0 && shape.size() == 3) {
     std::vector<int64_t> off(shape[0], absl::GetFlag(FLAGS_offset));
-    SetTensor(TensorView{DType::kInt64, {shape[0]}, off.data(), off.size() * 8}, req.mutable_offsets());
+    SetTensor(TensorView{DType::kInt64, {shape[0]}, off.data(), off.size() * 8},
+              req.mutable_offsets());
   }
-  POSENC_RETURN_IF_ERROR(client.AddAbsoluteEncoding(req, MutableTensor{dtype, shape, x.data(), x.size()}, call));
+  POSENC_RETURN_IF_ERROR(
+      client.AddAbsoluteEncoding(req, MutableTensor{dtype, shape, x.data(), x.size()}, call));
   std::printf("encoded x %s\n", ShapeString(shape).c_str());
   return Output(dtype, shape, x);
 }
@@ -279,7 +294,9 @@ absl::Status Bias(Client& client, const CallOptions& call) {
   POSENC_ASSIGN_OR_RETURN(DType dtype, ParseDType(absl::GetFlag(FLAGS_dtype)));
   v1::AttentionBiasRequest req;
   const std::string form = absl::GetFlag(FLAGS_form);
-  req.set_form(form == "none" ? v1::BIAS_FORM_NONE : form == "symmetric" ? v1::BIAS_FORM_SYMMETRIC : v1::BIAS_FORM_CAUSAL);
+  req.set_form(form == "none"        ? v1::BIAS_FORM_NONE
+               : form == "symmetric" ? v1::BIAS_FORM_SYMMETRIC
+                                     : v1::BIAS_FORM_CAUSAL);
   req.set_num_heads(absl::GetFlag(FLAGS_heads));
   req.set_q_len(absl::GetFlag(FLAGS_q_len));
   req.set_k_len(absl::GetFlag(FLAGS_k_len));
@@ -334,8 +351,8 @@ absl::Status Run(const std::string& command) {
   if (command == "absolute") return Absolute(*client, call);
   if (command == "table") return Table(*client, call);
   if (command == "bias") return Bias(*client, call);
-  return absl::InvalidArgumentError(absl::StrCat("unknown command '", command,
-                                                 "'; one of info, tables, reload, rope, absolute, table, bias"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown command '", command, "'; one of info, tables, reload, rope, absolute, table, bias"));
 }
 
 }  // namespace

@@ -40,8 +40,8 @@ absl::Status WriteNpy(const std::string& path, DType dtype, const std::vector<in
   }
   std::string dims;
   for (int64_t s : shape) absl::StrAppend(&dims, s, ", ");
-  std::string header = absl::StrCat("{'descr': '", descr, "', 'fortran_order': False, 'shape': (",
-                                    dims, "), }");
+  std::string header =
+      absl::StrCat("{'descr': '", descr, "', 'fortran_order': False, 'shape': (", dims, "), }");
   while ((10 + header.size() + 1) % 64 != 0) header.push_back(' ');
   header.push_back('\n');
   std::ofstream out(path, std::ios::binary);
@@ -71,10 +71,12 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
   } else {
     if (bytes.size() < 12) return absl::InvalidArgumentError(absl::StrCat(path, ": short header"));
     header_len = 0;
-    for (int i = 3; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(bytes[8 + i]);
+    for (int i = 3; i >= 0; --i)
+      header_len = (header_len << 8) | static_cast<uint8_t>(bytes[8 + i]);
     offset = 12;
   }
-  if (offset + header_len > bytes.size()) return absl::InvalidArgumentError(absl::StrCat(path, ": short header"));
+  if (offset + header_len > bytes.size())
+    return absl::InvalidArgumentError(absl::StrCat(path, ": short header"));
   const std::string header = bytes.substr(offset, header_len);
   std::smatch m;
   if (!std::regex_search(header, m, std::regex("'descr':\\s*'([^']+)'"))) {
@@ -82,11 +84,17 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
   }
   NpyArray a;
   const std::string descr = m[1];
-  if (descr == "<f4") a.dtype = DType::kFloat32;
-  else if (descr == "<f2") a.dtype = DType::kFloat16;
-  else if (descr == "<i4") a.dtype = DType::kInt32;
-  else if (descr == "<i8") a.dtype = DType::kInt64;
-  else return absl::InvalidArgumentError(absl::StrCat(path, ": dtype ", descr, " is not <f4, <f2, <i4 or <i8"));
+  if (descr == "<f4")
+    a.dtype = DType::kFloat32;
+  else if (descr == "<f2")
+    a.dtype = DType::kFloat16;
+  else if (descr == "<i4")
+    a.dtype = DType::kInt32;
+  else if (descr == "<i8")
+    a.dtype = DType::kInt64;
+  else
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": dtype ", descr, " is not <f4, <f2, <i4 or <i8"));
   if (header.find("'fortran_order': True") != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": Fortran order is not supported"));
   }
@@ -96,14 +104,15 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
   int64_t n = 1;
   for (absl::string_view d : absl::StrSplit(std::string(m[1]), ',', absl::SkipWhitespace())) {
     int64_t v;
-    if (!absl::SimpleAtoi(d, &v)) return absl::InvalidArgumentError(absl::StrCat(path, ": bad shape"));
+    if (!absl::SimpleAtoi(d, &v))
+      return absl::InvalidArgumentError(absl::StrCat(path, ": bad shape"));
     a.shape.push_back(v);
     n *= v;
   }
   a.data = bytes.substr(offset + header_len);
   if (a.data.size() != static_cast<size_t>(n) * SizeOf(a.dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", a.data.size(), " data bytes for ",
-                                                   n, " elements"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", a.data.size(), " data bytes for ", n, " elements"));
   }
   return a;
 }

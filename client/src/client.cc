@@ -34,9 +34,10 @@ absl::Status CopyBack(absl::string_view field, const v1::TensorDesc& desc, const
                       MutableTensor& out) {
   if (data.size() != out.nbytes ||
       !std::equal(desc.shape().begin(), desc.shape().end(), out.shape.begin(), out.shape.end())) {
-    return absl::InternalError(absl::StrCat("server returned ", field, " of ", data.size(),
-                                            " bytes, shape ", ShapeString(std::vector<int64_t>(desc.shape().begin(), desc.shape().end())),
-                                            "; expected ", out.nbytes, " bytes, shape ", ShapeString(out.shape)));
+    return absl::InternalError(
+        absl::StrCat("server returned ", field, " of ", data.size(), " bytes, shape ",
+                     ShapeString(std::vector<int64_t>(desc.shape().begin(), desc.shape().end())),
+                     "; expected ", out.nbytes, " bytes, shape ", ShapeString(out.shape)));
   }
   if (!data.empty()) std::memcpy(out.data, data.data(), data.size());
   return absl::OkStatus();
@@ -88,7 +89,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
 }
 
 void Client::Prepare(grpc::ClientContext* ctx, const CallOptions& call) const {
-  const absl::Duration t = call.timeout > absl::ZeroDuration() ? call.timeout : options_.default_timeout;
+  const absl::Duration t =
+      call.timeout > absl::ZeroDuration() ? call.timeout : options_.default_timeout;
   ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(t));
 }
 
@@ -105,54 +107,59 @@ struct AsyncCall {
 
 }  // namespace
 
-std::future<absl::Status> Client::ApplyRopeAsync(const v1::RopeRequest& request, MutableTensor query,
-                                                 MutableTensor key, const CallOptions& call) {
+std::future<absl::Status> Client::ApplyRopeAsync(const v1::RopeRequest& request,
+                                                 MutableTensor query, MutableTensor key,
+                                                 const CallOptions& call) {
   auto state = std::make_shared<AsyncCall<v1::RopeRequest, v1::RopeResponse>>();
   state->request = request;
   SetTensor(query.view(), state->request.mutable_query(), state->request.mutable_query_data());
-  if (key.present()) SetTensor(key.view(), state->request.mutable_key(), state->request.mutable_key_data());
+  if (key.present())
+    SetTensor(key.view(), state->request.mutable_key(), state->request.mutable_key_data());
   Prepare(&state->ctx, call);
   std::future<absl::Status> f = state->done.get_future();
-  stub_->async()->ApplyRope(&state->ctx, &state->request, &state->response,
-                            [state, query, key](grpc::Status s) mutable {
-                              absl::Status st = FromGrpc(s);
-                              if (st.ok()) st = CopyBack("query", state->response.query(), state->response.query_data(), query);
-                              if (st.ok() && key.present()) {
-                                st = CopyBack("key", state->response.key(), state->response.key_data(), key);
-                              }
-                              state->done.set_value(st);
-                            });
+  stub_->async()->ApplyRope(
+      &state->ctx, &state->request, &state->response, [state, query, key](grpc::Status s) mutable {
+        absl::Status st = FromGrpc(s);
+        if (st.ok())
+          st = CopyBack("query", state->response.query(), state->response.query_data(), query);
+        if (st.ok() && key.present()) {
+          st = CopyBack("key", state->response.key(), state->response.key_data(), key);
+        }
+        state->done.set_value(st);
+      });
   return f;
 }
 
-absl::Status Client::ApplyRope(const v1::RopeRequest& request, MutableTensor query, MutableTensor key,
-                               const CallOptions& call) {
+absl::Status Client::ApplyRope(const v1::RopeRequest& request, MutableTensor query,
+                               MutableTensor key, const CallOptions& call) {
   return ApplyRopeAsync(request, std::move(query), std::move(key), call).get();
 }
 
-std::future<absl::Status> Client::AddAbsoluteEncodingAsync(const v1::AbsoluteEncodingRequest& request,
-                                                           MutableTensor x, const CallOptions& call) {
-  auto state = std::make_shared<AsyncCall<v1::AbsoluteEncodingRequest, v1::AbsoluteEncodingResponse>>();
+std::future<absl::Status> Client::AddAbsoluteEncodingAsync(
+    const v1::AbsoluteEncodingRequest& request, MutableTensor x, const CallOptions& call) {
+  auto state =
+      std::make_shared<AsyncCall<v1::AbsoluteEncodingRequest, v1::AbsoluteEncodingResponse>>();
   state->request = request;
   SetTensor(x.view(), state->request.mutable_x(), state->request.mutable_x_data());
   Prepare(&state->ctx, call);
   std::future<absl::Status> f = state->done.get_future();
-  stub_->async()->AddAbsoluteEncoding(&state->ctx, &state->request, &state->response,
-                                      [state, x](grpc::Status s) mutable {
-                                        absl::Status st = FromGrpc(s);
-                                        if (st.ok()) st = CopyBack("y", state->response.y(), state->response.y_data(), x);
-                                        state->done.set_value(st);
-                                      });
+  stub_->async()->AddAbsoluteEncoding(
+      &state->ctx, &state->request, &state->response, [state, x](grpc::Status s) mutable {
+        absl::Status st = FromGrpc(s);
+        if (st.ok()) st = CopyBack("y", state->response.y(), state->response.y_data(), x);
+        state->done.set_value(st);
+      });
   return f;
 }
 
-absl::Status Client::AddAbsoluteEncoding(const v1::AbsoluteEncodingRequest& request, MutableTensor x,
-                                         const CallOptions& call) {
+absl::Status Client::AddAbsoluteEncoding(const v1::AbsoluteEncodingRequest& request,
+                                         MutableTensor x, const CallOptions& call) {
   return AddAbsoluteEncodingAsync(request, std::move(x), call).get();
 }
 
-absl::Status Client::ApplyAttentionBias(const v1::AttentionBiasRequest& request, MutableTensor logits,
-                                        std::vector<double>* slopes, const CallOptions& call) {
+absl::Status Client::ApplyAttentionBias(const v1::AttentionBiasRequest& request,
+                                        MutableTensor logits, std::vector<double>* slopes,
+                                        const CallOptions& call) {
   v1::AttentionBiasRequest req = request;
   SetTensor(logits.view(), req.mutable_logits(), req.mutable_logits_data());
   grpc::ClientContext ctx;
@@ -164,21 +171,21 @@ absl::Status Client::ApplyAttentionBias(const v1::AttentionBiasRequest& request,
   return st;
 }
 
-#define POSENC_UNARY(Method, Request, Response, request_expr)   \
-  grpc::ClientContext ctx;                                      \
-  Prepare(&ctx, call);                                          \
-  Response resp;                                                \
+#define POSENC_UNARY(Method, Request, Response, request_expr)           \
+  grpc::ClientContext ctx;                                              \
+  Prepare(&ctx, call);                                                  \
+  Response resp;                                                        \
   absl::Status st = FromGrpc(stub_->Method(&ctx, request_expr, &resp)); \
-  if (!st.ok()) return st;                                      \
+  if (!st.ok()) return st;                                              \
   return resp
 
-absl::StatusOr<v1::AttentionBiasResponse> Client::AttentionBias(const v1::AttentionBiasRequest& request,
-                                                                const CallOptions& call) {
+absl::StatusOr<v1::AttentionBiasResponse> Client::AttentionBias(
+    const v1::AttentionBiasRequest& request, const CallOptions& call) {
   POSENC_UNARY(AttentionBias, v1::AttentionBiasRequest, v1::AttentionBiasResponse, request);
 }
 
-absl::StatusOr<v1::EncodingTableResponse> Client::GetEncodingTable(const v1::EncodingTableRequest& request,
-                                                                   const CallOptions& call) {
+absl::StatusOr<v1::EncodingTableResponse> Client::GetEncodingTable(
+    const v1::EncodingTableRequest& request, const CallOptions& call) {
   POSENC_UNARY(GetEncodingTable, v1::EncodingTableRequest, v1::EncodingTableResponse, request);
 }
 
@@ -187,7 +194,8 @@ absl::StatusOr<v1::ListTablesResponse> Client::ListTables(const CallOptions& cal
 }
 
 absl::StatusOr<v1::ListTablesResponse> Client::ReloadTables(const CallOptions& call) {
-  POSENC_UNARY(ReloadTables, v1::ReloadTablesRequest, v1::ListTablesResponse, v1::ReloadTablesRequest());
+  POSENC_UNARY(ReloadTables, v1::ReloadTablesRequest, v1::ListTablesResponse,
+               v1::ReloadTablesRequest());
 }
 
 absl::StatusOr<v1::ServerInfo> Client::GetServerInfo(const CallOptions& call) {

@@ -13,7 +13,8 @@ namespace {
 // Writes element e from its float32 encoding `pe`, recomputing with the
 // float64 encoding `precise()` where a 16-bit result could miss an ulp.
 template <typename T, typename Precise>
-__device__ __forceinline__ void Put(const AbsoluteParams& p, T* y, int64_t e, float pe, Precise precise) {
+__device__ __forceinline__ void Put(const AbsoluteParams& p, T* y, int64_t e, float pe,
+                                    Precise precise) {
   using E = Element<T>;
   const float xs = static_cast<float>(p.x_scale);
   if (!p.has_input) {
@@ -68,7 +69,8 @@ __global__ void AbsoluteKernel(AbsoluteParams p) {
 
 cudaError_t LaunchAbsolute(const AbsoluteParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0 || p.dim == 0) return cudaSuccess;
-  const unsigned blocks = static_cast<unsigned>(p.num_tokens < (1 << 24) ? p.num_tokens : (1 << 24));
+  const unsigned blocks =
+      static_cast<unsigned>(p.num_tokens < (1 << 24) ? p.num_tokens : (1 << 24));
   const int threads = p.dim >= 512 ? 256 : 128;
   switch (p.dtype) {
     case kF32:

@@ -1,9 +1,9 @@
 // Attention bias on the GPU: one block per (batch, head, query row), threads
 // over keys. Same double-precision formula as the CPU kernel.
+#include <math_constants.h>
+
 #include "cuda_kernels.h"
 #include "element.cuh"
-
-#include <math_constants.h>
 
 namespace posenc::cuda {
 namespace {

@@ -109,7 +109,8 @@ class CudaBackend final : public Backend {
     if (ctx.IsCancelled()) return absl::CancelledError("the call was cancelled");
     const size_t esize = SizeOf(plan.dtype);
     const size_t q_bytes = plan.num_tokens * plan.query_heads * plan.head_dim * esize;
-    const size_t k_bytes = plan.has_key ? plan.num_tokens * plan.key_heads * plan.head_dim * esize : 0;
+    const size_t k_bytes =
+        plan.has_key ? plan.num_tokens * plan.key_heads * plan.head_dim * esize : 0;
     const bool per_token_sets = plan.num_freq_sets > 1;
     std::vector<int32_t> token_set;
     if (per_token_sets) {
@@ -137,7 +138,8 @@ class CudaBackend final : public Backend {
       p.query = w.device + q_at;
       p.key = k_bytes ? w.device + k_at : nullptr;
       p.positions = reinterpret_cast<const int64_t*>(w.device + pos_at);
-      p.token_freq_set = per_token_sets ? reinterpret_cast<const int32_t*>(w.device + set_at) : nullptr;
+      p.token_freq_set =
+          per_token_sets ? reinterpret_cast<const int32_t*>(w.device + set_at) : nullptr;
       p.inv_freq = reinterpret_cast<const double*>(w.device + freq_at);
       p.attention_scale = reinterpret_cast<const double*>(w.device + scale_at);
       p.slot_axis = reinterpret_cast<const int32_t*>(w.device + axis_at);
@@ -155,7 +157,8 @@ class CudaBackend final : public Backend {
       POSENC_RETURN_IF_ERROR(Launched(cuda::LaunchRope(p, w.stream), "RoPE"));
       POSENC_CUDA(cudaMemcpyAsync(h, w.device, q_at + q_bytes, cudaMemcpyDeviceToHost, w.stream));
       if (k_bytes) {
-        POSENC_CUDA(cudaMemcpyAsync(h + k_at, w.device + k_at, k_bytes, cudaMemcpyDeviceToHost, w.stream));
+        POSENC_CUDA(
+            cudaMemcpyAsync(h + k_at, w.device + k_at, k_bytes, cudaMemcpyDeviceToHost, w.stream));
       }
       POSENC_CUDA(cudaStreamSynchronize(w.stream));
       std::memcpy(query, h + q_at, q_bytes);
@@ -245,8 +248,9 @@ class CudaBackend final : public Backend {
   static absl::Status Launched(cudaError_t e, absl::string_view what) {
     if (e == cudaErrorInvalidValue) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": this shape is outside what the CUDA kernels support (rotary_dim up to 6144); "
-                "use backend CPU"));
+          what,
+          ": this shape is outside what the CUDA kernels support (rotary_dim up to 6144); "
+          "use backend CPU"));
     }
     return CudaStatus(e, absl::StrCat("launching the ", what, " kernel"));
   }

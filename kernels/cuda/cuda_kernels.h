@@ -16,8 +16,8 @@ enum : int { kBSHD = 1, kBHSD = 2, kTHD = 3 };
 enum : int { kNeox = 1, kGptj = 2 };
 
 struct RopeParams {
-  void* query;  // [batch, seq, Hq, D] / [batch, Hq, seq, D] / [tokens, Hq, D]
-  void* key;    // same with Hk heads, or nullptr
+  void* query;                    // [batch, seq, Hq, D] / [batch, Hq, seq, D] / [tokens, Hq, D]
+  void* key;                      // same with Hk heads, or nullptr
   const int64_t* positions;       // [num_tokens, num_axes]
   const int32_t* token_freq_set;  // [num_tokens], or nullptr when one set
   const double* inv_freq;         // [num_freq_sets, rotary_dim / 2]
@@ -31,10 +31,10 @@ struct RopeParams {
 cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream);
 
 struct AbsoluteParams {
-  void* x;                    // [num_tokens, dim], updated in place (or written)
-  const int64_t* positions;   // [num_tokens]
-  const double* omega;        // sinusoidal: [dim / 2]; nullptr for learned
-  const float* table;         // learned: [rows, dim]; nullptr for sinusoidal
+  void* x;                   // [num_tokens, dim], updated in place (or written)
+  const int64_t* positions;  // [num_tokens]
+  const double* omega;       // sinusoidal: [dim / 2]; nullptr for learned
+  const float* table;        // learned: [rows, dim]; nullptr for sinusoidal
   int64_t num_tokens, dim;
   int dtype, interleaved, has_input;
   double x_scale;

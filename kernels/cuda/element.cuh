@@ -29,7 +29,9 @@ template <>
 struct Element<__nv_bfloat16> {
   static constexpr bool kSixteenBit = true;
   static __device__ __forceinline__ float Load(__nv_bfloat16 v) { return __bfloat162float(v); }
-  static __device__ __forceinline__ __nv_bfloat16 FromFloat(float v) { return __float2bfloat16_rn(v); }
+  static __device__ __forceinline__ __nv_bfloat16 FromFloat(float v) {
+    return __float2bfloat16_rn(v);
+  }
 };
 
 // 16 bytes of T moved as one load or store.

@@ -127,12 +127,13 @@ cudaError_t LaunchTyped(const RopeParams& p, cudaStream_t stream) {
   if (smem > 48 * 1024) return cudaErrorInvalidValue;
   const int heads = p.query_heads + (p.key != nullptr ? p.key_heads : 0);
   // 16-byte accesses need every head, and the NEOX second half, aligned.
-  const bool vector = p.head_dim % kVec == 0 &&
-                      (kStyle == kNeox ? half % kVec == 0 : p.rotary_dim % kVec == 0);
+  const bool vector =
+      p.head_dim % kVec == 0 && (kStyle == kNeox ? half % kVec == 0 : p.rotary_dim % kVec == 0);
   const int width = vector ? kVec : (kStyle == kNeox ? 1 : 2);
   const int items = heads * (kStyle == kNeox ? half / width : p.rotary_dim / width);
   const int threads = items >= 256 ? 256 : 128;
-  const unsigned blocks = static_cast<unsigned>(p.num_tokens < (1 << 24) ? p.num_tokens : (1 << 24));
+  const unsigned blocks =
+      static_cast<unsigned>(p.num_tokens < (1 << 24) ? p.num_tokens : (1 << 24));
   if (vector) {
     RopeKernel<T, kStyle, kVec><<<blocks, threads, smem, stream>>>(p);
   } else {

@@ -17,16 +17,17 @@ absl::Status ResolveSource(const AbsoluteOptions& o, int64_t dim, AbsolutePlan& 
     for (int64_t t = 0; t < p.num_tokens; ++t) {
       const int64_t pos = p.positions.values[t];
       if (pos < 0 || pos >= o.table->rows) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "position ", pos, " of token ", t, " is outside table '", o.table->name,
-            "' of length ", o.table->rows,
-            " (valid positions: 0..", o.table->rows - 1, "; learned tables do not extrapolate)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("position ", pos, " of token ", t, " is outside table '", o.table->name,
+                         "' of length ", o.table->rows, " (valid positions: 0..", o.table->rows - 1,
+                         "; learned tables do not extrapolate)"));
       }
     }
     return absl::OkStatus();
   }
   if (!(std::isfinite(o.base) && o.base > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("base must be a finite number > 0, got ", o.base));
+    return absl::InvalidArgumentError(
+        absl::StrCat("base must be a finite number > 0, got ", o.base));
   }
   const int64_t half = dim / 2;
   p.omega.resize(half);
@@ -53,9 +54,9 @@ absl::Status ResolveSource(const AbsoluteOptions& o, int64_t dim, AbsolutePlan& 
   double max_omega = 0;
   for (double w : p.omega) max_omega = std::max(max_omega, w);
   if (static_cast<double>(p.positions.max_abs_position) * max_omega > 2147483648.0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "largest |position| x frequency must be <= 2^31, got position ",
-        p.positions.max_abs_position, " with base ", o.base));
+    return absl::InvalidArgumentError(
+        absl::StrCat("largest |position| x frequency must be <= 2^31, got position ",
+                     p.positions.max_abs_position, " with base ", o.base));
   }
   return absl::OkStatus();
 }
@@ -65,8 +66,8 @@ absl::Status ResolveSource(const AbsoluteOptions& o, int64_t dim, AbsolutePlan& 
 absl::StatusOr<AbsolutePlan> PlanAbsolute(const AbsoluteOptions& o, const AbsoluteTensors& t) {
   if (!t.x.present()) return absl::InvalidArgumentError("x is required");
   if (!IsFloating(t.x.dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "x.dtype must be FLOAT32, FLOAT16 or BFLOAT16, got ", DTypeName(t.x.dtype)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("x.dtype must be FLOAT32, FLOAT16 or BFLOAT16, got ", DTypeName(t.x.dtype)));
   }
   POSENC_RETURN_IF_ERROR(ValidateTensorBytes("x", t.x.dtype, t.x.shape, t.x.nbytes));
   if (!std::isfinite(o.x_scale)) {
@@ -99,8 +100,8 @@ absl::StatusOr<AbsolutePlan> PlanAbsolute(const AbsoluteOptions& o, const Absolu
 absl::StatusOr<AbsolutePlan> PlanEncodingTable(const AbsoluteOptions& o, int64_t dim, DType dtype,
                                                const TensorView& positions, int64_t count) {
   if (!IsFloating(dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dtype must be FLOAT32, FLOAT16 or BFLOAT16, got ", DTypeName(dtype)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype must be FLOAT32, FLOAT16 or BFLOAT16, got ", DTypeName(dtype)));
   }
   if (dim < 0) return absl::InvalidArgumentError(absl::StrCat("dim must be >= 0, got ", dim));
   AbsolutePlan p;
@@ -112,8 +113,8 @@ absl::StatusOr<AbsolutePlan> PlanEncodingTable(const AbsoluteOptions& o, int64_t
   int64_t n = count;
   if (positions.present()) {
     if (positions.rank() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "positions.shape must be [n], got ", ShapeString(positions.shape)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("positions.shape must be [n], got ", ShapeString(positions.shape)));
     }
     n = positions.shape[0];
     in.position_ids = positions;

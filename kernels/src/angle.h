@@ -36,9 +36,12 @@ POSENC_HOST_DEVICE void SinCos(double angle, float* sin_out, float* cos_out) {
   const float x = static_cast<float>(r);
   const float x2 = x * x;
   // Minimax coefficients on [-pi/4, pi/4] (Cephes sinf/cosf).
-  const float sp = x + x * x2 * (-1.6666654611e-1f + x2 * (8.3321608736e-3f + x2 * -1.9515295891e-4f));
-  const float cp = 1.0f - 0.5f * x2 +
-                   x2 * x2 * (4.166664568298827e-2f + x2 * (-1.388731625493765e-3f + x2 * 2.443315711809948e-5f));
+  const float sp =
+      x + x * x2 * (-1.6666654611e-1f + x2 * (8.3321608736e-3f + x2 * -1.9515295891e-4f));
+  const float cp =
+      1.0f - 0.5f * x2 +
+      x2 * x2 *
+          (4.166664568298827e-2f + x2 * (-1.388731625493765e-3f + x2 * 2.443315711809948e-5f));
   // |q| < 2^31, so a 32-bit conversion suffices (and vectorises on AVX2).
   const int quadrant = static_cast<int32_t>(q) & 3;
   float s = (quadrant & 1) ? cp : sp;
@@ -61,8 +64,8 @@ POSENC_HOST_DEVICE void SinCosPrecise(double angle, double* sin_out, double* cos
               (-1.66666666666666324348e-01 +
                z * (8.33333333332248946124e-03 +
                     z * (-1.98412698298579493134e-04 +
-                         z * (2.75573137070700676789e-06 +
-                              z * (-2.50507602534068634195e-08 + z * 1.58969099521155010221e-10)))));
+                         z * (2.75573137070700676789e-06 + z * (-2.50507602534068634195e-08 +
+                                                                z * 1.58969099521155010221e-10)))));
   const double cp =
       1.0 - 0.5 * z +
       z * z *

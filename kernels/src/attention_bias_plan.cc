@@ -26,8 +26,7 @@ std::vector<double> AlibiSlopes(int64_t n) {
 absl::StatusOr<BiasPlan> PlanAttentionBias(const BiasOptions& o, const TensorView& logits) {
   BiasPlan p;
   p.form = o.form;
-  if (o.form != BiasForm::kNone && o.form != BiasForm::kCausal &&
-      o.form != BiasForm::kSymmetric) {
+  if (o.form != BiasForm::kNone && o.form != BiasForm::kCausal && o.form != BiasForm::kSymmetric) {
     return absl::InvalidArgumentError("form must be NONE, CAUSAL or SYMMETRIC");
   }
   int64_t batch = o.batch, heads = o.num_heads, q_len = o.q_len, k_len = o.k_len;
@@ -36,7 +35,8 @@ absl::StatusOr<BiasPlan> PlanAttentionBias(const BiasOptions& o, const TensorVie
       return absl::InvalidArgumentError(absl::StrCat(
           "logits.dtype must be FLOAT32, FLOAT16 or BFLOAT16, got ", DTypeName(logits.dtype)));
     }
-    POSENC_RETURN_IF_ERROR(ValidateTensorBytes("logits", logits.dtype, logits.shape, logits.nbytes));
+    POSENC_RETURN_IF_ERROR(
+        ValidateTensorBytes("logits", logits.dtype, logits.shape, logits.nbytes));
     if (logits.rank() != 4) {
       return absl::InvalidArgumentError(absl::StrCat(
           "logits.shape must be [batch, heads, q_len, k_len], got ", ShapeString(logits.shape)));
@@ -46,9 +46,8 @@ absl::StatusOr<BiasPlan> PlanAttentionBias(const BiasOptions& o, const TensorVie
     int64_t* fields[4] = {&batch, &heads, &q_len, &k_len};
     for (int i = 0; i < 4; ++i) {
       if (*fields[i] != 0 && *fields[i] != dims[i]) {
-        return absl::InvalidArgumentError(absl::StrCat(names[i], " = ", *fields[i],
-                                                       " disagrees with logits.shape[", i,
-                                                       "] = ", dims[i]));
+        return absl::InvalidArgumentError(absl::StrCat(
+            names[i], " = ", *fields[i], " disagrees with logits.shape[", i, "] = ", dims[i]));
       }
       *fields[i] = dims[i];
     }
@@ -56,8 +55,8 @@ absl::StatusOr<BiasPlan> PlanAttentionBias(const BiasOptions& o, const TensorVie
     p.dtype = logits.dtype;
   } else {
     if (!IsFloating(o.dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dtype must be FLOAT32, FLOAT16 or BFLOAT16, got ", DTypeName(o.dtype)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype must be FLOAT32, FLOAT16 or BFLOAT16, got ", DTypeName(o.dtype)));
     }
     p.dtype = o.dtype;
   }
@@ -66,7 +65,9 @@ absl::StatusOr<BiasPlan> PlanAttentionBias(const BiasOptions& o, const TensorVie
   }
   if (batch == 0 && !logits.present()) batch = 1;
   for (auto [name, v] : {std::pair<const char*, int64_t>{"batch", batch},
-                         {"num_heads", heads}, {"q_len", q_len}, {"k_len", k_len}}) {
+                         {"num_heads", heads},
+                         {"q_len", q_len},
+                         {"k_len", k_len}}) {
     if (v < 0) return absl::InvalidArgumentError(absl::StrCat(name, " must be >= 0, got ", v));
   }
   if (heads == 0 && !logits.present()) {
@@ -85,8 +86,8 @@ absl::StatusOr<BiasPlan> PlanAttentionBias(const BiasOptions& o, const TensorVie
 
   if (!o.slopes.empty()) {
     if (static_cast<int64_t>(o.slopes.size()) != heads) {
-      return absl::InvalidArgumentError(absl::StrCat("slopes must have num_heads = ", heads,
-                                                     " values, got ", o.slopes.size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("slopes must have num_heads = ", heads, " values, got ", o.slopes.size()));
     }
     for (size_t h = 0; h < o.slopes.size(); ++h) {
       if (!std::isfinite(o.slopes[h])) {
@@ -107,10 +108,11 @@ absl::StatusOr<BiasPlan> PlanAttentionBias(const BiasOptions& o, const TensorVie
   p.k_lens.assign(batch, k_len);
   if (o.k_lens.present()) {
     if (!IsInteger(o.k_lens.dtype)) {
-      return absl::InvalidArgumentError(absl::StrCat("k_lens.dtype must be INT32 or INT64, got ",
-                                                     DTypeName(o.k_lens.dtype)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("k_lens.dtype must be INT32 or INT64, got ", DTypeName(o.k_lens.dtype)));
     }
-    POSENC_RETURN_IF_ERROR(ValidateTensorBytes("k_lens", o.k_lens.dtype, o.k_lens.shape, o.k_lens.nbytes));
+    POSENC_RETURN_IF_ERROR(
+        ValidateTensorBytes("k_lens", o.k_lens.dtype, o.k_lens.shape, o.k_lens.nbytes));
     if (o.k_lens.rank() != 1 || o.k_lens.shape[0] != batch) {
       return absl::InvalidArgumentError(absl::StrCat("k_lens.shape must be [batch] = [", batch,
                                                      "], got ", ShapeString(o.k_lens.shape)));

@@ -98,18 +98,20 @@ POSENC_ALWAYS_INLINE void AbsoluteTokens(const AbsolutePlan& p, T* __restrict x,
         const float u = ToFloat(xi) * xs;
         const float r = u + row[i];
         y[i] = FromFloat<T>(r);
-        flag[i] = static_cast<uint8_t>(std::fabs(r) < kCancellationBound * (std::fabs(u) + std::fabs(row[i]) + 1.0f));
+        flag[i] = static_cast<uint8_t>(
+            std::fabs(r) < kCancellationBound * (std::fabs(u) + std::fabs(row[i]) + 1.0f));
       }
       ForEachFlagged(flag, dim, [&](int64_t i) {
-        y[i] = FromFloat<T>(static_cast<float>(static_cast<double>(ToFloat(saved[i])) * p.options.x_scale +
-                                               PreciseEncoding(p, pos, i)));
+        y[i] = FromFloat<T>(
+            static_cast<float>(static_cast<double>(ToFloat(saved[i])) * p.options.x_scale +
+                               PreciseEncoding(p, pos, i)));
       });
     }
   }
 }
 
-POSENC_CPU_CLONES void AbsoluteDispatch(const AbsolutePlan& p, void* x, int64_t begin,
-                                        int64_t end, Scratch& scratch) {
+POSENC_CPU_CLONES void AbsoluteDispatch(const AbsolutePlan& p, void* x, int64_t begin, int64_t end,
+                                        Scratch& scratch) {
   switch (p.dtype) {
     case DType::kFloat32:
       AbsoluteTokens<float>(p, static_cast<float*>(x), begin, end, scratch);

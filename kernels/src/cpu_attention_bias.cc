@@ -10,8 +10,8 @@ namespace {
 // Bias of query row i against key j, in double; -inf where masked.
 inline double BiasValue(const BiasPlan& p, double slope, int64_t qpos, int64_t j, int64_t k_len_b) {
   const int64_t dist = qpos - j;
-  const bool masked = (p.causal && dist < 0) || (p.window > 0 && (dist < 0 || dist >= p.window)) ||
-                      j >= k_len_b;
+  const bool masked =
+      (p.causal && dist < 0) || (p.window > 0 && (dist < 0 || dist >= p.window)) || j >= k_len_b;
   if (masked) return -std::numeric_limits<double>::infinity();
   switch (p.form) {
     case BiasForm::kCausal:

@@ -34,24 +34,21 @@ class CpuBackend final : public Backend {
                          const RunContext& ctx) override {
     if (plan.empty()) return absl::OkStatus();
     const int64_t per_token = (plan.query_heads + plan.key_heads) * plan.head_dim;
-    return Run(plan.num_tokens, Grain(per_token), ctx, [&](int64_t b, int64_t e) {
-      internal::RopeTokensCpu(plan, query, key, b, e);
-    });
+    return Run(plan.num_tokens, Grain(per_token), ctx,
+               [&](int64_t b, int64_t e) { internal::RopeTokensCpu(plan, query, key, b, e); });
   }
 
   absl::Status ApplyAbsolute(const AbsolutePlan& plan, void* x, const RunContext& ctx) override {
     if (plan.empty()) return absl::OkStatus();
-    return Run(plan.num_tokens, Grain(plan.dim), ctx, [&](int64_t b, int64_t e) {
-      internal::AbsoluteTokensCpu(plan, x, b, e);
-    });
+    return Run(plan.num_tokens, Grain(plan.dim), ctx,
+               [&](int64_t b, int64_t e) { internal::AbsoluteTokensCpu(plan, x, b, e); });
   }
 
   absl::Status ApplyAttentionBias(const BiasPlan& plan, void* out, const RunContext& ctx) override {
     if (plan.empty()) return absl::OkStatus();
     const int64_t rows = plan.batch * plan.num_heads * plan.q_len;
-    return Run(rows, Grain(plan.k_len), ctx, [&](int64_t b, int64_t e) {
-      internal::AttentionBiasRowsCpu(plan, out, b, e);
-    });
+    return Run(rows, Grain(plan.k_len), ctx,
+               [&](int64_t b, int64_t e) { internal::AttentionBiasRowsCpu(plan, out, b, e); });
   }
 
  private:

@@ -14,7 +14,6 @@ POSENC_ALWAYS_INLINE double SlotAngle(const RopePlan& p, int64_t t, int64_t k, c
   return static_cast<double>(pos[p.num_axes == 1 ? 0 : p.slot_axis[k]]) * f[k];
 }
 
-
 // Per-token rotation constants: float cos/sin of every slot, scaled by the
 // attention scale and signed for inverse rotation. Computed once per token,
 // used by all heads.
@@ -28,8 +27,8 @@ struct Scratch {
 };
 
 struct TokenAngles {
-  float* c;   // [half] s cos (float32 outputs)
-  float* n;   // [half] +-s sin
+  float* c;    // [half] s cos (float32 outputs)
+  float* n;    // [half] +-s sin
   double* cd;  // [half] s cos (16-bit outputs)
   double* nd;  // [half] +-s sin
 };

@@ -56,7 +56,8 @@ TEST(DType, ConversionsRoundToNearestEven) {
   }
   // Ties: 1 + 2^-11 lies halfway between 1 and 1 + 2^-10 and goes to even (1).
   EXPECT_EQ(HalfToFloat(FloatToHalf(1.0f + std::ldexp(1.0f, -11))), 1.0f);
-  EXPECT_EQ(HalfToFloat(FloatToHalf(1.0f + 3 * std::ldexp(1.0f, -11))), 1.0f + std::ldexp(1.0f, -9));
+  EXPECT_EQ(HalfToFloat(FloatToHalf(1.0f + 3 * std::ldexp(1.0f, -11))),
+            1.0f + std::ldexp(1.0f, -9));
   EXPECT_EQ(HalfToFloat(FloatToHalf(65520.0f)), std::numeric_limits<float>::infinity());
   EXPECT_EQ(HalfToFloat(FloatToHalf(65519.0f)), 65504.0f);
   EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(std::nanf("")))));

@@ -51,15 +51,15 @@ absl::StatusOr<PositionIdShape> CheckPositionIdShape(const TokenLayout& layout,
   for (size_t i = 0; i < accepted.size(); ++i) {
     if (ids.shape == accepted[i]) {
       PositionIdShape s;
-      s.broadcast_batch = padded && i >= (num_axes == 1 ? 2u : 1u) &&
-                          layout.num_sequences != 1;
+      s.broadcast_batch = padded && i >= (num_axes == 1 ? 2u : 1u) && layout.num_sequences != 1;
       return s;
     }
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "position_ids.shape must be ", ShapeString(accepted[0]),
-      padded ? absl::StrCat(" (or ", ShapeString(with_axes(want_broadcast)), " shared by the batch)")
-             : std::string(),
+      padded
+          ? absl::StrCat(" (or ", ShapeString(with_axes(want_broadcast)), " shared by the batch)")
+          : std::string(),
       num_axes > 1 ? absl::StrCat(" with one position per axis (", num_axes, " axes)")
                    : std::string(),
       ", got ", ShapeString(ids.shape)));
@@ -87,8 +87,9 @@ absl::StatusOr<TokenLayout> PackedLayout(const TensorView& cu_seqlens, int64_t n
   }
   POSENC_RETURN_IF_ERROR(CheckIntegerTensor("cu_seqlens", cu_seqlens));
   if (cu_seqlens.rank() != 1 || cu_seqlens.shape[0] < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cu_seqlens.shape must be [batch + 1] with batch >= 0, got ", ShapeString(cu_seqlens.shape)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cu_seqlens.shape must be [batch + 1] with batch >= 0, got ",
+                     ShapeString(cu_seqlens.shape)));
   }
   const int64_t n = cu_seqlens.shape[0];
   l.num_sequences = n - 1;
@@ -146,15 +147,15 @@ absl::StatusOr<ResolvedPositions> ResolvePositions(const TokenLayout& layout,
   } else if (offsets.present()) {
     POSENC_RETURN_IF_ERROR(CheckIntegerTensor("offsets", offsets));
     if (offsets.rank() != 1 || offsets.shape[0] != layout.num_sequences) {
-      return absl::InvalidArgumentError(absl::StrCat("offsets.shape must be [",
-                                                     layout.num_sequences, "] (one per sequence), got ",
-                                                     ShapeString(offsets.shape)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("offsets.shape must be [", layout.num_sequences,
+                       "] (one per sequence), got ", ShapeString(offsets.shape)));
     }
     for (int64_t s = 0; s < layout.num_sequences; ++s) {
       const int64_t off = ReadInteger(offsets, s);
       if (off > kMaxAbsPosition || off < -kMaxAbsPosition) {
-        return absl::InvalidArgumentError(absl::StrCat("offsets[", s, "] = ", off,
-                                                       " is outside [-2^31, 2^31]"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("offsets[", s, "] = ", off, " is outside [-2^31, 2^31]"));
       }
       for (int64_t t = layout.cu_seqlens[s]; t < layout.cu_seqlens[s + 1]; ++t) {
         for (int a = 0; a < num_axes; ++a) {

@@ -13,8 +13,7 @@ namespace {
 
 absl::Status Positive(absl::string_view field, double v) {
   if (!(std::isfinite(v) && v > 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, " must be a finite number > 0, got ", v));
+    return absl::InvalidArgumentError(absl::StrCat(field, " must be a finite number > 0, got ", v));
   }
   return absl::OkStatus();
 }
@@ -32,12 +31,12 @@ absl::StatusOr<int64_t> OriginalMax(const RopeScaling& s, absl::string_view type
                                     std::optional<int64_t> fallback) {
   std::optional<int64_t> v = s.original_max_position ? s.original_max_position : fallback;
   if (!v.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "scaling.original_max_position is required for ", type, " scaling"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("scaling.original_max_position is required for ", type, " scaling"));
   }
   if (*v <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "scaling.original_max_position must be > 0, got ", *v));
+    return absl::InvalidArgumentError(
+        absl::StrCat("scaling.original_max_position must be > 0, got ", *v));
   }
   return *v;
 }
@@ -107,9 +106,9 @@ absl::Status ApplyLlama3(const RopeScaling& s, FrequencySet& fs) {
   POSENC_RETURN_IF_ERROR(Positive("scaling.low_freq_factor", low_ff));
   POSENC_RETURN_IF_ERROR(Positive("scaling.high_freq_factor", high_ff));
   if (!(high_ff > low_ff)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "scaling.high_freq_factor must exceed scaling.low_freq_factor, got ", high_ff,
-        " <= ", low_ff));
+    return absl::InvalidArgumentError(
+        absl::StrCat("scaling.high_freq_factor must exceed scaling.low_freq_factor, got ", high_ff,
+                     " <= ", low_ff));
   }
   POSENC_ASSIGN_OR_RETURN(int64_t orig, OriginalMax(s, "llama3", 8192));
   const double low_freq_wavelen = orig / low_ff;
@@ -130,12 +129,12 @@ absl::Status ApplyLlama3(const RopeScaling& s, FrequencySet& fs) {
 absl::Status ApplyLongRope(const RopeScaling& s, double base, int64_t R, int64_t seq_len,
                            FrequencySet& fs) {
   const int64_t half = R / 2;
-  for (auto [name, v] : {std::pair<const char*, const std::vector<double>*>{
-                             "scaling.short_factor", &s.short_factor},
-                         {"scaling.long_factor", &s.long_factor}}) {
+  for (auto [name, v] :
+       {std::pair<const char*, const std::vector<double>*>{"scaling.short_factor", &s.short_factor},
+        {"scaling.long_factor", &s.long_factor}}) {
     if (static_cast<int64_t>(v->size()) != half) {
-      return absl::InvalidArgumentError(absl::StrCat(name, " must have rotary_dim/2 = ", half,
-                                                     " values, got ", v->size()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " must have rotary_dim/2 = ", half, " values, got ", v->size()));
     }
     for (size_t i = 0; i < v->size(); ++i) {
       POSENC_RETURN_IF_ERROR(Positive(absl::StrCat(name, "[", i, "]"), (*v)[i]));
@@ -150,8 +149,7 @@ absl::Status ApplyLongRope(const RopeScaling& s, double base, int64_t R, int64_t
   } else if (factor <= 1.0) {
     fs.attention_scale = 1.0;
   } else {
-    fs.attention_scale =
-        std::sqrt(1.0 + std::log(factor) / std::log(static_cast<double>(orig)));
+    fs.attention_scale = std::sqrt(1.0 + std::log(factor) / std::log(static_cast<double>(orig)));
   }
   bool use_long = false;
   switch (s.longrope_mode) {
@@ -189,9 +187,9 @@ absl::Status AssignAxes(const RopeOptions& o, int64_t R, FrequencySet& fs) {
         sum += d;
       }
       if (o.axis_dims.empty() || sum != R) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "axis_dims must sum to rotary_dim = ", R, ", got ", sum, " over ",
-            o.axis_dims.size(), " axes"));
+        return absl::InvalidArgumentError(absl::StrCat("axis_dims must sum to rotary_dim = ", R,
+                                                       ", got ", sum, " over ", o.axis_dims.size(),
+                                                       " axes"));
       }
       int64_t k = 0;
       for (size_t a = 0; a < o.axis_dims.size(); ++a) {
@@ -210,9 +208,9 @@ absl::Status AssignAxes(const RopeOptions& o, int64_t R, FrequencySet& fs) {
         sum += o.sections[a];
       }
       if (o.sections.empty() || sum != half) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "sections must sum to rotary_dim/2 = ", half, ", got ", sum, " over ",
-            o.sections.size(), " axes"));
+        return absl::InvalidArgumentError(absl::StrCat("sections must sum to rotary_dim/2 = ", half,
+                                                       ", got ", sum, " over ", o.sections.size(),
+                                                       " axes"));
       }
       const int64_t n = static_cast<int64_t>(o.sections.size());
       if (o.axis_mode == AxisMode::kMrope) {
@@ -249,8 +247,7 @@ int NumPositionAxes(const RopeOptions& o) {
   return 1;
 }
 
-absl::StatusOr<FrequencySet> ResolveFrequencies(const RopeOptions& o, int64_t R,
-                                                int64_t seq_len) {
+absl::StatusOr<FrequencySet> ResolveFrequencies(const RopeOptions& o, int64_t R, int64_t seq_len) {
   POSENC_RETURN_IF_ERROR(Positive("base", o.base));
   const RopeScaling& s = o.scaling;
   FrequencySet fs;
@@ -290,8 +287,8 @@ absl::StatusOr<FrequencySet> ResolveFrequencies(const RopeOptions& o, int64_t R,
             absl::StrCat("dynamic NTK scaling needs rotary_dim > 2, got ", R));
       }
       const double L = static_cast<double>(std::max(seq_len, orig));
-      const double base = o.base * std::pow(factor * L / orig - (factor - 1.0),
-                                            static_cast<double>(R) / (R - 2));
+      const double base =
+          o.base * std::pow(factor * L / orig - (factor - 1.0), static_cast<double>(R) / (R - 2));
       DefaultInvFreq(base, R, fs.inv_freq.data());
       break;
     }
@@ -306,9 +303,8 @@ absl::StatusOr<FrequencySet> ResolveFrequencies(const RopeOptions& o, int64_t R,
       break;
     case ScalingType::kExplicit: {
       if (static_cast<int64_t>(s.inv_freq.size()) != R / 2) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "scaling.inv_freq must have rotary_dim/2 = ", R / 2, " values, got ",
-            s.inv_freq.size()));
+        return absl::InvalidArgumentError(absl::StrCat("scaling.inv_freq must have rotary_dim/2 = ",
+                                                       R / 2, " values, got ", s.inv_freq.size()));
       }
       for (size_t k = 0; k < s.inv_freq.size(); ++k) {
         if (!std::isfinite(s.inv_freq[k]) || std::abs(s.inv_freq[k]) > 1e3) {

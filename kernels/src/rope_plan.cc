@@ -87,9 +87,9 @@ absl::StatusOr<RopePlan> PlanRope(const RopeOptions& o, const RopeTensors& t) {
                                                      DTypeName(t.key.dtype)));
     }
     if (k.batch != q.batch || k.seq != q.seq || k.head_dim != q.head_dim) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "key.shape ", ShapeString(t.key.shape), " must match query.shape ",
-          ShapeString(t.query.shape), " in every dimension but heads"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("key.shape ", ShapeString(t.key.shape), " must match query.shape ",
+                       ShapeString(t.query.shape), " in every dimension but heads"));
     }
     p.has_key = true;
     p.key_heads = k.heads;

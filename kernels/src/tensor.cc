@@ -31,8 +31,8 @@ absl::Status ValidateTensorBytes(absl::string_view field, DType dtype,
   bool zero = false;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ".shape[", i,
-                                                     "] must be >= 0, got ", shape[i]));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".shape[", i, "] must be >= 0, got ", shape[i]));
     }
     if (shape[i] == 0) zero = true;
   }

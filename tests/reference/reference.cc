@@ -58,7 +58,8 @@ Frequencies RopeFrequencies(const RopeOptions& o, int64_t R, int64_t L) {
     case ScalingType::kDynamicNtk: {
       const double orig = double(*s.original_max_position);
       const double seq = std::max(double(L), orig);
-      const double base = o.base * std::pow((factor * seq / orig) - (factor - 1), double(R) / (R - 2));
+      const double base =
+          o.base * std::pow((factor * seq / orig) - (factor - 1), double(R) / (R - 2));
       out.inv_freq = Default(base, R);
       break;
     }
@@ -113,7 +114,8 @@ Frequencies RopeFrequencies(const RopeOptions& o, int64_t R, int64_t L) {
       bool use_long = s.longrope_mode == LongRopeMode::kLong ||
                       (s.longrope_mode == LongRopeMode::kBySequenceLength && L > orig);
       const auto& ext = use_long ? s.long_factor : s.short_factor;
-      for (int64_t k = 0; k < half; ++k) out.inv_freq[k] = 1.0 / (ext[k] * std::pow(o.base, double(2 * k) / R));
+      for (int64_t k = 0; k < half; ++k)
+        out.inv_freq[k] = 1.0 / (ext[k] * std::pow(o.base, double(2 * k) / R));
       break;
     }
     case ScalingType::kExplicit:

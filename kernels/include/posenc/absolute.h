@@ -51,7 +51,7 @@ struct AbsolutePlan {
   int64_t num_tokens = 0;
   int64_t dim = 0;
   ResolvedPositions positions;
-  bool has_input = true;  // false: write PE (x treated as zero, x_scale ignored)
+  bool has_input = true;      // false: write PE (x treated as zero, x_scale ignored)
   std::vector<double> omega;  // sinusoidal: [dim / 2] angular frequencies
 
   bool empty() const { return num_tokens == 0 || dim == 0; }

@@ -25,12 +25,12 @@ enum class BiasForm : int {
 
 struct BiasOptions {
   BiasForm form = BiasForm::kCausal;
-  std::vector<double> slopes;  // empty: AlibiSlopes(num_heads)
+  std::vector<double> slopes;                              // empty: AlibiSlopes(num_heads)
   int64_t batch = 0, num_heads = 0, q_len = 0, k_len = 0;  // 0: from logits
-  std::optional<int64_t> q_offset;  // default k_len - q_len
+  std::optional<int64_t> q_offset;                         // default k_len - q_len
   bool causal = false;
-  int64_t window = 0;  // keep the `window` most recent keys incl. self; 0 = off
-  TensorView k_lens;   // [batch] INT32/INT64, keys at j >= k_lens[b] masked
+  int64_t window = 0;             // keep the `window` most recent keys incl. self; 0 = off
+  TensorView k_lens;              // [batch] INT32/INT64, keys at j >= k_lens[b] masked
   DType dtype = DType::kFloat32;  // of the built bias when no logits are given
 };
 

@@ -19,10 +19,10 @@ namespace posenc {
 enum class BackendKind : int { kCpu = 1, kCuda = 2 };
 
 struct DeviceInfo {
-  std::string name;                // "cpu" or the GPU's name
-  int64_t memory_bytes = 0;        // GPU memory; 0 for the CPU
-  int compute_capability = 0;      // major * 10 + minor; 0 for the CPU
-  int threads = 0;                 // CPU worker threads
+  std::string name;            // "cpu" or the GPU's name
+  int64_t memory_bytes = 0;    // GPU memory; 0 for the CPU
+  int compute_capability = 0;  // major * 10 + minor; 0 for the CPU
+  int threads = 0;             // CPU worker threads
 };
 
 // Per-call context: lets a backend stop work for a caller who left.

@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <cstring>
 
-
 namespace posenc {
 
 // Values match proto posenc.v1.DataType; never renumber.
@@ -92,11 +91,17 @@ inline float ToFloat(BFloat16 v) { return BFloat16ToFloat(v.bits); }
 template <typename T>
 inline T FromFloat(float v);
 template <>
-inline float FromFloat<float>(float v) { return v; }
+inline float FromFloat<float>(float v) {
+  return v;
+}
 template <>
-inline Half FromFloat<Half>(float v) { return Half{FloatToHalf(v)}; }
+inline Half FromFloat<Half>(float v) {
+  return Half{FloatToHalf(v)};
+}
 template <>
-inline BFloat16 FromFloat<BFloat16>(float v) { return BFloat16{FloatToBFloat16(v)}; }
+inline BFloat16 FromFloat<BFloat16>(float v) {
+  return BFloat16{FloatToBFloat16(v)};
+}
 
 }  // namespace posenc
 

@@ -97,8 +97,8 @@ struct RopePlan {
   // Frequency sets: most requests have one; length-dependent scalings have
   // one per sequence so batching never changes a request's result.
   int num_freq_sets = 1;
-  std::vector<double> inv_freq;         // [num_freq_sets, rotary_dim / 2]
-  std::vector<double> attention_scale;  // [num_freq_sets]
+  std::vector<double> inv_freq;            // [num_freq_sets, rotary_dim / 2]
+  std::vector<double> attention_scale;     // [num_freq_sets]
   std::vector<int32_t> sequence_freq_set;  // [num_sequences]
   std::vector<int32_t> slot_axis;          // [rotary_dim / 2]
 
@@ -112,9 +112,7 @@ struct RopePlan {
     }
     return (t * heads + h) * head_dim;
   }
-  int FreqSetOfToken(int64_t t) const {
-    return sequence_freq_set[positions.token_sequence[t]];
-  }
+  int FreqSetOfToken(int64_t t) const { return sequence_freq_set[positions.token_sequence[t]]; }
 };
 
 // Validates `tensors` against `options` and resolves everything a backend
@@ -132,8 +130,7 @@ struct FrequencySet {
 // Frequencies for one sequence of length `seq_len` (largest position + 1;
 // used only by dynamic NTK and LongRoPE). Exposed for tests and the client.
 [[nodiscard]] absl::StatusOr<FrequencySet> ResolveFrequencies(const RopeOptions& options,
-                                                              int64_t rotary_dim,
-                                                              int64_t seq_len);
+                                                              int64_t rotary_dim, int64_t seq_len);
 
 // Number of position axes the options imply (1, or the count of axis_dims /
 // sections).

@@ -6,10 +6,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-#define POSENC_RETURN_IF_ERROR(expr)                  \
-  do {                                                \
-    ::absl::Status posenc_status_ = (expr);           \
-    if (!posenc_status_.ok()) return posenc_status_;  \
+#define POSENC_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::absl::Status posenc_status_ = (expr);          \
+    if (!posenc_status_.ok()) return posenc_status_; \
   } while (0)
 
 #define POSENC_CONCAT_INNER_(a, b) a##b
