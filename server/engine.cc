@@ -37,6 +37,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   if (options.max_inflight_requests <= 0) {
     return absl::InvalidArgumentError("max_inflight_requests must be > 0");
   }
+  if (options.max_inflight_bytes < options.max_request_tensor_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_inflight_bytes (", options.max_inflight_bytes,
+        ") must be at least max_request_bytes (", options.max_request_tensor_bytes, ")"));
+  }
   std::unique_ptr<Engine> e(new Engine(options));
   e->cpu_ = CreateCpuBackend(options.cpu_threads);
   if (options.enable_cuda) {
@@ -70,7 +75,14 @@ absl::StatusOr<Engine::Admission> Engine::Admit(int64_t tensor_bytes) {
         absl::StrCat("server is saturated: ", options_.max_inflight_requests,
                      " requests in flight (--max_inflight); retry with backoff"));
   }
-  return Admission(&inflight_);
+  if (inflight_bytes_.fetch_add(tensor_bytes) + tensor_bytes > options_.max_inflight_bytes) {
+    inflight_bytes_.fetch_sub(tensor_bytes);
+    inflight_.fetch_sub(1);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "server is saturated: ", options_.max_inflight_bytes,
+        " tensor bytes in flight (--max_inflight_bytes); retry with backoff"));
+  }
+  return Admission(this, tensor_bytes);
 }
 
 absl::StatusOr<Backend*> Engine::Choose(v1::Backend requested, int64_t bytes) {
@@ -98,21 +110,22 @@ std::string Engine::BackendName(const Backend* b) const {
   return b->kind() == BackendKind::kCuda ? absl::StrCat("cuda:", options_.cuda_device) : "cpu";
 }
 
-absl::Status Engine::ApplyRope(const v1::RopeRequest& req, v1::RopeResponse* resp,
+absl::Status Engine::ApplyRope(v1::RopeRequest* request, v1::RopeResponse* resp,
                                const RunContext& ctx) {
+  const v1::RopeRequest& req = *request;
   const int64_t bytes = req.query_data().size() + req.key_data().size() +
                         req.position_ids().data().size() + req.offsets().data().size() +
                         req.cu_seqlens().data().size();
   POSENC_ASSIGN_OR_RETURN(Admission admission, Admit(bytes));
   POSENC_ASSIGN_OR_RETURN(RopeOptions options, RopeOptionsOf(req));
 
-  // Rotate in the response's own buffers: one copy of each tensor, no more.
-  *resp->mutable_query_data() = req.query_data();
+  // Rotate inside the request's buffers, now owned by the response.
+  resp->mutable_query_data()->swap(*request->mutable_query_data());
   RopeTensors t;
   POSENC_ASSIGN_OR_RETURN(t.query, MutableOf("query", req.query(), resp->mutable_query_data()));
   const bool has_key = req.has_key() || !req.key_data().empty();
   if (has_key) {
-    *resp->mutable_key_data() = req.key_data();
+    resp->mutable_key_data()->swap(*request->mutable_key_data());
     POSENC_ASSIGN_OR_RETURN(t.key, MutableOf("key", req.key(), resp->mutable_key_data()));
   }
   POSENC_ASSIGN_OR_RETURN(t.positions.position_ids,
@@ -131,9 +144,10 @@ absl::Status Engine::ApplyRope(const v1::RopeRequest& req, v1::RopeResponse* res
   return absl::OkStatus();
 }
 
-absl::Status Engine::AddAbsoluteEncoding(const v1::AbsoluteEncodingRequest& req,
+absl::Status Engine::AddAbsoluteEncoding(v1::AbsoluteEncodingRequest* request,
                                          v1::AbsoluteEncodingResponse* resp,
                                          const RunContext& ctx) {
+  const v1::AbsoluteEncodingRequest& req = *request;
   const int64_t bytes = req.x_data().size() + req.position_ids().data().size() +
                         req.offsets().data().size() + req.cu_seqlens().data().size();
   POSENC_ASSIGN_OR_RETURN(Admission admission, Admit(bytes));
@@ -153,7 +167,7 @@ absl::Status Engine::AddAbsoluteEncoding(const v1::AbsoluteEncodingRequest& req,
       return absl::InvalidArgumentError("encoding must be set: sinusoidal or learned");
   }
   o.x_scale = req.has_x_scale() ? req.x_scale() : 1.0;
-  *resp->mutable_y_data() = req.x_data();
+  resp->mutable_y_data()->swap(*request->mutable_x_data());
   AbsoluteTensors t;
   POSENC_ASSIGN_OR_RETURN(t.x, MutableOf("x", req.x(), resp->mutable_y_data()));
   POSENC_ASSIGN_OR_RETURN(t.positions.position_ids,
@@ -214,8 +228,9 @@ absl::Status Engine::GetEncodingTable(const v1::EncodingTableRequest& req,
   return absl::OkStatus();
 }
 
-absl::Status Engine::AttentionBias(const v1::AttentionBiasRequest& req,
+absl::Status Engine::AttentionBias(v1::AttentionBiasRequest* request,
                                    v1::AttentionBiasResponse* resp, const RunContext& ctx) {
+  const v1::AttentionBiasRequest& req = *request;
   POSENC_ASSIGN_OR_RETURN(Admission admission,
                           Admit(req.logits_data().size() + req.k_lens().data().size()));
   BiasOptions o;
@@ -235,7 +250,7 @@ absl::Status Engine::AttentionBias(const v1::AttentionBiasRequest& req,
   const bool has_logits = req.has_logits() || !req.logits_data().empty();
   MutableTensor logits;
   if (has_logits) {
-    *resp->mutable_bias_data() = req.logits_data();
+    resp->mutable_bias_data()->swap(*request->mutable_logits_data());
     POSENC_ASSIGN_OR_RETURN(logits, MutableOf("logits", req.logits(), resp->mutable_bias_data()));
   }
   POSENC_ASSIGN_OR_RETURN(BiasPlan plan, PlanAttentionBias(o, logits.view()));

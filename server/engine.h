@@ -27,8 +27,10 @@ struct EngineOptions {
   int64_t auto_gpu_min_bytes = int64_t{1} << 20;
   // Largest total of tensor bytes in one request (and in one response).
   int64_t max_request_tensor_bytes = int64_t{1} << 30;
-  // Requests computing at once; more get RESOURCE_EXHAUSTED.
+  // Requests computing at once, and their tensor bytes; beyond either, new
+  // requests get RESOURCE_EXHAUSTED and memory stays bounded.
   int max_inflight_requests = 64;
+  int64_t max_inflight_bytes = int64_t{4} << 30;
   std::string table_dir;
   int64_t max_message_bytes = 0;  // the transport's limit, reported by GetServerInfo
 };
@@ -37,15 +39,18 @@ class Engine {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
 
-  [[nodiscard]] absl::Status ApplyRope(const v1::RopeRequest& req, v1::RopeResponse* resp,
+  // The tensor operations work inside the request's own buffers and move them
+  // into the response, so a request's tensors are never copied; `req` is left
+  // without them.
+  [[nodiscard]] absl::Status ApplyRope(v1::RopeRequest* req, v1::RopeResponse* resp,
                                        const RunContext& ctx);
-  [[nodiscard]] absl::Status AddAbsoluteEncoding(const v1::AbsoluteEncodingRequest& req,
+  [[nodiscard]] absl::Status AddAbsoluteEncoding(v1::AbsoluteEncodingRequest* req,
                                                  v1::AbsoluteEncodingResponse* resp,
                                                  const RunContext& ctx);
   [[nodiscard]] absl::Status GetEncodingTable(const v1::EncodingTableRequest& req,
                                               v1::EncodingTableResponse* resp,
                                               const RunContext& ctx);
-  [[nodiscard]] absl::Status AttentionBias(const v1::AttentionBiasRequest& req,
+  [[nodiscard]] absl::Status AttentionBias(v1::AttentionBiasRequest* req,
                                            v1::AttentionBiasResponse* resp, const RunContext& ctx);
   v1::ListTablesResponse ListTables() const;
   v1::ListTablesResponse ReloadTables();
@@ -57,6 +62,7 @@ class Engine {
   void NoteArrival() { last_arrival_ns_ = absl::GetCurrentTimeNanos(); }
   absl::Time last_arrival() const { return absl::FromUnixNanos(last_arrival_ns_.load()); }
   int inflight() const { return inflight_.load(); }
+  int64_t inflight_bytes() const { return inflight_bytes_.load(); }
   const EngineOptions& options() const { return options_; }
   // Why there is no CUDA backend ("" when there is one).
   const std::string& cuda_unavailable_reason() const { return cuda_unavailable_reason_; }
@@ -64,17 +70,20 @@ class Engine {
  private:
   explicit Engine(const EngineOptions& options);
 
-  // Holds one in-flight slot for its lifetime.
+  // Holds one in-flight slot and its bytes for its lifetime.
   class Admission {
    public:
-    explicit Admission(std::atomic<int>* counter) : counter_(counter) {}
-    Admission(Admission&& o) noexcept : counter_(o.counter_) { o.counter_ = nullptr; }
+    Admission(Engine* engine, int64_t bytes) : engine_(engine), bytes_(bytes) {}
+    Admission(Admission&& o) noexcept : engine_(o.engine_), bytes_(o.bytes_) { o.engine_ = nullptr; }
     ~Admission() {
-      if (counter_) counter_->fetch_sub(1);
+      if (engine_ == nullptr) return;
+      engine_->inflight_.fetch_sub(1);
+      engine_->inflight_bytes_.fetch_sub(bytes_);
     }
 
    private:
-    std::atomic<int>* counter_;
+    Engine* engine_;
+    int64_t bytes_;
   };
   [[nodiscard]] absl::StatusOr<Admission> Admit(int64_t tensor_bytes);
   [[nodiscard]] absl::StatusOr<Backend*> Choose(v1::Backend requested, int64_t bytes);
@@ -86,6 +95,7 @@ class Engine {
   std::string cuda_unavailable_reason_;
   TableRepository tables_;
   std::atomic<int> inflight_{0};
+  std::atomic<int64_t> inflight_bytes_{0};
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> last_arrival_ns_{0};
 };

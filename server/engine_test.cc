@@ -3,6 +3,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "posenc/client.h"
@@ -26,6 +27,11 @@ TEST(Engine, SaturatedServerSaysResourceExhaustedAndKeepsServing) {
   ASSERT_TRUE(engine.ok()) << engine.status();
   testing::Bytes q = testing::RandomTensor(DType::kFloat32, 64 * 4 * 64);
   const v1::RopeRequest req = Request(q);
+  // The engine consumes a request's tensors; each call gets its own copy.
+  auto call = [&](const RunContext& rc, v1::RopeResponse* resp) {
+    v1::RopeRequest r = req;
+    return (*engine)->ApplyRope(&r, resp, rc);
+  };
 
   // The first call parks inside the backend until released.
   std::mutex mu;
@@ -42,14 +48,14 @@ TEST(Engine, SaturatedServerSaysResourceExhaustedAndKeepsServing) {
   absl::Status first;
   std::thread t([&] {
     v1::RopeResponse resp;
-    first = (*engine)->ApplyRope(req, &resp, parked);
+    first = call(parked, &resp);
   });
   {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return inside; });
   }
   v1::RopeResponse resp;
-  absl::Status second = (*engine)->ApplyRope(req, &resp, {});
+  absl::Status second = call({}, &resp);
   EXPECT_EQ(second.code(), absl::StatusCode::kResourceExhausted) << second;
   EXPECT_NE(second.message().find("saturated"), absl::string_view::npos) << second;
   {
@@ -60,7 +66,57 @@ TEST(Engine, SaturatedServerSaysResourceExhaustedAndKeepsServing) {
   t.join();
   EXPECT_TRUE(first.ok()) << first;
   EXPECT_EQ((*engine)->inflight(), 0);
-  EXPECT_TRUE((*engine)->ApplyRope(req, &resp, {}).ok());
+  EXPECT_TRUE(call({}, &resp).ok());
+}
+
+TEST(Engine, BytesInFlightAreBounded) {
+  EngineOptions o;
+  o.max_request_tensor_bytes = 1 << 20;
+  o.max_inflight_bytes = 1 << 20;
+  auto engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  testing::Bytes q = testing::RandomTensor(DType::kFloat32, 64 * 4 * 64);  // 64 KiB
+  std::mutex mu;
+  std::condition_variable cv;
+  int parked = 0;
+  bool release = false;
+  RunContext hold;
+  hold.cancelled = [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    ++parked;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+    return false;
+  };
+  // 15 requests of 64 KiB fit under 1 MiB; the 16th, with its positions,
+  // would not.
+  std::vector<std::thread> holders;
+  for (int i = 0; i < 15; ++i) {
+    holders.emplace_back([&] {
+      v1::RopeRequest r = Request(q);
+      v1::RopeResponse resp;
+      EXPECT_TRUE((*engine)->ApplyRope(&r, &resp, hold).ok());
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return parked >= 15; });
+  }
+  EXPECT_EQ((*engine)->inflight_bytes(), 15 * 65536);
+  v1::RopeRequest r = Request(q);
+  std::vector<int64_t> ids(64, 1);
+  SetTensor(TensorView{DType::kInt64, {1, 64}, ids.data(), 512}, r.mutable_position_ids());
+  v1::RopeResponse resp;
+  absl::Status s = (*engine)->ApplyRope(&r, &resp, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("max_inflight_bytes"), absl::string_view::npos) << s;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  for (auto& t : holders) t.join();
+  EXPECT_EQ((*engine)->inflight_bytes(), 0);
 }
 
 TEST(Engine, FailedValidationLeavesNoPartialResponse) {
@@ -72,7 +128,7 @@ TEST(Engine, FailedValidationLeavesNoPartialResponse) {
   req.mutable_offsets()->add_shape(1);
   req.mutable_offsets()->set_data(std::string(4, '\0'));
   v1::RopeResponse resp;
-  absl::Status s = (*engine)->ApplyRope(req, &resp, {});
+  absl::Status s = (*engine)->ApplyRope(&req, &resp, {});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("offsets.dtype"), absl::string_view::npos) << s;
 }

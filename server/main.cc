@@ -25,6 +25,10 @@ ABSL_FLAG(int, max_message_bytes, 1 << 30,
 ABSL_FLAG(int64_t, max_request_bytes, int64_t{1} << 30,
           "Largest total of tensor bytes in one request or response; more is RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, max_inflight, 64, "Requests computing at once; more get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{4} << 30,
+          "Tensor bytes of requests computing at once; more get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_memory_bytes, 0,
+          "Memory gRPC may use for calls in transit (ResourceQuota); 0 = no cap.");
 ABSL_FLAG(std::string, table_dir, "", "Directory of .safetensors learned tables (empty: none).");
 ABSL_FLAG(std::string, default_backend, "auto",
           "Backend for requests that name none: auto, cpu or cuda.");
@@ -144,6 +148,8 @@ int main(int argc, char** argv) {
   o.engine.cpu_threads = absl::GetFlag(FLAGS_threads);
   o.engine.max_request_tensor_bytes = absl::GetFlag(FLAGS_max_request_bytes);
   o.engine.max_inflight_requests = absl::GetFlag(FLAGS_max_inflight);
+  o.engine.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  o.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
   o.engine.table_dir = absl::GetFlag(FLAGS_table_dir);
   o.engine.enable_cuda = absl::GetFlag(FLAGS_enable_cuda);
   o.engine.cuda_device = absl::GetFlag(FLAGS_cuda_device);

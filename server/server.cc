@@ -7,6 +7,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/server_builder.h"
 #include "posenc/status_macros.h"
 
@@ -36,6 +37,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     creds = grpc::SslServerCredentials(ssl);
   }
   builder.AddListeningPort(options.listen_address, creds, &s->port_);
+  if (options.max_memory_bytes > 0) {
+    grpc::ResourceQuota quota("posenc");
+    quota.Resize(options.max_memory_bytes);
+    builder.SetResourceQuota(quota);
+  }
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   if (options.max_connection_age_ms > 0) {

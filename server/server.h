@@ -34,6 +34,8 @@ struct ServerOptions {
   // Close connections after this long so clients re-resolve DNS; 0 = never.
   int max_connection_age_ms = 0;
   TlsOptions tls;
+  // Memory the transport may use for calls (gRPC ResourceQuota); 0 = no cap.
+  int64_t max_memory_bytes = 0;
   // Prometheus /metrics address ("" = none; port 0 picks one).
   std::string metrics_listen;
   EngineOptions engine;

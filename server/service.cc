@@ -9,6 +9,13 @@
 namespace posenc::server {
 namespace {
 
+// The callback API owns the request until the handler finishes; the engine
+// may move its tensor buffers into the response instead of copying them.
+template <typename T>
+T* Mutable(const T* request) {
+  return const_cast<T*>(request);
+}
+
 RunContext ContextOf(grpc::CallbackServerContext* ctx) {
   RunContext rc;
   rc.cancelled = [ctx] { return ctx->IsCancelled(); };
@@ -49,8 +56,9 @@ std::string BackendOf(const v1::EncodingTableResponse& r) { return r.backend(); 
 std::string BackendOf(const v1::AttentionBiasResponse& r) { return r.backend(); }
 std::string BackendOf(const google::protobuf::Message&) { return ""; }
 
+// `bytes_in` is taken on arrival: the engine moves tensors out of requests.
 void Record(Metrics* metrics, const char* method, const absl::Status& s,
-            std::chrono::steady_clock::time_point start, const google::protobuf::Message& req,
+            std::chrono::steady_clock::time_point start, double bytes_in,
             const google::protobuf::Message& resp, const std::string& backend) {
   if (metrics == nullptr) return;
   const double seconds =
@@ -66,11 +74,12 @@ grpc::ServerUnaryReactor* Unary(const char* method, Engine* engine, Metrics* met
                                 Response* resp, Fn fn) {
   const auto start = std::chrono::steady_clock::now();
   engine->NoteArrival();
+  const double bytes_in = metrics != nullptr ? static_cast<double>(req->ByteSizeLong()) : 0.0;
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   absl::Status s = CheckCallAlive(ctx);
   if (s.ok()) s = fn(ContextOf(ctx));
   LogFailure(method, s);
-  Record(metrics, method, s, start, *req, *resp, BackendOf(*resp));
+  Record(metrics, method, s, start, bytes_in, *resp, BackendOf(*resp));
   reactor->Finish(ToGrpcStatus(s));
   return reactor;
 }
@@ -92,9 +101,10 @@ class RopeStreamReactor final : public grpc::ServerBidiReactor<v1::RopeRequest, 
     response_.Clear();
     engine_->NoteArrival();
     const auto start = std::chrono::steady_clock::now();
+    const double bytes_in = metrics_ != nullptr ? static_cast<double>(request_.ByteSizeLong()) : 0.0;
     absl::Status s = CheckCallAlive(ctx_);
-    if (s.ok()) s = engine_->ApplyRope(request_, &response_, run_);
-    Record(metrics_, "StreamRope", s, start, request_, response_, response_.backend());
+    if (s.ok()) s = engine_->ApplyRope(&request_, &response_, run_);
+    Record(metrics_, "StreamRope", s, start, bytes_in, response_, response_.backend());
     if (!s.ok()) {
       LogFailure("StreamRope", s);
       if (s.code() == absl::StatusCode::kCancelled ||
@@ -135,7 +145,7 @@ grpc::ServerUnaryReactor* PositionalEncodingService::ApplyRope(grpc::CallbackSer
                                                                const v1::RopeRequest* req,
                                                                v1::RopeResponse* resp) {
   return Unary("ApplyRope", engine_, metrics_, ctx, req, resp,
-               [&](const RunContext& rc) { return engine_->ApplyRope(*req, resp, rc); });
+               [&](const RunContext& rc) { return engine_->ApplyRope(Mutable(req), resp, rc); });
 }
 
 grpc::ServerBidiReactor<v1::RopeRequest, v1::RopeResponse>* PositionalEncodingService::StreamRope(
@@ -147,7 +157,7 @@ grpc::ServerUnaryReactor* PositionalEncodingService::AddAbsoluteEncoding(
     grpc::CallbackServerContext* ctx, const v1::AbsoluteEncodingRequest* req,
     v1::AbsoluteEncodingResponse* resp) {
   return Unary("AddAbsoluteEncoding", engine_, metrics_, ctx, req, resp,
-               [&](const RunContext& rc) { return engine_->AddAbsoluteEncoding(*req, resp, rc); });
+               [&](const RunContext& rc) { return engine_->AddAbsoluteEncoding(Mutable(req), resp, rc); });
 }
 
 grpc::ServerUnaryReactor* PositionalEncodingService::GetEncodingTable(
@@ -161,7 +171,7 @@ grpc::ServerUnaryReactor* PositionalEncodingService::AttentionBias(
     grpc::CallbackServerContext* ctx, const v1::AttentionBiasRequest* req,
     v1::AttentionBiasResponse* resp) {
   return Unary("AttentionBias", engine_, metrics_, ctx, req, resp,
-               [&](const RunContext& rc) { return engine_->AttentionBias(*req, resp, rc); });
+               [&](const RunContext& rc) { return engine_->AttentionBias(Mutable(req), resp, rc); });
 }
 
 grpc::ServerUnaryReactor* PositionalEncodingService::ListTables(grpc::CallbackServerContext* ctx,

@@ -11,11 +11,17 @@ namespace posenc {
 namespace {
 
 // Chunks of at least this many elements amortise the per-chunk overhead
-// (angle buffers, scheduling) without starving threads on small requests.
+// (angle buffers, scheduling) without starving threads on small requests;
+// chunks of at most this many (a few ms of work) let a cancelled call stop
+// soon, since cancellation is checked between chunks.
 constexpr int64_t kMinElementsPerChunk = 1 << 15;
+constexpr int64_t kMaxElementsPerChunk = 1 << 22;
 
 int64_t Grain(int64_t elements_per_item) {
   return std::max<int64_t>(1, kMinElementsPerChunk / std::max<int64_t>(1, elements_per_item));
+}
+int64_t MaxChunk(int64_t elements_per_item) {
+  return std::max<int64_t>(1, kMaxElementsPerChunk / std::max<int64_t>(1, elements_per_item));
 }
 
 class CpuBackend final : public Backend {
@@ -34,20 +40,20 @@ class CpuBackend final : public Backend {
                          const RunContext& ctx) override {
     if (plan.empty()) return absl::OkStatus();
     const int64_t per_token = (plan.query_heads + plan.key_heads) * plan.head_dim;
-    return Run(plan.num_tokens, Grain(per_token), ctx,
+    return Run(plan.num_tokens, Grain(per_token), MaxChunk(per_token), ctx,
                [&](int64_t b, int64_t e) { internal::RopeTokensCpu(plan, query, key, b, e); });
   }
 
   absl::Status ApplyAbsolute(const AbsolutePlan& plan, void* x, const RunContext& ctx) override {
     if (plan.empty()) return absl::OkStatus();
-    return Run(plan.num_tokens, Grain(plan.dim), ctx,
+    return Run(plan.num_tokens, Grain(plan.dim), MaxChunk(plan.dim), ctx,
                [&](int64_t b, int64_t e) { internal::AbsoluteTokensCpu(plan, x, b, e); });
   }
 
   absl::Status ApplyAttentionBias(const BiasPlan& plan, void* out, const RunContext& ctx) override {
     if (plan.empty()) return absl::OkStatus();
     const int64_t rows = plan.batch * plan.num_heads * plan.q_len;
-    return Run(rows, Grain(plan.k_len), ctx,
+    return Run(rows, Grain(plan.k_len), MaxChunk(plan.k_len), ctx,
                [&](int64_t b, int64_t e) { internal::AttentionBiasRowsCpu(plan, out, b, e); });
   }
 
@@ -55,16 +61,19 @@ class CpuBackend final : public Backend {
   // Runs fn over [0, n) in parallel; chunks that start after the caller left
   // are skipped, and the call reports CANCELLED.
   template <typename Fn>
-  absl::Status Run(int64_t n, int64_t grain, const RunContext& ctx, Fn fn) {
+  absl::Status Run(int64_t n, int64_t grain, int64_t max_chunk, const RunContext& ctx, Fn fn) {
     std::atomic<bool> cancelled{false};
-    pool_.ParallelFor(n, grain, [&](int64_t b, int64_t e) {
-      if (cancelled.load(std::memory_order_relaxed)) return;
-      if (ctx.IsCancelled()) {
-        cancelled = true;
-        return;
-      }
-      fn(b, e);
-    });
+    pool_.ParallelFor(
+        n, grain,
+        [&](int64_t b, int64_t e) {
+          if (cancelled.load(std::memory_order_relaxed)) return;
+          if (ctx.IsCancelled()) {
+            cancelled = true;
+            return;
+          }
+          fn(b, e);
+        },
+        max_chunk);
     if (cancelled) return absl::CancelledError("the call was cancelled while computing");
     return absl::OkStatus();
   }

@@ -34,14 +34,15 @@ void ThreadPool::WorkerLoop() {
 }
 
 void ThreadPool::ParallelFor(int64_t n, int64_t grain,
-                             const std::function<void(int64_t, int64_t)>& fn) {
+                             const std::function<void(int64_t, int64_t)>& fn, int64_t max_chunk) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   // A few chunks per thread balance uneven work without much overhead.
   const int64_t max_chunks = static_cast<int64_t>(num_threads()) * 4;
-  const int64_t chunk = std::max(grain, (n + max_chunks - 1) / max_chunks);
+  const int64_t chunk =
+      std::max(grain, std::min((n + max_chunks - 1) / max_chunks, std::max<int64_t>(1, max_chunk)));
   const int64_t num_chunks = (n + chunk - 1) / chunk;
-  if (num_chunks == 1 || workers_.empty()) {
+  if (num_chunks == 1) {
     fn(0, n);
     return;
   }

@@ -20,6 +20,24 @@ TEST(ThreadPool, CoversEveryIndexOnce) {
   }
 }
 
+TEST(ThreadPool, ChunksRespectGrainAndMaximum) {
+  for (int threads : {1, 3}) {
+    ThreadPool pool(threads);
+    std::atomic<int64_t> largest{0}, calls{0};
+    pool.ParallelFor(
+        100000, 10,
+        [&](int64_t b, int64_t e) {
+          calls++;
+          int64_t prev = largest.load();
+          while (e - b > prev && !largest.compare_exchange_weak(prev, e - b)) {
+          }
+        },
+        1000);
+    EXPECT_LE(largest.load(), 1000);
+    EXPECT_GE(calls.load(), 100);
+  }
+}
+
 TEST(ThreadPool, ConcurrentCallersShareThePool) {
   ThreadPool pool(2);
   std::atomic<int64_t> total{0};

@@ -24,10 +24,12 @@ class ThreadPool {
   int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Calls fn(begin, end) over disjoint ranges covering [0, n), each at least
-  // `grain` long (but the last), and returns when all have run. Safe to call
-  // from several threads at once; the caller takes chunks itself, so a busy
-  // pool never leaves a loop waiting on workers that have not started.
-  void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+  // `grain` long (but the last) and at most max(grain, max_chunk), and
+  // returns when all have run. Safe to call from several threads at once; the
+  // caller takes chunks itself, so a busy pool never leaves a loop waiting on
+  // workers that have not started.
+  void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn,
+                   int64_t max_chunk = INT64_MAX);
 
  private:
   void WorkerLoop();
