@@ -78,9 +78,9 @@ absl::StatusOr<Engine::Admission> Engine::Admit(int64_t tensor_bytes) {
   if (inflight_bytes_.fetch_add(tensor_bytes) + tensor_bytes > options_.max_inflight_bytes) {
     inflight_bytes_.fetch_sub(tensor_bytes);
     inflight_.fetch_sub(1);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "server is saturated: ", options_.max_inflight_bytes,
-        " tensor bytes in flight (--max_inflight_bytes); retry with backoff"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("server is saturated: ", options_.max_inflight_bytes,
+                     " tensor bytes in flight (--max_inflight_bytes); retry with backoff"));
   }
   return Admission(this, tensor_bytes);
 }

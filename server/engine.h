@@ -74,7 +74,9 @@ class Engine {
   class Admission {
    public:
     Admission(Engine* engine, int64_t bytes) : engine_(engine), bytes_(bytes) {}
-    Admission(Admission&& o) noexcept : engine_(o.engine_), bytes_(o.bytes_) { o.engine_ = nullptr; }
+    Admission(Admission&& o) noexcept : engine_(o.engine_), bytes_(o.bytes_) {
+      o.engine_ = nullptr;
+    }
     ~Admission() {
       if (engine_ == nullptr) return;
       engine_->inflight_.fetch_sub(1);

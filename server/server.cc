@@ -6,8 +6,8 @@
 #include "absl/time/clock.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/resource_quota.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "posenc/status_macros.h"
 

@@ -63,9 +63,9 @@ void Record(Metrics* metrics, const char* method, const absl::Status& s,
   if (metrics == nullptr) return;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  metrics->RecordCall(
-      method, absl::StatusCodeToString(s.code()), seconds, static_cast<double>(req.ByteSizeLong()),
-      s.ok() ? static_cast<double>(resp.ByteSizeLong()) : 0.0, s.ok() ? backend : "");
+  metrics->RecordCall(method, absl::StatusCodeToString(s.code()), seconds, bytes_in,
+                      s.ok() ? static_cast<double>(resp.ByteSizeLong()) : 0.0,
+                      s.ok() ? backend : "");
 }
 
 template <typename Request, typename Response, typename Fn>
@@ -101,7 +101,8 @@ class RopeStreamReactor final : public grpc::ServerBidiReactor<v1::RopeRequest, 
     response_.Clear();
     engine_->NoteArrival();
     const auto start = std::chrono::steady_clock::now();
-    const double bytes_in = metrics_ != nullptr ? static_cast<double>(request_.ByteSizeLong()) : 0.0;
+    const double bytes_in =
+        metrics_ != nullptr ? static_cast<double>(request_.ByteSizeLong()) : 0.0;
     absl::Status s = CheckCallAlive(ctx_);
     if (s.ok()) s = engine_->ApplyRope(&request_, &response_, run_);
     Record(metrics_, "StreamRope", s, start, bytes_in, response_, response_.backend());
@@ -156,8 +157,9 @@ grpc::ServerBidiReactor<v1::RopeRequest, v1::RopeResponse>* PositionalEncodingSe
 grpc::ServerUnaryReactor* PositionalEncodingService::AddAbsoluteEncoding(
     grpc::CallbackServerContext* ctx, const v1::AbsoluteEncodingRequest* req,
     v1::AbsoluteEncodingResponse* resp) {
-  return Unary("AddAbsoluteEncoding", engine_, metrics_, ctx, req, resp,
-               [&](const RunContext& rc) { return engine_->AddAbsoluteEncoding(Mutable(req), resp, rc); });
+  return Unary("AddAbsoluteEncoding", engine_, metrics_, ctx, req, resp, [&](const RunContext& rc) {
+    return engine_->AddAbsoluteEncoding(Mutable(req), resp, rc);
+  });
 }
 
 grpc::ServerUnaryReactor* PositionalEncodingService::GetEncodingTable(
@@ -170,8 +172,9 @@ grpc::ServerUnaryReactor* PositionalEncodingService::GetEncodingTable(
 grpc::ServerUnaryReactor* PositionalEncodingService::AttentionBias(
     grpc::CallbackServerContext* ctx, const v1::AttentionBiasRequest* req,
     v1::AttentionBiasResponse* resp) {
-  return Unary("AttentionBias", engine_, metrics_, ctx, req, resp,
-               [&](const RunContext& rc) { return engine_->AttentionBias(Mutable(req), resp, rc); });
+  return Unary("AttentionBias", engine_, metrics_, ctx, req, resp, [&](const RunContext& rc) {
+    return engine_->AttentionBias(Mutable(req), resp, rc);
+  });
 }
 
 grpc::ServerUnaryReactor* PositionalEncodingService::ListTables(grpc::CallbackServerContext* ctx,
