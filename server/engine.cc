@@ -110,13 +110,47 @@ std::string Engine::BackendName(const Backend* b) const {
   return b->kind() == BackendKind::kCuda ? absl::StrCat("cuda:", options_.cuda_device) : "cpu";
 }
 
-absl::Status Engine::ApplyRope(v1::RopeRequest* request, v1::RopeResponse* resp,
+int64_t Engine::RequestBytes(const v1::RopeRequest& r) {
+  return r.query_data().size() + r.key_data().size() + r.position_ids().data().size() +
+         r.offsets().data().size() + r.cu_seqlens().data().size();
+}
+int64_t Engine::RequestBytes(const v1::AbsoluteEncodingRequest& r) {
+  return r.x_data().size() + r.position_ids().data().size() + r.offsets().data().size() +
+         r.cu_seqlens().data().size();
+}
+int64_t Engine::RequestBytes(const v1::EncodingTableRequest& r) {
+  return r.positions().data().size();
+}
+int64_t Engine::RequestBytes(const v1::AttentionBiasRequest& r) {
+  return r.logits_data().size() + r.k_lens().data().size();
+}
+
+absl::Status Engine::ApplyRope(v1::RopeRequest* req, v1::RopeResponse* resp,
                                const RunContext& ctx) {
+  POSENC_ASSIGN_OR_RETURN(Admission admission, Admit(RequestBytes(*req)));
+  return ApplyRopeAdmitted(req, resp, ctx);
+}
+absl::Status Engine::AddAbsoluteEncoding(v1::AbsoluteEncodingRequest* req,
+                                         v1::AbsoluteEncodingResponse* resp,
+                                         const RunContext& ctx) {
+  POSENC_ASSIGN_OR_RETURN(Admission admission, Admit(RequestBytes(*req)));
+  return AddAbsoluteEncodingAdmitted(req, resp, ctx);
+}
+absl::Status Engine::GetEncodingTable(const v1::EncodingTableRequest& req,
+                                      v1::EncodingTableResponse* resp, const RunContext& ctx) {
+  POSENC_ASSIGN_OR_RETURN(Admission admission, Admit(RequestBytes(req)));
+  return GetEncodingTableAdmitted(req, resp, ctx);
+}
+absl::Status Engine::AttentionBias(v1::AttentionBiasRequest* req, v1::AttentionBiasResponse* resp,
+                                   const RunContext& ctx) {
+  POSENC_ASSIGN_OR_RETURN(Admission admission, Admit(RequestBytes(*req)));
+  return AttentionBiasAdmitted(req, resp, ctx);
+}
+
+absl::Status Engine::ApplyRopeAdmitted(v1::RopeRequest* request, v1::RopeResponse* resp,
+                                       const RunContext& ctx) {
   const v1::RopeRequest& req = *request;
-  const int64_t bytes = req.query_data().size() + req.key_data().size() +
-                        req.position_ids().data().size() + req.offsets().data().size() +
-                        req.cu_seqlens().data().size();
-  POSENC_ASSIGN_OR_RETURN(Admission admission, Admit(bytes));
+  const int64_t bytes = RequestBytes(req);
   POSENC_ASSIGN_OR_RETURN(RopeOptions options, RopeOptionsOf(req));
 
   // Rotate inside the request's buffers, now owned by the response.
@@ -144,13 +178,11 @@ absl::Status Engine::ApplyRope(v1::RopeRequest* request, v1::RopeResponse* resp,
   return absl::OkStatus();
 }
 
-absl::Status Engine::AddAbsoluteEncoding(v1::AbsoluteEncodingRequest* request,
-                                         v1::AbsoluteEncodingResponse* resp,
-                                         const RunContext& ctx) {
+absl::Status Engine::AddAbsoluteEncodingAdmitted(v1::AbsoluteEncodingRequest* request,
+                                                 v1::AbsoluteEncodingResponse* resp,
+                                                 const RunContext& ctx) {
   const v1::AbsoluteEncodingRequest& req = *request;
-  const int64_t bytes = req.x_data().size() + req.position_ids().data().size() +
-                        req.offsets().data().size() + req.cu_seqlens().data().size();
-  POSENC_ASSIGN_OR_RETURN(Admission admission, Admit(bytes));
+  const int64_t bytes = RequestBytes(req);
   AbsoluteOptions o;
   switch (req.encoding_case()) {
     case v1::AbsoluteEncodingRequest::kSinusoidal: {
@@ -184,9 +216,9 @@ absl::Status Engine::AddAbsoluteEncoding(v1::AbsoluteEncodingRequest* request,
   return absl::OkStatus();
 }
 
-absl::Status Engine::GetEncodingTable(const v1::EncodingTableRequest& req,
-                                      v1::EncodingTableResponse* resp, const RunContext& ctx) {
-  POSENC_ASSIGN_OR_RETURN(Admission admission, Admit(req.positions().data().size()));
+absl::Status Engine::GetEncodingTableAdmitted(const v1::EncodingTableRequest& req,
+                                              v1::EncodingTableResponse* resp,
+                                              const RunContext& ctx) {
   AbsoluteOptions o;
   int64_t dim = req.dim();
   int64_t count = req.count();
@@ -228,11 +260,9 @@ absl::Status Engine::GetEncodingTable(const v1::EncodingTableRequest& req,
   return absl::OkStatus();
 }
 
-absl::Status Engine::AttentionBias(v1::AttentionBiasRequest* request,
-                                   v1::AttentionBiasResponse* resp, const RunContext& ctx) {
+absl::Status Engine::AttentionBiasAdmitted(v1::AttentionBiasRequest* request,
+                                           v1::AttentionBiasResponse* resp, const RunContext& ctx) {
   const v1::AttentionBiasRequest& req = *request;
-  POSENC_ASSIGN_OR_RETURN(Admission admission,
-                          Admit(req.logits_data().size() + req.k_lens().data().size()));
   BiasOptions o;
   POSENC_ASSIGN_OR_RETURN(o.form, BiasFormOf(req.form()));
   o.slopes.assign(req.slopes().begin(), req.slopes().end());

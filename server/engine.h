@@ -39,9 +39,50 @@ class Engine {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
 
-  // The tensor operations work inside the request's own buffers and move them
-  // into the response, so a request's tensors are never copied; `req` is left
-  // without them.
+  // Holds one in-flight slot and its bytes for its lifetime.
+  class Admission {
+   public:
+    Admission(Engine* engine, int64_t bytes) : engine_(engine), bytes_(bytes) {}
+    Admission(Admission&& o) noexcept : engine_(o.engine_), bytes_(o.bytes_) {
+      o.engine_ = nullptr;
+    }
+    ~Admission() {
+      if (engine_ == nullptr) return;
+      engine_->inflight_.fetch_sub(1);
+      engine_->inflight_bytes_.fetch_sub(bytes_);
+    }
+
+   private:
+    Engine* engine_;
+    int64_t bytes_;
+  };
+  // Admission control: UNAVAILABLE while draining, RESOURCE_EXHAUSTED over
+  // --max_request_bytes, --max_inflight or --max_inflight_bytes.
+  [[nodiscard]] absl::StatusOr<Admission> Admit(int64_t tensor_bytes);
+
+  // Tensor bytes a request carries (what admission counts).
+  static int64_t RequestBytes(const v1::RopeRequest& r);
+  static int64_t RequestBytes(const v1::AbsoluteEncodingRequest& r);
+  static int64_t RequestBytes(const v1::EncodingTableRequest& r);
+  static int64_t RequestBytes(const v1::AttentionBiasRequest& r);
+
+  // The operations, for a request already admitted (the service admits on
+  // arrival, then computes on its executor).
+  [[nodiscard]] absl::Status ApplyRopeAdmitted(v1::RopeRequest* req, v1::RopeResponse* resp,
+                                               const RunContext& ctx);
+  [[nodiscard]] absl::Status AddAbsoluteEncodingAdmitted(v1::AbsoluteEncodingRequest* req,
+                                                         v1::AbsoluteEncodingResponse* resp,
+                                                         const RunContext& ctx);
+  [[nodiscard]] absl::Status GetEncodingTableAdmitted(const v1::EncodingTableRequest& req,
+                                                      v1::EncodingTableResponse* resp,
+                                                      const RunContext& ctx);
+  [[nodiscard]] absl::Status AttentionBiasAdmitted(v1::AttentionBiasRequest* req,
+                                                   v1::AttentionBiasResponse* resp,
+                                                   const RunContext& ctx);
+
+  // Admit, then run. The tensor operations work inside the request's own
+  // buffers and move them into the response, so a request's tensors are never
+  // copied; `req` is left without them.
   [[nodiscard]] absl::Status ApplyRope(v1::RopeRequest* req, v1::RopeResponse* resp,
                                        const RunContext& ctx);
   [[nodiscard]] absl::Status AddAbsoluteEncoding(v1::AbsoluteEncodingRequest* req,
@@ -70,24 +111,6 @@ class Engine {
  private:
   explicit Engine(const EngineOptions& options);
 
-  // Holds one in-flight slot and its bytes for its lifetime.
-  class Admission {
-   public:
-    Admission(Engine* engine, int64_t bytes) : engine_(engine), bytes_(bytes) {}
-    Admission(Admission&& o) noexcept : engine_(o.engine_), bytes_(o.bytes_) {
-      o.engine_ = nullptr;
-    }
-    ~Admission() {
-      if (engine_ == nullptr) return;
-      engine_->inflight_.fetch_sub(1);
-      engine_->inflight_bytes_.fetch_sub(bytes_);
-    }
-
-   private:
-    Engine* engine_;
-    int64_t bytes_;
-  };
-  [[nodiscard]] absl::StatusOr<Admission> Admit(int64_t tensor_bytes);
   [[nodiscard]] absl::StatusOr<Backend*> Choose(v1::Backend requested, int64_t bytes);
   std::string BackendName(const Backend* b) const;
 

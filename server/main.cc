@@ -1,5 +1,6 @@
 // posenc-server: flags, logging, then RunServer. Every flag can also be set
 // from the environment as POSENC_<FLAG_IN_CAPITALS>; the command line wins.
+#include <malloc.h>
 #include <pthread.h>
 
 #include <csignal>
@@ -129,6 +130,11 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "posenc-server: positional encodings (RoPE, sinusoidal, learned, ALiBi) over gRPC.\n"
       "Every flag may also come from the environment as POSENC_<FLAG>.");
+  // Tensor buffers are large and short-lived. glibc's adaptive mmap threshold
+  // would move them into per-thread heap arenas that never shrink, so the
+  // resident set would track the worst moment forever; a fixed threshold
+  // returns every buffer over 1 MiB to the system when it is freed.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   if (!ApplyEnvironment()) return 2;
   absl::ParseCommandLine(argc, argv);
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));

@@ -1,6 +1,8 @@
 #include "server.h"
 
+#include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -21,7 +23,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!options.metrics_listen.empty()) {
     POSENC_ASSIGN_OR_RETURN(s->metrics_, Metrics::Start(options.metrics_listen, s->engine_.get()));
   }
-  s->service_ = std::make_unique<PositionalEncodingService>(s->engine_.get(), s->metrics_.get());
+  const int request_threads = options.request_threads > 0
+                                  ? options.request_threads
+                                  : std::max(2u, std::thread::hardware_concurrency());
+  s->executor_ = std::make_unique<RequestExecutor>(request_threads);
+  s->service_ = std::make_unique<PositionalEncodingService>(s->engine_.get(), s->metrics_.get(),
+                                                            s->executor_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -89,6 +96,7 @@ Server::~Server() {
     Shutdown(absl::ZeroDuration());
     server_->Wait();
   }
+  executor_.reset();  // runs what is queued, which finishes those calls
 }
 
 }  // namespace posenc::server

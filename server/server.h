@@ -34,6 +34,9 @@ struct ServerOptions {
   // Close connections after this long so clients re-resolve DNS; 0 = never.
   int max_connection_age_ms = 0;
   TlsOptions tls;
+  // Threads that compute admitted requests (0: every hardware thread, at
+  // least 2); each request's kernels also use the CPU backend's pool.
+  int request_threads = 0;
   // Memory the transport may use for calls (gRPC ResourceQuota); 0 = no cap.
   int64_t max_memory_bytes = 0;
   // Prometheus /metrics address ("" = none; port 0 picks one).
@@ -59,6 +62,7 @@ class Server {
   Server() = default;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<RequestExecutor> executor_;
   std::unique_ptr<PositionalEncodingService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -84,6 +84,50 @@ grpc::ServerUnaryReactor* Unary(const char* method, Engine* engine, Metrics* met
   return reactor;
 }
 
+// A unary call that holds its admission until gRPC is done with it: the slot
+// covers the request, the work and the response until it has been sent, so
+// answers queued for slow clients count against the limits too.
+class AdmittedReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit AdmittedReactor(absl::StatusOr<Engine::Admission> admission)
+      : admission_(std::move(admission)) {}
+  void OnDone() override { delete this; }  // releases the admission
+
+ private:
+  absl::StatusOr<Engine::Admission> admission_;
+};
+
+// A tensor operation: admitted on arrival (refusals answer at once), then
+// computed on the executor; `fn` runs the admitted operation.
+template <typename Request, typename Response, typename Fn>
+grpc::ServerUnaryReactor* Offloaded(const char* method, Engine* engine, Metrics* metrics,
+                                    RequestExecutor* executor, grpc::CallbackServerContext* ctx,
+                                    const Request* req, Response* resp, Fn fn) {
+  const auto start = std::chrono::steady_clock::now();
+  engine->NoteArrival();
+  const double bytes_in = metrics != nullptr ? static_cast<double>(req->ByteSizeLong()) : 0.0;
+  absl::Status alive = CheckCallAlive(ctx);
+  absl::StatusOr<Engine::Admission> admission =
+      alive.ok() ? engine->Admit(Engine::RequestBytes(*req)) : alive;
+  const absl::Status admitted = admission.status();
+  auto* reactor = new AdmittedReactor(std::move(admission));
+  auto finish = [=](const absl::Status& s) {
+    LogFailure(method, s);
+    Record(metrics, method, s, start, bytes_in, *resp, BackendOf(*resp));
+    reactor->Finish(ToGrpcStatus(s));
+  };
+  if (!admitted.ok()) {
+    finish(admitted);
+    return reactor;
+  }
+  executor->Submit([=] {
+    absl::Status s = CheckCallAlive(ctx);  // it may have waited in the queue
+    if (s.ok()) s = fn(ContextOf(ctx));
+    finish(s);
+  });
+  return reactor;
+}
+
 // One RoPE request at a time, answered in order; a failed request answers
 // with its status in the response and the stream continues.
 class RopeStreamReactor final : public grpc::ServerBidiReactor<v1::RopeRequest, v1::RopeResponse> {
@@ -145,8 +189,10 @@ class RopeStreamReactor final : public grpc::ServerBidiReactor<v1::RopeRequest, 
 grpc::ServerUnaryReactor* PositionalEncodingService::ApplyRope(grpc::CallbackServerContext* ctx,
                                                                const v1::RopeRequest* req,
                                                                v1::RopeResponse* resp) {
-  return Unary("ApplyRope", engine_, metrics_, ctx, req, resp,
-               [&](const RunContext& rc) { return engine_->ApplyRope(Mutable(req), resp, rc); });
+  return Offloaded("ApplyRope", engine_, metrics_, executor_, ctx, req, resp,
+                   [this, req, resp](const RunContext& rc) {
+                     return engine_->ApplyRopeAdmitted(Mutable(req), resp, rc);
+                   });
 }
 
 grpc::ServerBidiReactor<v1::RopeRequest, v1::RopeResponse>* PositionalEncodingService::StreamRope(
@@ -157,24 +203,28 @@ grpc::ServerBidiReactor<v1::RopeRequest, v1::RopeResponse>* PositionalEncodingSe
 grpc::ServerUnaryReactor* PositionalEncodingService::AddAbsoluteEncoding(
     grpc::CallbackServerContext* ctx, const v1::AbsoluteEncodingRequest* req,
     v1::AbsoluteEncodingResponse* resp) {
-  return Unary("AddAbsoluteEncoding", engine_, metrics_, ctx, req, resp, [&](const RunContext& rc) {
-    return engine_->AddAbsoluteEncoding(Mutable(req), resp, rc);
-  });
+  return Offloaded("AddAbsoluteEncoding", engine_, metrics_, executor_, ctx, req, resp,
+                   [this, req, resp](const RunContext& rc) {
+                     return engine_->AddAbsoluteEncodingAdmitted(Mutable(req), resp, rc);
+                   });
 }
 
 grpc::ServerUnaryReactor* PositionalEncodingService::GetEncodingTable(
     grpc::CallbackServerContext* ctx, const v1::EncodingTableRequest* req,
     v1::EncodingTableResponse* resp) {
-  return Unary("GetEncodingTable", engine_, metrics_, ctx, req, resp,
-               [&](const RunContext& rc) { return engine_->GetEncodingTable(*req, resp, rc); });
+  return Offloaded("GetEncodingTable", engine_, metrics_, executor_, ctx, req, resp,
+                   [this, req, resp](const RunContext& rc) {
+                     return engine_->GetEncodingTableAdmitted(*req, resp, rc);
+                   });
 }
 
 grpc::ServerUnaryReactor* PositionalEncodingService::AttentionBias(
     grpc::CallbackServerContext* ctx, const v1::AttentionBiasRequest* req,
     v1::AttentionBiasResponse* resp) {
-  return Unary("AttentionBias", engine_, metrics_, ctx, req, resp, [&](const RunContext& rc) {
-    return engine_->AttentionBias(Mutable(req), resp, rc);
-  });
+  return Offloaded("AttentionBias", engine_, metrics_, executor_, ctx, req, resp,
+                   [this, req, resp](const RunContext& rc) {
+                     return engine_->AttentionBiasAdmitted(Mutable(req), resp, rc);
+                   });
 }
 
 grpc::ServerUnaryReactor* PositionalEncodingService::ListTables(grpc::CallbackServerContext* ctx,

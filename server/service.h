@@ -6,14 +6,16 @@
 #include "engine.h"
 #include "metrics.h"
 #include "posenc/v1/posenc.grpc.pb.h"
+#include "request_executor.h"
 
 namespace posenc::server {
 
 class PositionalEncodingService final : public v1::PositionalEncoding::CallbackService {
  public:
-  // `metrics` may be null (no metrics endpoint).
-  PositionalEncodingService(Engine* engine, Metrics* metrics)
-      : engine_(engine), metrics_(metrics) {}
+  // `metrics` may be null (no metrics endpoint). Tensor work runs on
+  // `executor`; everything else on gRPC's threads.
+  PositionalEncodingService(Engine* engine, Metrics* metrics, RequestExecutor* executor)
+      : engine_(engine), metrics_(metrics), executor_(executor) {}
 
   grpc::ServerUnaryReactor* ApplyRope(grpc::CallbackServerContext* ctx, const v1::RopeRequest* req,
                                       v1::RopeResponse* resp) override;
@@ -41,6 +43,7 @@ class PositionalEncodingService final : public v1::PositionalEncoding::CallbackS
  private:
   Engine* engine_;
   Metrics* metrics_;
+  RequestExecutor* executor_;
 };
 
 }  // namespace posenc::server

@@ -9,8 +9,10 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "google/protobuf/descriptor.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -18,23 +20,59 @@
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "posenc/client.h"
+#include "runner.h"
+#include "workload.h"
 
 namespace {
 
+// Resident-set peak (VmHWM) of a process, in bytes.
+int64_t PeakRss(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+// CPU seconds (user + system) a process has used.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), {});
+  std::istringstream fields(stat.substr(stat.rfind(')') + 2));
+  std::string f;
+  long long utime = 0, stime = 0;
+  for (int i = 3; fields >> f; ++i) {
+    if (i == 14) utime = std::stoll(f);
+    if (i == 15) {
+      stime = std::stoll(f);
+      break;
+    }
+  }
+  return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
+}
+
 class ServerProcess : public ::testing::Test {
  protected:
+  // Extra server flags for a test, set before SetUp runs.
+  virtual std::vector<std::string> ExtraFlags() const { return {}; }
+
   void SetUp() override {
     char pattern[] = "/tmp/posenc_port_XXXXXX";
     const int fd = mkstemp(pattern);
     close(fd);
     port_file_ = pattern;
     std::remove(port_file_.c_str());
+    std::vector<std::string> args = {
+        POSENC_SERVER_BINARY, "--listen=127.0.0.1:0", "--port_file=" + port_file_, "--threads=1",
+        "--drain_seconds=5",  "--log_level=warn",     "--metrics_listen="};
+    for (const std::string& f : ExtraFlags()) args.push_back(f);
     pid_ = fork();
     if (pid_ == 0) {
-      const std::string port_flag = "--port_file=" + port_file_;
-      execl(POSENC_SERVER_BINARY, POSENC_SERVER_BINARY, "--listen=127.0.0.1:0", port_flag.c_str(),
-            "--threads=1", "--drain_seconds=5", "--log_level=warn",
-            "--metrics_listen=", static_cast<char*>(nullptr));
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(POSENC_SERVER_BINARY, argv.data());
       _exit(127);
     }
     for (int i = 0; i < 200 && port_ == 0; ++i) {
@@ -158,6 +196,100 @@ TEST_F(ServerProcess, LoadAcrossSigtermLosesNoAcceptedCall) {
     EXPECT_TRUE(code == absl::StatusCode::kOk || code == absl::StatusCode::kUnavailable)
         << n << " calls ended " << absl::StatusCodeToString(code) << ": " << messages[code];
   }
+}
+
+class OverloadedServer : public ServerProcess {
+ protected:
+  std::vector<std::string> ExtraFlags() const override { return {"--max_inflight=2"}; }
+};
+
+// Far more concurrency than the server admits: every call ends OK or
+// RESOURCE_EXHAUSTED, the server keeps serving what it admitted, and its
+// memory stays bounded. The requests are small and their work large (a 4M
+// element sinusoidal table each), so 32 callers overrun --max_inflight=2 at
+// once; admitted work and its answers (16 MiB each) must peak under 256 MiB.
+TEST_F(OverloadedServer, OverloadGetsResourceExhaustedAndMemoryStaysBounded) {
+  {
+    auto probe = posenc::v1::PositionalEncoding::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(port_), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    posenc::v1::ServerInfo info;
+    ASSERT_TRUE(probe->GetServerInfo(&ctx, posenc::v1::GetServerInfoRequest(), &info).ok());
+    ASSERT_EQ(info.limits().max_inflight_requests(), 2);
+  }
+  posenc::v1::EncodingTableRequest req;
+  req.mutable_sinusoidal()->set_base(10000);
+  req.set_dim(2048);
+  req.set_count(2048);
+  std::mutex mu;
+  std::map<grpc::StatusCode, int> codes;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 32; ++c) {
+    callers.emplace_back([&, c] {
+      // Each caller is its own client with its own connection (a distinct
+      // channel argument stops gRPC from sharing one).
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(-1);
+      args.SetInt("posenc.test.caller", c);
+      auto stub = posenc::v1::PositionalEncoding::NewStub(grpc::CreateCustomChannel(
+          "127.0.0.1:" + std::to_string(port_), grpc::InsecureChannelCredentials(), args));
+      while (std::chrono::steady_clock::now() < end) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+        posenc::v1::EncodingTableResponse resp;
+        const grpc::StatusCode code = stub->GetEncodingTable(&ctx, req, &resp).error_code();
+        std::lock_guard<std::mutex> lock(mu);
+        ++codes[code];
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  const int64_t peak = PeakRss(pid_);
+  std::printf("overload: %d OK, %d RESOURCE_EXHAUSTED, server peak RSS %.1f MiB\n",
+              codes[grpc::StatusCode::OK], codes[grpc::StatusCode::RESOURCE_EXHAUSTED],
+              peak / 1048576.0);
+  EXPECT_GT(codes[grpc::StatusCode::OK], 0) << "the server must keep serving what it admitted";
+  EXPECT_GT(codes[grpc::StatusCode::RESOURCE_EXHAUSTED], 0)
+      << "32 callers against --max_inflight=2";
+  for (const auto& [code, n] : codes) {
+    EXPECT_TRUE(code == grpc::StatusCode::OK || code == grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << n << " calls ended with code " << code;
+  }
+  EXPECT_GT(peak, 0);
+  EXPECT_LT(peak, int64_t{256} << 20);
+}
+
+// A call whose deadline passes stops consuming CPU: ten calls, each cut off
+// after 20 ms, must cost far less server CPU than ten complete ones.
+TEST_F(ServerProcess, DeadlineStopsTheWork) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);  // the full answer is 240 MiB
+  auto channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port_),
+                                           grpc::InsecureChannelCredentials(), args);
+  auto stub = posenc::v1::PositionalEncoding::NewStub(channel);
+  posenc::v1::EncodingTableRequest req;
+  req.mutable_sinusoidal()->set_base(10000);
+  req.set_dim(1024);
+  req.set_count(60000);  // 61M sines and cosines: hundreds of ms on one thread
+  auto call = [&](std::chrono::milliseconds deadline) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+    posenc::v1::EncodingTableResponse resp;
+    return stub->GetEncodingTable(&ctx, req, &resp).error_code();
+  };
+  const double before_full = CpuSeconds(pid_);
+  ASSERT_EQ(call(std::chrono::milliseconds(60000)), grpc::StatusCode::OK);
+  const double full = CpuSeconds(pid_) - before_full;
+  const double before_cut = CpuSeconds(pid_);
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(call(std::chrono::milliseconds(20)), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let cut-off work end
+  const double cut = CpuSeconds(pid_) - before_cut;
+  std::printf("deadline: one full call %.3f CPU s; ten 20 ms calls %.3f CPU s\n", full, cut);
+  EXPECT_GT(full, 0.1) << "the full call must be long enough to cut";
+  EXPECT_LT(cut, 0.3 * 10 * full);
 }
 
 }  // namespace

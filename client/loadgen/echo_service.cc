@@ -1,0 +1,107 @@
+#include "echo_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+
+namespace posenc::loadgen {
+namespace {
+
+// The callback API owns the request until Finish; moving its buffers out
+// mirrors what posenc's engine does, so both move the same bytes.
+template <typename T>
+T* Mutable(const T* r) {
+  return const_cast<T*>(r);
+}
+
+class EchoStream final : public grpc::ServerBidiReactor<v1::RopeRequest, v1::RopeResponse> {
+ public:
+  EchoStream() { StartRead(&request_); }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    response_.Clear();
+    EchoRope(&request_, &response_);
+    StartWrite(&response_);
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
+      return;
+    }
+    StartRead(&request_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  v1::RopeRequest request_;
+  v1::RopeResponse response_;
+};
+
+}  // namespace
+
+void EchoRope(v1::RopeRequest* req, v1::RopeResponse* resp) {
+  *resp->mutable_query() = req->query();
+  resp->mutable_query_data()->swap(*req->mutable_query_data());
+  if (req->has_key()) {
+    *resp->mutable_key() = req->key();
+    resp->mutable_key_data()->swap(*req->mutable_key_data());
+  }
+  resp->set_request_id(req->request_id());
+  resp->set_backend("echo");
+}
+
+grpc::ServerUnaryReactor* EchoService::ApplyRope(grpc::CallbackServerContext* ctx,
+                                                 const v1::RopeRequest* req,
+                                                 v1::RopeResponse* resp) {
+  EchoRope(Mutable(req), resp);
+  auto* r = ctx->DefaultReactor();
+  r->Finish(grpc::Status::OK);
+  return r;
+}
+
+grpc::ServerBidiReactor<v1::RopeRequest, v1::RopeResponse>* EchoService::StreamRope(
+    grpc::CallbackServerContext*) {
+  return new EchoStream();
+}
+
+grpc::ServerUnaryReactor* EchoService::AddAbsoluteEncoding(grpc::CallbackServerContext* ctx,
+                                                           const v1::AbsoluteEncodingRequest* req,
+                                                           v1::AbsoluteEncodingResponse* resp) {
+  *resp->mutable_y() = req->x();
+  resp->mutable_y_data()->swap(*Mutable(req)->mutable_x_data());
+  resp->set_backend("echo");
+  auto* r = ctx->DefaultReactor();
+  r->Finish(grpc::Status::OK);
+  return r;
+}
+
+grpc::ServerUnaryReactor* EchoService::AttentionBias(grpc::CallbackServerContext* ctx,
+                                                     const v1::AttentionBiasRequest* req,
+                                                     v1::AttentionBiasResponse* resp) {
+  *resp->mutable_bias() = req->logits();
+  resp->mutable_bias_data()->swap(*Mutable(req)->mutable_logits_data());
+  resp->set_backend("echo");
+  auto* r = ctx->DefaultReactor();
+  r->Finish(grpc::Status::OK);
+  return r;
+}
+
+absl::StatusOr<EchoServer> StartEchoServer(const std::string& address) {
+  EchoServer e;
+  e.service = std::make_unique<EchoService>();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &e.port);
+  builder.SetMaxReceiveMessageSize(1 << 30);
+  builder.SetMaxSendMessageSize(1 << 30);
+  builder.RegisterService(e.service.get());
+  e.server = builder.BuildAndStart();
+  if (e.server == nullptr || e.port == 0) {
+    return absl::UnavailableError(absl::StrCat("echo server cannot listen on ", address));
+  }
+  return e;
+}
+
+}  // namespace posenc::loadgen
