@@ -11,6 +11,7 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "posenc/client.h"
@@ -156,7 +157,14 @@ TEST_F(Certificates, MetricsCountCallsByMethodCodeAndBackend) {
   EXPECT_FALSE(
       (*client)->ApplyRope(bad, testing::Mutable(DType::kFloat32, {2, 8, 4, 64}, q), {}).ok());
 
-  const std::string text = HttpGet(server->metrics_port(), "/metrics");
+  // A call holds its slot until gRPC is done sending the reply, a moment
+  // after the client has it: wait for in-flight to return to zero.
+  std::string text;
+  for (int i = 0; i < 100; ++i) {
+    text = HttpGet(server->metrics_port(), "/metrics");
+    if (Sample(text, R"(posenc_inflight_requests)") == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   ASSERT_NE(text.find("200 OK"), std::string::npos) << text.substr(0, 200);
   EXPECT_EQ(Sample(text, R"(posenc_requests_total\{code="OK",method="ApplyRope"\})"), 3) << text;
   EXPECT_EQ(Sample(text, R"(posenc_requests_total\{code="INVALID_ARGUMENT",method="ApplyRope"\})"),
