@@ -83,6 +83,21 @@ class ServerProcess : public ::testing::Test {
     channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
                                    grpc::InsecureChannelCredentials());
   }
+  // Waits up to `limit` for the server to exit; returns its wait status and
+  // clears pid_ when it did.
+  int WaitForExit(std::chrono::seconds limit) {
+    int status = 0;
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < end) {
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return status;
+  }
+
   void TearDown() override {
     if (pid_ > 0) {
       kill(pid_, SIGKILL);
@@ -133,14 +148,7 @@ TEST_F(ServerProcess, HealthReflectionAndGracefulExit) {
   EXPECT_TRUE(stream->Finish().ok());
 
   ASSERT_EQ(kill(pid_, SIGTERM), 0);
-  int status = 0;
-  for (int i = 0; i < 200; ++i) {
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const int status = WaitForExit(std::chrono::seconds(10));
   ASSERT_EQ(pid_, -1) << "server did not exit within 10 s of SIGTERM";
   EXPECT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
@@ -179,14 +187,7 @@ TEST_F(ServerProcess, LoadAcrossSigtermLosesNoAcceptedCall) {
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(600));
   ASSERT_EQ(kill(pid_, SIGTERM), 0);
-  int status = 0;
-  for (int i = 0; i < 200; ++i) {
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const int status = WaitForExit(std::chrono::seconds(10));
   stop = true;
   for (auto& t : callers) t.join();
   ASSERT_EQ(pid_, -1) << "server did not exit within 10 s of SIGTERM";

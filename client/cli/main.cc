@@ -100,6 +100,16 @@ int64_t Product(const std::vector<int64_t>& s) {
   return n;
 }
 
+// Element i of `bytes` as `dtype`, rounded to nearest even.
+void StoreFloat(DType dtype, std::string& bytes, int64_t i, float f) {
+  if (dtype == DType::kFloat32) {
+    std::memcpy(bytes.data() + 4 * i, &f, 4);
+  } else {
+    const uint16_t h = dtype == DType::kFloat16 ? FloatToHalf(f) : FloatToBFloat16(f);
+    std::memcpy(bytes.data() + 2 * i, &h, 2);
+  }
+}
+
 // The input tensor: --input .npy (converted to --dtype) or uniform random.
 absl::StatusOr<std::string> InputData(DType dtype, std::vector<int64_t>* shape) {
   std::string bytes;
@@ -121,12 +131,7 @@ absl::StatusOr<std::string> InputData(DType dtype, std::vector<int64_t>* shape) 
         std::memcpy(&h, a.data.data() + 2 * i, 2);
         f = HalfToFloat(h);
       }
-      if (dtype == DType::kFloat32)
-        std::memcpy(bytes.data() + 4 * i, &f, 4);
-      else {
-        uint16_t h = dtype == DType::kFloat16 ? FloatToHalf(f) : FloatToBFloat16(f);
-        std::memcpy(bytes.data() + 2 * i, &h, 2);
-      }
+      StoreFloat(dtype, bytes, i, f);
     }
     return bytes;
   }
@@ -135,13 +140,7 @@ absl::StatusOr<std::string> InputData(DType dtype, std::vector<int64_t>* shape) 
   std::mt19937 rng(std::random_device{}());
   std::uniform_real_distribution<float> u(-1, 1);
   for (int64_t i = 0; i < n; ++i) {
-    const float f = u(rng);
-    if (dtype == DType::kFloat32)
-      std::memcpy(bytes.data() + 4 * i, &f, 4);
-    else {
-      uint16_t h = dtype == DType::kFloat16 ? FloatToHalf(f) : FloatToBFloat16(f);
-      std::memcpy(bytes.data() + 2 * i, &h, 2);
-    }
+    StoreFloat(dtype, bytes, i, u(rng));
   }
   return bytes;
 }
