@@ -2,6 +2,7 @@
 // what HF's own code computes (tests/hf/generate_fixtures.py); this test
 // replays every case through posenc's frequency resolution and through every
 // backend present.
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -17,7 +18,10 @@ using nlohmann::json;
 
 const json& Fixtures() {
   static const json* fixtures = [] {
-    std::ifstream in(POSENC_HF_FIXTURES);
+    // POSENC_HF_FIXTURES in the environment wins (binaries run elsewhere,
+    // e.g. bundled for a GPU machine); else the source tree's copy.
+    const char* path = std::getenv("POSENC_HF_FIXTURES");
+    std::ifstream in(path != nullptr ? path : POSENC_HF_FIXTURES);
     std::stringstream ss;
     ss << in.rdbuf();
     return new json(json::parse(ss.str()));
