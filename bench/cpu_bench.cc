@@ -40,16 +40,7 @@ std::vector<uint8_t> Random(size_t bytes, posenc::DType dtype) {
   std::mt19937 rng(42);
   std::uniform_real_distribution<float> u(-1, 1);
   const size_t n = bytes / posenc::SizeOf(dtype);
-  for (size_t i = 0; i < n; ++i) {
-    const float f = u(rng);
-    if (dtype == posenc::DType::kFloat32) {
-      std::memcpy(&b[4 * i], &f, 4);
-    } else {
-      const uint16_t h =
-          dtype == posenc::DType::kBFloat16 ? posenc::FloatToBFloat16(f) : posenc::FloatToHalf(f);
-      std::memcpy(&b[2 * i], &h, 2);
-    }
-  }
+  for (size_t i = 0; i < n; ++i) posenc::StoreElement(dtype, b.data(), i, u(rng));
   return b;
 }
 

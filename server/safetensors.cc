@@ -91,15 +91,7 @@ absl::StatusOr<SafetensorsContents> ParseSafetensors(absl::string_view bytes,
     table->source_dtype = dt;
     table->values.resize(shape[0] * shape[1]);
     const char* src = data.data() + begin;
-    for (size_t i = 0; i < table->values.size(); ++i) {
-      if (dt == DType::kFloat32) {
-        std::memcpy(&table->values[i], src + 4 * i, 4);
-      } else {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        table->values[i] = dt == DType::kFloat16 ? HalfToFloat(h) : BFloat16ToFloat(h);
-      }
-    }
+    for (size_t i = 0; i < table->values.size(); ++i) table->values[i] = LoadElement(dt, src, i);
     out.tables.push_back(std::move(table));
   }
   return out;

@@ -12,10 +12,6 @@
 
 namespace posenc::server {
 
-struct SafetensorsTable {
-  std::shared_ptr<const LearnedTable> table;
-};
-
 struct SafetensorsContents {
   std::vector<std::shared_ptr<const LearnedTable>> tables;  // named "<stem>/<tensor>"
   std::vector<std::string> skipped;  // tensors that are not 2-D float tables, with why

@@ -24,43 +24,14 @@ inline std::mt19937_64& Rng() {
 }
 
 inline double ReadDouble(DType dtype, const void* data, int64_t i) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  switch (dtype) {
-    case DType::kFloat32: {
-      float f;
-      std::memcpy(&f, p + 4 * i, 4);
-      return f;
-    }
-    case DType::kFloat16: {
-      uint16_t h;
-      std::memcpy(&h, p + 2 * i, 2);
-      return HalfToFloat(h);
-    }
-    case DType::kBFloat16: {
-      uint16_t h;
-      std::memcpy(&h, p + 2 * i, 2);
-      return BFloat16ToFloat(h);
-    }
-    default:
-      return std::nan("");
-  }
-}
-
-inline void WriteFloat(DType dtype, void* data, int64_t i, float v) {
-  auto* p = static_cast<uint8_t*>(data);
-  if (dtype == DType::kFloat32) {
-    std::memcpy(p + 4 * i, &v, 4);
-  } else {
-    const uint16_t h = dtype == DType::kFloat16 ? FloatToHalf(v) : FloatToBFloat16(v);
-    std::memcpy(p + 2 * i, &h, 2);
-  }
+  return IsFloating(dtype) ? LoadElement(dtype, data, i) : std::nan("");
 }
 
 // Uniform in [-1, 1), stored in `dtype`.
 inline Bytes RandomTensor(DType dtype, int64_t n) {
   Bytes b(n * SizeOf(dtype));
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (int64_t i = 0; i < n; ++i) WriteFloat(dtype, b.data(), i, u(Rng()));
+  for (int64_t i = 0; i < n; ++i) StoreElement(dtype, b.data(), i, u(Rng()));
   return b;
 }
 

@@ -74,8 +74,10 @@ absl::StatusOr<DType> ParseDType(std::string s) {
       absl::StrCat("--dtype must be float32, float16 or bfloat16, got ", s));
 }
 
+// --shape, or nothing when --input brings its own shape.
 absl::StatusOr<std::vector<int64_t>> ParseShape() {
   std::vector<int64_t> shape;
+  if (!absl::GetFlag(FLAGS_input).empty()) return shape;
   for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_shape), ',', absl::SkipEmpty())) {
     int64_t v;
     if (!absl::SimpleAtoi(d, &v) || v < 0)
@@ -100,16 +102,6 @@ int64_t Product(const std::vector<int64_t>& s) {
   return n;
 }
 
-// Element i of `bytes` as `dtype`, rounded to nearest even.
-void StoreFloat(DType dtype, std::string& bytes, int64_t i, float f) {
-  if (dtype == DType::kFloat32) {
-    std::memcpy(bytes.data() + 4 * i, &f, 4);
-  } else {
-    const uint16_t h = dtype == DType::kFloat16 ? FloatToHalf(f) : FloatToBFloat16(f);
-    std::memcpy(bytes.data() + 2 * i, &h, 2);
-  }
-}
-
 // The input tensor: --input .npy (converted to --dtype) or uniform random.
 absl::StatusOr<std::string> InputData(DType dtype, std::vector<int64_t>* shape) {
   std::string bytes;
@@ -123,15 +115,7 @@ absl::StatusOr<std::string> InputData(DType dtype, std::vector<int64_t>* shape) 
     const int64_t n = Product(a.shape);
     bytes.resize(n * SizeOf(dtype));
     for (int64_t i = 0; i < n; ++i) {
-      float f;
-      if (a.dtype == DType::kFloat32) {
-        std::memcpy(&f, a.data.data() + 4 * i, 4);
-      } else {
-        uint16_t h;
-        std::memcpy(&h, a.data.data() + 2 * i, 2);
-        f = HalfToFloat(h);
-      }
-      StoreFloat(dtype, bytes, i, f);
+      StoreElement(dtype, bytes.data(), i, LoadElement(a.dtype, a.data.data(), i));
     }
     return bytes;
   }
@@ -139,25 +123,13 @@ absl::StatusOr<std::string> InputData(DType dtype, std::vector<int64_t>* shape) 
   bytes.resize(n * SizeOf(dtype));
   std::mt19937 rng(std::random_device{}());
   std::uniform_real_distribution<float> u(-1, 1);
-  for (int64_t i = 0; i < n; ++i) {
-    StoreFloat(dtype, bytes, i, u(rng));
-  }
+  for (int64_t i = 0; i < n; ++i) StoreElement(dtype, bytes.data(), i, u(rng));
   return bytes;
 }
 
 std::vector<double> AsDoubles(DType dtype, const std::string& data) {
   std::vector<double> v(data.size() / SizeOf(dtype));
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (dtype == DType::kFloat32) {
-      float f;
-      std::memcpy(&f, data.data() + 4 * i, 4);
-      v[i] = f;
-    } else {
-      uint16_t h;
-      std::memcpy(&h, data.data() + 2 * i, 2);
-      v[i] = dtype == DType::kFloat16 ? HalfToFloat(h) : BFloat16ToFloat(h);
-    }
-  }
+  for (size_t i = 0; i < v.size(); ++i) v[i] = LoadElement(dtype, data.data(), i);
   return v;
 }
 

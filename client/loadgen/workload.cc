@@ -17,15 +17,7 @@ std::string RandomTensor(DType dtype, int64_t n, uint32_t seed) {
   std::string b(n * SizeOf(dtype), '\0');
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-1, 1);
-  for (int64_t i = 0; i < n; ++i) {
-    const float f = u(rng);
-    if (dtype == DType::kFloat32) {
-      std::memcpy(&b[4 * i], &f, 4);
-    } else {
-      const uint16_t h = dtype == DType::kBFloat16 ? FloatToBFloat16(f) : FloatToHalf(f);
-      std::memcpy(&b[2 * i], &h, 2);
-    }
-  }
+  for (int64_t i = 0; i < n; ++i) StoreElement(dtype, b.data(), i, u(rng));
   return b;
 }
 

@@ -42,6 +42,19 @@ TEST(DType, BFloat16RoundTripsEveryValue) {
   }
 }
 
+TEST(DType, ElementsByRuntimeDtype) {
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    unsigned char buf[3 * 4] = {};
+    StoreElement(dtype, buf, 2, 1.0f + 1.0f / 1024);
+    StoreElement(dtype, buf, 1, -3.5f);
+    EXPECT_EQ(LoadElement(dtype, buf, 1), -3.5f) << DTypeName(dtype);
+    const float want =
+        dtype == DType::kBFloat16 ? 1.0f : 1.0f + 1.0f / 1024;  // bf16 rounds it away
+    EXPECT_EQ(LoadElement(dtype, buf, 2), want) << DTypeName(dtype);
+    EXPECT_EQ(LoadElement(dtype, buf, 0), 0.0f) << DTypeName(dtype);
+  }
+}
+
 TEST(DType, ConversionsRoundToNearestEven) {
   std::mt19937 rng(std::random_device{}());
   std::uniform_int_distribution<uint32_t> bits;

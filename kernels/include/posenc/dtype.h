@@ -84,6 +84,30 @@ struct BFloat16 {
   uint16_t bits;
 };
 
+// Element i of a buffer of floating `dtype` (FLOAT32, FLOAT16, BFLOAT16),
+// for code that knows the dtype only at run time. Stores round to nearest
+// even. REQUIRES: IsFloating(dtype).
+inline float LoadElement(DType dtype, const void* data, int64_t i) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  if (dtype == DType::kFloat32) {
+    float f;
+    std::memcpy(&f, p + 4 * i, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p + 2 * i, 2);
+  return dtype == DType::kFloat16 ? HalfToFloat(h) : BFloat16ToFloat(h);
+}
+inline void StoreElement(DType dtype, void* data, int64_t i, float v) {
+  auto* p = static_cast<unsigned char*>(data);
+  if (dtype == DType::kFloat32) {
+    std::memcpy(p + 4 * i, &v, 4);
+    return;
+  }
+  const uint16_t h = dtype == DType::kFloat16 ? FloatToHalf(v) : FloatToBFloat16(v);
+  std::memcpy(p + 2 * i, &h, 2);
+}
+
 inline float ToFloat(float v) { return v; }
 inline float ToFloat(Half v) { return HalfToFloat(v.bits); }
 inline float ToFloat(BFloat16 v) { return BFloat16ToFloat(v.bits); }
