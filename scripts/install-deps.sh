@@ -8,7 +8,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libpng-dev zlib1g-dev prometheus-cpp-dev openssl
+  nlohmann-json3-dev libpng-dev zlib1g-dev prometheus-cpp-dev openssl libssl-dev
 )
 
 missing=()

@@ -25,32 +25,44 @@ struct EngineOptions {
   int cuda_device = 0;
   // AUTO sends requests of at least this many tensor bytes to the GPU.
   int64_t auto_gpu_min_bytes = int64_t{1} << 20;
-  // Largest total of tensor bytes in one request (and in one response).
+  // Largest total of tensor bytes in one request, and in one response.
   int64_t max_request_tensor_bytes = int64_t{1} << 30;
-  // Requests computing at once, and their tensor bytes; beyond either, new
-  // requests get RESOURCE_EXHAUSTED and memory stays bounded.
+  // Requests in flight (from arrival until the answer is sent), and the
+  // memory they hold: request and response tensors, gRPC's serialised copy
+  // of the response, and plans. Beyond either, RESOURCE_EXHAUSTED. Must be
+  // at least twice max_request_tensor_bytes, or the largest request could
+  // never be admitted.
   int max_inflight_requests = 64;
   int64_t max_inflight_bytes = int64_t{4} << 30;
   std::string table_dir;
-  int64_t max_message_bytes = 0;  // the transport's limit, reported by GetServerInfo
+  // The transport's limit on one message: answers larger than this are
+  // refused before they are computed (the transport would drop them).
+  int64_t max_message_bytes = int64_t{1} << 30;
 };
 
 class Engine {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
 
-  // Holds one in-flight slot and its bytes for its lifetime.
+  // One request's claim on the in-flight budget: a slot and its bytes, held
+  // from arrival until the answer has been sent. Starts with the request's
+  // own bytes; Grow adds what planning announces before it allocates.
   class Admission {
    public:
     Admission(Engine* engine, int64_t bytes) : engine_(engine), bytes_(bytes) {}
     Admission(Admission&& o) noexcept : engine_(o.engine_), bytes_(o.bytes_) {
       o.engine_ = nullptr;
     }
+    Admission& operator=(Admission&&) = delete;
     ~Admission() {
       if (engine_ == nullptr) return;
       engine_->inflight_.fetch_sub(1);
       engine_->inflight_bytes_.fetch_sub(bytes_);
     }
+    // RESOURCE_EXHAUSTED (and nothing held) when `bytes` more would exceed
+    // --max_inflight_bytes.
+    [[nodiscard]] absl::Status Grow(int64_t bytes);
+    int64_t bytes() const { return bytes_; }
 
    private:
     Engine* engine_;
@@ -67,18 +79,23 @@ class Engine {
   static int64_t RequestBytes(const v1::AttentionBiasRequest& r);
 
   // The operations, for a request already admitted (the service admits on
-  // arrival, then computes on its executor).
+  // arrival, then computes on its executor). Each grows `admission` by
+  // what it will allocate before allocating it, refuses answers larger than
+  // the transport's message limit before computing them, and turns
+  // allocation failure into RESOURCE_EXHAUSTED: nothing escapes as an
+  // exception.
   [[nodiscard]] absl::Status ApplyRopeAdmitted(v1::RopeRequest* req, v1::RopeResponse* resp,
-                                               const RunContext& ctx);
+                                               const RunContext& ctx, Admission& admission);
   [[nodiscard]] absl::Status AddAbsoluteEncodingAdmitted(v1::AbsoluteEncodingRequest* req,
                                                          v1::AbsoluteEncodingResponse* resp,
-                                                         const RunContext& ctx);
+                                                         const RunContext& ctx,
+                                                         Admission& admission);
   [[nodiscard]] absl::Status GetEncodingTableAdmitted(const v1::EncodingTableRequest& req,
                                                       v1::EncodingTableResponse* resp,
-                                                      const RunContext& ctx);
+                                                      const RunContext& ctx, Admission& admission);
   [[nodiscard]] absl::Status AttentionBiasAdmitted(v1::AttentionBiasRequest* req,
                                                    v1::AttentionBiasResponse* resp,
-                                                   const RunContext& ctx);
+                                                   const RunContext& ctx, Admission& admission);
 
   // Admit, then run. The tensor operations work inside the request's own
   // buffers and move them into the response, so a request's tensors are never
@@ -99,9 +116,10 @@ class Engine {
 
   // After this, new work is refused with UNAVAILABLE (graceful drain).
   void StartDraining() { draining_ = true; }
-  // Every call notes its arrival, so a drain can wait for callers to go quiet.
-  void NoteArrival() { last_arrival_ns_ = absl::GetCurrentTimeNanos(); }
-  absl::Time last_arrival() const { return absl::FromUnixNanos(last_arrival_ns_.load()); }
+  bool draining() const { return draining_.load(); }
+  // When a request was last admitted: a drain waits for admitted work, not
+  // for refused arrivals, which would otherwise extend it without end.
+  absl::Time last_admission() const { return absl::FromUnixNanos(last_admission_ns_.load()); }
   int inflight() const { return inflight_.load(); }
   int64_t inflight_bytes() const { return inflight_bytes_.load(); }
   const EngineOptions& options() const { return options_; }
@@ -112,6 +130,11 @@ class Engine {
   explicit Engine(const EngineOptions& options);
 
   [[nodiscard]] absl::StatusOr<Backend*> Choose(v1::Backend requested, int64_t bytes);
+  // RESOURCE_EXHAUSTED when an answer's tensors exceed --max_request_bytes or
+  // its message exceeds --max_message_bytes (the transport would drop it
+  // after the work was done).
+  [[nodiscard]] absl::Status CheckAnswerSize(int64_t tensor_bytes, int64_t message_bytes,
+                                             absl::string_view what) const;
   std::string BackendName(const Backend* b) const;
 
   const EngineOptions options_;
@@ -122,7 +145,7 @@ class Engine {
   std::atomic<int> inflight_{0};
   std::atomic<int64_t> inflight_bytes_{0};
   std::atomic<bool> draining_{false};
-  std::atomic<int64_t> last_arrival_ns_{0};
+  std::atomic<int64_t> last_admission_ns_{0};
 };
 
 }  // namespace posenc::server

@@ -3,6 +3,7 @@
 #include <malloc.h>
 #include <pthread.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
@@ -13,9 +14,11 @@
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server.h"
+#include "tls_files.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
@@ -51,35 +54,23 @@ ABSL_FLAG(std::string, tls_client_ca, "",
 
 namespace {
 
-constexpr const char* kFlagNames[] = {"listen",
-                                      "threads",
-                                      "max_message_bytes",
-                                      "max_request_bytes",
-                                      "max_inflight",
-                                      "table_dir",
-                                      "default_backend",
-                                      "enable_cuda",
-                                      "cuda_device",
-                                      "auto_gpu_min_bytes",
-                                      "drain_seconds",
-                                      "max_connection_age_ms",
-                                      "log_level",
-                                      "port_file",
-                                      "metrics_listen",
-                                      "tls_cert",
-                                      "tls_key",
-                                      "tls_client_ca"};
+// After the drain deadline, how long stopping the transport may take before
+// the process exits regardless, and the exit code that says it did.
+constexpr std::chrono::seconds kExitGrace{5};
+constexpr int kForcedExitCode = 3;
 
 // POSENC_<NAME> environment variables set flag defaults.
+// Every flag this file defines takes part, so a new flag cannot be
+// forgotten.
 bool ApplyEnvironment() {
   bool ok = true;
-  for (const char* name : kFlagNames) {
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (!absl::EndsWith(flag->Filename(), "server/main.cc")) continue;
     const std::string var = absl::StrCat("POSENC_", absl::AsciiStrToUpper(name));
     const char* value = std::getenv(var.c_str());
     if (value == nullptr) continue;
-    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     std::string error;
-    if (flag == nullptr || !flag->ParseFrom(value, &error)) {
+    if (!flag->ParseFrom(value, &error)) {
       std::fprintf(stderr, "posenc-server: bad %s=%s: %s\n", var.c_str(), value, error.c_str());
       ok = false;
     }
@@ -168,22 +159,14 @@ int main(int argc, char** argv) {
   o.engine.default_backend = *backend;
 
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  for (auto [flag, out] :
-       {std::pair<std::string, std::string*>{absl::GetFlag(FLAGS_tls_cert), &o.tls.cert_pem},
-        {absl::GetFlag(FLAGS_tls_key), &o.tls.key_pem},
-        {absl::GetFlag(FLAGS_tls_client_ca), &o.tls.client_ca_pem}}) {
-    if (flag.empty()) continue;
-    std::ifstream in(flag);
-    if (!in) {
-      spdlog::critical("cannot read {}", flag);
-      return 2;
-    }
-    out->assign(std::istreambuf_iterator<char>(in), {});
-  }
-  if (o.tls.cert_pem.empty() != o.tls.key_pem.empty()) {
-    spdlog::critical("--tls_cert and --tls_key go together");
+  auto tls = posenc::server::LoadTlsFiles({absl::GetFlag(FLAGS_tls_cert),
+                                           absl::GetFlag(FLAGS_tls_key),
+                                           absl::GetFlag(FLAGS_tls_client_ca)});
+  if (!tls.ok()) {
+    spdlog::critical("cannot start: {}", std::string(tls.status().message()));
     return 2;
   }
+  o.tls = *std::move(tls);
   auto server = posenc::server::Server::Start(o);
   if (!server.ok()) {
     spdlog::critical("cannot start: {}", server.status().ToString());
@@ -200,6 +183,16 @@ int main(int argc, char** argv) {
     const int drain = absl::GetFlag(FLAGS_drain_seconds);
     spdlog::info("signal {}: draining ({} requests in flight, up to {}s)", sig,
                  (*server)->engine().inflight(), drain);
+    // A call that never finishes (a kernel that ignores cancellation, a
+    // stuck peer) must not keep the process past its drain deadline: the
+    // orchestrator would kill it anyway, without a word in the log.
+    std::thread([drain, &server] {
+      std::this_thread::sleep_for(std::chrono::seconds(drain) + kExitGrace);
+      spdlog::critical("drain deadline passed {}s ago with {} requests still in flight; exiting",
+                       kExitGrace.count(), (*server)->engine().inflight());
+      spdlog::shutdown();
+      std::_Exit(kForcedExitCode);
+    }).detach();
     (*server)->Shutdown(absl::Seconds(drain));
   });
   (*server)->Wait();

@@ -58,8 +58,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("could not listen on ", options.listen_address, " (address in use?)"));
+    return absl::UnavailableError(absl::StrCat("could not listen on ", options.listen_address,
+                                               ": the address is in use or not local"));
   }
   grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
   health->SetServingStatus(kLivenessService, true);
@@ -84,7 +84,7 @@ void Server::Shutdown(absl::Duration deadline) {
   //    them in flight instead of refusing them.
   constexpr absl::Duration kQuiet = absl::Milliseconds(300);
   while (absl::Now() < end &&
-         (engine_->inflight() > 0 || absl::Now() - engine_->last_arrival() < kQuiet)) {
+         (engine_->inflight() > 0 || absl::Now() - engine_->last_admission() < kQuiet)) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   // 3. The transport. Streams still open get what is left of the deadline.

@@ -1,6 +1,9 @@
 #include "service.h"
 
 #include <chrono>
+#include <exception>
+#include <new>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "grpc_status.h"
@@ -68,16 +71,30 @@ void Record(Metrics* metrics, const char* method, const absl::Status& s,
                       s.ok() ? backend : "");
 }
 
+// Calls fn, turning anything it throws into a status: no exception may
+// escape into gRPC's threads or the executor's (std::terminate).
+template <typename Fn>
+absl::Status NoThrow(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("the server could not allocate memory for this call");
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("unexpected error: ", e.what()));
+  } catch (...) {
+    return absl::InternalError("unexpected error");
+  }
+}
+
 template <typename Request, typename Response, typename Fn>
 grpc::ServerUnaryReactor* Unary(const char* method, Engine* engine, Metrics* metrics,
                                 grpc::CallbackServerContext* ctx, const Request* req,
                                 Response* resp, Fn fn) {
   const auto start = std::chrono::steady_clock::now();
-  engine->NoteArrival();
   const double bytes_in = metrics != nullptr ? static_cast<double>(req->ByteSizeLong()) : 0.0;
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   absl::Status s = CheckCallAlive(ctx);
-  if (s.ok()) s = fn(ContextOf(ctx));
+  if (s.ok()) s = NoThrow([&] { return fn(ContextOf(ctx)); });
   LogFailure(method, s);
   Record(metrics, method, s, start, bytes_in, *resp, BackendOf(*resp));
   reactor->Finish(ToGrpcStatus(s));
@@ -92,6 +109,8 @@ class AdmittedReactor final : public grpc::ServerUnaryReactor {
   explicit AdmittedReactor(absl::StatusOr<Engine::Admission> admission)
       : admission_(std::move(admission)) {}
   void OnDone() override { delete this; }  // releases the admission
+  // REQUIRES: the call was admitted.
+  Engine::Admission& admission() { return *admission_; }
 
  private:
   absl::StatusOr<Engine::Admission> admission_;
@@ -104,7 +123,6 @@ grpc::ServerUnaryReactor* Offloaded(const char* method, Engine* engine, Metrics*
                                     RequestExecutor* executor, grpc::CallbackServerContext* ctx,
                                     const Request* req, Response* resp, Fn fn) {
   const auto start = std::chrono::steady_clock::now();
-  engine->NoteArrival();
   const double bytes_in = metrics != nullptr ? static_cast<double>(req->ByteSizeLong()) : 0.0;
   absl::Status alive = CheckCallAlive(ctx);
   absl::StatusOr<Engine::Admission> admission =
@@ -122,18 +140,22 @@ grpc::ServerUnaryReactor* Offloaded(const char* method, Engine* engine, Metrics*
   }
   executor->Submit([=] {
     absl::Status s = CheckCallAlive(ctx);  // it may have waited in the queue
-    if (s.ok()) s = fn(ContextOf(ctx));
+    if (s.ok()) s = NoThrow([&] { return fn(ContextOf(ctx), reactor->admission()); });
     finish(s);
   });
   return reactor;
 }
 
-// One RoPE request at a time, answered in order; a failed request answers
-// with its status in the response and the stream continues.
+// One RoPE request at a time, answered in order. Each message is admitted
+// on arrival like a unary call (its slot held until its answer is written)
+// and computed on the executor. A failed request answers with its status in
+// the response and the stream continues; draining, cancellation and
+// deadlines end the stream.
 class RopeStreamReactor final : public grpc::ServerBidiReactor<v1::RopeRequest, v1::RopeResponse> {
  public:
-  RopeStreamReactor(Engine* engine, Metrics* metrics, grpc::CallbackServerContext* ctx)
-      : engine_(engine), metrics_(metrics), ctx_(ctx), run_(ContextOf(ctx)) {
+  RopeStreamReactor(Engine* engine, Metrics* metrics, RequestExecutor* executor,
+                    grpc::CallbackServerContext* ctx)
+      : engine_(engine), metrics_(metrics), executor_(executor), ctx_(ctx), run_(ContextOf(ctx)) {
     StartRead(&request_);
   }
 
@@ -143,17 +165,56 @@ class RopeStreamReactor final : public grpc::ServerBidiReactor<v1::RopeRequest, 
       return;
     }
     response_.Clear();
-    engine_->NoteArrival();
-    const auto start = std::chrono::steady_clock::now();
-    const double bytes_in =
-        metrics_ != nullptr ? static_cast<double>(request_.ByteSizeLong()) : 0.0;
+    start_ = std::chrono::steady_clock::now();
+    bytes_in_ = metrics_ != nullptr ? static_cast<double>(request_.ByteSizeLong()) : 0.0;
     absl::Status s = CheckCallAlive(ctx_);
-    if (s.ok()) s = engine_->ApplyRope(&request_, &response_, run_);
-    Record(metrics_, "StreamRope", s, start, bytes_in, response_, response_.backend());
+    if (s.ok()) {
+      absl::StatusOr<Engine::Admission> admission = engine_->Admit(Engine::RequestBytes(request_));
+      s = admission.status();
+      if (s.ok()) admission_.emplace(std::move(*admission));
+    }
+    if (!s.ok()) {
+      Complete(s);
+      return;
+    }
+    s = NoThrow([this] {
+      executor_->Submit([this] {
+        absl::Status r = CheckCallAlive(ctx_);
+        if (r.ok()) {
+          r = NoThrow([this] {
+            return engine_->ApplyRopeAdmitted(&request_, &response_, run_, *admission_);
+          });
+        }
+        Complete(r);
+      });
+      return absl::OkStatus();
+    });
+    if (!s.ok()) Complete(s);
+  }
+
+  void OnWriteDone(bool ok) override {
+    admission_.reset();  // the answer is sent (or dropped): its slot is free
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed: the caller left"));
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  // Answers the current request, or ends the stream where continuing makes
+  // no sense: the server is draining (the caller should move to another
+  // replica) or the call is cancelled or past its deadline.
+  void Complete(const absl::Status& s) {
+    Record(metrics_, "StreamRope", s, start_, bytes_in_, response_, response_.backend());
     if (!s.ok()) {
       LogFailure("StreamRope", s);
       if (s.code() == absl::StatusCode::kCancelled ||
-          s.code() == absl::StatusCode::kDeadlineExceeded) {
+          s.code() == absl::StatusCode::kDeadlineExceeded ||
+          (s.code() == absl::StatusCode::kUnavailable && engine_->draining())) {
+        admission_.reset();
         Finish(ToGrpcStatus(s));
         return;
       }
@@ -165,23 +226,16 @@ class RopeStreamReactor final : public grpc::ServerBidiReactor<v1::RopeRequest, 
     StartWrite(&response_);
   }
 
-  void OnWriteDone(bool ok) override {
-    if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed: the caller left"));
-      return;
-    }
-    StartRead(&request_);
-  }
-
-  void OnDone() override { delete this; }
-
- private:
   Engine* engine_;
   Metrics* metrics_;
+  RequestExecutor* executor_;
   grpc::CallbackServerContext* ctx_;
   RunContext run_;
   v1::RopeRequest request_;
   v1::RopeResponse response_;
+  std::optional<Engine::Admission> admission_;
+  std::chrono::steady_clock::time_point start_;
+  double bytes_in_ = 0;
 };
 
 }  // namespace
@@ -190,22 +244,22 @@ grpc::ServerUnaryReactor* PositionalEncodingService::ApplyRope(grpc::CallbackSer
                                                                const v1::RopeRequest* req,
                                                                v1::RopeResponse* resp) {
   return Offloaded("ApplyRope", engine_, metrics_, executor_, ctx, req, resp,
-                   [this, req, resp](const RunContext& rc) {
-                     return engine_->ApplyRopeAdmitted(Mutable(req), resp, rc);
+                   [this, req, resp](const RunContext& rc, Engine::Admission& a) {
+                     return engine_->ApplyRopeAdmitted(Mutable(req), resp, rc, a);
                    });
 }
 
 grpc::ServerBidiReactor<v1::RopeRequest, v1::RopeResponse>* PositionalEncodingService::StreamRope(
     grpc::CallbackServerContext* ctx) {
-  return new RopeStreamReactor(engine_, metrics_, ctx);
+  return new RopeStreamReactor(engine_, metrics_, executor_, ctx);
 }
 
 grpc::ServerUnaryReactor* PositionalEncodingService::AddAbsoluteEncoding(
     grpc::CallbackServerContext* ctx, const v1::AbsoluteEncodingRequest* req,
     v1::AbsoluteEncodingResponse* resp) {
   return Offloaded("AddAbsoluteEncoding", engine_, metrics_, executor_, ctx, req, resp,
-                   [this, req, resp](const RunContext& rc) {
-                     return engine_->AddAbsoluteEncodingAdmitted(Mutable(req), resp, rc);
+                   [this, req, resp](const RunContext& rc, Engine::Admission& a) {
+                     return engine_->AddAbsoluteEncodingAdmitted(Mutable(req), resp, rc, a);
                    });
 }
 
@@ -213,8 +267,8 @@ grpc::ServerUnaryReactor* PositionalEncodingService::GetEncodingTable(
     grpc::CallbackServerContext* ctx, const v1::EncodingTableRequest* req,
     v1::EncodingTableResponse* resp) {
   return Offloaded("GetEncodingTable", engine_, metrics_, executor_, ctx, req, resp,
-                   [this, req, resp](const RunContext& rc) {
-                     return engine_->GetEncodingTableAdmitted(*req, resp, rc);
+                   [this, req, resp](const RunContext& rc, Engine::Admission& a) {
+                     return engine_->GetEncodingTableAdmitted(*req, resp, rc, a);
                    });
 }
 
@@ -222,8 +276,8 @@ grpc::ServerUnaryReactor* PositionalEncodingService::AttentionBias(
     grpc::CallbackServerContext* ctx, const v1::AttentionBiasRequest* req,
     v1::AttentionBiasResponse* resp) {
   return Offloaded("AttentionBias", engine_, metrics_, executor_, ctx, req, resp,
-                   [this, req, resp](const RunContext& rc) {
-                     return engine_->AttentionBiasAdmitted(Mutable(req), resp, rc);
+                   [this, req, resp](const RunContext& rc, Engine::Admission& a) {
+                     return engine_->AttentionBiasAdmitted(Mutable(req), resp, rc, a);
                    });
 }
 

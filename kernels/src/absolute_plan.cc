@@ -2,18 +2,45 @@
 
 #include "absl/strings/str_cat.h"
 #include "posenc/absolute.h"
+#include "posenc/checked_math.h"
+#include "posenc/limits.h"
 #include "posenc/status_macros.h"
 
 namespace posenc {
 namespace {
 
-absl::Status ResolveSource(const AbsoluteOptions& o, int64_t dim, AbsolutePlan& p) {
+// Options that do not depend on positions: checked before anything is
+// reserved or resolved.
+absl::Status CheckSource(const AbsoluteOptions& o, int64_t dim) {
   if (o.kind == AbsoluteOptions::Kind::kLearned) {
     if (o.table == nullptr) return absl::InvalidArgumentError("table_name is required");
     if (o.table->dim != dim) {
       return absl::InvalidArgumentError(absl::StrCat("table '", o.table->name, "' has dim ",
                                                      o.table->dim, " but x has d = ", dim));
     }
+    return absl::OkStatus();
+  }
+  // base > 1 keeps every w_i in (0, 1].
+  POSENC_RETURN_IF_ERROR(CheckFiniteInRange("base", o.base, 1.0, kMaxBase));
+  if (o.sinusoidal_layout != SinusoidalLayout::kInterleaved &&
+      o.sinusoidal_layout != SinusoidalLayout::kConcatenated) {
+    return absl::InvalidArgumentError("sinusoidal layout must be INTERLEAVED or CONCATENATED");
+  }
+  if (o.sinusoidal_layout == SinusoidalLayout::kConcatenated && dim != 0 && dim / 2 < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CONCATENATED sinusoidal needs d >= 4 (w_i = base^(-i/(d/2-1))), got d = ", dim));
+  }
+  return absl::OkStatus();
+}
+
+// Memory the plan will hold: resolved positions and sinusoidal frequencies.
+int64_t PlanBytes(int64_t tokens, int64_t sequences, int64_t dim) {
+  return ResolvedPositionsBytes(tokens, sequences, 1) + (dim / 2) * 8;
+}
+
+absl::Status ResolveSource(const AbsoluteOptions& o, int64_t dim, AbsolutePlan& p) {
+  POSENC_RETURN_IF_ERROR(CheckSource(o, dim));
+  if (o.kind == AbsoluteOptions::Kind::kLearned) {
     for (int64_t t = 0; t < p.num_tokens; ++t) {
       const int64_t pos = p.positions.values[t];
       if (pos < 0 || pos >= o.table->rows) {
@@ -25,10 +52,6 @@ absl::Status ResolveSource(const AbsoluteOptions& o, int64_t dim, AbsolutePlan& 
     }
     return absl::OkStatus();
   }
-  if (!(std::isfinite(o.base) && o.base > 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("base must be a finite number > 0, got ", o.base));
-  }
   const int64_t half = dim / 2;
   p.omega.resize(half);
   switch (o.sinusoidal_layout) {
@@ -38,10 +61,6 @@ absl::Status ResolveSource(const AbsoluteOptions& o, int64_t dim, AbsolutePlan& 
       }
       break;
     case SinusoidalLayout::kConcatenated:
-      if (dim != 0 && half < 2) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "CONCATENATED sinusoidal needs d >= 4 (w_i = base^(-i/(d/2-1))), got d = ", dim));
-      }
       for (int64_t i = 0; i < half; ++i) {
         p.omega[i] = std::pow(o.base, -static_cast<double>(i) / static_cast<double>(half - 1));
       }
@@ -50,7 +69,7 @@ absl::Status ResolveSource(const AbsoluteOptions& o, int64_t dim, AbsolutePlan& 
       return absl::InvalidArgumentError("sinusoidal layout must be INTERLEAVED or CONCATENATED");
   }
   // The angle reduction is exact to float precision while |pos * w| < 2^31
-  // (w <= 1 always holds for base >= 1).
+  // (w <= 1 always holds for base > 1).
   double max_omega = 0;
   for (double w : p.omega) max_omega = std::max(max_omega, w);
   if (static_cast<double>(p.positions.max_abs_position) * max_omega > 2147483648.0) {
@@ -63,16 +82,16 @@ absl::Status ResolveSource(const AbsoluteOptions& o, int64_t dim, AbsolutePlan& 
 
 }  // namespace
 
-absl::StatusOr<AbsolutePlan> PlanAbsolute(const AbsoluteOptions& o, const AbsoluteTensors& t) {
+absl::StatusOr<AbsolutePlan> PlanAbsolute(const AbsoluteOptions& o, const AbsoluteTensors& t,
+                                          const ReserveFn& reserve) {
   if (!t.x.present()) return absl::InvalidArgumentError("x is required");
   if (!IsFloating(t.x.dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat("x.dtype must be FLOAT32, FLOAT16 or BFLOAT16, got ", DTypeName(t.x.dtype)));
   }
   POSENC_RETURN_IF_ERROR(ValidateTensorBytes("x", t.x.dtype, t.x.shape, t.x.nbytes));
-  if (!std::isfinite(o.x_scale)) {
-    return absl::InvalidArgumentError(absl::StrCat("x_scale must be finite, got ", o.x_scale));
-  }
+  POSENC_RETURN_IF_ERROR(CheckFiniteInRange("x_scale", o.x_scale, -kMaxXScale, kMaxXScale,
+                                            /*lo_inclusive=*/true));
   AbsolutePlan p;
   p.options = o;
   p.dtype = t.x.dtype;
@@ -82,28 +101,49 @@ absl::StatusOr<AbsolutePlan> PlanAbsolute(const AbsoluteOptions& o, const Absolu
       return absl::InvalidArgumentError(
           "cu_seqlens is only for packed x [tokens, d]; x [batch, seq, d] is padded");
     }
-    layout = PaddedLayout(t.x.shape[0], t.x.shape[1]);
+    const int64_t batch = t.x.shape[0], seq = t.x.shape[1];
+    POSENC_RETURN_IF_ERROR(CheckDimension("x.shape[0] (batch)", batch, kMaxSequences));
+    POSENC_RETURN_IF_ERROR(CheckDimension("x.shape[1] (seq)", seq, kMaxTokens));
+    int64_t tokens = 0;
+    if (!CheckedMul(batch, seq, &tokens) || tokens > kMaxTokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "x.shape ", ShapeString(t.x.shape), " has more than ", kMaxTokens, " tokens"));
+    }
+    layout = PaddedLayout(batch, seq);
     p.dim = t.x.shape[2];
   } else if (t.x.rank() == 2) {
+    POSENC_RETURN_IF_ERROR(CheckDimension("x.shape[0] (tokens)", t.x.shape[0], kMaxTokens));
     POSENC_ASSIGN_OR_RETURN(layout, PackedLayout(t.cu_seqlens, t.x.shape[0]));
     p.dim = t.x.shape[1];
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "x.shape must be [batch, seq, d] or [tokens, d], got ", ShapeString(t.x.shape)));
   }
+  POSENC_RETURN_IF_ERROR(CheckDimension(absl::StrCat("x.shape[", t.x.rank() - 1, "] (d)"), p.dim,
+                                        kMaxDim));
+  POSENC_RETURN_IF_ERROR(CheckSource(o, p.dim));
   p.num_tokens = layout.num_tokens;
+  if (p.empty()) {
+    POSENC_RETURN_IF_ERROR(CheckPositionInputs(layout, t.positions, 1));
+    p.num_tokens = 0;
+    return p;
+  }
+  if (reserve) {
+    POSENC_RETURN_IF_ERROR(reserve(PlanCost{PlanBytes(p.num_tokens, layout.num_sequences, p.dim), 0}));
+  }
   POSENC_ASSIGN_OR_RETURN(p.positions, ResolvePositions(layout, t.positions, 1));
   POSENC_RETURN_IF_ERROR(ResolveSource(o, p.dim, p));
   return p;
 }
 
 absl::StatusOr<AbsolutePlan> PlanEncodingTable(const AbsoluteOptions& o, int64_t dim, DType dtype,
-                                               const TensorView& positions, int64_t count) {
+                                               const TensorView& positions, int64_t count,
+                                               const ReserveFn& reserve) {
   if (!IsFloating(dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat("dtype must be FLOAT32, FLOAT16 or BFLOAT16, got ", DTypeName(dtype)));
   }
-  if (dim < 0) return absl::InvalidArgumentError(absl::StrCat("dim must be >= 0, got ", dim));
+  POSENC_RETURN_IF_ERROR(CheckDimension("dim", dim, kMaxDim));
   AbsolutePlan p;
   p.options = o;
   p.dtype = dtype;
@@ -118,12 +158,24 @@ absl::StatusOr<AbsolutePlan> PlanEncodingTable(const AbsoluteOptions& o, int64_t
     }
     n = positions.shape[0];
     in.position_ids = positions;
-  } else if (count < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("count must be >= 0, got ", count));
+    POSENC_RETURN_IF_ERROR(CheckDimension("positions.shape[0]", n, kMaxTokens));
+  } else {
+    POSENC_RETURN_IF_ERROR(CheckDimension("count", count, kMaxTokens));
   }
+  POSENC_RETURN_IF_ERROR(CheckSource(o, dim));
   TensorView no_cu;
   POSENC_ASSIGN_OR_RETURN(TokenLayout layout, PackedLayout(no_cu, n));
+  POSENC_RETURN_IF_ERROR(CheckPositionInputs(layout, in, 1));
   p.num_tokens = n;
+  // n <= 2^28 and dim <= 2^16, so the byte count is exact.
+  const int64_t out_bytes = n * dim * static_cast<int64_t>(SizeOf(dtype));
+  if (reserve) {
+    POSENC_RETURN_IF_ERROR(reserve(PlanCost{p.empty() ? 0 : PlanBytes(n, 1, dim), out_bytes}));
+  }
+  if (p.empty()) {
+    p.num_tokens = n;  // the caller still returns an [n, dim] table
+    return p;
+  }
   POSENC_ASSIGN_OR_RETURN(p.positions, ResolvePositions(layout, in, 1));
   POSENC_RETURN_IF_ERROR(ResolveSource(o, dim, p));
   return p;

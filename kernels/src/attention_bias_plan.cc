@@ -2,9 +2,27 @@
 
 #include "absl/strings/str_cat.h"
 #include "posenc/attention_bias.h"
+#include "posenc/checked_math.h"
+#include "posenc/limits.h"
 #include "posenc/status_macros.h"
 
 namespace posenc {
+namespace {
+
+absl::Status CheckKLensTensor(const TensorView& k_lens, int64_t batch) {
+  if (!IsInteger(k_lens.dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("k_lens.dtype must be INT32 or INT64, got ", DTypeName(k_lens.dtype)));
+  }
+  POSENC_RETURN_IF_ERROR(ValidateTensorBytes("k_lens", k_lens.dtype, k_lens.shape, k_lens.nbytes));
+  if (k_lens.rank() != 1 || k_lens.shape[0] != batch) {
+    return absl::InvalidArgumentError(absl::StrCat("k_lens.shape must be [batch] = [", batch,
+                                                   "], got ", ShapeString(k_lens.shape)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 std::vector<double> AlibiSlopes(int64_t n) {
   // Power of two p: slopes 2^(-8h/p), h = 1..p.
@@ -13,8 +31,10 @@ std::vector<double> AlibiSlopes(int64_t n) {
     for (int64_t h = 1; h <= p; ++h) s[h - 1] = std::exp2(-8.0 * h / static_cast<double>(p));
     return s;
   };
-  int64_t p = 1;
-  while (p * 2 <= n) p *= 2;
+  if (n < 1) return {};
+  // The largest power of two <= n, without a doubling loop that could
+  // overflow for n near 2^63.
+  const int64_t p = int64_t{1} << (63 - __builtin_clzll(static_cast<uint64_t>(n)));
   std::vector<double> slopes = power_of_two(p);
   if (p == n) return slopes;
   // Fill up with every other slope of the next power of two (odd h of 2p).
@@ -23,7 +43,8 @@ std::vector<double> AlibiSlopes(int64_t n) {
   return slopes;
 }
 
-absl::StatusOr<BiasPlan> PlanAttentionBias(const BiasOptions& o, const TensorView& logits) {
+absl::StatusOr<BiasPlan> PlanAttentionBias(const BiasOptions& o, const TensorView& logits,
+                                           const ReserveFn& reserve) {
   BiasPlan p;
   p.form = o.form;
   if (o.form != BiasForm::kNone && o.form != BiasForm::kCausal && o.form != BiasForm::kSymmetric) {
@@ -64,20 +85,17 @@ absl::StatusOr<BiasPlan> PlanAttentionBias(const BiasOptions& o, const TensorVie
     batch = o.k_lens.rank() == 1 ? o.k_lens.shape[0] : 0;
   }
   if (batch == 0 && !logits.present()) batch = 1;
-  for (auto [name, v] : {std::pair<const char*, int64_t>{"batch", batch},
-                         {"num_heads", heads},
-                         {"q_len", q_len},
-                         {"k_len", k_len}}) {
-    if (v < 0) return absl::InvalidArgumentError(absl::StrCat(name, " must be >= 0, got ", v));
-  }
+  POSENC_RETURN_IF_ERROR(CheckDimension("batch", batch, kMaxSequences));
+  POSENC_RETURN_IF_ERROR(CheckDimension("num_heads", heads, kMaxHeads));
+  POSENC_RETURN_IF_ERROR(CheckDimension("q_len", q_len, kMaxAbsPosition));
+  POSENC_RETURN_IF_ERROR(CheckDimension("k_len", k_len, kMaxAbsPosition));
   if (heads == 0 && !logits.present()) {
     return absl::InvalidArgumentError("num_heads must be > 0 (or send logits)");
   }
-  // A bias of 2^31 elements or more is far beyond any sane request.
-  constexpr double kMaxElements = 2147483648.0;
-  if (static_cast<double>(batch) * heads * q_len * k_len >= kMaxElements) {
+  int64_t elements = 0;
+  if (!CheckedProduct({batch, heads, q_len, k_len}, &elements) || elements > kMaxBiasElements) {
     return absl::InvalidArgumentError(absl::StrCat("bias [", batch, ", ", heads, ", ", q_len, ", ",
-                                                   k_len, "] has 2^31 elements or more"));
+                                                   k_len, "] has more than 2^31 elements"));
   }
   p.batch = batch;
   p.num_heads = heads;
@@ -90,33 +108,36 @@ absl::StatusOr<BiasPlan> PlanAttentionBias(const BiasOptions& o, const TensorVie
           absl::StrCat("slopes must have num_heads = ", heads, " values, got ", o.slopes.size()));
     }
     for (size_t h = 0; h < o.slopes.size(); ++h) {
-      if (!std::isfinite(o.slopes[h])) {
-        return absl::InvalidArgumentError(absl::StrCat("slopes[", h, "] must be finite"));
-      }
+      POSENC_RETURN_IF_ERROR(CheckFiniteInRange(absl::StrCat("slopes[", h, "]"), o.slopes[h],
+                                                -kMaxSlope, kMaxSlope, /*lo_inclusive=*/true));
     }
+  }
+  // Query rows sit at q_offset + i and keys at j; both stay within
+  // +-2^32, so every distance is exact in int64 and in double.
+  p.q_offset = o.q_offset.value_or(k_len - q_len);
+  if (p.q_offset < -kMaxAbsPosition || p.q_offset > kMaxAbsPosition) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("q_offset must be in [-2^31, 2^31], got ", p.q_offset));
+  }
+  p.causal = o.causal;
+  POSENC_RETURN_IF_ERROR(CheckDimension("window", o.window, kMaxAbsPosition));
+  p.window = o.window;
+  if (o.k_lens.present()) {
+    POSENC_RETURN_IF_ERROR(CheckKLensTensor(o.k_lens, batch));
+  }
+  if (reserve) {
+    PlanCost cost;
+    cost.plan_bytes = (heads + batch) * 8;
+    cost.output_bytes = p.add_to_logits ? 0 : elements * static_cast<int64_t>(SizeOf(p.dtype));
+    POSENC_RETURN_IF_ERROR(reserve(cost));
+  }
+  if (!o.slopes.empty()) {
     p.slopes = o.slopes;
   } else if (heads > 0) {
     p.slopes = AlibiSlopes(heads);
   }
-
-  p.q_offset = o.q_offset.value_or(k_len - q_len);
-  p.causal = o.causal;
-  if (o.window < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("window must be >= 0, got ", o.window));
-  }
-  p.window = o.window;
   p.k_lens.assign(batch, k_len);
   if (o.k_lens.present()) {
-    if (!IsInteger(o.k_lens.dtype)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("k_lens.dtype must be INT32 or INT64, got ", DTypeName(o.k_lens.dtype)));
-    }
-    POSENC_RETURN_IF_ERROR(
-        ValidateTensorBytes("k_lens", o.k_lens.dtype, o.k_lens.shape, o.k_lens.nbytes));
-    if (o.k_lens.rank() != 1 || o.k_lens.shape[0] != batch) {
-      return absl::InvalidArgumentError(absl::StrCat("k_lens.shape must be [batch] = [", batch,
-                                                     "], got ", ShapeString(o.k_lens.shape)));
-    }
     for (int64_t b = 0; b < batch; ++b) {
       const int64_t v = ReadInteger(o.k_lens, b);
       if (v < 0 || v > k_len) {

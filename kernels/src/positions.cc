@@ -92,19 +92,24 @@ absl::StatusOr<TokenLayout> PackedLayout(const TensorView& cu_seqlens, int64_t n
                      ShapeString(cu_seqlens.shape)));
   }
   const int64_t n = cu_seqlens.shape[0];
+  POSENC_RETURN_IF_ERROR(CheckDimension("cu_seqlens.shape[0] - 1 (sequences)", n - 1,
+                                        kMaxSequences));
+  // Each entry is checked before the next is compared with it, so no
+  // difference of hostile values is ever formed.
   l.num_sequences = n - 1;
   l.cu_seqlens.resize(n);
-  for (int64_t i = 0; i < n; ++i) l.cu_seqlens[i] = ReadInteger(cu_seqlens, i);
-  if (l.cu_seqlens[0] != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cu_seqlens[0] must be 0, got ", l.cu_seqlens[0]));
-  }
-  for (int64_t i = 1; i < n; ++i) {
-    if (l.cu_seqlens[i] < l.cu_seqlens[i - 1]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cu_seqlens must be non-decreasing, but cu_seqlens[", i, "] = ", l.cu_seqlens[i],
-          " < cu_seqlens[", i - 1, "] = ", l.cu_seqlens[i - 1]));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t v = ReadInteger(cu_seqlens, i);
+    if (i == 0 && v != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("cu_seqlens[0] must be 0, got ", v));
     }
+    if (i > 0 && (v < l.cu_seqlens[i - 1] || v > num_tokens)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cu_seqlens must be non-decreasing and at most the token count ", num_tokens,
+          ", but cu_seqlens[", i, "] = ", v, " after cu_seqlens[", i - 1,
+          "] = ", l.cu_seqlens[i - 1]));
+    }
+    l.cu_seqlens[i] = v;
   }
   if (l.cu_seqlens[n - 1] != num_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("cu_seqlens[", n - 1,
@@ -114,14 +119,40 @@ absl::StatusOr<TokenLayout> PackedLayout(const TensorView& cu_seqlens, int64_t n
   return l;
 }
 
-absl::StatusOr<ResolvedPositions> ResolvePositions(const TokenLayout& layout,
-                                                   const PositionInputs& inputs, int num_axes) {
+int64_t ResolvedPositionsBytes(int64_t num_tokens, int64_t num_sequences, int num_axes) {
+  // values (int64 per axis) and token_sequence (int32) per token;
+  // sequence_length and the layout's cu_seqlens (int64) per sequence.
+  return num_tokens * (8 * num_axes + 4) + (num_sequences + 1) * 16;
+}
+
+absl::Status CheckPositionInputs(const TokenLayout& layout, const PositionInputs& inputs,
+                                 int num_axes) {
   const TensorView& ids = inputs.position_ids;
   const TensorView& offsets = inputs.offsets;
   if (ids.present() && offsets.present()) {
     return absl::InvalidArgumentError(
         "position_ids and offsets are mutually exclusive: send one or neither");
   }
+  if (ids.present()) {
+    POSENC_RETURN_IF_ERROR(CheckIntegerTensor("position_ids", ids));
+    return CheckPositionIdShape(layout, ids, num_axes).status();
+  }
+  if (offsets.present()) {
+    POSENC_RETURN_IF_ERROR(CheckIntegerTensor("offsets", offsets));
+    if (offsets.rank() != 1 || offsets.shape[0] != layout.num_sequences) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("offsets.shape must be [", layout.num_sequences,
+                       "] (one per sequence), got ", ShapeString(offsets.shape)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ResolvedPositions> ResolvePositions(const TokenLayout& layout,
+                                                   const PositionInputs& inputs, int num_axes) {
+  POSENC_RETURN_IF_ERROR(CheckPositionInputs(layout, inputs, num_axes));
+  const TensorView& ids = inputs.position_ids;
+  const TensorView& offsets = inputs.offsets;
   ResolvedPositions r;
   r.num_axes = num_axes;
   const int64_t T = layout.num_tokens;
@@ -135,7 +166,6 @@ absl::StatusOr<ResolvedPositions> ResolvePositions(const TokenLayout& layout,
   }
 
   if (ids.present()) {
-    POSENC_RETURN_IF_ERROR(CheckIntegerTensor("position_ids", ids));
     POSENC_ASSIGN_OR_RETURN(PositionIdShape shape, CheckPositionIdShape(layout, ids, num_axes));
     const int64_t per_seq = layout.padded_seq_len;
     for (int64_t t = 0; t < T; ++t) {
@@ -145,12 +175,6 @@ absl::StatusOr<ResolvedPositions> ResolvePositions(const TokenLayout& layout,
       }
     }
   } else if (offsets.present()) {
-    POSENC_RETURN_IF_ERROR(CheckIntegerTensor("offsets", offsets));
-    if (offsets.rank() != 1 || offsets.shape[0] != layout.num_sequences) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("offsets.shape must be [", layout.num_sequences,
-                       "] (one per sequence), got ", ShapeString(offsets.shape)));
-    }
     for (int64_t s = 0; s < layout.num_sequences; ++s) {
       const int64_t off = ReadInteger(offsets, s);
       if (off > kMaxAbsPosition || off < -kMaxAbsPosition) {

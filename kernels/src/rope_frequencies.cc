@@ -5,17 +5,16 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "posenc/limits.h"
 #include "posenc/rope.h"
 #include "posenc/status_macros.h"
 
 namespace posenc {
 namespace {
 
-absl::Status Positive(absl::string_view field, double v) {
-  if (!(std::isfinite(v) && v > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " must be a finite number > 0, got ", v));
-  }
-  return absl::OkStatus();
+// A scaling factor: finite, in (0, kMaxScalingFactor].
+absl::Status Factor(absl::string_view field, double v) {
+  return CheckFiniteInRange(field, v, 0.0, kMaxScalingFactor);
 }
 
 absl::StatusOr<double> Required(absl::string_view field, const std::optional<double>& v,
@@ -23,8 +22,12 @@ absl::StatusOr<double> Required(absl::string_view field, const std::optional<dou
   if (!v.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(field, " is required for ", type, " scaling"));
   }
-  POSENC_RETURN_IF_ERROR(Positive(field, *v));
+  POSENC_RETURN_IF_ERROR(Factor(field, *v));
   return *v;
+}
+
+absl::Status AttentionScale(absl::string_view field, double v) {
+  return CheckFiniteInRange(field, v, 0.0, kMaxAttentionScale);
 }
 
 absl::StatusOr<int64_t> OriginalMax(const RopeScaling& s, absl::string_view type,
@@ -34,9 +37,9 @@ absl::StatusOr<int64_t> OriginalMax(const RopeScaling& s, absl::string_view type
     return absl::InvalidArgumentError(
         absl::StrCat("scaling.original_max_position is required for ", type, " scaling"));
   }
-  if (*v <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("scaling.original_max_position must be > 0, got ", *v));
+  if (*v < 1 || *v > kMaxAbsPosition) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scaling.original_max_position must be in [1, 2^31], got ", *v));
   }
   return *v;
 }
@@ -64,11 +67,19 @@ absl::Status ApplyYarn(const RopeScaling& s, double base, int64_t R, FrequencySe
   POSENC_ASSIGN_OR_RETURN(int64_t orig, OriginalMax(s, "yarn", std::nullopt));
   const double beta_fast = s.beta_fast.value_or(32.0);
   const double beta_slow = s.beta_slow.value_or(1.0);
-  POSENC_RETURN_IF_ERROR(Positive("scaling.beta_fast", beta_fast));
-  POSENC_RETURN_IF_ERROR(Positive("scaling.beta_slow", beta_slow));
+  POSENC_RETURN_IF_ERROR(CheckFiniteInRange("scaling.beta_fast", beta_fast, kMinYarnBeta,
+                                            kMaxYarnBeta, /*lo_inclusive=*/true));
+  POSENC_RETURN_IF_ERROR(CheckFiniteInRange("scaling.beta_slow", beta_slow, kMinYarnBeta,
+                                            kMaxYarnBeta, /*lo_inclusive=*/true));
+  for (auto [name, v] : {std::pair<const char*, std::optional<double>>{"scaling.mscale", s.mscale},
+                         {"scaling.mscale_all_dim", s.mscale_all_dim}}) {
+    if (v.has_value()) {
+      POSENC_RETURN_IF_ERROR(CheckFiniteInRange(name, *v, 0.0, kMaxYarnMscale, true));
+    }
+  }
 
   if (s.attention_factor.has_value()) {
-    POSENC_RETURN_IF_ERROR(Positive("scaling.attention_factor", *s.attention_factor));
+    POSENC_RETURN_IF_ERROR(AttentionScale("scaling.attention_factor", *s.attention_factor));
     fs.attention_scale = *s.attention_factor;
   } else if (s.mscale.value_or(0) != 0 && s.mscale_all_dim.value_or(0) != 0) {
     fs.attention_scale = YarnMscale(factor, *s.mscale) / YarnMscale(factor, *s.mscale_all_dim);
@@ -102,9 +113,9 @@ absl::Status ApplyLlama3(const RopeScaling& s, FrequencySet& fs) {
   const double factor = s.factor.value_or(8.0);
   const double low_ff = s.low_freq_factor.value_or(1.0);
   const double high_ff = s.high_freq_factor.value_or(4.0);
-  POSENC_RETURN_IF_ERROR(Positive("scaling.factor", factor));
-  POSENC_RETURN_IF_ERROR(Positive("scaling.low_freq_factor", low_ff));
-  POSENC_RETURN_IF_ERROR(Positive("scaling.high_freq_factor", high_ff));
+  POSENC_RETURN_IF_ERROR(Factor("scaling.factor", factor));
+  POSENC_RETURN_IF_ERROR(Factor("scaling.low_freq_factor", low_ff));
+  POSENC_RETURN_IF_ERROR(Factor("scaling.high_freq_factor", high_ff));
   if (!(high_ff > low_ff)) {
     return absl::InvalidArgumentError(
         absl::StrCat("scaling.high_freq_factor must exceed scaling.low_freq_factor, got ", high_ff,
@@ -137,17 +148,23 @@ absl::Status ApplyLongRope(const RopeScaling& s, double base, int64_t R, int64_t
           absl::StrCat(name, " must have rotary_dim/2 = ", half, " values, got ", v->size()));
     }
     for (size_t i = 0; i < v->size(); ++i) {
-      POSENC_RETURN_IF_ERROR(Positive(absl::StrCat(name, "[", i, "]"), (*v)[i]));
+      POSENC_RETURN_IF_ERROR(Factor(absl::StrCat(name, "[", i, "]"), (*v)[i]));
     }
   }
   POSENC_ASSIGN_OR_RETURN(int64_t orig, OriginalMax(s, "longrope", std::nullopt));
   const double factor = s.factor.value_or(1.0);
-  POSENC_RETURN_IF_ERROR(Positive("scaling.factor", factor));
+  POSENC_RETURN_IF_ERROR(Factor("scaling.factor", factor));
   if (s.attention_factor.has_value()) {
-    POSENC_RETURN_IF_ERROR(Positive("scaling.attention_factor", *s.attention_factor));
+    POSENC_RETURN_IF_ERROR(AttentionScale("scaling.attention_factor", *s.attention_factor));
     fs.attention_scale = *s.attention_factor;
   } else if (factor <= 1.0) {
     fs.attention_scale = 1.0;
+  } else if (orig < 2) {
+    // s = sqrt(1 + ln(factor) / ln(original)) divides by ln(1) = 0.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scaling.original_max_position must be >= 2 for LongRoPE with factor > 1 (its attention "
+        "scale divides by ln(original_max_position)), got ",
+        orig));
   } else {
     fs.attention_scale = std::sqrt(1.0 + std::log(factor) / std::log(static_cast<double>(orig)));
   }
@@ -177,12 +194,12 @@ absl::Status AssignAxes(const RopeOptions& o, int64_t R, FrequencySet& fs) {
     case AxisMode::kSingle:
       return absl::OkStatus();
     case AxisMode::kAxial: {
-      int64_t sum = 0;
+      int64_t sum = 0;  // each term <= kMaxDim, at most kMaxAxes terms
       for (size_t a = 0; a < o.axis_dims.size(); ++a) {
         const int64_t d = o.axis_dims[a];
-        if (d <= 0 || d % 2 != 0) {
+        if (d <= 0 || d % 2 != 0 || d > kMaxDim) {
           return absl::InvalidArgumentError(
-              absl::StrCat("axis_dims[", a, "] must be even and > 0, got ", d));
+              absl::StrCat("axis_dims[", a, "] must be even and in [2, ", kMaxDim, "], got ", d));
         }
         sum += d;
       }
@@ -199,12 +216,10 @@ absl::Status AssignAxes(const RopeOptions& o, int64_t R, FrequencySet& fs) {
     }
     case AxisMode::kMrope:
     case AxisMode::kMropeInterleaved: {
-      int64_t sum = 0;
+      int64_t sum = 0;  // each term <= kMaxDim, at most kMaxAxes terms
       for (size_t a = 0; a < o.sections.size(); ++a) {
-        if (o.sections[a] < 0) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("sections[", a, "] must be >= 0, got ", o.sections[a]));
-        }
+        POSENC_RETURN_IF_ERROR(
+            CheckDimension(absl::StrCat("sections[", a, "]"), o.sections[a], kMaxDim));
         sum += o.sections[a];
       }
       if (o.sections.empty() || sum != half) {
@@ -234,6 +249,16 @@ absl::Status AssignAxes(const RopeOptions& o, int64_t R, FrequencySet& fs) {
 
 }  // namespace
 
+absl::Status CheckAxisCount(const RopeOptions& o) {
+  const size_t n = o.axis_mode == AxisMode::kAxial ? o.axis_dims.size() : o.sections.size();
+  if (n > static_cast<size_t>(kMaxAxes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(o.axis_mode == AxisMode::kAxial ? "axis_dims" : "sections",
+                     " must have at most ", kMaxAxes, " axes, got ", n));
+  }
+  return absl::OkStatus();
+}
+
 int NumPositionAxes(const RopeOptions& o) {
   switch (o.axis_mode) {
     case AxisMode::kAxial:
@@ -248,7 +273,10 @@ int NumPositionAxes(const RopeOptions& o) {
 }
 
 absl::StatusOr<FrequencySet> ResolveFrequencies(const RopeOptions& o, int64_t R, int64_t seq_len) {
-  POSENC_RETURN_IF_ERROR(Positive("base", o.base));
+  POSENC_RETURN_IF_ERROR(CheckDimension("rotary_dim", R, kMaxDim));
+  POSENC_RETURN_IF_ERROR(CheckAxisCount(o));
+  // base > 1: base 1 makes every frequency 1 and YaRN divide by ln(1) = 0.
+  POSENC_RETURN_IF_ERROR(CheckFiniteInRange("base", o.base, 1.0, kMaxBase));
   const RopeScaling& s = o.scaling;
   FrequencySet fs;
   fs.inv_freq.assign(R / 2, 0.0);
@@ -307,14 +335,15 @@ absl::StatusOr<FrequencySet> ResolveFrequencies(const RopeOptions& o, int64_t R,
                                                        R / 2, " values, got ", s.inv_freq.size()));
       }
       for (size_t k = 0; k < s.inv_freq.size(); ++k) {
-        if (!std::isfinite(s.inv_freq[k]) || std::abs(s.inv_freq[k]) > 1e3) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "scaling.inv_freq[", k, "] must be finite with |f| <= 1000, got ", s.inv_freq[k]));
+        if (!std::isfinite(s.inv_freq[k]) || std::abs(s.inv_freq[k]) > kMaxInvFreq) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("scaling.inv_freq[", k, "] must be finite with |f| <= ", kMaxInvFreq,
+                           ", got ", s.inv_freq[k]));
         }
       }
       fs.inv_freq = s.inv_freq;
       if (s.attention_factor.has_value()) {
-        POSENC_RETURN_IF_ERROR(Positive("scaling.attention_factor", *s.attention_factor));
+        POSENC_RETURN_IF_ERROR(AttentionScale("scaling.attention_factor", *s.attention_factor));
         fs.attention_scale = *s.attention_factor;
       }
       break;
@@ -323,6 +352,19 @@ absl::StatusOr<FrequencySet> ResolveFrequencies(const RopeOptions& o, int64_t R,
       return absl::InvalidArgumentError(
           absl::StrCat("scaling.type ", static_cast<int>(s.type), " is not a known value"));
   }
+  // Each parameter is in range, but combinations (a tiny factor, a large
+  // mscale) could still give a frequency or scale that makes outputs
+  // overflow; refuse them rather than answer with inf or NaN.
+  for (size_t k = 0; k < fs.inv_freq.size(); ++k) {
+    if (!std::isfinite(fs.inv_freq[k]) || std::abs(fs.inv_freq[k]) > kMaxInvFreq) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "scaling parameters give inverse frequency ", fs.inv_freq[k], " for slot ", k,
+          "; it must be finite with |f| <= ", kMaxInvFreq, " (check scaling.factor)"));
+    }
+  }
+  POSENC_RETURN_IF_ERROR(AttentionScale(
+      "the attention scale derived from scaling (mscale, mscale_all_dim, factor)",
+      fs.attention_scale));
   return fs;
 }
 

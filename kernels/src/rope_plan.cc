@@ -3,6 +3,8 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "posenc/checked_math.h"
+#include "posenc/limits.h"
 #include "posenc/rope.h"
 #include "posenc/status_macros.h"
 
@@ -44,23 +46,48 @@ absl::StatusOr<Dims> ReadDims(absl::string_view field, RopeLayout layout, const 
                                                    ShapeString(t.shape)));
   }
   Dims d;
+  int batch_axis = 0, seq_axis = 1, heads_axis = 2, dim_axis = 3;
   switch (layout) {
     case RopeLayout::kBSHD:
-      d = {t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
       break;
     case RopeLayout::kBHSD:
-      d = {t.shape[0], t.shape[2], t.shape[1], t.shape[3]};
+      seq_axis = 2;
+      heads_axis = 1;
       break;
     case RopeLayout::kTHD:
-      d = {1, t.shape[0], t.shape[1], t.shape[2]};
+      batch_axis = -1;
+      seq_axis = 0;
+      heads_axis = 1;
+      dim_axis = 2;
       break;
+  }
+  auto dim_name = [&](int axis, absl::string_view what) {
+    return absl::StrCat(field, ".shape[", axis, "] (", what, ")");
+  };
+  if (batch_axis >= 0) {
+    d.batch = t.shape[batch_axis];
+    POSENC_RETURN_IF_ERROR(CheckDimension(dim_name(batch_axis, "batch"), d.batch, kMaxSequences));
+  }
+  d.seq = t.shape[seq_axis];
+  d.heads = t.shape[heads_axis];
+  d.head_dim = t.shape[dim_axis];
+  POSENC_RETURN_IF_ERROR(CheckDimension(
+      dim_name(seq_axis, layout == RopeLayout::kTHD ? "tokens" : "seq"), d.seq, kMaxTokens));
+  POSENC_RETURN_IF_ERROR(CheckDimension(dim_name(heads_axis, "heads"), d.heads, kMaxHeads));
+  POSENC_RETURN_IF_ERROR(CheckDimension(dim_name(dim_axis, "head_dim"), d.head_dim, kMaxDim));
+  int64_t tokens = 0;
+  if (!CheckedMul(d.batch, d.seq, &tokens) || tokens > kMaxTokens) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".shape ", ShapeString(t.shape),
+                                                   " has more than ", kMaxTokens,
+                                                   " tokens (batch x seq)"));
   }
   return d;
 }
 
 }  // namespace
 
-absl::StatusOr<RopePlan> PlanRope(const RopeOptions& o, const RopeTensors& t) {
+absl::StatusOr<RopePlan> PlanRope(const RopeOptions& o, const RopeTensors& t,
+                                  const ReserveFn& reserve) {
   if (o.layout != RopeLayout::kBSHD && o.layout != RopeLayout::kBHSD &&
       o.layout != RopeLayout::kTHD) {
     return absl::InvalidArgumentError("layout must be BSHD, BHSD or THD");
@@ -103,6 +130,7 @@ absl::StatusOr<RopePlan> PlanRope(const RopeOptions& o, const RopeTensors& t) {
   }
   p.rotary_dim = R;
 
+  POSENC_RETURN_IF_ERROR(CheckAxisCount(o));
   TokenLayout layout;
   if (o.layout == RopeLayout::kTHD) {
     POSENC_ASSIGN_OR_RETURN(layout, PackedLayout(t.cu_seqlens, q.seq));
@@ -116,11 +144,31 @@ absl::StatusOr<RopePlan> PlanRope(const RopeOptions& o, const RopeTensors& t) {
   }
   p.num_tokens = layout.num_tokens;
   p.num_axes = NumPositionAxes(o);
+  const int64_t num_seq = layout.num_sequences;
+
+  // Options are checked in full (frequencies for a length the scaling cannot
+  // reject) before anything is reserved or resolved.
+  POSENC_ASSIGN_OR_RETURN(FrequencySet probe, ResolveFrequencies(o, R, 0));
+  if (p.empty()) {
+    // Nothing to rotate: the inputs are checked, nothing is materialised.
+    POSENC_RETURN_IF_ERROR(CheckPositionInputs(layout, t.positions, p.num_axes));
+    p.num_tokens = 0;
+    p.slot_axis = probe.slot_axis;
+    return p;
+  }
+  if (reserve) {
+    // Positions, one frequency set (and a map node) per distinct sequence
+    // length at most, and the per-sequence set index.
+    const int64_t max_sets = LengthDependent(o.scaling) ? std::min(num_seq, p.num_tokens) : 1;
+    PlanCost cost;
+    cost.plan_bytes = ResolvedPositionsBytes(p.num_tokens, num_seq, p.num_axes) +
+                      max_sets * (p.half() * 8 + 8 + 64) + num_seq * 4 + p.half() * 4;
+    POSENC_RETURN_IF_ERROR(reserve(cost));
+  }
   POSENC_ASSIGN_OR_RETURN(p.positions, ResolvePositions(layout, t.positions, p.num_axes));
 
   // Frequencies: one set, or one per distinct sequence length when the
   // scaling depends on it.
-  const int64_t num_seq = layout.num_sequences;
   p.sequence_freq_set.assign(num_seq, 0);
   std::map<int64_t, int32_t> set_of_length;
   std::vector<int64_t> set_lengths;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
 #include <memory>
 
 namespace posenc {
@@ -54,6 +55,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     std::atomic<int64_t> done{0};
     std::mutex mu;
     std::condition_variable cv;
+    std::exception_ptr error;  // the first exception a chunk threw
   };
   auto loop = std::make_shared<Loop>();
   auto run_chunks = [loop, n, chunk, num_chunks, &fn] {
@@ -61,7 +63,15 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
       const int64_t c = loop->next.fetch_add(1);
       if (c >= num_chunks) return;
       const int64_t begin = c * chunk;
-      fn(begin, std::min(n, begin + chunk));
+      // An exception must not escape a worker (std::terminate) nor leave the
+      // caller waiting for a chunk that never finishes: it is kept and
+      // rethrown on the calling thread once every chunk is accounted for.
+      try {
+        fn(begin, std::min(n, begin + chunk));
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(loop->mu);
+        if (!loop->error) loop->error = std::current_exception();
+      }
       if (loop->done.fetch_add(1) + 1 == num_chunks) {
         std::lock_guard<std::mutex> lock(loop->mu);
         loop->cv.notify_all();
@@ -81,6 +91,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   run_chunks();
   std::unique_lock<std::mutex> lock(loop->mu);
   loop->cv.wait(lock, [&] { return loop->done.load() == num_chunks; });
+  if (loop->error) std::rethrow_exception(loop->error);
 }
 
 }  // namespace posenc

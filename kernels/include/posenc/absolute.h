@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "posenc/plan_cost.h"
 #include "posenc/positions.h"
 #include "posenc/tensor.h"
 
@@ -57,15 +58,22 @@ struct AbsolutePlan {
   bool empty() const { return num_tokens == 0 || dim == 0; }
 };
 
+// Validates x and the options (shapes within posenc/limits.h, base in (1,
+// 1e18], |x_scale| <= 1e6) and resolves positions. `reserve`, when given,
+// is asked for the plan's memory first (plan_cost.h).
 [[nodiscard]] absl::StatusOr<AbsolutePlan> PlanAbsolute(const AbsoluteOptions& options,
-                                                        const AbsoluteTensors& tensors);
+                                                        const AbsoluteTensors& tensors,
+                                                        const ReserveFn& reserve = {});
 
 // A plan that writes PE rows for the given positions ([n] INT32/INT64) or for
-// 0..count-1 when positions is absent, into an [n, dim] tensor of `dtype`.
+// 0..count-1 when positions is absent, into an [n, dim] tensor of `dtype`
+// that the caller allocates: n * dim * SizeOf(dtype) bytes, reserved through
+// `reserve` as PlanCost::output_bytes before the plan allocates anything.
 [[nodiscard]] absl::StatusOr<AbsolutePlan> PlanEncodingTable(const AbsoluteOptions& options,
                                                              int64_t dim, DType dtype,
                                                              const TensorView& positions,
-                                                             int64_t count);
+                                                             int64_t count,
+                                                             const ReserveFn& reserve = {});
 
 }  // namespace posenc
 

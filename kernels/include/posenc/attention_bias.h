@@ -8,13 +8,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "posenc/plan_cost.h"
 #include "posenc/tensor.h"
 
 namespace posenc {
 
 // The ALiBi paper's slopes for n heads: 2^(-8h/n), h = 1..n, for n a power of
 // two; otherwise those of the largest power of two below n followed by every
-// other slope of the next power of two. REQUIRES: n >= 1.
+// other slope of the next power of two. Empty for n < 1. REQUIRES: n <=
+// kMaxHeads (callers validate; the result holds n doubles).
 std::vector<double> AlibiSlopes(int64_t num_heads);
 
 enum class BiasForm : int {
@@ -49,9 +51,13 @@ struct BiasPlan {
 };
 
 // `logits`, when present, is [batch, heads, q_len, k_len] and receives b added
-// in place; otherwise the caller allocates NumElements() of options.dtype.
+// in place; otherwise the caller allocates NumElements() of options.dtype,
+// reserved through `reserve` as PlanCost::output_bytes before the plan
+// allocates anything. Shapes within posenc/limits.h; |slopes| <= 1e3;
+// |q_offset| <= 2^31.
 [[nodiscard]] absl::StatusOr<BiasPlan> PlanAttentionBias(const BiasOptions& options,
-                                                         const TensorView& logits);
+                                                         const TensorView& logits,
+                                                         const ReserveFn& reserve = {});
 
 }  // namespace posenc
 

@@ -12,13 +12,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "posenc/limits.h"
 #include "posenc/tensor.h"
 
 namespace posenc {
-
-// Largest |position * frequency| the angle reduction keeps exact to float
-// precision; positions beyond +-kMaxAbsPosition are rejected.
-inline constexpr int64_t kMaxAbsPosition = int64_t{1} << 31;
 
 struct TokenLayout {
   int64_t num_tokens = 0;
@@ -30,11 +27,12 @@ struct TokenLayout {
 };
 
 // A padded layout of `batch` sequences of `seq_len` tokens.
+// REQUIRES: batch <= kMaxSequences, batch * seq_len <= kMaxTokens.
 TokenLayout PaddedLayout(int64_t batch, int64_t seq_len);
 
 // A packed layout from a cu_seqlens tensor ([batch + 1], INT32 or INT64,
-// starting at 0, non-decreasing, ending at num_tokens). An absent tensor means
-// one sequence holding every token.
+// batch <= kMaxSequences, starting at 0, non-decreasing, ending at
+// num_tokens). An absent tensor means one sequence holding every token.
 [[nodiscard]] absl::StatusOr<TokenLayout> PackedLayout(const TensorView& cu_seqlens,
                                                        int64_t num_tokens);
 
@@ -56,6 +54,16 @@ struct ResolvedPositions {
   int64_t max_abs_position = 0;
 };
 
+// Validates position_ids / offsets against the layout (dtype, bytes, shape)
+// without allocating anything in proportion to the request.
+[[nodiscard]] absl::Status CheckPositionInputs(const TokenLayout& layout,
+                                               const PositionInputs& inputs, int num_axes);
+
+// Bytes ResolvePositions allocates for this many tokens, sequences and axes.
+int64_t ResolvedPositionsBytes(int64_t num_tokens, int64_t num_sequences, int num_axes);
+
+// Checks the inputs (CheckPositionInputs) and every position against
+// +-kMaxAbsPosition, and materialises them.
 [[nodiscard]] absl::StatusOr<ResolvedPositions> ResolvePositions(const TokenLayout& layout,
                                                                  const PositionInputs& inputs,
                                                                  int num_axes);

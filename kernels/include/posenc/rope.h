@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "posenc/plan_cost.h"
 #include "posenc/positions.h"
 #include "posenc/tensor.h"
 
@@ -103,7 +104,9 @@ struct RopePlan {
   std::vector<int32_t> slot_axis;          // [rotary_dim / 2]
 
   int64_t half() const { return rotary_dim / 2; }
-  bool empty() const { return num_tokens == 0 || rotary_dim == 0 || query_heads == 0; }
+  bool empty() const {
+    return num_tokens == 0 || rotary_dim == 0 || (query_heads == 0 && key_heads == 0);
+  }
   // Element offset of (token t, head h) in a tensor with `heads` heads.
   int64_t HeadOffset(int64_t t, int64_t h, int64_t heads) const {
     if (layout == RopeLayout::kBHSD) {
@@ -115,11 +118,15 @@ struct RopePlan {
   int FreqSetOfToken(int64_t t) const { return sequence_freq_set[positions.token_sequence[t]]; }
 };
 
-// Validates `tensors` against `options` and resolves everything a backend
-// needs. Errors are INVALID_ARGUMENT naming the field (e.g. "rotary_dim must
-// be even, got 63").
+// Validates `tensors` against `options` (shapes within posenc/limits.h,
+// every parameter in its range) and resolves everything a backend needs.
+// Errors are INVALID_ARGUMENT naming the field (e.g. "rotary_dim must be
+// even, got 63"). `reserve`, when given, is asked for the plan's memory
+// before it is allocated (see plan_cost.h). An empty query (no elements)
+// gives an empty plan without resolved positions.
 [[nodiscard]] absl::StatusOr<RopePlan> PlanRope(const RopeOptions& options,
-                                                const RopeTensors& tensors);
+                                                const RopeTensors& tensors,
+                                                const ReserveFn& reserve = {});
 
 struct FrequencySet {
   std::vector<double> inv_freq;  // [rotary_dim / 2]
@@ -133,8 +140,11 @@ struct FrequencySet {
                                                               int64_t rotary_dim, int64_t seq_len);
 
 // Number of position axes the options imply (1, or the count of axis_dims /
-// sections).
+// sections). REQUIRES: CheckAxisCount(options) is OK.
 int NumPositionAxes(const RopeOptions& options);
+
+// INVALID_ARGUMENT when axis_dims / sections name more than kMaxAxes axes.
+[[nodiscard]] absl::Status CheckAxisCount(const RopeOptions& options);
 
 }  // namespace posenc
 

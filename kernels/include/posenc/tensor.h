@@ -42,11 +42,20 @@ struct MutableTensor {
 
 std::string ShapeString(absl::Span<const int64_t> shape);
 
-// Checks that `shape` has no negative dimension, that its element count does
-// not overflow, and that nbytes == product(shape) * SizeOf(dtype). `field`
-// names the tensor in the error, e.g. "query".
+// Checks that `shape` has no negative dimension, that the product of its
+// nonzero dimensions is at most kMaxTensorElements (so nothing computed from
+// it overflows, even for an empty tensor), and that nbytes ==
+// product(shape) * SizeOf(dtype). `field` names the tensor in the error,
+// e.g. "query".
 [[nodiscard]] absl::Status ValidateTensorBytes(absl::string_view field, DType dtype,
                                                absl::Span<const int64_t> shape, size_t nbytes);
+
+// INVALID_ARGUMENT "<name> must be in [0, max], got <value>" unless it is.
+[[nodiscard]] absl::Status CheckDimension(absl::string_view name, int64_t value, int64_t max);
+
+// INVALID_ARGUMENT unless `value` is finite and in (lo, hi] (or [lo, hi]).
+[[nodiscard]] absl::Status CheckFiniteInRange(absl::string_view name, double value, double lo,
+                                              double hi, bool lo_inclusive = false);
 
 // Reads element i of an INT32 or INT64 tensor as int64.
 int64_t ReadInteger(const TensorView& t, int64_t i);

@@ -27,7 +27,8 @@ class ThreadPool {
   // `grain` long (but the last) and at most max(grain, max_chunk), and
   // returns when all have run. Safe to call from several threads at once; the
   // caller takes chunks itself, so a busy pool never leaves a loop waiting on
-  // workers that have not started.
+  // workers that have not started. If fn throws, the remaining chunks still
+  // run and the first exception is rethrown here, on the caller's thread.
   void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn,
                    int64_t max_chunk = INT64_MAX);
 
