@@ -4,6 +4,8 @@
 #define POSENC_TESTS_TEST_TENSORS_H_
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -18,8 +20,18 @@ namespace posenc::testing {
 
 using Bytes = std::vector<uint8_t>;
 
+// Fresh random data each run, reproducible from the printed seed:
+// POSENC_TEST_SEED=<seed> replays a failing run.
 inline std::mt19937_64& Rng() {
-  static std::mt19937_64 rng(std::random_device{}());
+  static std::mt19937_64 rng([] {
+    const char* env = std::getenv("POSENC_TEST_SEED");
+    const uint64_t seed = env != nullptr ? std::strtoull(env, nullptr, 10)
+                                         : (uint64_t{std::random_device{}()} << 32) ^
+                                               std::random_device{}();
+    std::fprintf(stderr, "random seed %llu (POSENC_TEST_SEED to replay)\n",
+                 static_cast<unsigned long long>(seed));
+    return seed;
+  }());
   return rng;
 }
 

@@ -1,0 +1,411 @@
+// Hostile input over a real socket, against the real posenc-server binary:
+// one case per class of attack the hardening review found (requests that
+// wrapped sums, empty tensors with huge dimensions, unbounded heads,
+// non-finite or degenerate parameters, answers over the transport's limit).
+// Each must be answered with the right code and a message naming the field;
+// afterwards the server must still answer health checks and compute a RoPE
+// call correctly, and its memory must have stayed bounded.
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "posenc/backend.h"
+#include "posenc/client.h"
+#include "posenc/v1/posenc.grpc.pb.h"
+#include "server_process.h"
+#include "test_tensors.h"
+
+namespace posenc {
+namespace {
+
+using grpc::StatusCode;
+constexpr int64_t kMiB = int64_t{1} << 20;
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min();
+
+// Server limits for the suite: small enough that byte-limit cases are cheap.
+constexpr int64_t kMaxMessage = 4 * kMiB;
+constexpr int64_t kMaxRequest = 8 * kMiB;
+constexpr int64_t kMaxInflight = 64 * kMiB;
+
+struct Case {
+  std::string name;
+  StatusCode code;
+  std::string names;  // the message must contain this
+  std::function<grpc::Status(v1::PositionalEncoding::Stub&, grpc::ClientContext&)> call;
+};
+
+// A valid fp32 query [1, 1, 1, 8] with the given shape written over it.
+v1::RopeRequest Rope(std::vector<int64_t> shape = {1, 1, 1, 8}) {
+  v1::RopeRequest r;
+  r.mutable_query()->set_dtype(v1::DATA_TYPE_FLOAT32);
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    r.mutable_query()->add_shape(d);
+    n *= d;
+  }
+  r.set_query_data(std::string(n > 0 && n < (1 << 20) ? n * 4 : 0, '\0'));
+  return r;
+}
+
+void SetInts(v1::Tensor* t, std::vector<int64_t> shape, const std::vector<int64_t>& v) {
+  t->set_dtype(v1::DATA_TYPE_INT64);
+  for (int64_t d : shape) t->add_shape(d);
+  t->set_data(std::string(reinterpret_cast<const char*>(v.data()), v.size() * 8));
+}
+
+grpc::Status CallRope(v1::PositionalEncoding::Stub& s, grpc::ClientContext& c,
+                      const v1::RopeRequest& r) {
+  v1::RopeResponse resp;
+  return s.ApplyRope(&c, r, &resp);
+}
+grpc::Status CallBias(v1::PositionalEncoding::Stub& s, grpc::ClientContext& c,
+                      const v1::AttentionBiasRequest& r) {
+  v1::AttentionBiasResponse resp;
+  return s.AttentionBias(&c, r, &resp);
+}
+grpc::Status CallTable(v1::PositionalEncoding::Stub& s, grpc::ClientContext& c,
+                       const v1::EncodingTableRequest& r) {
+  v1::EncodingTableResponse resp;
+  return s.GetEncodingTable(&c, r, &resp);
+}
+grpc::Status CallAbsolute(v1::PositionalEncoding::Stub& s, grpc::ClientContext& c,
+                          const v1::AbsoluteEncodingRequest& r) {
+  v1::AbsoluteEncodingResponse resp;
+  return s.AddAbsoluteEncoding(&c, r, &resp);
+}
+
+// Each case body builds `r`; ROPE bodies declare it themselves (their
+// shapes differ).
+#define ROPE(...) \
+  [](v1::PositionalEncoding::Stub& s, grpc::ClientContext& c) { __VA_ARGS__ return CallRope(s, c, r); }
+#define BIAS(...)                                               \
+  [](v1::PositionalEncoding::Stub& s, grpc::ClientContext& c) { \
+    v1::AttentionBiasRequest r;                                  \
+    __VA_ARGS__ return CallBias(s, c, r);                               \
+  }
+#define TABLE(...)                                              \
+  [](v1::PositionalEncoding::Stub& s, grpc::ClientContext& c) { \
+    v1::EncodingTableRequest r;                                  \
+    __VA_ARGS__ return CallTable(s, c, r);                              \
+  }
+#define ABSOLUTE(...)                                           \
+  [](v1::PositionalEncoding::Stub& s, grpc::ClientContext& c) { \
+    v1::AbsoluteEncodingRequest r;                               \
+    __VA_ARGS__ return CallAbsolute(s, c, r);                           \
+  }
+
+std::vector<Case> Cases() {
+  const int64_t big = int64_t{1} << 62;
+  return {
+      // Sums that wrap to R passed validation and wrote past slot_axis.
+      {"axial_dims_sum_wraps", StatusCode::INVALID_ARGUMENT, "axis_dims[0]", ROPE(
+         v1::RopeRequest r = Rope();
+         r.set_axis_mode(v1::AXIS_MODE_AXIAL);
+         for (int64_t d : {big, big, big, big + 8}) r.add_axis_dims(d);
+         SetInts(r.mutable_position_ids(), {1, 1, 4}, {0, 0, 0, 0});
+       )},
+      {"mrope_sections_sum_wraps", StatusCode::INVALID_ARGUMENT, "sections[0]", ROPE(
+         v1::RopeRequest r = Rope();
+         r.set_axis_mode(v1::AXIS_MODE_MROPE);
+         for (int64_t d : {big, big, big, big + 4}) r.add_sections(d);
+         SetInts(r.mutable_position_ids(), {1, 1, 4}, {0, 0, 0, 0});
+       )},
+      {"too_many_axes", StatusCode::INVALID_ARGUMENT, "at most 8 axes", ROPE(
+         v1::RopeRequest r = Rope({1, 1, 1, 18});
+         r.set_axis_mode(v1::AXIS_MODE_MROPE);
+         for (int i = 0; i < 9; ++i) r.add_sections(1);
+       )},
+      // Zero-element tensors whose other dimensions asked for huge plans.
+      {"empty_query_huge_batch", StatusCode::INVALID_ARGUMENT, "query.shape[0] (batch)",
+       ROPE(v1::RopeRequest r = Rope({int64_t{1} << 40, 0, 1, 2});)},
+      {"empty_query_huge_seq", StatusCode::INVALID_ARGUMENT, "query.shape[1] (seq)",
+       ROPE(v1::RopeRequest r = Rope({1, int64_t{1} << 40, 0, 128});)},
+      {"empty_query_tokens_overflow", StatusCode::INVALID_ARGUMENT, "tokens",
+       ROPE(v1::RopeRequest r = Rope({int64_t{1} << 20, int64_t{1} << 20, 0, 2});)},
+      {"empty_query_huge_heads", StatusCode::INVALID_ARGUMENT, "query.shape[2] (heads)",
+       ROPE(v1::RopeRequest r = Rope({1, 0, int64_t{1} << 40, 2});)},
+      {"shape_product_overflows", StatusCode::INVALID_ARGUMENT, "query.shape",
+       ROPE(v1::RopeRequest r = Rope({int64_t{1} << 40, 0, int64_t{1} << 40, int64_t{1} << 40});)},
+      // Parameters that made outputs NaN/Inf or formed NaN angles.
+      {"yarn_base_one", StatusCode::INVALID_ARGUMENT, "base", ROPE(
+         v1::RopeRequest r = Rope();
+         r.set_base(1.0);
+         r.mutable_scaling()->set_type(v1::SCALING_TYPE_YARN);
+         r.mutable_scaling()->set_factor(4);
+         r.mutable_scaling()->set_original_max_position(4096);
+       )},
+      {"yarn_denormal_beta_fast", StatusCode::INVALID_ARGUMENT, "scaling.beta_fast", ROPE(
+         v1::RopeRequest r = Rope();
+         r.mutable_scaling()->set_type(v1::SCALING_TYPE_YARN);
+         r.mutable_scaling()->set_factor(4);
+         r.mutable_scaling()->set_original_max_position(4096);
+         r.mutable_scaling()->set_beta_fast(std::numeric_limits<double>::denorm_min());
+       )},
+      {"yarn_mscale_nan", StatusCode::INVALID_ARGUMENT, "scaling.mscale", ROPE(
+         v1::RopeRequest r = Rope();
+         r.mutable_scaling()->set_type(v1::SCALING_TYPE_YARN);
+         r.mutable_scaling()->set_factor(4);
+         r.mutable_scaling()->set_original_max_position(4096);
+         r.mutable_scaling()->set_mscale(std::nan(""));
+         r.mutable_scaling()->set_mscale_all_dim(1);
+       )},
+      {"longrope_original_one", StatusCode::INVALID_ARGUMENT, "scaling.original_max_position",
+       ROPE(
+         v1::RopeRequest r = Rope();
+         r.mutable_scaling()->set_type(v1::SCALING_TYPE_LONGROPE);
+         r.mutable_scaling()->set_factor(4);
+         r.mutable_scaling()->set_original_max_position(1);
+         for (int i = 0; i < 4; ++i) {
+           r.mutable_scaling()->add_short_factor(1);
+           r.mutable_scaling()->add_long_factor(1);
+         }
+       )},
+      {"attention_factor_huge", StatusCode::INVALID_ARGUMENT, "scaling.attention_factor", ROPE(
+         v1::RopeRequest r = Rope();
+         r.mutable_scaling()->set_type(v1::SCALING_TYPE_YARN);
+         r.mutable_scaling()->set_factor(4);
+         r.mutable_scaling()->set_original_max_position(4096);
+         r.mutable_scaling()->set_attention_factor(1e300);
+       )},
+      {"linear_factor_tiny", StatusCode::INVALID_ARGUMENT, "scaling", ROPE(
+         v1::RopeRequest r = Rope();
+         r.mutable_scaling()->set_type(v1::SCALING_TYPE_LINEAR);
+         r.mutable_scaling()->set_factor(1e-300);
+       )},
+      // Positions near the int64 limits (signed overflow).
+      {"offset_int64_max", StatusCode::INVALID_ARGUMENT, "offsets[0]", ROPE(
+         v1::RopeRequest r = Rope();
+         SetInts(r.mutable_offsets(), {1}, {kInt64Max});
+       )},
+      {"position_int64_min", StatusCode::INVALID_ARGUMENT, "position", ROPE(
+         v1::RopeRequest r = Rope();
+         SetInts(r.mutable_position_ids(), {1, 1}, {kInt64Min});
+       )},
+      {"cu_seqlens_past_tokens", StatusCode::INVALID_ARGUMENT, "cu_seqlens", ROPE(
+         v1::RopeRequest r = Rope({1, 1, 8});
+         r.set_layout(v1::ROPE_LAYOUT_THD);
+         SetInts(r.mutable_cu_seqlens(), {3}, {0, kInt64Max, 1});
+       )},
+      // Absolute encodings and tables.
+      {"absolute_empty_huge_batch", StatusCode::INVALID_ARGUMENT, "x.shape[0] (batch)", ABSOLUTE({
+         r.mutable_sinusoidal();
+         r.mutable_x()->set_dtype(v1::DATA_TYPE_FLOAT32);
+         for (int64_t d : {int64_t{1} << 40, int64_t{0}, int64_t{4}}) r.mutable_x()->add_shape(d);
+       })},
+      {"absolute_x_scale_huge", StatusCode::INVALID_ARGUMENT, "x_scale", ABSOLUTE({
+         r.mutable_sinusoidal();
+         r.mutable_x()->set_dtype(v1::DATA_TYPE_FLOAT32);
+         r.mutable_x()->add_shape(1);
+         r.mutable_x()->add_shape(4);
+         r.set_x_data(std::string(16, '\0'));
+         r.set_x_scale(1e300);
+       })},
+      {"sinusoidal_base_nan", StatusCode::INVALID_ARGUMENT, "base", TABLE({
+         r.mutable_sinusoidal()->set_base(std::nan(""));
+         r.set_dim(8);
+         r.set_count(2);
+       })},
+      {"table_dim_2_40", StatusCode::INVALID_ARGUMENT, "dim", TABLE({
+         r.mutable_sinusoidal();
+         r.set_dim(int64_t{1} << 40);
+       })},
+      {"table_count_2_40", StatusCode::INVALID_ARGUMENT, "count", TABLE({
+         r.mutable_sinusoidal();
+         r.set_dim(8);
+         r.set_count(int64_t{1} << 40);
+       })},
+      // Answers beyond the byte limits: refused before they are computed.
+      {"table_over_tensor_limit", StatusCode::RESOURCE_EXHAUSTED, "--max_request_bytes", TABLE({
+         r.mutable_sinusoidal();
+         r.set_dim(1024);
+         r.set_count(4096);  // 16 MiB of float32
+       })},
+      {"table_over_message_limit", StatusCode::RESOURCE_EXHAUSTED, "--max_message_bytes", TABLE({
+         r.mutable_sinusoidal();
+         r.set_dim(16);
+         r.set_count(98304);  // 6 MiB: under the tensor limit, over the message limit
+       })},
+      // Attention bias: unbounded heads, batch and element counts.
+      {"bias_heads_2_40_no_queries", StatusCode::INVALID_ARGUMENT, "num_heads", BIAS({
+         r.set_num_heads(int64_t{1} << 40);
+         r.set_q_len(0);
+         r.set_k_len(4);
+       })},
+      {"bias_batch_2_40_no_queries", StatusCode::INVALID_ARGUMENT, "batch", BIAS({
+         r.set_num_heads(4);
+         r.set_batch(int64_t{1} << 40);
+         r.set_q_len(0);
+         r.set_k_len(4);
+       })},
+      {"bias_nine_byte_request_2_22_heads", StatusCode::INVALID_ARGUMENT, "num_heads", BIAS({
+         r.set_num_heads(int64_t{1} << 22);
+         r.set_q_len(1);
+         r.set_k_len(1);
+       })},
+      {"bias_heads_2_62_slope_loop", StatusCode::INVALID_ARGUMENT, "num_heads", BIAS({
+         r.set_num_heads(int64_t{1} << 62);
+         r.set_q_len(1);
+         r.set_k_len(1);
+       })},
+      {"bias_elements_overflow", StatusCode::INVALID_ARGUMENT, "elements", BIAS({
+         r.set_num_heads(int64_t{1} << 16);
+         r.set_batch(int64_t{1} << 20);
+         r.set_q_len(int64_t{1} << 31);
+         r.set_k_len(int64_t{1} << 31);
+       })},
+      {"bias_q_offset_int64_max", StatusCode::INVALID_ARGUMENT, "q_offset", BIAS({
+         r.set_num_heads(2);
+         r.set_q_len(2);
+         r.set_k_len(2);
+         r.set_q_offset(kInt64Max);
+       })},
+      {"bias_slope_nan", StatusCode::INVALID_ARGUMENT, "slopes[0]", BIAS({
+         r.set_num_heads(1);
+         r.set_q_len(2);
+         r.set_k_len(2);
+         r.add_slopes(std::nan(""));
+       })},
+      {"bias_slope_huge", StatusCode::INVALID_ARGUMENT, "slopes[0]", BIAS({
+         r.set_num_heads(1);
+         r.set_q_len(2);
+         r.set_k_len(2);
+         r.add_slopes(1e300);
+       })},
+      {"bias_window_negative", StatusCode::INVALID_ARGUMENT, "window", BIAS({
+         r.set_num_heads(1);
+         r.set_q_len(2);
+         r.set_k_len(2);
+         r.set_window(-5);
+       })},
+      {"bias_over_tensor_limit", StatusCode::RESOURCE_EXHAUSTED, "--max_request_bytes", BIAS({
+         r.set_num_heads(64);
+         r.set_q_len(256);
+         r.set_k_len(256);  // 16 MiB of float32
+       })},
+  };
+}
+
+class HostileInput : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new testing::ServerProcess;
+    ASSERT_TRUE(server_->Start(POSENC_SERVER_BINARY,
+                               {"--threads=2", "--max_message_bytes=" + std::to_string(kMaxMessage),
+                                "--max_request_bytes=" + std::to_string(kMaxRequest),
+                                "--max_inflight_bytes=" + std::to_string(kMaxInflight)}))
+        << server_->log_text();
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+
+  // The server answers health, computes a RoPE call exactly as the local CPU
+  // backend does, and has not grown past a bound.
+  static void ExpectStillServing(const std::string& after) {
+    ASSERT_TRUE(server_->Alive()) << "the server died after " << after << ": "
+                                  << server_->log_text();
+    auto health = grpc::health::v1::Health::NewStub(server_->channel());
+    grpc::ClientContext hctx;
+    hctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::health::v1::HealthCheckResponse hresp;
+    ASSERT_TRUE(health->Check(&hctx, grpc::health::v1::HealthCheckRequest(), &hresp).ok())
+        << "health after " << after;
+    EXPECT_EQ(hresp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+
+    testing::Bytes q = testing::RandomTensor(DType::kFloat32, 3 * 4 * 64);
+    v1::RopeRequest req;
+    SetTensor(TensorView{DType::kFloat32, {1, 3, 4, 64}, q.data(), q.size()}, req.mutable_query(),
+              req.mutable_query_data());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::RopeResponse resp;
+    auto stub = v1::PositionalEncoding::NewStub(server_->channel());
+    const grpc::Status s = stub->ApplyRope(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << "a good call after " << after << ": " << s.error_message();
+    RopeTensors t;
+    t.query = testing::Mutable(DType::kFloat32, {1, 3, 4, 64}, q);
+    auto plan = PlanRope(RopeOptions{}, t);
+    ASSERT_TRUE(plan.ok());
+    ASSERT_TRUE(CreateCpuBackend(1)->ApplyRope(*plan, q.data(), nullptr, {}).ok());
+    EXPECT_EQ(resp.query_data(), std::string(q.begin(), q.end())) << "after " << after;
+  }
+
+  static testing::ServerProcess* server_;
+};
+testing::ServerProcess* HostileInput::server_ = nullptr;
+
+TEST_F(HostileInput, EveryClassIsRefusedByNameAndTheServerKeepsServing) {
+  auto stub = v1::PositionalEncoding::NewStub(server_->channel());
+  for (const Case& c : Cases()) {
+    SCOPED_TRACE(c.name);
+    grpc::ClientContext ctx;
+    // Every refusal is immediate: a call still running after 10 s is a hang.
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    const grpc::Status s = c.call(*stub, ctx);
+    EXPECT_EQ(s.error_code(), c.code) << c.name << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find(c.names), std::string::npos)
+        << c.name << ": the message should name '" << c.names << "': " << s.error_message();
+    ExpectStillServing(c.name);
+  }
+  const int64_t peak = testing::PeakRss(server_->pid());
+  std::printf("hostile input: %zu cases, server peak RSS %.1f MiB\n", Cases().size(),
+              peak / double(kMiB));
+  EXPECT_LT(peak, kMaxInflight + 128 * kMiB);
+}
+
+// An answer one message long plus the backend name the server adds: refused
+// by name before the work, not computed and then dropped by the transport.
+TEST_F(HostileInput, AnswerOverTheMessageLimitIsRefusedBeforeWork) {
+  v1::RopeRequest r = Rope({1, 0, 1, 2});
+  const int64_t tokens = (kMaxMessage - 64) / 8;
+  r.mutable_query()->set_shape(1, tokens);
+  r.set_query_data(std::string(tokens * 8, '\0'));
+  // Pad with the request id (echoed in the answer) to exactly the limit.
+  r.set_request_id(std::string(kMaxMessage - r.ByteSizeLong() - 4, 'x'));
+  while (static_cast<int64_t>(r.ByteSizeLong()) < kMaxMessage) r.mutable_request_id()->push_back('x');
+  ASSERT_EQ(static_cast<int64_t>(r.ByteSizeLong()), kMaxMessage);
+  auto stub = v1::PositionalEncoding::NewStub(server_->channel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  const grpc::Status s = CallRope(*stub, ctx, r);
+  EXPECT_EQ(s.error_code(), StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("--max_message_bytes"), std::string::npos) << s.error_message();
+  ExpectStillServing("an answer over the message limit");
+}
+
+// A stream survives a hostile message: the message is answered with its
+// error, the next one is served, and SIGTERM still ends the process.
+TEST_F(HostileInput, StreamAnswersAHostileMessageAndGoesOn) {
+  auto stub = v1::PositionalEncoding::NewStub(server_->channel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto stream = stub->StreamRope(&ctx);
+  v1::RopeRequest bad = Rope({int64_t{1} << 40, 0, 1, 2});
+  bad.set_request_id("bad");
+  v1::RopeRequest good = Rope({1, 2, 1, 8});
+  good.set_request_id("good");
+  ASSERT_TRUE(stream->Write(bad));
+  ASSERT_TRUE(stream->Write(good));
+  stream->WritesDone();
+  v1::RopeResponse resp;
+  ASSERT_TRUE(stream->Read(&resp));
+  EXPECT_EQ(resp.request_id(), "bad");
+  EXPECT_EQ(resp.error_code(), static_cast<int>(StatusCode::INVALID_ARGUMENT));
+  EXPECT_NE(resp.error_message().find("query.shape[0] (batch)"), std::string::npos)
+      << resp.error_message();
+  ASSERT_TRUE(stream->Read(&resp));
+  EXPECT_EQ(resp.request_id(), "good");
+  EXPECT_EQ(resp.error_code(), 0) << resp.error_message();
+  EXPECT_FALSE(stream->Read(&resp));
+  EXPECT_TRUE(stream->Finish().ok());
+  ExpectStillServing("a hostile stream message");
+}
+
+}  // namespace
+}  // namespace posenc

@@ -1,0 +1,97 @@
+// The server's memory stays bounded under any mix of calls: 16 callers
+// sending 48 MiB requests against --max_inflight_bytes=128MiB must not push
+// the resident set past that budget plus the documented fixed overhead
+// (README "Memory"): admission counts request and answer bytes, refused
+// requests are dropped at once, and gRPC's ResourceQuota (derived from the
+// same budget) bounds what the transport buffers before admission.
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "posenc/v1/posenc.grpc.pb.h"
+#include "server_process.h"
+
+namespace posenc {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+int64_t EnvInt(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::strtoll(v, nullptr, 10) : fallback;
+}
+
+TEST(MemoryBound, SixteenCallersOf48MiBStayUnderTheBudget) {
+  const int64_t budget = 128 * kMiB;
+  const int64_t overhead = EnvInt("POSENC_TEST_OVERHEAD_MIB", 96) * kMiB;
+  const int callers = static_cast<int>(EnvInt("POSENC_TEST_CALLERS", 16));
+  const int64_t request_mib = EnvInt("POSENC_TEST_REQUEST_MIB", 48);
+  std::vector<std::string> flags = {"--threads=2", "--max_inflight_bytes=" + std::to_string(budget),
+                                    "--max_request_bytes=" + std::to_string(budget / 2)};
+  if (const char* extra = std::getenv("POSENC_TEST_EXTRA_FLAG"); extra != nullptr && *extra) {
+    flags.push_back(extra);
+  }
+  testing::ServerProcess server;
+  ASSERT_TRUE(server.Start(POSENC_SERVER_BINARY, flags)) << server.log_text();
+  const int64_t baseline = testing::ProcStatusBytes(server.pid(), "VmRSS");
+
+  // One 48 MiB fp32 query: [1, tokens, 8, 128].
+  const int64_t tokens = request_mib * kMiB / (8 * 128 * 4);
+  v1::RopeRequest req;
+  req.mutable_query()->set_dtype(v1::DATA_TYPE_FLOAT32);
+  for (int64_t d : {int64_t{1}, tokens, int64_t{8}, int64_t{128}}) req.mutable_query()->add_shape(d);
+  req.set_query_data(std::string(tokens * 8 * 128 * 4, '\x01'));
+
+  std::mutex mu;
+  std::map<grpc::StatusCode, int> codes;
+  std::map<grpc::StatusCode, std::string> messages;
+  std::atomic<int64_t> sampled_peak{0};
+  std::atomic<bool> stop{false};
+  std::thread sampler([&] {
+    while (!stop) {
+      sampled_peak = std::max<int64_t>(sampled_peak, testing::ProcStatusBytes(server.pid(), "VmRSS"));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(6);
+  std::vector<std::thread> threads;
+  for (int c = 0; c < callers; ++c) {
+    threads.emplace_back([&, c] {
+      auto stub = v1::PositionalEncoding::NewStub(server.NewChannel(c + 1));
+      while (std::chrono::steady_clock::now() < end) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+        ctx.set_wait_for_ready(true);
+        v1::RopeResponse resp;
+        const grpc::Status s = stub->ApplyRope(&ctx, req, &resp);
+        std::lock_guard<std::mutex> lock(mu);
+        ++codes[s.error_code()];
+        messages[s.error_code()] = s.error_message();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  stop = true;
+  sampler.join();
+  const int64_t peak = testing::PeakRss(server.pid());
+  std::printf(
+      "memory bound: %d callers x %lld MiB; %d OK, %d RESOURCE_EXHAUSTED; server RSS at start "
+      "%.1f MiB, peak %.1f MiB (sampled %.1f MiB); budget %lld MiB + overhead %lld MiB\n",
+      callers, static_cast<long long>(request_mib), codes[grpc::StatusCode::OK],
+      codes[grpc::StatusCode::RESOURCE_EXHAUSTED], baseline / double(kMiB), peak / double(kMiB),
+      sampled_peak / double(kMiB), static_cast<long long>(budget / kMiB),
+      static_cast<long long>(overhead / kMiB));
+  for (const auto& [code, n] : codes) {
+    EXPECT_TRUE(code == grpc::StatusCode::OK || code == grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << n << " calls ended " << code << ": " << messages[code];
+  }
+  EXPECT_GT(codes[grpc::StatusCode::OK], 0) << "the server must keep serving what it admits";
+  EXPECT_LT(peak, budget + overhead);
+  EXPECT_TRUE(server.Alive()) << server.log_text();
+}
+
+}  // namespace
+}  // namespace posenc
