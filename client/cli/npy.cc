@@ -258,28 +258,25 @@ absl::StatusOr<Descr> ParseDescr(absl::string_view d) {
                                        "'<i4' or '<i8'"));
 }
 
-// product(shape) * itemsize, refusing negative sizes and any product that
-// does not fit in int64. A zero dimension makes the array empty whatever the
-// others are, as in NumPy.
+// product(shape) * itemsize, refusing negative sizes and products that do
+// not fit in int64. As in NumPy, a zero dimension empties the array, but the
+// other dimensions must still multiply without overflow, so that no code
+// multiplying this shape later can overflow either.
 absl::StatusOr<uint64_t> DataBytes(const std::vector<int64_t>& shape, size_t itemsize) {
+  int64_t bytes = static_cast<int64_t>(itemsize);
+  bool empty = false;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] < 0) {
       return Invalid(absl::StrCat("shape[", i, "]"), absl::StrCat("must be >= 0, got ", shape[i]));
     }
-    if (shape[i] == 0) return 0;
-  }
-  int64_t n = 1;
-  for (const int64_t d : shape) {
-    if (__builtin_mul_overflow(n, d, &n)) {
-      return Invalid("shape", absl::StrCat(TupleString(shape), " has more than 2^63-1 elements"));
+    if (shape[i] == 0) {
+      empty = true;
+    } else if (__builtin_mul_overflow(bytes, shape[i], &bytes)) {
+      return Invalid("shape", absl::StrCat(TupleString(shape), " of ", itemsize,
+                                           "-byte elements needs more than 2^63-1 bytes"));
     }
   }
-  int64_t bytes;
-  if (__builtin_mul_overflow(n, static_cast<int64_t>(itemsize), &bytes)) {
-    return Invalid("shape", absl::StrCat(TupleString(shape), " of ", itemsize,
-                                         "-byte elements needs more than 2^63-1 bytes"));
-  }
-  return static_cast<uint64_t>(bytes);
+  return empty ? 0 : static_cast<uint64_t>(bytes);
 }
 
 // Where the header lies, from the magic string, version and header length.

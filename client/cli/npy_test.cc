@@ -205,11 +205,15 @@ TEST(NpyParse, ScalarAndOneDimensionalShapes) {
   ExpectInvalid(Npy(F4Dict("(5)"), std::string(20, '\0')), "shape", "not a tuple");
 }
 
-TEST(NpyParse, ZeroDimensionMakesAnEmptyArrayWhateverTheOthers) {
-  const absl::StatusOr<NpyArray> a =
-      ParseNpy(Npy(F4Dict("(4611686018427387904, 0, 4611686018427387904)"), ""));
+TEST(NpyParse, ZeroDimensionEmptiesTheArrayButTheOthersMustNotOverflow) {
+  const absl::StatusOr<NpyArray> a = ParseNpy(Npy(F4Dict("(1099511627776, 0, 3)"), ""));
   ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->shape, (std::vector<int64_t>{int64_t{1} << 40, 0, 3}));
   EXPECT_TRUE(a->data.empty());
+  // NumPy refuses this too ("array is too big"): code that multiplies the
+  // shape before meeting the zero would overflow.
+  ExpectInvalid(Npy(F4Dict("(4611686018427387904, 0, 4611686018427387904)"), ""), "shape",
+                "needs more than 2^63-1 bytes");
 }
 
 // ---------------------------------------------------------------------------
@@ -249,8 +253,8 @@ TEST(NpyParse, DimensionBeyondInt64) {
 TEST(NpyParse, OverflowingShapeProduct) {
   // (2**62, 2**62): the old reader multiplied signed int64s (UB).
   ExpectInvalid(Npy(F4Dict("(4611686018427387904, 4611686018427387904)"), ""), "shape",
-                "more than 2^63-1 elements");
-  // 2**61 * 2 elements fit; times 8 bytes does not.
+                "needs more than 2^63-1 bytes");
+  // 2**61 * 2 elements fit in int64; times 8 bytes does not.
   ExpectInvalid(
       Npy("{'descr': '<f8', 'fortran_order': False, 'shape': (2305843009213693952, 2)}", ""),
       "shape", "needs more than 2^63-1 bytes");
