@@ -94,7 +94,7 @@ TEST_F(NpyFileTest, EveryDtypeRoundTripsWithRandomData) {
   const uint32_t seed = env != nullptr ? static_cast<uint32_t>(std::strtoul(env, nullptr, 10))
                                        : std::random_device{}();
   std::cout << "NPY_TEST_SEED=" << seed << "\n";
-  RecordProperty("seed", static_cast<int>(seed));
+  RecordProperty("seed", std::to_string(seed));
   std::mt19937 rng(seed);
   const std::vector<std::vector<int64_t>> shapes = {{}, {0}, {7}, {3, 5}, {2, 0, 4}, {2, 3, 4, 5}};
   for (const DType dtype : {DType::kFloat32, DType::kFloat16, DType::kInt32, DType::kInt64}) {
