@@ -2,6 +2,7 @@
 //
 //   posenc-cli [--target=HOST:PORT] COMMAND [flags]
 //   COMMAND: info | tables | reload | rope | absolute | table | bias
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -11,6 +12,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -80,8 +82,11 @@ absl::StatusOr<std::vector<int64_t>> ParseShape() {
   if (!absl::GetFlag(FLAGS_input).empty()) return shape;
   for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_shape), ',', absl::SkipEmpty())) {
     int64_t v;
-    if (!absl::SimpleAtoi(d, &v) || v < 0)
-      return absl::InvalidArgumentError("--shape: comma-separated sizes");
+    if (!absl::SimpleAtoi(d, &v) || v < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--shape: dimension ", shape.size(),
+                                                     " must be a non-negative integer, got '",
+                                                     absl::CHexEscape(d), "'"));
+    }
     shape.push_back(v);
   }
   if (shape.empty()) return absl::InvalidArgumentError("--shape is required");
@@ -96,9 +101,33 @@ v1::Backend BackendFlag() {
   return v1::BACKEND_UNSPECIFIED;
 }
 
-int64_t Product(const std::vector<int64_t>& s) {
+// The largest tensor the CLI builds: a protobuf message cannot exceed 2 GiB,
+// so a bigger one could never be sent, and refusing it up front beats
+// std::bad_alloc aborting the tool.
+constexpr int64_t kMaxTensorBytes = int64_t{2} << 30;
+
+// Elements in `shape`, checked before anything is allocated from it: no
+// negative sizes, no overflow, at most kMaxTensorBytes of `dtype`. Zero
+// dimensions count as 1 in the bound, so that [1e12, 0, 8, 64] cannot make
+// the per-sequence offsets (shape[0] of them) huge either.
+absl::StatusOr<int64_t> CheckedNumElements(absl::string_view what,
+                                           const std::vector<int64_t>& shape, DType dtype) {
+  const int64_t max_elements = kMaxTensorBytes / static_cast<int64_t>(SizeOf(dtype));
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  int64_t bound = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": dimension ", i, " must be >= 0, got ", shape[i]));
+    }
+    if (__builtin_mul_overflow(bound, std::max<int64_t>(shape[i], 1), &bound) ||
+        bound > max_elements) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": shape ", ShapeString(shape), " of ",
+                                                     DTypeName(dtype), " exceeds the ",
+                                                     kMaxTensorBytes, "-byte tensor limit"));
+    }
+    n *= shape[i];  // n <= bound: cannot overflow
+  }
   return n;
 }
 
@@ -109,17 +138,19 @@ absl::StatusOr<std::string> InputData(DType dtype, std::vector<int64_t>* shape) 
   if (!path.empty()) {
     POSENC_ASSIGN_OR_RETURN(NpyArray a, ReadNpy(path));
     if (a.dtype != DType::kFloat32 && a.dtype != DType::kFloat16) {
-      return absl::InvalidArgumentError("--input must hold float32 or float16");
+      return absl::InvalidArgumentError(
+          absl::StrCat("--input must hold float32, float16 or float64, got ", DTypeName(a.dtype)));
     }
     *shape = a.shape;
-    const int64_t n = Product(a.shape);
+    POSENC_ASSIGN_OR_RETURN(const int64_t n,
+                            CheckedNumElements(absl::StrCat("--input ", path), a.shape, dtype));
     bytes.resize(n * SizeOf(dtype));
     for (int64_t i = 0; i < n; ++i) {
       StoreElement(dtype, bytes.data(), i, LoadElement(a.dtype, a.data.data(), i));
     }
     return bytes;
   }
-  const int64_t n = Product(*shape);
+  POSENC_ASSIGN_OR_RETURN(const int64_t n, CheckedNumElements("random input", *shape, dtype));
   bytes.resize(n * SizeOf(dtype));
   std::mt19937 rng(std::random_device{}());
   std::uniform_real_distribution<float> u(-1, 1);
@@ -167,6 +198,11 @@ absl::Status Rope(Client& client, const CallOptions& call) {
   POSENC_ASSIGN_OR_RETURN(DType dtype, ParseDType(absl::GetFlag(FLAGS_dtype)));
   POSENC_ASSIGN_OR_RETURN(std::vector<int64_t> shape, ParseShape());
   POSENC_ASSIGN_OR_RETURN(std::string q, InputData(dtype, &shape));
+  // The offsets and the key's shape below index the leading dimensions.
+  if (shape.size() < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rope: the query needs B,S,H,D, B,H,S,D or T,H,D dimensions, got ", ShapeString(shape)));
+  }
   v1::RopeRequest req;
   const std::string layout = absl::GetFlag(FLAGS_layout);
   req.set_layout(layout == "thd"    ? v1::ROPE_LAYOUT_THD
