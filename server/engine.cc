@@ -62,7 +62,11 @@ absl::Status ResizeCancellable(std::string* out, int64_t bytes, const RunContext
 
 }  // namespace
 
-Engine::Engine(const EngineOptions& options) : options_(options), tables_(options.table_dir) {}
+Engine::Engine(const EngineOptions& options)
+    : options_(options),
+      tables_(options.table_dir),
+      admission_(AdmissionOptions{options.max_inflight_requests, options.max_inflight_bytes,
+                                  options.admission_wait}) {}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   if (options.max_inflight_requests <= 0) {
@@ -72,12 +76,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   if (options.max_request_tensor_bytes <= 0 || options.max_message_bytes <= 0) {
     return absl::InvalidArgumentError("--max_request_bytes and --max_message_bytes must be > 0");
   }
-  // A request holds its tensors and, once answered, gRPC's serialised copy.
-  if (options.max_inflight_bytes / 2 < options.max_request_tensor_bytes) {
+  // The largest call holds its message twice: read and parsed, then the
+  // answer and its serialised copy.
+  if (options.max_inflight_bytes / 2 < options.max_message_bytes ||
+      options.max_inflight_bytes / 2 < options.max_request_tensor_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_inflight_bytes (", options.max_inflight_bytes,
-        ") must be at least twice --max_request_bytes (", options.max_request_tensor_bytes,
-        "): a request in flight holds its tensors and the serialised answer"));
+        ") must be at least twice --max_message_bytes (", options.max_message_bytes,
+        ") and --max_request_bytes (", options.max_request_tensor_bytes,
+        "): a call holds its message twice, parsed and serialised"));
   }
   std::unique_ptr<Engine> e(new Engine(options));
   e->cpu_ = CreateCpuBackend(options.cpu_threads);
@@ -100,41 +107,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
 }
 
 absl::StatusOr<Engine::Admission> Engine::Admit(int64_t tensor_bytes) {
-  if (draining_) return absl::UnavailableError("server is draining; retry on another replica");
-  if (tensor_bytes > options_.max_request_tensor_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("request carries ", tensor_bytes, " tensor bytes, over the server's limit of ",
-                     options_.max_request_tensor_bytes, " (--max_request_bytes)"));
-  }
-  if (inflight_.fetch_add(1) >= options_.max_inflight_requests) {
-    inflight_.fetch_sub(1);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("server is saturated: ", options_.max_inflight_requests,
-                     " requests in flight (--max_inflight); retry with backoff"));
-  }
-  if (inflight_bytes_.fetch_add(tensor_bytes) + tensor_bytes > options_.max_inflight_bytes) {
-    inflight_bytes_.fetch_sub(tensor_bytes);
-    inflight_.fetch_sub(1);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("server is saturated: ", options_.max_inflight_bytes,
-                     " bytes in flight (--max_inflight_bytes); retry with backoff"));
-  }
-  last_admission_ns_ = absl::GetCurrentTimeNanos();
-  return Admission(this, tensor_bytes);
-}
-
-absl::Status Engine::Admission::Grow(int64_t bytes) {
-  if (bytes <= 0) return absl::OkStatus();
-  const int64_t limit = engine_->options_.max_inflight_bytes;
-  if (bytes > limit || engine_->inflight_bytes_.fetch_add(bytes) + bytes > limit) {
-    if (bytes <= limit) engine_->inflight_bytes_.fetch_sub(bytes);
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "server is saturated: this request needs ", bytes, " more bytes while ",
-        engine_->inflight_bytes_.load(), " of ", limit,
-        " are in flight (--max_inflight_bytes); retry with backoff"));
-  }
-  bytes_ += bytes;
-  return absl::OkStatus();
+  POSENC_RETURN_IF_ERROR(CheckRequestSize(tensor_bytes));
+  POSENC_ASSIGN_OR_RETURN(Admission a, admission_.Enter());
+  POSENC_RETURN_IF_ERROR(a.TryGrow(tensor_bytes));
+  return a;
 }
 
 absl::StatusOr<Backend*> Engine::Choose(v1::Backend requested, int64_t bytes) {
@@ -160,6 +136,15 @@ absl::StatusOr<Backend*> Engine::Choose(v1::Backend requested, int64_t bytes) {
 
 std::string Engine::BackendName(const Backend* b) const {
   return b->kind() == BackendKind::kCuda ? absl::StrCat("cuda:", options_.cuda_device) : "cpu";
+}
+
+absl::Status Engine::CheckRequestSize(int64_t tensor_bytes) const {
+  if (tensor_bytes > options_.max_request_tensor_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("request carries ", tensor_bytes, " tensor bytes, over the server's limit of ",
+                     options_.max_request_tensor_bytes, " (--max_request_bytes)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Engine::CheckAnswerSize(int64_t tensor_bytes, int64_t message_bytes,
@@ -219,6 +204,7 @@ absl::Status Engine::ApplyRopeAdmitted(v1::RopeRequest* request, v1::RopeRespons
   return Guarded([&]() -> absl::Status {
     const v1::RopeRequest& req = *request;
     const int64_t bytes = RequestBytes(req);
+    POSENC_RETURN_IF_ERROR(CheckRequestSize(bytes));
     POSENC_ASSIGN_OR_RETURN(RopeOptions options, RopeOptionsOf(req));
 
     // Rotate inside the request's buffers, now owned by the response.
@@ -237,10 +223,10 @@ absl::Status Engine::ApplyRopeAdmitted(v1::RopeRequest* request, v1::RopeRespons
     POSENC_ASSIGN_OR_RETURN(t.cu_seqlens,
                             ViewOf("cu_seqlens", req.has_cu_seqlens(), req.cu_seqlens()));
     const int64_t tensor_bytes = t.query.nbytes + t.key.nbytes;
-    // The answer carries the rotated tensors; once it is sent gRPC holds a
-    // serialised copy, which the plan's reservation covers too.
+    // The request's buffers become the answer; the caller's admission holds
+    // them and their serialised copy already. The plan is new.
     POSENC_ASSIGN_OR_RETURN(RopePlan plan, PlanRope(options, t, [&](const PlanCost& c) {
-                              return admission.Grow(c.plan_bytes + tensor_bytes);
+                              return admission.TryGrow(c.plan_bytes);
                             }));
     POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(req.backend(), bytes));
     *resp->mutable_query() = DescOf(t.query);
@@ -258,6 +244,7 @@ absl::Status Engine::AddAbsoluteEncodingAdmitted(v1::AbsoluteEncodingRequest* re
   return Guarded([&]() -> absl::Status {
     const v1::AbsoluteEncodingRequest& req = *request;
     const int64_t bytes = RequestBytes(req);
+    POSENC_RETURN_IF_ERROR(CheckRequestSize(bytes));
     AbsoluteOptions o;
     switch (req.encoding_case()) {
       case v1::AbsoluteEncodingRequest::kSinusoidal: {
@@ -286,7 +273,7 @@ absl::Status Engine::AddAbsoluteEncodingAdmitted(v1::AbsoluteEncodingRequest* re
                             ViewOf("cu_seqlens", req.has_cu_seqlens(), req.cu_seqlens()));
     const int64_t tensor_bytes = t.x.nbytes;
     POSENC_ASSIGN_OR_RETURN(AbsolutePlan plan, PlanAbsolute(o, t, [&](const PlanCost& c) {
-                              return admission.Grow(c.plan_bytes + tensor_bytes);
+                              return admission.TryGrow(c.plan_bytes);
                             }));
     POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(req.backend(), bytes));
     *resp->mutable_y() = DescOf(t.x);
@@ -301,6 +288,7 @@ absl::Status Engine::GetEncodingTableAdmitted(const v1::EncodingTableRequest& re
                                               v1::EncodingTableResponse* resp,
                                               const RunContext& ctx, Admission& admission) {
   return Guarded([&]() -> absl::Status {
+    POSENC_RETURN_IF_ERROR(CheckRequestSize(RequestBytes(req)));
     AbsoluteOptions o;
     int64_t dim = req.dim();
     int64_t count = req.count();
@@ -329,7 +317,7 @@ absl::Status Engine::GetEncodingTableAdmitted(const v1::EncodingTableRequest& re
     POSENC_ASSIGN_OR_RETURN(TensorView positions,
                             ViewOf("positions", req.has_positions(), req.positions()));
     // The answer's size is known once shapes are valid: refused or admitted
-    // (twice: the table, and gRPC's serialised copy) before it is allocated.
+    // before it is allocated.
     resp->mutable_table()->set_dtype(ToProto(dtype));
     resp->set_backend("cuda:" + std::to_string(options_.cuda_device));  // the longer name
     POSENC_ASSIGN_OR_RETURN(
@@ -337,7 +325,7 @@ absl::Status Engine::GetEncodingTableAdmitted(const v1::EncodingTableRequest& re
         PlanEncodingTable(o, dim, dtype, positions, count, [&](const PlanCost& c) -> absl::Status {
           POSENC_RETURN_IF_ERROR(
               CheckAnswerSize(c.output_bytes, MessageBytes(*resp, c.output_bytes + 40), "the table"));
-          return admission.Grow(c.plan_bytes + 2 * c.output_bytes);
+          return admission.TryGrow(c.plan_bytes + c.output_bytes);
         }));
     const int64_t out_bytes = plan.num_tokens * dim * static_cast<int64_t>(SizeOf(dtype));
     POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(req.backend(), out_bytes));
@@ -355,6 +343,7 @@ absl::Status Engine::AttentionBiasAdmitted(v1::AttentionBiasRequest* request,
                                            Admission& admission) {
   return Guarded([&]() -> absl::Status {
     const v1::AttentionBiasRequest& req = *request;
+    POSENC_RETURN_IF_ERROR(CheckRequestSize(RequestBytes(req)));
     BiasOptions o;
     POSENC_ASSIGN_OR_RETURN(o.form, BiasFormOf(req.form()));
     o.slopes.assign(req.slopes().begin(), req.slopes().end());
@@ -389,7 +378,7 @@ absl::Status Engine::AttentionBiasAdmitted(v1::AttentionBiasRequest* request,
           const int64_t payload = (has_logits ? 0 : tensor_bytes) + slopes_bytes + 60;
           POSENC_RETURN_IF_ERROR(
               CheckAnswerSize(tensor_bytes, MessageBytes(*resp, payload), "the bias"));
-          return admission.Grow(c.plan_bytes + c.output_bytes + tensor_bytes);
+          return admission.TryGrow(c.plan_bytes + c.output_bytes);
         }));
     const int64_t out_bytes = plan.NumElements() * static_cast<int64_t>(SizeOf(plan.dtype));
     if (!has_logits) {

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "posenc/backend.h"
 #include "posenc/v1/posenc.pb.h"
+#include "admission.h"
 #include "table_repository.h"
 
 namespace posenc::server {
@@ -26,7 +27,7 @@ struct EngineOptions {
   // AUTO sends requests of at least this many tensor bytes to the GPU.
   int64_t auto_gpu_min_bytes = int64_t{1} << 20;
   // Largest total of tensor bytes in one request, and in one response.
-  int64_t max_request_tensor_bytes = int64_t{1} << 30;
+  int64_t max_request_tensor_bytes = int64_t{64} << 20;
   // Requests in flight (from arrival until the answer is sent), and the
   // memory they hold: request and response tensors, gRPC's serialised copy
   // of the response, and plans. Beyond either, RESOURCE_EXHAUSTED. Must be
@@ -34,43 +35,25 @@ struct EngineOptions {
   // never be admitted.
   int max_inflight_requests = 64;
   int64_t max_inflight_bytes = int64_t{4} << 30;
+  // How long a call may wait for memory before RESOURCE_EXHAUSTED.
+  absl::Duration admission_wait = absl::Seconds(1);
   std::string table_dir;
   // The transport's limit on one message: answers larger than this are
   // refused before they are computed (the transport would drop them).
-  int64_t max_message_bytes = int64_t{1} << 30;
+  int64_t max_message_bytes = (int64_t{64} << 20) + (4 << 20);
 };
 
 class Engine {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
 
-  // One request's claim on the in-flight budget: a slot and its bytes, held
-  // from arrival until the answer has been sent. Starts with the request's
-  // own bytes; Grow adds what planning announces before it allocates.
-  class Admission {
-   public:
-    Admission(Engine* engine, int64_t bytes) : engine_(engine), bytes_(bytes) {}
-    Admission(Admission&& o) noexcept : engine_(o.engine_), bytes_(o.bytes_) {
-      o.engine_ = nullptr;
-    }
-    Admission& operator=(Admission&&) = delete;
-    ~Admission() {
-      if (engine_ == nullptr) return;
-      engine_->inflight_.fetch_sub(1);
-      engine_->inflight_bytes_.fetch_sub(bytes_);
-    }
-    // RESOURCE_EXHAUSTED (and nothing held) when `bytes` more would exceed
-    // --max_inflight_bytes.
-    [[nodiscard]] absl::Status Grow(int64_t bytes);
-    int64_t bytes() const { return bytes_; }
-
-   private:
-    Engine* engine_;
-    int64_t bytes_;
-  };
-  // Admission control: UNAVAILABLE while draining, RESOURCE_EXHAUSTED over
-  // --max_request_bytes, --max_inflight or --max_inflight_bytes.
+  // A call's claim on the in-flight budget (admission.h).
+  using Admission = AdmissionControl::Ticket;
+  // Admission for a request already in memory: a slot and its bytes now.
+  // UNAVAILABLE while draining, RESOURCE_EXHAUSTED over --max_request_bytes,
+  // --max_inflight or --max_inflight_bytes.
   [[nodiscard]] absl::StatusOr<Admission> Admit(int64_t tensor_bytes);
+  AdmissionControl& admission() { return admission_; }
 
   // Tensor bytes a request carries (what admission counts).
   static int64_t RequestBytes(const v1::RopeRequest& r);
@@ -79,8 +62,9 @@ class Engine {
   static int64_t RequestBytes(const v1::AttentionBiasRequest& r);
 
   // The operations, for a request already admitted (the service admits on
-  // arrival, then computes on its executor). Each grows `admission` by
-  // what it will allocate before allocating it, refuses answers larger than
+  // arrival, then computes on its executor). `admission` must already hold
+  // the request; each operation grows it by what it allocates (plans, new
+  // outputs) before allocating it (answers are sent without a copy), refuses answers larger than
   // the transport's message limit before computing them, and turns
   // allocation failure into RESOURCE_EXHAUSTED: nothing escapes as an
   // exception.
@@ -115,13 +99,13 @@ class Engine {
   v1::ServerInfo GetServerInfo() const;
 
   // After this, new work is refused with UNAVAILABLE (graceful drain).
-  void StartDraining() { draining_ = true; }
-  bool draining() const { return draining_.load(); }
+  void StartDraining() { admission_.StartDraining(); }
+  bool draining() const { return admission_.draining(); }
   // When a request was last admitted: a drain waits for admitted work, not
   // for refused arrivals, which would otherwise extend it without end.
-  absl::Time last_admission() const { return absl::FromUnixNanos(last_admission_ns_.load()); }
-  int inflight() const { return inflight_.load(); }
-  int64_t inflight_bytes() const { return inflight_bytes_.load(); }
+  absl::Time last_admission() const { return admission_.last_entry(); }
+  int inflight() const { return admission_.calls(); }
+  int64_t inflight_bytes() const { return admission_.bytes(); }
   const EngineOptions& options() const { return options_; }
   // Why there is no CUDA backend ("" when there is one).
   const std::string& cuda_unavailable_reason() const { return cuda_unavailable_reason_; }
@@ -133,6 +117,8 @@ class Engine {
   // RESOURCE_EXHAUSTED when an answer's tensors exceed --max_request_bytes or
   // its message exceeds --max_message_bytes (the transport would drop it
   // after the work was done).
+  // RESOURCE_EXHAUSTED when a request's tensors exceed --max_request_bytes.
+  [[nodiscard]] absl::Status CheckRequestSize(int64_t tensor_bytes) const;
   [[nodiscard]] absl::Status CheckAnswerSize(int64_t tensor_bytes, int64_t message_bytes,
                                              absl::string_view what) const;
   std::string BackendName(const Backend* b) const;
@@ -142,10 +128,7 @@ class Engine {
   std::unique_ptr<Backend> cuda_;
   std::string cuda_unavailable_reason_;
   TableRepository tables_;
-  std::atomic<int> inflight_{0};
-  std::atomic<int64_t> inflight_bytes_{0};
-  std::atomic<bool> draining_{false};
-  std::atomic<int64_t> last_admission_ns_{0};
+  AdmissionControl admission_;
 };
 
 }  // namespace posenc::server

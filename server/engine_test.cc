@@ -71,8 +71,9 @@ TEST(Engine, SaturatedServerSaysResourceExhaustedAndKeepsServing) {
 
 TEST(Engine, BytesInFlightAreBounded) {
   EngineOptions o;
-  o.max_request_tensor_bytes = 1 << 20;
-  o.max_inflight_bytes = 2 << 20;
+  o.max_request_tensor_bytes = 512 << 10;
+  o.max_message_bytes = 512 << 10;
+  o.max_inflight_bytes = 1 << 20;
   auto engine = Engine::Create(o);
   ASSERT_TRUE(engine.ok()) << engine.status();
   testing::Bytes q = testing::RandomTensor(DType::kFloat32, 64 * 4 * 64);  // 64 KiB
@@ -88,8 +89,8 @@ TEST(Engine, BytesInFlightAreBounded) {
     cv.wait(lock, [&] { return release; });
     return false;
   };
-  // A request of 64 KiB holds its tensors, the serialised answer (64 KiB
-  // more) and its plan (~1 KiB): 15 fit under 2 MiB, the 16th does not.
+  // A request of 64 KiB holds its tensors (the answer reuses them) and its
+  // plan (~1 KiB): 15 fit under 1 MiB, the 16th does not.
   std::vector<std::thread> holders;
   for (int i = 0; i < 15; ++i) {
     holders.emplace_back([&] {
@@ -102,8 +103,8 @@ TEST(Engine, BytesInFlightAreBounded) {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return parked >= 15; });
   }
-  EXPECT_GE((*engine)->inflight_bytes(), 15 * 2 * 65536);
-  EXPECT_LE((*engine)->inflight_bytes(), 15 * (2 * 65536 + 4096));
+  EXPECT_GE((*engine)->inflight_bytes(), 15 * 65536);
+  EXPECT_LE((*engine)->inflight_bytes(), 15 * (65536 + 4096));
   v1::RopeRequest r = Request(q);
   std::vector<int64_t> ids(64, 1);
   SetTensor(TensorView{DType::kInt64, {1, 64}, ids.data(), 512}, r.mutable_position_ids());

@@ -24,13 +24,21 @@
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
           "Address to serve gRPC on (port 0: any free port).");
 ABSL_FLAG(int, threads, 0, "CPU backend worker threads; 0 = every hardware thread.");
-ABSL_FLAG(int, max_message_bytes, 1 << 30,
-          "Largest gRPC message received or sent (gRPC's own default is 4 MiB).");
-ABSL_FLAG(int64_t, max_request_bytes, int64_t{1} << 30,
-          "Largest total of tensor bytes in one request or response; more is RESOURCE_EXHAUSTED.");
-ABSL_FLAG(int, max_inflight, 64, "Requests computing at once; more get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_request_bytes, int64_t{64} << 20,
+          "Largest total of tensor bytes in one request or answer; more is RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_message_bytes, 0,
+          "Largest gRPC message received or sent; 0 = --max_request_bytes + 4 MiB (room for "
+          "the small fields). Each call reserves this much of --max_inflight_bytes before it "
+          "reads its request.");
+ABSL_FLAG(int, max_inflight, 64,
+          "Requests in flight (from arrival until the answer is sent); more get "
+          "RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{4} << 30,
-          "Tensor bytes of requests computing at once; more get RESOURCE_EXHAUSTED.");
+          "Memory requests in flight may hold (requests, answers and their serialised copies, "
+          "plans); at least 2 x --max_message_bytes. Calls wait for it, then get "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, admission_wait_ms, 1000,
+          "How long a call may wait for --max_inflight_bytes before RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, max_memory_bytes, 0,
           "Memory gRPC may use for calls in transit (ResourceQuota); 0 = no cap.");
 ABSL_FLAG(std::string, table_dir, "", "Directory of .safetensors learned tables (empty: none).");
@@ -140,10 +148,12 @@ int main(int argc, char** argv) {
 
   posenc::server::ServerOptions o;
   o.listen_address = absl::GetFlag(FLAGS_listen);
+  o.engine.max_request_tensor_bytes = absl::GetFlag(FLAGS_max_request_bytes);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  if (o.max_message_bytes == 0) o.max_message_bytes = o.engine.max_request_tensor_bytes + (4 << 20);
+  o.engine.admission_wait = absl::Milliseconds(absl::GetFlag(FLAGS_admission_wait_ms));
   o.max_connection_age_ms = absl::GetFlag(FLAGS_max_connection_age_ms);
   o.engine.cpu_threads = absl::GetFlag(FLAGS_threads);
-  o.engine.max_request_tensor_bytes = absl::GetFlag(FLAGS_max_request_bytes);
   o.engine.max_inflight_requests = absl::GetFlag(FLAGS_max_inflight);
   o.engine.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   o.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);

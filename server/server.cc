@@ -17,6 +17,11 @@ namespace posenc::server {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   std::unique_ptr<Server> s(new Server());
+  if (options.max_message_bytes <= 0 || options.max_message_bytes > INT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_message_bytes must be in [1, 2^31 - 1] (gRPC's limit), got ",
+        options.max_message_bytes));
+  }
   EngineOptions engine_options = options.engine;
   engine_options.max_message_bytes = options.max_message_bytes;
   POSENC_ASSIGN_OR_RETURN(s->engine_, Engine::Create(engine_options));
@@ -29,6 +34,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   s->executor_ = std::make_unique<RequestExecutor>(request_threads);
   s->service_ = std::make_unique<PositionalEncodingService>(s->engine_.get(), s->metrics_.get(),
                                                             s->executor_.get());
+  s->tensor_calls_ = std::make_unique<TensorCallService>(TensorCallOptions{
+      s->engine_.get(), s->metrics_.get(), s->executor_.get(), options.max_message_bytes});
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -49,13 +56,19 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     quota.Resize(options.max_memory_bytes);
     builder.SetResourceQuota(quota);
   }
-  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
-  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  // No BDP probing: it grows every stream's flow-control window to several
+  // MiB, so the bodies of calls still waiting for admission would be pulled
+  // into memory anyway (measured: 16 waiting 48 MiB calls took the server to
+  // 708 MiB). A call that reads still gets a window as large as its message.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   if (options.max_connection_age_ms > 0) {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, options.max_connection_age_ms);
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, 30000);
   }
   builder.RegisterService(s->service_.get());
+  builder.RegisterCallbackGenericService(s->tensor_calls_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("could not listen on ", options.listen_address,

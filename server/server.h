@@ -11,6 +11,7 @@
 #include "engine.h"
 #include "grpcpp/server.h"
 #include "service.h"
+#include "tensor_calls.h"
 
 namespace posenc::server {
 
@@ -29,8 +30,10 @@ struct TlsOptions {
 
 struct ServerOptions {
   std::string listen_address = "0.0.0.0:50051";  // port 0 picks a free port
-  // gRPC's own default is 4 MiB; tensors need far more.
-  int max_message_bytes = 1 << 30;
+  // The transport's limit on one message, either way (gRPC's own default is
+  // 4 MiB; tensors need more). Each call reserves this much of the engine's
+  // max_inflight_bytes before reading its request. At most 2 GiB - 1.
+  int64_t max_message_bytes = (int64_t{64} << 20) + (4 << 20);
   // Close connections after this long so clients re-resolve DNS; 0 = never.
   int max_connection_age_ms = 0;
   TlsOptions tls;
@@ -64,6 +67,7 @@ class Server {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<RequestExecutor> executor_;
   std::unique_ptr<PositionalEncodingService> service_;
+  std::unique_ptr<TensorCallService> tensor_calls_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool shut_down_ = false;

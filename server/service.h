@@ -1,5 +1,8 @@
-// The gRPC callback service: translates calls into Engine calls and Engine
-// errors into gRPC statuses (via ToGrpcStatus). No work lives here.
+// The typed half of the posenc.v1.PositionalEncoding service: the small
+// control-plane RPCs (ListTables, ReloadTables, GetServerInfo) as callback
+// handlers. The tensor RPCs are marked generic here and served by
+// TensorCallService (tensor_calls.h), which admits a call before reading it.
+// Registering this class also lists the whole service for reflection.
 #ifndef POSENC_SERVER_SERVICE_H_
 #define POSENC_SERVER_SERVICE_H_
 
@@ -10,26 +13,23 @@
 
 namespace posenc::server {
 
-class PositionalEncodingService final : public v1::PositionalEncoding::CallbackService {
+using PositionalEncodingBase = v1::PositionalEncoding::WithGenericMethod_ApplyRope<
+    v1::PositionalEncoding::WithGenericMethod_StreamRope<
+        v1::PositionalEncoding::WithGenericMethod_AddAbsoluteEncoding<
+            v1::PositionalEncoding::WithGenericMethod_GetEncodingTable<
+                v1::PositionalEncoding::WithGenericMethod_AttentionBias<
+                    v1::PositionalEncoding::WithCallbackMethod_ListTables<
+                        v1::PositionalEncoding::WithCallbackMethod_ReloadTables<
+                            v1::PositionalEncoding::WithCallbackMethod_GetServerInfo<
+                                v1::PositionalEncoding::Service>>>>>>>>;
+
+class PositionalEncodingService final : public PositionalEncodingBase {
  public:
-  // `metrics` may be null (no metrics endpoint). Tensor work runs on
-  // `executor`; everything else on gRPC's threads.
+  // `metrics` may be null (no metrics endpoint). ReloadTables reads files,
+  // so it runs on `executor`, never on gRPC's threads.
   PositionalEncodingService(Engine* engine, Metrics* metrics, RequestExecutor* executor)
       : engine_(engine), metrics_(metrics), executor_(executor) {}
 
-  grpc::ServerUnaryReactor* ApplyRope(grpc::CallbackServerContext* ctx, const v1::RopeRequest* req,
-                                      v1::RopeResponse* resp) override;
-  grpc::ServerBidiReactor<v1::RopeRequest, v1::RopeResponse>* StreamRope(
-      grpc::CallbackServerContext* ctx) override;
-  grpc::ServerUnaryReactor* AddAbsoluteEncoding(grpc::CallbackServerContext* ctx,
-                                                const v1::AbsoluteEncodingRequest* req,
-                                                v1::AbsoluteEncodingResponse* resp) override;
-  grpc::ServerUnaryReactor* GetEncodingTable(grpc::CallbackServerContext* ctx,
-                                             const v1::EncodingTableRequest* req,
-                                             v1::EncodingTableResponse* resp) override;
-  grpc::ServerUnaryReactor* AttentionBias(grpc::CallbackServerContext* ctx,
-                                          const v1::AttentionBiasRequest* req,
-                                          v1::AttentionBiasResponse* resp) override;
   grpc::ServerUnaryReactor* ListTables(grpc::CallbackServerContext* ctx,
                                        const v1::ListTablesRequest* req,
                                        v1::ListTablesResponse* resp) override;

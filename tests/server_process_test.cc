@@ -267,7 +267,14 @@ TEST_F(OverloadedServer, OverloadGetsResourceExhaustedAndMemoryStaysBounded) {
 
 // A call whose deadline passes stops consuming CPU: ten calls, each cut off
 // after 20 ms, must cost far less server CPU than ten complete ones.
-TEST_F(ServerProcess, DeadlineStopsTheWork) {
+class LargeAnswers : public ServerProcess {
+ protected:
+  std::vector<std::string> ExtraFlags() const override {
+    return {"--max_request_bytes=" + std::to_string(256 << 20)};
+  }
+};
+
+TEST_F(LargeAnswers, DeadlineStopsTheWork) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);  // the full answer is 240 MiB
   auto channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port_),

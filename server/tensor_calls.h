@@ -1,0 +1,45 @@
+// The tensor RPCs (ApplyRope, StreamRope, AddAbsoluteEncoding,
+// GetEncodingTable, AttentionBias) served through gRPC's generic callback
+// API, so that a call is admitted before its request is read.
+//
+// Why not the typed callback service: for unary methods gRPC reads and
+// parses the whole request before the handler runs, so a burst of large
+// requests sits in memory before admission can refuse any of it (16 callers
+// of 48 MiB drove the server to 1.6 GiB against a 128 MiB budget). Here each
+// call first takes a slot and reserves the largest message it may read
+// (--max_message_bytes); only then does it read, and its reservation becomes
+// exactly what it holds: the request, its parsed copy or the serialised
+// answer (2 x the message), plus what the engine announces (plans, new
+// outputs). Calls that cannot reserve wait with their bodies still behind
+// HTTP/2 flow control. Wire behaviour is that of the proto's methods.
+#ifndef POSENC_SERVER_TENSOR_CALLS_H_
+#define POSENC_SERVER_TENSOR_CALLS_H_
+
+#include "engine.h"
+#include "grpcpp/generic/async_generic_service.h"
+#include "metrics.h"
+#include "request_executor.h"
+
+namespace posenc::server {
+
+struct TensorCallOptions {
+  Engine* engine = nullptr;
+  Metrics* metrics = nullptr;  // may be null
+  RequestExecutor* executor = nullptr;
+  // The transport's receive limit: what a call reserves before it reads.
+  int64_t max_message_bytes = 0;
+};
+
+class TensorCallService final : public grpc::CallbackGenericService {
+ public:
+  explicit TensorCallService(const TensorCallOptions& options) : options_(options) {}
+  // Unknown methods (of any service) are UNIMPLEMENTED, as gRPC answers them.
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override;
+
+ private:
+  const TensorCallOptions options_;
+};
+
+}  // namespace posenc::server
+
+#endif  // POSENC_SERVER_TENSOR_CALLS_H_
