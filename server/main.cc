@@ -62,9 +62,9 @@ ABSL_FLAG(std::string, tls_client_ca, "",
 
 namespace {
 
-// After the drain deadline, how long stopping the transport may take before
-// the process exits regardless, and the exit code that says it did.
-constexpr std::chrono::seconds kExitGrace{5};
+// The exit code of a drain that reached its deadline with calls still busy
+// (a stalled caller, a kernel ignoring cancellation): the process exits
+// anyway rather than hang past what the orchestrator allows.
 constexpr int kForcedExitCode = 3;
 
 // POSENC_<NAME> environment variables set flag defaults.
@@ -193,20 +193,19 @@ int main(int argc, char** argv) {
     const int drain = absl::GetFlag(FLAGS_drain_seconds);
     spdlog::info("signal {}: draining ({} requests in flight, up to {}s)", sig,
                  (*server)->engine().inflight(), drain);
-    // A call that never finishes (a kernel that ignores cancellation, a
-    // stuck peer) must not keep the process past its drain deadline: the
-    // orchestrator would kill it anyway, without a word in the log.
-    std::thread([drain, &server] {
-      std::this_thread::sleep_for(std::chrono::seconds(drain) + kExitGrace);
-      spdlog::critical("drain deadline passed {}s ago with {} requests still in flight; exiting",
-                       kExitGrace.count(), (*server)->engine().inflight());
-      spdlog::shutdown();
-      std::_Exit(kForcedExitCode);
-    }).detach();
-    (*server)->Shutdown(absl::Seconds(drain));
+    // Drain, then end the process without stopping gRPC's transport first:
+    // stopping it cancels calls that arrived in the last instant with
+    // CANCELLED (not retryable), whereas a process that exits closes its
+    // connections and every caller still knocking sees UNAVAILABLE, which
+    // clients retry on another replica. Nothing accepted is lost: the drain
+    // returns only once every accepted call's answer has gone out.
+    const bool drained = (*server)->Drain(absl::Seconds(drain));
+    spdlog::info("{}; stopped", drained ? "drained" : "drain deadline passed");
+    spdlog::shutdown();
+    std::fflush(nullptr);
+    std::_Exit(drained ? 0 : kForcedExitCode);
   });
-  (*server)->Wait();
+  (*server)->Wait();  // returns only if the transport is stopped elsewhere
   waiter.join();
-  spdlog::info("stopped");
   return 0;
 }

@@ -81,27 +81,30 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   return s;
 }
 
-void Server::Shutdown(absl::Duration deadline) {
-  if (shut_down_) return;
-  shut_down_ = true;
-  const absl::Time end = absl::Now() + deadline;
+bool Server::Drain(absl::Duration deadline) {
+  if (drain_end_ == absl::InfiniteFuture()) drain_end_ = absl::Now() + deadline;
   // 1. Readiness off, and new work refused with UNAVAILABLE (retryable on
   //    another replica) while the transport still answers.
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   health->SetServingStatus(kReadinessService, false);
   health->SetServingStatus("", false);
   engine_->StartDraining();
-  // 2. Calls already computing finish, and callers go quiet: each learns
-  //    UNAVAILABLE on its next call (and Kubernetes stops routing here).
-  //    Shutting the transport down while calls still arrive would cancel
-  //    them in flight instead of refusing them.
+  // 2. Accepted calls finish and their answers go out. Refused arrivals do
+  //    not count: under steady traffic they never stop.
   constexpr absl::Duration kQuiet = absl::Milliseconds(300);
-  while (absl::Now() < end &&
-         (engine_->inflight() > 0 || absl::Now() - engine_->last_admission() < kQuiet)) {
+  while (absl::Now() < drain_end_ &&
+         (busy_calls() > 0 || absl::Now() - engine_->last_admission() < kQuiet)) {
     absl::SleepFor(absl::Milliseconds(5));
   }
-  // 3. The transport. Streams still open get what is left of the deadline.
-  server_->Shutdown(absl::ToChronoTime(std::max(end, absl::Now() + absl::Milliseconds(100))));
+  return busy_calls() == 0;
+}
+
+void Server::Shutdown(absl::Duration deadline) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  Drain(deadline);
+  // 3. The transport. Calls still open get what is left of the deadline.
+  server_->Shutdown(absl::ToChronoTime(std::max(drain_end_, absl::Now() + absl::Milliseconds(100))));
 }
 
 Server::~Server() {

@@ -56,9 +56,16 @@ class Server {
   int metrics_port() const { return metrics_ == nullptr ? 0 : metrics_->port(); }
   Engine& engine() { return *engine_; }
 
-  // Graceful drain: readiness turns NOT_SERVING, new calls get UNAVAILABLE,
-  // calls in flight get up to `deadline` to finish; then the server stops.
+  // Graceful drain: readiness turns NOT_SERVING and new calls (and calls
+  // still waiting for admission) get UNAVAILABLE; returns once no accepted
+  // call is computing or answering and none was admitted for a moment, or
+  // at the deadline. Returns whether it drained before the deadline.
+  bool Drain(absl::Duration deadline);
+  // Drain, then stop the transport; calls still open when the deadline
+  // passes (idle streams, stalled callers) are cancelled.
   void Shutdown(absl::Duration deadline);
+  // Calls whose request has been read and whose answer is not yet sent.
+  int busy_calls() const { return tensor_calls_ == nullptr ? 0 : tensor_calls_->busy(); }
   void Wait() { server_->Wait(); }
 
  private:
@@ -71,6 +78,7 @@ class Server {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool shut_down_ = false;
+  absl::Time drain_end_ = absl::InfiniteFuture();
 };
 
 }  // namespace posenc::server

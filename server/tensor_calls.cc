@@ -99,6 +99,19 @@ absl::Status SerializeAnswer(Response& resp, grpc::ByteBuffer* out) {
 // could deadlock two calls.
 int64_t ReadReservation(const TensorCallOptions& o) { return 2 * o.max_message_bytes; }
 
+// Counts a call as busy while it lives: its request is read and its answer
+// not yet sent. A drain waits for busy calls, not for idle streams.
+class BusyMark {
+ public:
+  explicit BusyMark(std::atomic<int>* busy) : busy_(busy) { busy_->fetch_add(1); }
+  ~BusyMark() { busy_->fetch_sub(1); }
+  BusyMark(const BusyMark&) = delete;
+  BusyMark& operator=(const BusyMark&) = delete;
+
+ private:
+  std::atomic<int>* busy_;
+};
+
 // One unary tensor method: parse, run on the engine, serialise. The typed
 // messages live only inside Run, so the request's and the answer's memory
 // is back in a ByteBuffer (or gone) before the answer is written.
@@ -178,6 +191,7 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
       Complete(absl::CancelledError("the call ended before its request arrived"));
       return;
     }
+    busy_.emplace(o_.busy);
     bytes_in_ = static_cast<int64_t>(request_.Length());
     // What the call holds from now on (a shrink: it reserved for the
     // largest message): the request while it is parsed into its typed copy,
@@ -221,6 +235,7 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
 
   const UnaryMethod& method_;
   const TensorCallOptions& o_;
+  std::optional<BusyMark> busy_;  // from the request read until the answer is sent
   grpc::GenericCallbackServerContext* ctx_;
   const std::chrono::steady_clock::time_point start_;
   std::optional<Admission> ticket_;
@@ -257,6 +272,7 @@ class RopeStreamCall final : public grpc::ServerGenericBidiReactor {
       Finish(grpc::Status::OK);
       return;
     }
+    busy_.emplace(o_.busy);
     start_ = std::chrono::steady_clock::now();
     bytes_in_ = static_cast<int64_t>(request_.Length());
     backend_.clear();
@@ -275,6 +291,7 @@ class RopeStreamCall final : public grpc::ServerGenericBidiReactor {
 
   void OnWriteDone(bool ok) override {
     answer_.Clear();
+    busy_.reset();
     ticket_->Shrink(ticket_->bytes());  // the answer is sent (or dropped)
     if (!ok) {
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed: the caller left"));
@@ -342,6 +359,7 @@ class RopeStreamCall final : public grpc::ServerGenericBidiReactor {
 
   const TensorCallOptions& o_;
   grpc::GenericCallbackServerContext* ctx_;
+  std::optional<BusyMark> busy_;  // from a request read until its answer is sent
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   std::optional<Admission> ticket_;
   grpc::ByteBuffer request_, answer_;
@@ -359,6 +377,10 @@ class Unimplemented final : public grpc::ServerGenericBidiReactor {
 };
 
 }  // namespace
+
+TensorCallService::TensorCallService(const TensorCallOptions& options) : options_(options) {
+  options_.busy = &busy_;
+}
 
 grpc::ServerGenericBidiReactor* TensorCallService::CreateReactor(
     grpc::GenericCallbackServerContext* ctx) {

@@ -15,6 +15,8 @@
 #ifndef POSENC_SERVER_TENSOR_CALLS_H_
 #define POSENC_SERVER_TENSOR_CALLS_H_
 
+#include <atomic>
+
 #include "engine.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "metrics.h"
@@ -28,16 +30,20 @@ struct TensorCallOptions {
   RequestExecutor* executor = nullptr;
   // The transport's receive limit: what a call reserves before it reads.
   int64_t max_message_bytes = 0;
+  std::atomic<int>* busy = nullptr;  // set by TensorCallService
 };
 
 class TensorCallService final : public grpc::CallbackGenericService {
  public:
-  explicit TensorCallService(const TensorCallOptions& options) : options_(options) {}
+  explicit TensorCallService(const TensorCallOptions& options);
   // Unknown methods (of any service) are UNIMPLEMENTED, as gRPC answers them.
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override;
+  // Calls whose request has been read and whose answer is not yet sent.
+  int busy() const { return busy_.load(); }
 
  private:
-  const TensorCallOptions options_;
+  std::atomic<int> busy_{0};
+  TensorCallOptions options_;
 };
 
 }  // namespace posenc::server

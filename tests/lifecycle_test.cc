@@ -1,0 +1,189 @@
+// The real posenc-server's lifecycle under conditions that used to break it:
+// a drain under steady traffic (refused arrivals must not extend it, and no
+// call may end CANCELLED), a caller that stops reading (the process must
+// still exit by its drain deadline), and TLS flags that are incomplete or
+// point at bad files (refused at start-up, naming the flag).
+#include <sys/stat.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "posenc/v1/posenc.grpc.pb.h"
+#include "server_process.h"
+
+namespace posenc {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+v1::RopeRequest SmallRope(int64_t tokens = 16) {
+  v1::RopeRequest r;
+  r.mutable_query()->set_dtype(v1::DATA_TYPE_FLOAT32);
+  for (int64_t d : {int64_t{1}, tokens, int64_t{8}, int64_t{64}}) r.mutable_query()->add_shape(d);
+  r.set_query_data(std::string(tokens * 8 * 64 * 4, '\x01'));
+  return r;
+}
+
+// Callers keep calling through SIGTERM, each call on its own, without client
+// retries. Calls that start after the signal must end UNAVAILABLE (retryable
+// elsewhere), never CANCELLED; none may end otherwise; and the server must
+// exit long before --drain_seconds, since refused arrivals do not count as
+// traffic to wait for.
+TEST(Lifecycle, DrainUnderSteadyTrafficEndsPromptlyAndRefusesWithUnavailable) {
+  testing::ServerProcess server;
+  ASSERT_TRUE(server.Start(POSENC_SERVER_BINARY, {"--drain_seconds=20", "--threads=2"}))
+      << server.log_text();
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> sigterm_ns{0};
+  std::mutex mu;
+  std::map<grpc::StatusCode, int> before, after;
+  std::map<grpc::StatusCode, std::string> messages;
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 8; ++c) {
+    callers.emplace_back([&, c] {
+      auto stub = v1::PositionalEncoding::NewStub(server.NewChannel(c + 1));
+      const v1::RopeRequest req = SmallRope();
+      while (!stop) {
+        const int64_t started = Clock::now().time_since_epoch().count();
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+        v1::RopeResponse resp;
+        const grpc::Status s = stub->ApplyRope(&ctx, req, &resp);
+        std::lock_guard<std::mutex> lock(mu);
+        const int64_t t = sigterm_ns.load();
+        (t != 0 && started >= t ? after : before)[s.error_code()]++;
+        messages[s.error_code()] = s.error_message();
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto t0 = Clock::now();
+  sigterm_ns = t0.time_since_epoch().count();
+  ASSERT_EQ(kill(server.pid(), SIGTERM), 0);
+  const bool exited = server.Exited(std::chrono::seconds(25));
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // calls after the exit too
+  stop = true;
+  for (auto& t : callers) t.join();
+  ASSERT_TRUE(exited) << "no exit within 25 s of SIGTERM";
+  std::printf("drain: exited %.2f s after SIGTERM (--drain_seconds=20); before: %d OK; after: "
+              "%d UNAVAILABLE, %d CANCELLED, %d OK\n",
+              seconds, before[grpc::StatusCode::OK], after[grpc::StatusCode::UNAVAILABLE],
+              after[grpc::StatusCode::CANCELLED], after[grpc::StatusCode::OK]);
+  EXPECT_EQ(server.exit_code(), 0) << server.log_text();
+  EXPECT_LT(seconds, 5.0) << "refused arrivals must not keep the server draining";
+  EXPECT_GT(before[grpc::StatusCode::OK], 0);
+  EXPECT_GT(after[grpc::StatusCode::UNAVAILABLE], 0);
+  // OK is possible for a call that reached the server before the signal did.
+  EXPECT_EQ(after[grpc::StatusCode::CANCELLED], 0);
+  for (const auto& [code, n] : after) {
+    if (n == 0) continue;
+    EXPECT_TRUE(code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::OK)
+        << n << " calls started after SIGTERM ended " << code << ": " << messages[code];
+  }
+  for (const auto& [code, n] : before) {
+    if (n == 0) continue;
+    EXPECT_TRUE(code == grpc::StatusCode::OK || code == grpc::StatusCode::UNAVAILABLE)
+        << n << " calls started before SIGTERM ended " << code << ": " << messages[code];
+  }
+}
+
+// A caller that sends requests on a stream and never reads the answers
+// wedges its call (the server's writes wait on flow control). SIGTERM must
+// still end the process by the drain deadline, not leave it hanging.
+TEST(Lifecycle, AStalledCallerCannotHoldTheServerPastItsDrainDeadline) {
+  testing::ServerProcess server;
+  ASSERT_TRUE(server.Start(POSENC_SERVER_BINARY, {"--drain_seconds=2"})) << server.log_text();
+  auto stub = v1::PositionalEncoding::NewStub(server.NewChannel(1));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto stream = stub->StreamRope(&ctx);
+  // A 32 MiB answer, far more than the caller's transport buffers unread:
+  // the server's write waits for a reader that never comes.
+  ASSERT_TRUE(stream->Write(SmallRope(16384)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  const auto t0 = Clock::now();
+  ASSERT_EQ(kill(server.pid(), SIGTERM), 0);
+  const bool exited = server.Exited(std::chrono::seconds(15));
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  ctx.TryCancel();
+  ASSERT_TRUE(exited) << "the server hung on a caller that stopped reading";
+  std::printf("stalled caller: exited %.2f s after SIGTERM (--drain_seconds=2), code %d\n",
+              seconds, server.exit_code());
+  EXPECT_LT(seconds, 2 + 3.0);
+  EXPECT_EQ(server.exit_code(), 3) << "a drain cut short by its deadline exits 3";
+}
+
+// TLS: what the flags name must exist, be readable PEM and belong together;
+// otherwise the server refuses to start (exit 2) and says which flag.
+class TlsFlags : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char pattern[] = "/tmp/posenc_tlsflags_XXXXXX";
+    dir_ = new std::string(mkdtemp(pattern));
+    const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+    const std::string script =
+        "set -e; cd " + *dir_ + "; openssl req -x509 " + key +
+        " -keyout server.key -out server.pem -days 2 -subj /CN=localhost; openssl req -x509 " +
+        key + " -keyout other.key -out other.pem -days 2 -subj /CN=other; " +
+        "echo 'not a pem file' > garbage.pem; mkfifo fifo.pem";
+    ASSERT_EQ(std::system(("bash -c '" + script + "' > " + *dir_ + "/openssl.log 2>&1").c_str()),
+              0)
+        << testing::ReadFile(*dir_ + "/openssl.log");
+  }
+  static void TearDownTestSuite() {
+    std::system(("rm -rf " + *dir_).c_str());
+    delete dir_;
+  }
+  static std::string Path(const std::string& name) { return *dir_ + "/" + name; }
+
+  // Starts the server with `flags`, expecting a refusal naming `flag`.
+  static void ExpectRefused(const std::vector<std::string>& flags, const std::string& flag,
+                            const std::string& what) {
+    testing::ServerProcess server;
+    const auto t0 = Clock::now();
+    EXPECT_FALSE(server.Start(POSENC_SERVER_BINARY, flags)) << "started with " << what;
+    ASSERT_TRUE(server.Exited(std::chrono::seconds(10))) << what;
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10.0) << what;
+    EXPECT_EQ(server.exit_code(), 2) << what << ": " << server.log_text();
+    EXPECT_NE(server.log_text().find(flag), std::string::npos)
+        << what << ": the log should name " << flag << ": " << server.log_text();
+  }
+
+  static std::string* dir_;
+};
+std::string* TlsFlags::dir_ = nullptr;
+
+TEST_F(TlsFlags, IncompleteOrBadFilesRefuseToStartNamingTheFlag) {
+  ExpectRefused({"--tls_client_ca=" + Path("server.pem")}, "--tls_cert",
+                "a client CA without a certificate (used to serve plaintext)");
+  ExpectRefused({"--tls_cert=" + Path("server.pem")}, "--tls_key", "a certificate without a key");
+  ExpectRefused({"--tls_cert=" + Path("missing.pem"), "--tls_key=" + Path("server.key")},
+                "--tls_cert", "a missing certificate file");
+  ExpectRefused({"--tls_cert=" + Path("garbage.pem"), "--tls_key=" + Path("server.key")},
+                "--tls_cert", "a certificate file that is not PEM");
+  ExpectRefused({"--tls_cert=" + Path("server.pem"), "--tls_key=" + Path("garbage.pem")},
+                "--tls_key", "a key file that is not PEM (used to say 'address in use?')");
+  ExpectRefused({"--tls_cert=" + Path("server.pem"), "--tls_key=" + Path("other.key")},
+                "--tls_key", "a key of another certificate");
+  ExpectRefused({"--tls_cert=" + Path("fifo.pem"), "--tls_key=" + Path("server.key")},
+                "--tls_cert", "a FIFO (must not hang)");
+  ExpectRefused({"--tls_cert=" + Path("server.pem"), "--tls_key=" + Path("server.key"),
+                 "--tls_client_ca=" + Path("garbage.pem")},
+                "--tls_client_ca", "a client CA that is not PEM");
+}
+
+TEST_F(TlsFlags, GoodFilesStart) {
+  testing::ServerProcess server;
+  EXPECT_TRUE(server.Start(POSENC_SERVER_BINARY, {"--tls_cert=" + Path("server.pem"),
+                                                  "--tls_key=" + Path("server.key"),
+                                                  "--tls_client_ca=" + Path("other.pem")}))
+      << server.log_text();
+}
+
+}  // namespace
+}  // namespace posenc
