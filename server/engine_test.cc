@@ -121,6 +121,34 @@ TEST(Engine, BytesInFlightAreBounded) {
   EXPECT_EQ((*engine)->inflight_bytes(), 0);
 }
 
+// Allocation failure anywhere in a call's work (here: thrown from inside a
+// kernel chunk, on a pool thread) is RESOURCE_EXHAUSTED, and the engine
+// keeps serving. It used to escape the executor and abort the server.
+TEST(Engine, AllocationFailureIsResourceExhaustedAndTheEngineKeepsServing) {
+  EngineOptions o;
+  o.cpu_threads = 2;
+  auto engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  // 1024 tokens: several chunks, so pool threads run (and throw) too.
+  testing::Bytes big = testing::RandomTensor(DType::kFloat32, 1024 * 4 * 64);
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    v1::RopeRequest r;
+    SetTensor(TensorView{DType::kFloat32, {1, 1024, 4, 64}, big.data(), big.size()},
+              r.mutable_query(), r.mutable_query_data());
+    v1::RopeResponse resp;
+    RunContext throwing;
+    throwing.cancelled = []() -> bool { throw std::bad_alloc(); };
+    const absl::Status s = (*engine)->ApplyRope(&r, &resp, throwing);
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_EQ((*engine)->inflight(), 0);
+    EXPECT_EQ((*engine)->inflight_bytes(), 0);
+  }
+  testing::Bytes q = testing::RandomTensor(DType::kFloat32, 64 * 4 * 64);
+  v1::RopeRequest r = Request(q);
+  v1::RopeResponse resp;
+  EXPECT_TRUE((*engine)->ApplyRope(&r, &resp, {}).ok());
+}
+
 TEST(Engine, FailedValidationLeavesNoPartialResponse) {
   auto engine = Engine::Create(EngineOptions{});
   ASSERT_TRUE(engine.ok());

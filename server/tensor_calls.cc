@@ -378,6 +378,18 @@ class Unimplemented final : public grpc::ServerGenericBidiReactor {
 
 }  // namespace
 
+absl::Status RunTensorMethod(Engine* engine, absl::string_view method, grpc::ByteBuffer* request,
+                             grpc::ByteBuffer* answer, const RunContext& ctx,
+                             Engine::Admission& admission) {
+  for (const UnaryMethod& m : kUnaryMethods) {
+    if (method == m.name) {
+      std::string backend;
+      return NoThrow([&] { return m.run(engine, request, answer, ctx, admission, &backend); });
+    }
+  }
+  return absl::UnimplementedError(absl::StrCat("no tensor method ", method));
+}
+
 TensorCallService::TensorCallService(const TensorCallOptions& options) : options_(options) {
   options_.busy = &busy_;
 }

@@ -46,6 +46,15 @@ class TensorCallService final : public grpc::CallbackGenericService {
   TensorCallOptions options_;
 };
 
+// Runs one unary tensor method ("ApplyRope", "AddAbsoluteEncoding",
+// "GetEncodingTable", "AttentionBias") on a serialised request as an
+// admitted call does: parse (emptying `request`), compute, serialise into
+// `answer`. `admission` must hold the request's bytes twice (see
+// ReadReservation). For fuzzing and tests; calls use it too.
+[[nodiscard]] absl::Status RunTensorMethod(Engine* engine, absl::string_view method,
+                                           grpc::ByteBuffer* request, grpc::ByteBuffer* answer,
+                                           const RunContext& ctx, Engine::Admission& admission);
+
 }  // namespace posenc::server
 
 #endif  // POSENC_SERVER_TENSOR_CALLS_H_

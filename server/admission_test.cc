@@ -1,0 +1,163 @@
+#include "admission.h"
+
+#include <atomic>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+
+namespace posenc::server {
+namespace {
+
+using Ticket = AdmissionControl::Ticket;
+
+AdmissionOptions Options(int calls, int64_t bytes, absl::Duration wait = absl::Seconds(5)) {
+  return AdmissionOptions{calls, bytes, wait};
+}
+
+TEST(Admission, SlotsAndBytesAreBoundedAndReturned) {
+  AdmissionControl a(Options(2, 100));
+  auto t1 = a.Enter();
+  auto t2 = a.Enter();
+  ASSERT_TRUE(t1.ok() && t2.ok());
+  EXPECT_EQ(a.Enter().status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(t1->TryGrow(60).ok());
+  EXPECT_EQ(t2->TryGrow(41).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(t2->bytes(), 0);
+  EXPECT_TRUE(t2->TryGrow(40).ok());
+  EXPECT_EQ(a.bytes(), 100);
+  t1->Reset();
+  EXPECT_EQ(a.bytes(), 40);
+  EXPECT_EQ(a.calls(), 1);
+  EXPECT_TRUE(t2->Resize(10).ok());
+  EXPECT_EQ(a.bytes(), 10);
+}
+
+TEST(Admission, WaitersAreGrantedInOrderWhenBytesReturn) {
+  AdmissionControl a(Options(8, 100));
+  auto holder = a.Enter();
+  ASSERT_TRUE(holder->TryGrow(90).ok());
+  std::vector<int> order;
+  std::mutex mu;
+  std::vector<Ticket> waiters;
+  for (int i = 0; i < 3; ++i) waiters.push_back(*a.Enter());
+  for (int i = 0; i < 3; ++i) {
+    waiters[i].Reserve(40, absl::InfiniteFuture(), [&, i](absl::Status s) {
+      ASSERT_TRUE(s.ok()) << s;
+      std::lock_guard<std::mutex> lock(mu);
+      order.push_back(i);
+    });
+  }
+  // A small reservation behind them waits its turn even though it would fit.
+  auto late = a.Enter();
+  bool late_granted = false;
+  late->Reserve(5, absl::InfiniteFuture(), [&](absl::Status s) { late_granted = s.ok(); });
+  EXPECT_FALSE(late_granted);
+  EXPECT_EQ(a.waiting(), 4);
+  holder->Reset();  // 100 free: the first two fit (80), the third waits
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(order, (std::vector<int>{0, 1}));
+  }
+  waiters[0].Reset();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
+  }
+  EXPECT_TRUE(late_granted);
+  EXPECT_EQ(a.waiting(), 0);
+}
+
+TEST(Admission, WaitEndsAtTheDeadlineWithResourceExhausted) {
+  AdmissionControl a(Options(4, 100, absl::Milliseconds(50)));
+  auto holder = a.Enter();
+  ASSERT_TRUE(holder->TryGrow(100).ok());
+  auto t = a.Enter();
+  absl::Notification done;
+  absl::Status result;
+  const absl::Time start = absl::Now();
+  t->Reserve(10, absl::InfiniteFuture(), [&](absl::Status s) {
+    result = s;
+    done.Notify();
+  });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(result.code(), absl::StatusCode::kResourceExhausted) << result;
+  EXPECT_NE(result.message().find("--max_inflight_bytes"), absl::string_view::npos);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(45));
+  EXPECT_EQ(t->bytes(), 0);
+}
+
+TEST(Admission, DrainEndsWaitersAndRefusesNewCalls) {
+  AdmissionControl a(Options(4, 100));
+  auto holder = a.Enter();
+  ASSERT_TRUE(holder->TryGrow(100).ok());
+  auto t = a.Enter();
+  absl::Status result;
+  t->Reserve(10, absl::InfiniteFuture(), [&](absl::Status s) { result = s; });
+  a.StartDraining();
+  EXPECT_EQ(result.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(a.Enter().status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(Admission, CancelEndsAWaitOnceAndNeverTwice) {
+  AdmissionControl a(Options(4, 100));
+  auto holder = a.Enter();
+  ASSERT_TRUE(holder->TryGrow(100).ok());
+  auto t = a.Enter();
+  int calls = 0;
+  absl::Status result;
+  t->Reserve(10, absl::InfiniteFuture(), [&](absl::Status s) {
+    ++calls;
+    result = s;
+  });
+  t->CancelWait(absl::CancelledError("gone"));
+  t->CancelWait(absl::CancelledError("gone again"));
+  holder->Reset();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(result.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(a.bytes(), 0);
+}
+
+TEST(Admission, ARequestLargerThanTheBudgetIsRefusedAtOnce) {
+  AdmissionControl a(Options(4, 100));
+  auto t = a.Enter();
+  absl::Status result;
+  t->Reserve(101, absl::InfiniteFuture(), [&](absl::Status s) { result = s; });
+  EXPECT_EQ(result.code(), absl::StatusCode::kResourceExhausted);
+}
+
+// Many threads entering, reserving, growing and leaving at once: the budget
+// is never exceeded and everything is returned (run under TSan in CI).
+TEST(Admission, ConcurrentCallsNeverExceedTheBudget) {
+  AdmissionControl a(Options(16, 1000, absl::Milliseconds(200)));
+  std::atomic<bool> over{false};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      std::mt19937 rng(i);
+      for (int n = 0; n < 300; ++n) {
+        auto t = a.Enter();
+        if (!t.ok()) continue;
+        absl::Notification granted;
+        absl::Status status;
+        t->Reserve(1 + rng() % 400, absl::Now() + absl::Milliseconds(100), [&](absl::Status s) {
+          status = s;
+          granted.Notify();
+        });
+        granted.WaitForNotification();
+        if (status.ok()) (void)t->TryGrow(rng() % 200);
+        if (a.bytes() > 1000) over = true;
+        if (status.ok()) t->Shrink(t->bytes() / 2);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_FALSE(over);
+  EXPECT_EQ(a.bytes(), 0);
+  EXPECT_EQ(a.calls(), 0);
+}
+
+}  // namespace
+}  // namespace posenc::server
