@@ -19,7 +19,8 @@ if(POSENC_SANITIZE)
   endif()
   # The AVX2 clones' ifunc resolvers run before the sanitizer runtime starts
   # (TSan crashes at load); sanitizer builds check the portable code path.
-  add_compile_definitions(POSENC_NO_CLONES=1)
+  # Tests that measure memory or time skip those checks under sanitizers.
+  add_compile_definitions(POSENC_NO_CLONES=1 POSENC_UNDER_SANITIZER=1)
 endif()
 
 if(POSENC_BUILD_FUZZERS)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs everything posenc needs to build and test on Debian 12.
+# Installs everything posenc needs to build and test on Debian 12, or, given
+# package names, just those (scripts/sanitize.sh asks for clang this way).
 # Idempotent: packages already present are skipped by apt. Runs as root or via sudo.
 set -euo pipefail
 
@@ -10,6 +11,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libpng-dev zlib1g-dev prometheus-cpp-dev openssl libssl-dev
 )
+
+if [ $# -gt 0 ]; then packages=("$@"); fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -76,6 +76,7 @@ class ServerProcess {
                                      "--drain_seconds=5", "--log_level=warn",
                                      "--metrics_listen="};
     args.insert(args.end(), flags.begin(), flags.end());
+    std::fflush(nullptr);  // the child must not inherit (and repeat) unwritten output
     pid_ = fork();
     if (pid_ == 0) {
       if (std::freopen(log_file_.c_str(), "w", stdout) == nullptr ||

@@ -262,7 +262,9 @@ TEST_F(OverloadedServer, OverloadGetsResourceExhaustedAndMemoryStaysBounded) {
         << n << " calls ended with code " << code;
   }
   EXPECT_GT(peak, 0);
+#ifndef POSENC_UNDER_SANITIZER  // shadow memory and quarantine are not ours
   EXPECT_LT(peak, int64_t{256} << 20);
+#endif
 }
 
 // A call whose deadline passes stops consuming CPU: ten calls, each cut off

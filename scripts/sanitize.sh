@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The sanitizer and fuzzing checks CI runs after scripts/test.sh:
+#  1. clang ASan + UBSan (every UB finding fatal) build of everything but
+#     CUDA, with the libFuzzer harnesses: the cpu and e2e suites, every seed
+#     corpus replayed, and each fuzzer run for POSENC_FUZZ_SECONDS (default
+#     20) from its corpus;
+#  2. clang TSan build of the concurrency tests of our own code (thread pool,
+#     admission control, engine). gRPC from Debian is not instrumented, so
+#     TSan stays away from tests that run a gRPC server.
+# This also proves the code builds with clang as well as gcc.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+scripts/install-deps.sh clang libclang-rt-14-dev llvm-14
+export CC=clang CXX=clang++
+jobs=$(nproc)
+common=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DPOSENC_ENABLE_CUDA=OFF -DPOSENC_BUILD_BENCH=OFF)
+
+asan=${POSENC_ASAN_DIR:-build-asan}
+cmake -S . -B "$asan" "${common[@]}" -DPOSENC_SANITIZE=address,undefined \
+  -DPOSENC_BUILD_FUZZERS=ON -DPOSENC_FUZZ_SECONDS="${POSENC_FUZZ_SECONDS:-20}"
+cmake --build "$asan" -j "$jobs"
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:symbolize=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0
+# install.find_package builds an uninstrumented consumer; deploy checks have
+# nothing to sanitize.
+(cd "$asan" && ctest --output-on-failure -j "$jobs" --timeout 900 -L 'cpu|e2e|fuzz' \
+  -E '^install\.')
+
+tsan=${POSENC_TSAN_DIR:-build-tsan}
+cmake -S . -B "$tsan" "${common[@]}" -DPOSENC_SANITIZE=thread
+cmake --build "$tsan" -j "$jobs" --target kernels_test server_test engine_test
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+"$tsan"/kernels/kernels_test --gtest_filter='ThreadPool*'
+"$tsan"/server/server_test --gtest_filter='Admission*'
+"$tsan"/tests/engine_test
+echo "sanitize: ASan+UBSan, fuzzers and TSan all passed"
