@@ -25,7 +25,7 @@ TEST(DType, SizesAndNames) {
   EXPECT_EQ(SizeOf(DType::kFloat32), 4u);
   EXPECT_EQ(SizeOf(DType::kBFloat16), 2u);
   EXPECT_EQ(SizeOf(DType::kInt64), 8u);
-  EXPECT_EQ(DTypeName(DType::kFloat16), "FLOAT16");
+  EXPECT_STREQ(DTypeName(DType::kFloat16), "FLOAT16");  // contents, not pointers
 }
 
 TEST(DType, HalfRoundTripsEveryFiniteValue) {
