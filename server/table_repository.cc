@@ -14,6 +14,7 @@
 #include <system_error>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "safetensors.h"
@@ -55,6 +56,52 @@ const char* KindOf(mode_t mode) {
   if (S_ISSOCK(mode)) return "a socket";
   if (S_ISLNK(mode)) return "a symlink";
   return "not a regular file";
+}
+
+// True if `s` is valid UTF-8 without control characters. File names become
+// table names and appear in skipped(), both sent as proto3 strings: one
+// invalid name would make every ListTables reply unparseable by clients.
+bool IsPrintableUtf8(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) return false;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    // Lead byte: continuation count and the range of the second byte, which
+    // excludes overlong forms, surrogates and code points past U+10FFFF.
+    int more = 0;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf) {
+      more = 1;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      more = 2;
+      if (c == 0xe0) lo = 0xa0;
+      if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      more = 3;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;
+    } else {
+      return false;
+    }
+    if (s.size() - i <= static_cast<size_t>(more)) return false;
+    for (int k = 1; k <= more; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xbf)) return false;
+    }
+    i += more + 1;
+  }
+  return true;
+}
+
+// `path` for messages: as is when printable, else with the name escaped.
+std::string Printable(const fs::path& path) {
+  const std::string name = path.filename().string();
+  if (IsPrintableUtf8(name)) return path.string();
+  return (path.parent_path() / absl::CHexEscape(name)).string();
 }
 
 // True if `p` names something strictly inside `dir` (both canonical).
@@ -138,13 +185,17 @@ bool Scan::LoadFile(const fs::path& path) {
   try {
     return LoadFileOrThrow(path);
   } catch (const std::bad_alloc&) {
-    skipped.push_back(absl::StrCat(path.string(), ": out of memory while loading"));
+    skipped.push_back(absl::StrCat(Printable(path), ": out of memory while loading"));
     return true;
   }
 }
 
 bool Scan::LoadFileOrThrow(const fs::path& path) {
-  const std::string where = path.string();
+  const std::string where = Printable(path);
+  if (where != path.string()) {
+    skipped.push_back(absl::StrCat(where, ": file name is not printable UTF-8"));
+    return true;
+  }
   absl::StatusOr<std::string> bytes = ReadRegularFile(path);
   if (absl::IsCancelled(bytes.status())) return false;
   if (!bytes.ok()) {

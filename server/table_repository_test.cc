@@ -295,6 +295,28 @@ TEST_F(TableRepositoryTest, FilesOverTheSizeLimitsAreSkipped) {
   EXPECT_NE(total.find("max_total_bytes is 384; 128 already loaded"), std::string::npos) << total;
 }
 
+// File names become table names and skipped() lines, sent as proto3 strings;
+// one that is not UTF-8 would make every ListTables reply unparseable.
+TEST_F(TableRepositoryTest, FileNamesMustBePrintableUtf8) {
+  good_ = WriteTable(dir_ / "good.safetensors", "pos");
+  WriteTable(dir_ / "\xff\xfe.safetensors", "pos");
+  WriteTable(dir_ / "ctl\n.safetensors", "pos");
+  WriteTable(dir_ / "\xed\xa0\x80.safetensors", "pos");  // a UTF-16 surrogate
+  const LearnedTable utf8 = WriteTable(dir_ / "\xc3\xa9t\xc3\xa9.safetensors", "pos");
+  auto repo = Repo();
+  ReloadAndExpectGood(repo);
+  auto found = repo->Find("\xc3\xa9t\xc3\xa9/pos");
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ((*found)->values, utf8.values);
+  EXPECT_EQ(repo->List().size(), 2u);
+  ASSERT_EQ(repo->skipped().size(), 3u) << absl::StrJoin(repo->skipped(), "\n");
+  EXPECT_NE(SkipReason(*repo, "\\xff\\xfe.safetensors").find("not printable UTF-8"),
+            std::string::npos);
+  EXPECT_NE(SkipReason(*repo, "ctl\\n.safetensors").find("not printable UTF-8"), std::string::npos);
+  EXPECT_NE(SkipReason(*repo, "\\xed\\xa0\\x80.safetensors").find("not printable UTF-8"),
+            std::string::npos);
+}
+
 TEST_F(TableRepositoryTest, CancelledReloadKeepsThePreviousSet) {
   good_ = WriteTable(dir_ / "good.safetensors", "pos");
   auto repo = Repo();
