@@ -302,11 +302,35 @@ TableRepository::TableRepository(TableRepositoryOptions options) : options_(std:
 TableRepository::TableRepository(std::string dir)
     : TableRepository(TableRepositoryOptions{std::move(dir)}) {}
 
-bool TableRepository::Reload(const std::function<bool()>& cancelled) {
-  std::unique_lock<std::timed_mutex> serial(reload_mu_, std::defer_lock);
-  while (!serial.try_lock_for(kLockPoll)) {
-    if (cancelled && cancelled()) return false;
+bool TableRepository::BeginReload(const std::function<bool()>& cancelled) {
+  std::unique_lock<std::mutex> lock(reload_mu_);
+  while (reloading_) {
+    if (cancelled) {
+      lock.unlock();  // the predicate is the caller's code: never run it under our lock
+      if (cancelled()) return false;
+      lock.lock();
+      if (!reloading_) break;
+    }
+    reload_done_.wait_for(lock, kLockPoll);
   }
+  reloading_ = true;
+  return true;
+}
+
+void TableRepository::EndReload() {
+  {
+    std::lock_guard<std::mutex> lock(reload_mu_);
+    reloading_ = false;
+  }
+  reload_done_.notify_one();
+}
+
+bool TableRepository::Reload(const std::function<bool()>& cancelled) {
+  if (!BeginReload(cancelled)) return false;
+  struct End {
+    TableRepository* repo;
+    ~End() { repo->EndReload(); }
+  } end{this};
   Scan scan(options_, cancelled);
   bool complete = false;
   try {

@@ -6,6 +6,7 @@
 #ifndef POSENC_SERVER_TABLE_REPOSITORY_H_
 #define POSENC_SERVER_TABLE_REPOSITORY_H_
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -69,9 +70,18 @@ class TableRepository {
  private:
   using TableMap = std::map<std::string, TableEntry, std::less<>>;
 
+  // Waits until no other reload runs (false if cancelled meanwhile).
+  bool BeginReload(const std::function<bool()>& cancelled);
+  void EndReload();
+
   const TableRepositoryOptions options_;
-  std::timed_mutex reload_mu_;  // held for a whole reload: one at a time
-  mutable std::mutex mu_;       // guards the two fields below; never held during I/O
+  // Reloads run one at a time. A flag and a condition variable rather than a
+  // timed mutex: waiting must poll `cancelled`, and TSan does not see
+  // pthread_mutex_clocklock, which timed_mutex::try_lock_for uses.
+  std::mutex reload_mu_;
+  std::condition_variable reload_done_;
+  bool reloading_ = false;  // guarded by reload_mu_
+  mutable std::mutex mu_;   // guards the two fields below; never held during I/O
   TableMap tables_;
   std::vector<std::string> skipped_;
 };
