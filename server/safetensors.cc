@@ -25,6 +25,12 @@ constexpr absl::string_view kMetadataKey = "__metadata__";
 // replies; this many characters identify them without letting one file
 // produce megabyte-long messages.
 constexpr size_t kMaxQuotedChars = 96;
+// NumPy allows 64 dims and PyTorch fewer; more is not a tensor anyone wrote,
+// and the cap keeps a hostile shape list from costing 4x its text in memory.
+constexpr size_t kMaxRank = 64;
+// skipped() lines travel in every ListTables reply: a checkpoint with many
+// non-table tensors lists this many and counts the rest.
+constexpr size_t kMaxSkippedPerFile = 16;
 // Shapes in messages print at most this many dims.
 constexpr size_t kMaxShownDims = 8;
 
@@ -96,15 +102,69 @@ struct TensorSpec {
   uint64_t end = 0;
 };
 
+// Element bytes of `shape` in `dtype`, or an error if the size overflows
+// 64 bits or ends mid-byte (sub-byte dtypes). A zero dim makes the tensor
+// empty whatever the others are, so [2^64-1, 0] is 0 bytes, not an overflow.
+absl::StatusOr<uint64_t> ByteCount(const RawTensor& t, const DTypeInfo& dtype) {
+  const std::vector<uint64_t>& shape = *t.shape;
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
+  uint64_t bits = dtype.bits;
+  for (uint64_t d : shape) {
+    if (__builtin_mul_overflow(bits, d, &bits)) {
+      return BadTensor(t.name, absl::StrCat("shape ", ShapeText(shape), " of ", dtype.name,
+                                            " needs more than 2^64 bits"));
+    }
+  }
+  if (bits % 8 != 0) {
+    return BadTensor(t.name, absl::StrCat("shape ", ShapeText(shape), " of ", dtype.name, " is ",
+                                          bits, " bits, not a whole number of bytes"));
+  }
+  return bits / 8;
+}
+
+absl::StatusOr<TensorSpec> CheckTensor(RawTensor& t, uint64_t data_size) {
+  if (!t.dtype || !t.shape || !t.offsets) {
+    return BadTensor(t.name, absl::StrCat("lacks ", !t.dtype   ? "dtype"
+                                                    : !t.shape ? "shape"
+                                                               : "data_offsets"));
+  }
+  const DTypeInfo* dtype = FindDType(*t.dtype);
+  if (dtype == nullptr) {
+    return BadTensor(t.name,
+                     absl::StrCat("dtype ", Quoted(*t.dtype), " is not a safetensors dtype"));
+  }
+  if (t.offsets->size() != 2) {
+    return BadTensor(t.name, absl::StrCat("data_offsets has ", t.offsets->size(),
+                                          " entries; expected [begin, end]"));
+  }
+  const uint64_t begin = (*t.offsets)[0], end = (*t.offsets)[1];
+  if (begin > end || end > data_size) {
+    return BadTensor(
+        t.name, absl::StrCat("data_offsets [", begin, ", ", end,
+                             "] are not a range within the data section of ", data_size, " bytes"));
+  }
+  absl::StatusOr<uint64_t> bytes = ByteCount(t, *dtype);
+  if (!bytes.ok()) return bytes.status();
+  if (end - begin != *bytes) {
+    return BadTensor(t.name, absl::StrCat("data_offsets [", begin, ", ", end, "] hold ",
+                                          end - begin, " bytes but shape ", ShapeText(*t.shape),
+                                          " of ", dtype->name, " needs ", *bytes));
+  }
+  return TensorSpec{std::move(t.name), dtype, std::move(*t.shape), begin, end};
+}
+
 // Reads the header with nlohmann's SAX interface rather than into a DOM:
 // the format nests three levels deep, so a streaming reader keeps only the
-// entries (memory linear in the header, a small factor), rejects anything
-// else at the first offending token, and never throws. (nlohmann's DOM
+// checked entries (each tensor is checked as its object closes, so memory
+// stays a small multiple of the header), rejects anything else at the first
+// offending token, and never throws. (nlohmann's DOM
 // parser with a filtering callback rescans the parent object at every
 // object end, which is quadratic in the number of tensors.)
 class HeaderReader final : public nlohmann::json_sax<Json> {
  public:
-  // Parses `text`; the entries are then in tensors().
+  explicit HeaderReader(uint64_t data_size) : data_size_(data_size) {}
+
+  // Parses `text`; the checked entries are then in specs().
   absl::Status Read(absl::string_view text) {
     const bool ok = Json::sax_parse(text.data(), text.data() + text.size(), this,
                                     nlohmann::json::input_format_t::json, /*strict=*/true);
@@ -112,7 +172,7 @@ class HeaderReader final : public nlohmann::json_sax<Json> {
     if (!ok || where_ != Where::kDone) return Malformed("header JSON ends early");
     return absl::OkStatus();
   }
-  std::vector<RawTensor>& tensors() { return tensors_; }
+  std::vector<TensorSpec>& specs() { return specs_; }
 
   bool null() override { return Scalar("null"); }
   bool boolean(bool v) override { return Scalar(v ? "true" : "false"); }
@@ -160,7 +220,9 @@ class HeaderReader final : public nlohmann::json_sax<Json> {
   int64_t skip_depth_ = 0;    // > 0 inside an ignored object or list
   std::string key_;           // the current root key (tensor name) or tensor field
   std::set<std::string, std::less<>> names_;
-  std::vector<RawTensor> tensors_;
+  const uint64_t data_size_;
+  RawTensor current_;  // the tensor entry being read
+  std::vector<TensorSpec> specs_;
   absl::Status error_;
 };
 
@@ -174,18 +236,17 @@ bool HeaderReader::Unexpected(absl::string_view what) {
       }
       return Fail(BadTensor(key_, absl::StrCat("entry is ", what, "; expected an object")));
     case Where::kTensor:
-      return Fail(
-          BadTensor(tensors_.back().name,
-                    absl::StrCat(key_, " is ", what,
-                                 key_ == "dtype" ? "; expected a string" : "; expected a list")));
+      return Fail(BadTensor(current_.name, absl::StrCat(key_, " is ", what,
+                                                        key_ == "dtype" ? "; expected a string"
+                                                                        : "; expected a list")));
     case Where::kMetadata:
       return Fail(Malformed(absl::StrCat("__metadata__ value for ", Quoted(key_), " is ", what,
                                          "; expected a string")));
     case Where::kShape:
     case Where::kOffsets:
-      return Fail(BadTensor(tensors_.back().name,
-                            absl::StrCat(ArrayField(), "[", CurrentArray()->size(), "] is ", what,
-                                         "; expected an integer in [0, 2^64-1]")));
+      return Fail(
+          BadTensor(current_.name, absl::StrCat(ArrayField(), "[", CurrentArray()->size(), "] is ",
+                                                what, "; expected an integer in [0, 2^64-1]")));
     case Where::kDone:
       break;
   }
@@ -193,7 +254,7 @@ bool HeaderReader::Unexpected(absl::string_view what) {
 }
 
 std::vector<uint64_t>* HeaderReader::CurrentArray() {
-  RawTensor& t = tensors_.back();
+  RawTensor& t = current_;
   return where_ == Where::kShape ? &*t.shape : &*t.offsets;
 }
 
@@ -222,7 +283,10 @@ bool HeaderReader::number_unsigned(number_unsigned_t v) {
   if (where_ != Where::kShape && where_ != Where::kOffsets) return Unexpected(absl::StrCat(v));
   std::vector<uint64_t>* values = CurrentArray();
   if (where_ == Where::kOffsets && values->size() == 2) {
-    return Fail(BadTensor(tensors_.back().name, "data_offsets has more than 2 entries"));
+    return Fail(BadTensor(current_.name, "data_offsets has more than 2 entries"));
+  }
+  if (where_ == Where::kShape && values->size() == kMaxRank) {
+    return Fail(BadTensor(current_.name, absl::StrCat("shape has more than ", kMaxRank, " dims")));
   }
   values->push_back(v);
   return true;
@@ -231,7 +295,7 @@ bool HeaderReader::number_unsigned(number_unsigned_t v) {
 bool HeaderReader::string(string_t& v) {
   if (SkipScalar() || where_ == Where::kMetadata) return true;
   if (where_ == Where::kTensor && key_ == "dtype") {
-    tensors_.back().dtype = std::move(v);
+    current_.dtype = std::move(v);
     return true;
   }
   return Unexpected(Quoted(v));
@@ -247,7 +311,7 @@ bool HeaderReader::start_object(std::size_t) {
     if (key_ == kMetadataKey) {
       where_ = Where::kMetadata;
     } else {
-      tensors_.push_back(RawTensor{key_, {}, {}, {}});
+      current_ = RawTensor{key_, {}, {}, {}};
       where_ = Where::kTensor;
     }
     return true;
@@ -258,7 +322,7 @@ bool HeaderReader::start_object(std::size_t) {
 bool HeaderReader::start_array(std::size_t) {
   if (SkipContainerStart()) return true;
   if (where_ == Where::kTensor && (key_ == "shape" || key_ == "data_offsets")) {
-    RawTensor& t = tensors_.back();
+    RawTensor& t = current_;
     where_ = key_ == "shape" ? Where::kShape : Where::kOffsets;
     (where_ == Where::kShape ? t.shape : t.offsets).emplace();
     return true;
@@ -278,7 +342,7 @@ bool HeaderReader::key(string_t& k) {
                                     : BadTensor(k, "appears twice in the header"));
     }
   } else {  // kTensor
-    const RawTensor& t = tensors_.back();
+    const RawTensor& t = current_;
     const bool seen = (k == "dtype" && t.dtype) || (k == "shape" && t.shape) ||
                       (k == "data_offsets" && t.offsets);
     if (seen) return Fail(BadTensor(t.name, absl::StrCat("has two '", k, "' fields")));
@@ -290,6 +354,11 @@ bool HeaderReader::key(string_t& k) {
 
 bool HeaderReader::end_object() {
   if (SkipContainerEnd()) return true;
+  if (where_ == Where::kTensor) {
+    absl::StatusOr<TensorSpec> spec = CheckTensor(current_, data_size_);
+    if (!spec.ok()) return Fail(spec.status());
+    specs_.push_back(std::move(*spec));
+  }
   where_ = where_ == Where::kRoot ? Where::kDone : Where::kRoot;
   return true;
 }
@@ -302,9 +371,8 @@ bool HeaderReader::end_array() {
 
 absl::StatusOr<uint64_t> HeaderLength(absl::string_view bytes, const SafetensorsLimits& limits) {
   if (bytes.size() < 8) {
-    return Malformed(absl::StrCat("file of ", bytes.size(),
-                                  " bytes is shorter than the 8-byte "
-                                  "header length"));
+    return Malformed(
+        absl::StrCat("file of ", bytes.size(), " bytes is shorter than the 8-byte header length"));
   }
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[i]);
@@ -317,57 +385,6 @@ absl::StatusOr<uint64_t> HeaderLength(absl::string_view bytes, const Safetensors
                                   bytes.size() - 8, " bytes follow the length)"));
   }
   return n;
-}
-
-// Element bytes of `shape` in `dtype`, or an error if the size overflows
-// 64 bits or ends mid-byte (sub-byte dtypes). A zero dim makes the tensor
-// empty whatever the others are, so [2^64-1, 0] is 0 bytes, not an overflow.
-absl::StatusOr<uint64_t> ByteCount(const RawTensor& t, const DTypeInfo& dtype) {
-  const std::vector<uint64_t>& shape = *t.shape;
-  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
-  uint64_t bits = dtype.bits;
-  for (uint64_t d : shape) {
-    if (__builtin_mul_overflow(bits, d, &bits)) {
-      return BadTensor(t.name, absl::StrCat("shape ", ShapeText(shape), " of ", dtype.name,
-                                            " needs more than 2^64 bits"));
-    }
-  }
-  if (bits % 8 != 0) {
-    return BadTensor(t.name, absl::StrCat("shape ", ShapeText(*t.shape), " of ", dtype.name, " is ",
-                                          bits, " bits, not a whole number of bytes"));
-  }
-  return bits / 8;
-}
-
-absl::StatusOr<TensorSpec> CheckTensor(RawTensor& t, uint64_t data_size) {
-  if (!t.dtype || !t.shape || !t.offsets) {
-    return BadTensor(t.name, absl::StrCat("lacks ", !t.dtype   ? "dtype"
-                                                    : !t.shape ? "shape"
-                                                               : "data_offsets"));
-  }
-  const DTypeInfo* dtype = FindDType(*t.dtype);
-  if (dtype == nullptr) {
-    return BadTensor(t.name,
-                     absl::StrCat("dtype ", Quoted(*t.dtype), " is not a safetensors dtype"));
-  }
-  if (t.offsets->size() != 2) {
-    return BadTensor(t.name, absl::StrCat("data_offsets has ", t.offsets->size(),
-                                          " entries; expected [begin, end]"));
-  }
-  const uint64_t begin = (*t.offsets)[0], end = (*t.offsets)[1];
-  if (begin > end || end > data_size) {
-    return BadTensor(
-        t.name, absl::StrCat("data_offsets [", begin, ", ", end,
-                             "] are not a range within the data section of ", data_size, " bytes"));
-  }
-  absl::StatusOr<uint64_t> bytes = ByteCount(t, *dtype);
-  if (!bytes.ok()) return bytes.status();
-  if (end - begin != *bytes) {
-    return BadTensor(t.name, absl::StrCat("data_offsets [", begin, ", ", end, "] hold ",
-                                          end - begin, " bytes but shape ", ShapeText(*t.shape),
-                                          " of ", dtype->name, " needs ", *bytes));
-  }
-  return TensorSpec{std::move(t.name), dtype, std::move(*t.shape), begin, end};
 }
 
 // The reference rule: sorted by offset, the tensors tile the data section
@@ -406,8 +423,9 @@ std::optional<std::string> WhyNotTable(const TensorSpec& s, const SafetensorsLim
   if (s.shape.size() != 2) {
     return absl::StrCat("shape ", ShapeText(s.shape), " is not [max_positions, dim]");
   }
-  if (s.shape[0] == 0 || s.shape[1] == 0)
+  if (s.shape[0] == 0 || s.shape[1] == 0) {
     return absl::StrCat("shape ", ShapeText(s.shape), " is empty");
+  }
   if (s.shape[0] > limits.max_table_rows) {
     return absl::StrCat(s.shape[0], " rows are over the limit of ", limits.max_table_rows);
   }
@@ -416,6 +434,30 @@ std::optional<std::string> WhyNotTable(const TensorSpec& s, const SafetensorsLim
   }
   return std::nullopt;
 }
+
+// The skipped tensors of one file, listed up to kMaxSkippedPerFile.
+class SkipList {
+ public:
+  SkipList(absl::string_view stem, std::vector<std::string>* out) : stem_(stem), out_(out) {}
+  // Adds the count of the unlisted ones, if any.
+  void Finish() {
+    if (unlisted_ > 0) {
+      out_->push_back(absl::StrCat(Quoted(stem_), ": ", unlisted_, " more tensors skipped"));
+    }
+  }
+  void Add(absl::string_view tensor, absl::string_view why) {
+    if (out_->size() >= kMaxSkippedPerFile) {
+      ++unlisted_;
+      return;
+    }
+    out_->push_back(absl::StrCat(Quoted(absl::StrCat(stem_, "/", tensor)), ": ", why));
+  }
+
+ private:
+  absl::string_view stem_;
+  std::vector<std::string>* out_;
+  size_t unlisted_ = 0;
+};
 
 // Converts to float32. A NaN or infinity would silently poison every request
 // that reads the table, and no trained embedding holds one, so such tensors
@@ -450,24 +492,19 @@ absl::StatusOr<SafetensorsContents> Parse(absl::string_view bytes, absl::string_
   if (const size_t nul = header.find('\0'); nul != absl::string_view::npos) {
     return Malformed(absl::StrCat("header has a NUL byte at offset ", nul));
   }
-  HeaderReader reader;
+  HeaderReader reader(data.size());
   if (absl::Status s = reader.Read(header); !s.ok()) return s;
+  std::vector<TensorSpec>& specs = reader.specs();
 
-  std::vector<TensorSpec> specs;
-  specs.reserve(reader.tensors().size());
-  for (RawTensor& t : reader.tensors()) {
-    absl::StatusOr<TensorSpec> spec = CheckTensor(t, data.size());
-    if (!spec.ok()) return spec.status();
-    specs.push_back(std::move(*spec));
-  }
   if (absl::Status s = CheckLayout(specs, data.size()); !s.ok()) return s;
 
   SafetensorsContents out;
+  SkipList skip(stem, &out.skipped);
   std::vector<const TensorSpec*> usable;
   uint64_t table_bytes = 0;  // cannot overflow: each table is < 2^47 * 4 bytes and file-backed
   for (const TensorSpec& s : specs) {
     if (std::optional<std::string> why = WhyNotTable(s, limits)) {
-      out.skipped.push_back(absl::StrCat(Quoted(absl::StrCat(stem, "/", s.name)), ": ", *why));
+      skip.Add(s.name, *why);
       continue;
     }
     usable.push_back(&s);
@@ -482,11 +519,12 @@ absl::StatusOr<SafetensorsContents> Parse(absl::string_view bytes, absl::string_
     std::string why;
     std::shared_ptr<LearnedTable> table = Materialize(*s, data, stem, &why);
     if (table == nullptr) {
-      out.skipped.push_back(absl::StrCat(Quoted(absl::StrCat(stem, "/", s->name)), ": ", why));
+      skip.Add(s->name, why);
       continue;
     }
     out.tables.push_back(std::move(table));
   }
+  skip.Finish();
   return out;
 }
 

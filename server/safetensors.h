@@ -47,7 +47,9 @@ struct SafetensorsLimits {
 
 struct SafetensorsContents {
   std::vector<std::shared_ptr<const LearnedTable>> tables;  // named "<stem>/<tensor>"
-  std::vector<std::string> skipped;  // tensors that are not usable 2-D float tables, with why
+  // Tensors that are not usable 2-D float tables, with why: the first 16,
+  // then one line counting the rest (these lines reach ListTables replies).
+  std::vector<std::string> skipped;
 };
 
 // Parses a whole file's bytes; pure (no I/O), so it is what the fuzzer runs.

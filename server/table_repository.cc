@@ -27,6 +27,10 @@ namespace fs = std::filesystem;
 // Cancellation is checked between chunks, so a reload reading a large file
 // is abandoned within one chunk's read (milliseconds from page cache).
 constexpr size_t kReadChunkBytes = size_t{8} << 20;
+// skipped() goes out in every ListTables and ReloadTables reply; this many
+// lines (each at most a few hundred bytes) keep a directory full of bad files
+// from pushing replies toward gRPC's 4 MiB default message limit.
+constexpr size_t kMaxSkippedLines = 256;
 // How often a reload waiting behind another checks for cancellation.
 constexpr auto kLockPoll = std::chrono::milliseconds(20);
 
@@ -102,6 +106,14 @@ std::string Printable(const fs::path& path) {
   const std::string name = path.filename().string();
   if (IsPrintableUtf8(name)) return path.string();
   return (path.parent_path() / absl::CHexEscape(name)).string();
+}
+
+// Keeps the first kMaxSkippedLines and counts the rest.
+void CapSkipped(std::vector<std::string>* lines) {
+  if (lines->size() <= kMaxSkippedLines) return;
+  const size_t unlisted = lines->size() - (kMaxSkippedLines - 1);
+  lines->resize(kMaxSkippedLines - 1);
+  lines->push_back(absl::StrCat(unlisted, " more skipped entries not listed"));
 }
 
 // True if `p` names something strictly inside `dir` (both canonical).
@@ -342,6 +354,7 @@ bool TableRepository::Reload(const std::function<bool()>& cancelled) {
     complete = true;
   }
   if (!complete) return false;
+  CapSkipped(&scan.skipped);
   {
     std::lock_guard<std::mutex> lock(mu_);
     std::swap(tables_, scan.tables);

@@ -63,6 +63,8 @@ class TableRepository {
       absl::string_view name) const;
 
   std::vector<TableEntry> List() const;
+  // What the last reload skipped and why: at most 256 lines, the last
+  // counting any beyond.
   std::vector<std::string> skipped() const;
   const std::string& dir() const { return options_.dir; }
   const TableRepositoryOptions& options() const { return options_; }

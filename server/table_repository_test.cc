@@ -317,6 +317,16 @@ TEST_F(TableRepositoryTest, FileNamesMustBePrintableUtf8) {
             std::string::npos);
 }
 
+TEST_F(TableRepositoryTest, SkippedListStaysShort) {
+  good_ = WriteTable(dir_ / "good.safetensors", "pos");
+  for (int i = 0; i < 300; ++i) Write(dir_ / absl::StrCat("bad", i, ".safetensors"), "junk");
+  auto repo = Repo();
+  ReloadAndExpectGood(repo);
+  const std::vector<std::string> skipped = repo->skipped();
+  ASSERT_EQ(skipped.size(), 256u);
+  EXPECT_EQ(skipped.back(), "45 more skipped entries not listed");
+}
+
 TEST_F(TableRepositoryTest, CancelledReloadKeepsThePreviousSet) {
   good_ = WriteTable(dir_ / "good.safetensors", "pos");
   auto repo = Repo();
