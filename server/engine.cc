@@ -64,7 +64,13 @@ absl::Status ResizeCancellable(std::string* out, int64_t bytes, const RunContext
 
 Engine::Engine(const EngineOptions& options)
     : options_(options),
-      tables_(options.table_dir),
+      tables_([&] {
+        TableRepositoryOptions t;
+        t.dir = options.table_dir;
+        t.allow_external_symlinks = options.table_dir_allow_external_symlinks;
+        t.max_total_bytes = options.max_table_bytes;
+        return t;
+      }()),
       admission_(AdmissionOptions{options.max_inflight_requests, options.max_inflight_bytes,
                                   options.admission_wait}) {}
 
@@ -411,7 +417,8 @@ v1::ListTablesResponse Engine::ListTables() const {
 }
 
 v1::ListTablesResponse Engine::ReloadTables() {
-  tables_.Reload();
+  // A drain abandons a reload in progress (the old tables stay).
+  tables_.Reload([this] { return draining(); });
   return ListTables();
 }
 

@@ -38,6 +38,9 @@ struct EngineOptions {
   // How long a call may wait for memory before RESOURCE_EXHAUSTED.
   absl::Duration admission_wait = absl::Seconds(1);
   std::string table_dir;
+  // Table repository safeguards (table_repository.h).
+  bool table_dir_allow_external_symlinks = false;
+  int64_t max_table_bytes = int64_t{2} << 30;
   // The transport's limit on one message: answers larger than this are
   // refused before they are computed (the transport would drop them).
   int64_t max_message_bytes = (int64_t{64} << 20) + (4 << 20);

@@ -42,6 +42,10 @@ ABSL_FLAG(int, admission_wait_ms, 1000,
 ABSL_FLAG(int64_t, max_memory_bytes, 0,
           "Memory gRPC may use for calls in transit (ResourceQuota); 0 = no cap.");
 ABSL_FLAG(std::string, table_dir, "", "Directory of .safetensors learned tables (empty: none).");
+ABSL_FLAG(bool, table_dir_allow_external_symlinks, false,
+          "Follow symlinks in --table_dir whose targets lie outside it.");
+ABSL_FLAG(int64_t, max_table_bytes, int64_t{2} << 30,
+          "float32 bytes of all learned tables loaded together; files beyond are skipped.");
 ABSL_FLAG(std::string, default_backend, "auto",
           "Backend for requests that name none: auto, cpu or cuda.");
 ABSL_FLAG(bool, enable_cuda, true, "Use the GPU when this build has CUDA and a device is visible.");
@@ -158,6 +162,9 @@ int main(int argc, char** argv) {
   o.engine.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   o.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
   o.engine.table_dir = absl::GetFlag(FLAGS_table_dir);
+  o.engine.table_dir_allow_external_symlinks =
+      absl::GetFlag(FLAGS_table_dir_allow_external_symlinks);
+  o.engine.max_table_bytes = absl::GetFlag(FLAGS_max_table_bytes);
   o.engine.enable_cuda = absl::GetFlag(FLAGS_enable_cuda);
   o.engine.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   o.engine.auto_gpu_min_bytes = absl::GetFlag(FLAGS_auto_gpu_min_bytes);

@@ -5,7 +5,11 @@
 // Each must be answered with the right code and a message naming the field;
 // afterwards the server must still answer health checks and compute a RoPE
 // call correctly, and its memory must have stayed bounded.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <string>
@@ -417,6 +421,69 @@ TEST_F(HostileInput, StreamAnswersAHostileMessageAndGoesOn) {
   EXPECT_FALSE(stream->Read(&resp));
   EXPECT_TRUE(stream->Finish().ok());
   ExpectStillServing("a hostile stream message");
+}
+
+// A raw .safetensors file: 8-byte little-endian header length, header, data.
+std::string Safetensors(const std::string& header, size_t data_bytes) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  return out + header + std::string(data_bytes, '\0');
+}
+
+// A poisoned table directory, as a shared volume could hold: the server
+// starts, serves the good table, lists every bad file with its reason, and
+// answers ReloadTables promptly (a FIFO used to hang it and shutdown; a
+// shape above INT64_MAX crashed start-up and made ReloadTables UNIMPLEMENTED).
+TEST(HostileTables, APoisonedTableDirectoryCannotCrashHangOrFoolTheServer) {
+  char pattern[] = "/tmp/posenc_hostile_tables_XXXXXX";
+  const std::string dir = mkdtemp(pattern);
+  auto write = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
+  };
+  write("good.safetensors",
+        Safetensors(R"({"wpe":{"dtype":"F32","shape":[4,2],"data_offsets":[0,32]}})", 32));
+  write("huge_shape.safetensors",
+        Safetensors(R"({"t":{"dtype":"F32","shape":[18446744073709551615,2],"data_offsets":[0,8]}})",
+                    8));
+  write("minus_one_rows.safetensors",
+        Safetensors(R"({"t":{"dtype":"F32","shape":[18446744073709551615,0],"data_offsets":[0,0]}})",
+                    0));
+  write("overlap.safetensors",
+        Safetensors(R"({"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
+                    R"("b":{"dtype":"F32","shape":[2,2],"data_offsets":[8,24]}})",
+                    24));
+  ASSERT_EQ(mkfifo((dir + "/fifo.safetensors").c_str(), 0600), 0);
+  ASSERT_EQ(symlink("/etc/hostname", (dir + "/outside.safetensors").c_str()), 0);
+
+  testing::ServerProcess server;
+  ASSERT_TRUE(server.Start(POSENC_SERVER_BINARY, {"--table_dir=" + dir})) << server.log_text();
+  auto stub = v1::PositionalEncoding::NewStub(server.channel());
+  for (int round = 0; round < 2; ++round) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::ListTablesResponse tables;
+    const grpc::Status s = round == 0
+                               ? stub->ListTables(&ctx, v1::ListTablesRequest(), &tables)
+                               : stub->ReloadTables(&ctx, v1::ReloadTablesRequest(), &tables);
+    ASSERT_TRUE(s.ok()) << (round == 0 ? "ListTables: " : "ReloadTables: ") << s.error_message();
+    ASSERT_EQ(tables.tables_size(), 1);
+    EXPECT_EQ(tables.tables(0).name(), "good/wpe");
+    EXPECT_EQ(tables.tables(0).rows(), 4);
+    std::string skipped;
+    for (const std::string& line : tables.skipped()) skipped += line + "\n";
+    for (const char* file : {"huge_shape", "minus_one_rows", "overlap", "fifo", "outside"}) {
+      EXPECT_NE(skipped.find(file), std::string::npos) << file << " not reported in:\n" << skipped;
+    }
+  }
+  grpc::ClientContext ctx;
+  v1::EncodingTableRequest req;
+  req.mutable_learned()->set_table_name("good/wpe");
+  v1::EncodingTableResponse resp;
+  EXPECT_TRUE(stub->GetEncodingTable(&ctx, req, &resp).ok());
+  EXPECT_EQ(resp.table_data().size(), 32u);
+  ASSERT_EQ(kill(server.pid(), SIGTERM), 0);
+  EXPECT_TRUE(server.Exited(std::chrono::seconds(10))) << "shutdown hung";
+  std::system(("rm -rf " + dir).c_str());
 }
 
 }  // namespace
