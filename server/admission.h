@@ -28,9 +28,9 @@
 namespace posenc::server {
 
 struct AdmissionOptions {
-  int max_calls = 64;                             // --max_inflight
-  int64_t max_bytes = int64_t{4} << 30;           // --max_inflight_bytes
-  absl::Duration max_wait = absl::Seconds(1);     // --admission_wait_ms
+  int max_calls = 64;                          // --max_inflight
+  int64_t max_bytes = int64_t{4} << 30;        // --max_inflight_bytes
+  absl::Duration max_wait = absl::Seconds(1);  // --admission_wait_ms
 };
 
 class AdmissionControl {

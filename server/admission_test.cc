@@ -1,12 +1,11 @@
 #include "admission.h"
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
-
-#include <condition_variable>
-#include <mutex>
 
 #include "gtest/gtest.h"
 

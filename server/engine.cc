@@ -86,11 +86,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   // answer and its serialised copy.
   if (options.max_inflight_bytes / 2 < options.max_message_bytes ||
       options.max_inflight_bytes / 2 < options.max_request_tensor_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max_inflight_bytes (", options.max_inflight_bytes,
-        ") must be at least twice --max_message_bytes (", options.max_message_bytes,
-        ") and --max_request_bytes (", options.max_request_tensor_bytes,
-        "): a call holds its message twice, parsed and serialised"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_inflight_bytes (", options.max_inflight_bytes,
+                     ") must be at least twice --max_message_bytes (", options.max_message_bytes,
+                     ") and --max_request_bytes (", options.max_request_tensor_bytes,
+                     "): a call holds its message twice, parsed and serialised"));
   }
   std::unique_ptr<Engine> e(new Engine(options));
   e->cpu_ = CreateCpuBackend(options.cpu_threads);
@@ -156,9 +156,9 @@ absl::Status Engine::CheckRequestSize(int64_t tensor_bytes) const {
 absl::Status Engine::CheckAnswerSize(int64_t tensor_bytes, int64_t message_bytes,
                                      absl::string_view what) const {
   if (tensor_bytes > options_.max_request_tensor_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, " would be ", tensor_bytes, " bytes, over the server's limit of ",
-        options_.max_request_tensor_bytes, " bytes (--max_request_bytes)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, " would be ", tensor_bytes, " bytes, over the server's limit of ",
+                     options_.max_request_tensor_bytes, " bytes (--max_request_bytes)"));
   }
   if (message_bytes > options_.max_message_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -254,8 +254,7 @@ absl::Status Engine::AddAbsoluteEncodingAdmitted(v1::AbsoluteEncodingRequest* re
     AbsoluteOptions o;
     switch (req.encoding_case()) {
       case v1::AbsoluteEncodingRequest::kSinusoidal: {
-        POSENC_ASSIGN_OR_RETURN(o.sinusoidal_layout,
-                                SinusoidalLayoutOf(req.sinusoidal().layout()));
+        POSENC_ASSIGN_OR_RETURN(o.sinusoidal_layout, SinusoidalLayoutOf(req.sinusoidal().layout()));
         o.base = req.sinusoidal().has_base() ? req.sinusoidal().base() : 10000.0;
         break;
       }
@@ -300,8 +299,7 @@ absl::Status Engine::GetEncodingTableAdmitted(const v1::EncodingTableRequest& re
     int64_t count = req.count();
     switch (req.encoding_case()) {
       case v1::EncodingTableRequest::kSinusoidal: {
-        POSENC_ASSIGN_OR_RETURN(o.sinusoidal_layout,
-                                SinusoidalLayoutOf(req.sinusoidal().layout()));
+        POSENC_ASSIGN_OR_RETURN(o.sinusoidal_layout, SinusoidalLayoutOf(req.sinusoidal().layout()));
         o.base = req.sinusoidal().has_base() ? req.sinusoidal().base() : 10000.0;
         if (dim <= 0) return absl::InvalidArgumentError(absl::StrCat("dim must be > 0, got ", dim));
         break;
@@ -329,8 +327,8 @@ absl::Status Engine::GetEncodingTableAdmitted(const v1::EncodingTableRequest& re
     POSENC_ASSIGN_OR_RETURN(
         AbsolutePlan plan,
         PlanEncodingTable(o, dim, dtype, positions, count, [&](const PlanCost& c) -> absl::Status {
-          POSENC_RETURN_IF_ERROR(
-              CheckAnswerSize(c.output_bytes, MessageBytes(*resp, c.output_bytes + 40), "the table"));
+          POSENC_RETURN_IF_ERROR(CheckAnswerSize(
+              c.output_bytes, MessageBytes(*resp, c.output_bytes + 40), "the table"));
           return admission.TryGrow(c.plan_bytes + c.output_bytes);
         }));
     const int64_t out_bytes = plan.num_tokens * dim * static_cast<int64_t>(SizeOf(dtype));
@@ -368,8 +366,7 @@ absl::Status Engine::AttentionBiasAdmitted(v1::AttentionBiasRequest* request,
     MutableTensor logits;
     if (has_logits) {
       resp->mutable_bias_data()->swap(*request->mutable_logits_data());
-      POSENC_ASSIGN_OR_RETURN(logits,
-                              MutableOf("logits", req.logits(), resp->mutable_bias_data()));
+      POSENC_ASSIGN_OR_RETURN(logits, MutableOf("logits", req.logits(), resp->mutable_bias_data()));
     }
     resp->set_backend("cuda:" + std::to_string(options_.cuda_device));  // the longer name
     POSENC_ASSIGN_OR_RETURN(
@@ -377,9 +374,8 @@ absl::Status Engine::AttentionBiasAdmitted(v1::AttentionBiasRequest* request,
           // The answer: the bias (new, or the logits it was added to), its
           // shape and the slopes (one double each, packed).
           const int64_t tensor_bytes = has_logits ? logits.nbytes : c.output_bytes;
-          const int64_t slopes_bytes = 8 * std::max<int64_t>(o.num_heads, logits.rank() == 4
-                                                                              ? logits.shape[1]
-                                                                              : 0);
+          const int64_t slopes_bytes =
+              8 * std::max<int64_t>(o.num_heads, logits.rank() == 4 ? logits.shape[1] : 0);
           // (Logits already sit in the response; a new bias does not yet.)
           const int64_t payload = (has_logits ? 0 : tensor_bytes) + slopes_bytes + 60;
           POSENC_RETURN_IF_ERROR(

@@ -12,9 +12,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "admission.h"
 #include "posenc/backend.h"
 #include "posenc/v1/posenc.pb.h"
-#include "admission.h"
 #include "table_repository.h"
 
 namespace posenc::server {

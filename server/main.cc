@@ -18,8 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server.h"
-#include "tls_files.h"
 #include "spdlog/spdlog.h"
+#include "tls_files.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
           "Address to serve gRPC on (port 0: any free port).");
@@ -176,9 +176,9 @@ int main(int argc, char** argv) {
   o.engine.default_backend = *backend;
 
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  auto tls = posenc::server::LoadTlsFiles({absl::GetFlag(FLAGS_tls_cert),
-                                           absl::GetFlag(FLAGS_tls_key),
-                                           absl::GetFlag(FLAGS_tls_client_ca)});
+  auto tls =
+      posenc::server::LoadTlsFiles({absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                                    absl::GetFlag(FLAGS_tls_client_ca)});
   if (!tls.ok()) {
     spdlog::critical("cannot start: {}", std::string(tls.status().message()));
     return 2;

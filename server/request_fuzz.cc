@@ -59,7 +59,8 @@ bool ParsesAs(const grpc::ByteBuffer& answer) {
   std::vector<grpc::Slice> slices;
   if (!answer.Dump(&slices).ok()) return false;
   std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   Response r;
   return r.ParseFromString(bytes);
 }
@@ -75,18 +76,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   grpc::ByteBuffer answer;
   auto admission = engine->admission().Enter();
   if (!admission.ok() || !admission->TryGrow(2 * static_cast<int64_t>(size)).ok()) std::abort();
-  const absl::Status s = posenc::server::RunTensorMethod(engine, kMethods[which], &request,
-                                                         &answer, {}, *admission);
+  const absl::Status s =
+      posenc::server::RunTensorMethod(engine, kMethods[which], &request, &answer, {}, *admission);
   if (admission->bytes() > engine->options().max_inflight_bytes) std::abort();
   static const bool verbose = std::getenv("POSENC_FUZZ_VERBOSE") != nullptr;
   if (verbose) std::fprintf(stderr, "%s: %s\n", kMethods[which], s.ToString().c_str());
   if (s.ok()) {
     bool ok = false;
     switch (which) {
-      case 0: ok = ParsesAs<posenc::v1::RopeResponse>(answer); break;
-      case 1: ok = ParsesAs<posenc::v1::AbsoluteEncodingResponse>(answer); break;
-      case 2: ok = ParsesAs<posenc::v1::EncodingTableResponse>(answer); break;
-      case 3: ok = ParsesAs<posenc::v1::AttentionBiasResponse>(answer); break;
+      case 0:
+        ok = ParsesAs<posenc::v1::RopeResponse>(answer);
+        break;
+      case 1:
+        ok = ParsesAs<posenc::v1::AbsoluteEncodingResponse>(answer);
+        break;
+      case 2:
+        ok = ParsesAs<posenc::v1::EncodingTableResponse>(answer);
+        break;
+      case 3:
+        ok = ParsesAs<posenc::v1::AttentionBiasResponse>(answer);
+        break;
     }
     if (!ok) std::abort();
   } else if (s.code() == absl::StatusCode::kInternal || s.code() == absl::StatusCode::kUnknown) {

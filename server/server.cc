@@ -18,9 +18,9 @@ namespace posenc::server {
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   std::unique_ptr<Server> s(new Server());
   if (options.max_message_bytes <= 0 || options.max_message_bytes > INT32_MAX) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max_message_bytes must be in [1, 2^31 - 1] (gRPC's limit), got ",
-        options.max_message_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_message_bytes must be in [1, 2^31 - 1] (gRPC's limit), got ",
+                     options.max_message_bytes));
   }
   EngineOptions engine_options = options.engine;
   engine_options.max_message_bytes = options.max_message_bytes;
@@ -104,7 +104,8 @@ void Server::Shutdown(absl::Duration deadline) {
   shut_down_ = true;
   Drain(deadline);
   // 3. The transport. Calls still open get what is left of the deadline.
-  server_->Shutdown(absl::ToChronoTime(std::max(drain_end_, absl::Now() + absl::Milliseconds(100))));
+  server_->Shutdown(
+      absl::ToChronoTime(std::max(drain_end_, absl::Now() + absl::Milliseconds(100))));
 }
 
 Server::~Server() {

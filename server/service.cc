@@ -34,9 +34,9 @@ grpc::ServerUnaryReactor* PositionalEncodingService::ListTables(grpc::CallbackSe
   });
 }
 
-grpc::ServerUnaryReactor* PositionalEncodingService::ReloadTables(
-    grpc::CallbackServerContext* ctx, const v1::ReloadTablesRequest*,
-    v1::ListTablesResponse* resp) {
+grpc::ServerUnaryReactor* PositionalEncodingService::ReloadTables(grpc::CallbackServerContext* ctx,
+                                                                  const v1::ReloadTablesRequest*,
+                                                                  v1::ListTablesResponse* resp) {
   const auto start = std::chrono::steady_clock::now();
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   absl::Status alive = CheckCallAlive(ctx);
@@ -61,8 +61,9 @@ grpc::ServerUnaryReactor* PositionalEncodingService::ReloadTables(
   return reactor;
 }
 
-grpc::ServerUnaryReactor* PositionalEncodingService::GetServerInfo(
-    grpc::CallbackServerContext* ctx, const v1::GetServerInfoRequest*, v1::ServerInfo* resp) {
+grpc::ServerUnaryReactor* PositionalEncodingService::GetServerInfo(grpc::CallbackServerContext* ctx,
+                                                                   const v1::GetServerInfoRequest*,
+                                                                   v1::ServerInfo* resp) {
   return Answer("GetServerInfo", metrics_, ctx, resp, [&] {
     *resp = engine_->GetServerInfo();
     return absl::OkStatus();

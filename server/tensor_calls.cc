@@ -7,10 +7,10 @@
 #include "absl/strings/match.h"
 #include "call_support.h"
 #include "grpc_status.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/proto_buffer_writer.h"
-#include "grpcpp/impl/codegen/proto_utils.h"
 #include "posenc/status_macros.h"
 #include "posenc/v1/posenc.pb.h"
 #include "tensor_wire.h"
@@ -64,9 +64,9 @@ absl::Status ParseRequest(grpc::ByteBuffer* in, Request* req) {
     s = absl::InvalidArgumentError("the request's fields do not parse");
   }
   if (!s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the request is not a valid ", Request::descriptor()->full_name(), " message (",
-        s.message(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat("the request is not a valid ",
+                                                   Request::descriptor()->full_name(), " message (",
+                                                   s.message(), ")"));
   }
   for (size_t i = 0; i < fields.size(); ++i) *fields[i].data = std::move(contents[i]);
   return absl::OkStatus();
@@ -149,15 +149,12 @@ absl::Status RunTable(Engine* engine, grpc::ByteBuffer* in, grpc::ByteBuffer* ou
 }
 
 const UnaryMethod kUnaryMethods[] = {
-    {"ApplyRope",
-     RunUnary<v1::RopeRequest, v1::RopeResponse, &Engine::ApplyRopeAdmitted>},
-    {"AddAbsoluteEncoding",
-     RunUnary<v1::AbsoluteEncodingRequest, v1::AbsoluteEncodingResponse,
-              &Engine::AddAbsoluteEncodingAdmitted>},
+    {"ApplyRope", RunUnary<v1::RopeRequest, v1::RopeResponse, &Engine::ApplyRopeAdmitted>},
+    {"AddAbsoluteEncoding", RunUnary<v1::AbsoluteEncodingRequest, v1::AbsoluteEncodingResponse,
+                                     &Engine::AddAbsoluteEncodingAdmitted>},
     {"GetEncodingTable", RunTable},
     {"AttentionBias",
-     RunUnary<v1::AttentionBiasRequest, v1::AttentionBiasResponse,
-              &Engine::AttentionBiasAdmitted>},
+     RunUnary<v1::AttentionBiasRequest, v1::AttentionBiasResponse, &Engine::AttentionBiasAdmitted>},
 };
 
 // A unary tensor call: slot, read reservation, read, run on the executor,
@@ -321,7 +318,8 @@ class RopeStreamCall final : public grpc::ServerGenericBidiReactor {
     if (s.ok()) ticket_->Shrink(ticket_->bytes() - bytes_in_);  // parsed: held once
     v1::RopeResponse resp;
     if (s.ok()) {
-      s = NoThrow([&] { return o_.engine->ApplyRopeAdmitted(&req, &resp, ContextOf(ctx_), *ticket_); });
+      s = NoThrow(
+          [&] { return o_.engine->ApplyRopeAdmitted(&req, &resp, ContextOf(ctx_), *ticket_); });
     }
     if (s.ok()) {
       backend_ = resp.backend();

@@ -87,8 +87,8 @@ absl::Status Malformed(absl::string_view why) {
 
 }  // namespace
 
-absl::Status SplitLargeFields(std::vector<grpc::Slice>* slices,
-                              absl::Span<const LargeField> large, std::string* rest) {
+absl::Status SplitLargeFields(std::vector<grpc::Slice>* slices, absl::Span<const LargeField> large,
+                              std::string* rest) {
   SliceReader in(slices);
   while (!in.done()) {
     std::string raw_tag;
@@ -106,7 +106,7 @@ absl::Status SplitLargeFields(std::vector<grpc::Slice>* slices,
         if (!in.ReadVarint(&v, rest)) return Malformed("truncated varint");
         break;
       }
-      case 1:  // fixed 64-bit
+      case 1:    // fixed 64-bit
       case 5: {  // fixed 32-bit
         const uint64_t n = wire_type == 1 ? 8 : 4;
         if (in.remaining() < n) return Malformed("truncated fixed-width field");
@@ -158,8 +158,8 @@ grpc::ByteBuffer BufferWithLargeFields(const std::string& head,
     slices.emplace_back(prefix);
     auto* owned = new std::string(std::move(*f.data));
     f.data->clear();
-    slices.emplace_back(owned->data(), owned->size(),
-                        [](void* s) { delete static_cast<std::string*>(s); }, owned);
+    slices.emplace_back(
+        owned->data(), owned->size(), [](void* s) { delete static_cast<std::string*>(s); }, owned);
   }
   return grpc::ByteBuffer(slices.data(), slices.size());
 }

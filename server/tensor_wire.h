@@ -39,8 +39,7 @@ struct LargeField {
 // `head` (the message serialised without its large fields) followed by each
 // non-empty large field as tag, length and a slice that takes ownership of
 // the string's buffer (the string is left empty).
-grpc::ByteBuffer BufferWithLargeFields(const std::string& head,
-                                       absl::Span<const LargeField> large);
+grpc::ByteBuffer BufferWithLargeFields(const std::string& head, absl::Span<const LargeField> large);
 
 }  // namespace posenc::server
 

@@ -53,8 +53,8 @@ absl::StatusOr<std::string> ReadPemFile(absl::string_view flag, const std::strin
         absl::StrCat(flag, ": cannot read '", path, "': ", std::strerror(errno)));
   }
   if (!S_ISREG(st.st_mode) || st.st_size > kMaxPemBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        flag, ": '", path, "' must be a regular PEM file of at most 1 MiB"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": '", path, "' must be a regular PEM file of at most 1 MiB"));
   }
   std::ifstream in(path, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -93,7 +93,8 @@ absl::StatusOr<TlsOptions> LoadTlsFiles(const TlsFiles& f) {
   if (f.cert.empty() && f.key.empty() && f.client_ca.empty()) return tls;
   if (f.cert.empty() || f.key.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        f.cert.empty() ? "--tls_cert" : "--tls_key", " is required: TLS needs --tls_cert and "
+        f.cert.empty() ? "--tls_cert" : "--tls_key",
+        " is required: TLS needs --tls_cert and "
         "--tls_key together",
         f.client_ca.empty() ? "" : " (--tls_client_ca asks for mutual TLS, which is TLS too)"));
   }
@@ -104,15 +105,14 @@ absl::StatusOr<TlsOptions> LoadTlsFiles(const TlsFiles& f) {
   Bio key_bio = MemoryBio(tls.key_pem);
   Key key(PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr));
   if (key == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--tls_key: '", f.key, "' holds no readable unencrypted PEM private key (",
-        OpenSslError(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls_key: '", f.key, "' holds no readable unencrypted PEM private key (",
+                     OpenSslError(), ")"));
   }
   if (X509_check_private_key(chain.front().get(), key.get()) != 1) {
     ERR_clear_error();
-    return absl::InvalidArgumentError(absl::StrCat("--tls_key: '", f.key,
-                                                   "' does not match the certificate in --tls_cert '",
-                                                   f.cert, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tls_key: '", f.key, "' does not match the certificate in --tls_cert '", f.cert, "'"));
   }
   if (!f.client_ca.empty()) {
     POSENC_ASSIGN_OR_RETURN(tls.client_ca_pem, ReadPemFile("--tls_client_ca", f.client_ca));

@@ -83,83 +83,92 @@ grpc::Status CallAbsolute(v1::PositionalEncoding::Stub& s, grpc::ClientContext& 
   return s.AddAbsoluteEncoding(&c, r, &resp);
 }
 
-// Each case body builds `r`; ROPE bodies declare it themselves (their
-// shapes differ).
-#define ROPE(...) \
-  [](v1::PositionalEncoding::Stub& s, grpc::ClientContext& c) { __VA_ARGS__ return CallRope(s, c, r); }
-#define BIAS(...)                                               \
-  [](v1::PositionalEncoding::Stub& s, grpc::ClientContext& c) { \
-    v1::AttentionBiasRequest r;                                  \
-    __VA_ARGS__ return CallBias(s, c, r);                               \
-  }
-#define TABLE(...)                                              \
-  [](v1::PositionalEncoding::Stub& s, grpc::ClientContext& c) { \
-    v1::EncodingTableRequest r;                                  \
-    __VA_ARGS__ return CallTable(s, c, r);                              \
-  }
-#define ABSOLUTE(...)                                           \
-  [](v1::PositionalEncoding::Stub& s, grpc::ClientContext& c) { \
-    v1::AbsoluteEncodingRequest r;                               \
-    __VA_ARGS__ return CallAbsolute(s, c, r);                           \
-  }
+using Stub = v1::PositionalEncoding::Stub;
 
 std::vector<Case> Cases() {
   const int64_t big = int64_t{1} << 62;
   return {
       // Sums that wrap to R passed validation and wrote past slot_axis.
-      {"axial_dims_sum_wraps", StatusCode::INVALID_ARGUMENT, "axis_dims[0]", ROPE(
+      {"axial_dims_sum_wraps", StatusCode::INVALID_ARGUMENT, "axis_dims[0]",
+       [](Stub& s, grpc::ClientContext& c) {
          v1::RopeRequest r = Rope();
          r.set_axis_mode(v1::AXIS_MODE_AXIAL);
          for (int64_t d : {big, big, big, big + 8}) r.add_axis_dims(d);
          SetInts(r.mutable_position_ids(), {1, 1, 4}, {0, 0, 0, 0});
-       )},
-      {"mrope_sections_sum_wraps", StatusCode::INVALID_ARGUMENT, "sections[0]", ROPE(
+         return CallRope(s, c, r);
+       }},
+      {"mrope_sections_sum_wraps", StatusCode::INVALID_ARGUMENT, "sections[0]",
+       [](Stub& s, grpc::ClientContext& c) {
          v1::RopeRequest r = Rope();
          r.set_axis_mode(v1::AXIS_MODE_MROPE);
          for (int64_t d : {big, big, big, big + 4}) r.add_sections(d);
          SetInts(r.mutable_position_ids(), {1, 1, 4}, {0, 0, 0, 0});
-       )},
-      {"too_many_axes", StatusCode::INVALID_ARGUMENT, "at most 8 axes", ROPE(
+         return CallRope(s, c, r);
+       }},
+      {"too_many_axes", StatusCode::INVALID_ARGUMENT, "at most 8 axes",
+       [](Stub& s, grpc::ClientContext& c) {
          v1::RopeRequest r = Rope({1, 1, 1, 18});
          r.set_axis_mode(v1::AXIS_MODE_MROPE);
          for (int i = 0; i < 9; ++i) r.add_sections(1);
-       )},
+         return CallRope(s, c, r);
+       }},
       // Zero-element tensors whose other dimensions asked for huge plans.
       {"empty_query_huge_batch", StatusCode::INVALID_ARGUMENT, "query.shape[0] (batch)",
-       ROPE(v1::RopeRequest r = Rope({int64_t{1} << 40, 0, 1, 2});)},
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::RopeRequest r = Rope({int64_t{1} << 40, 0, 1, 2});
+         return CallRope(s, c, r);
+       }},
       {"empty_query_huge_seq", StatusCode::INVALID_ARGUMENT, "query.shape[1] (seq)",
-       ROPE(v1::RopeRequest r = Rope({1, int64_t{1} << 40, 0, 128});)},
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::RopeRequest r = Rope({1, int64_t{1} << 40, 0, 128});
+         return CallRope(s, c, r);
+       }},
       {"empty_query_tokens_overflow", StatusCode::INVALID_ARGUMENT, "tokens",
-       ROPE(v1::RopeRequest r = Rope({int64_t{1} << 20, int64_t{1} << 20, 0, 2});)},
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::RopeRequest r = Rope({int64_t{1} << 20, int64_t{1} << 20, 0, 2});
+         return CallRope(s, c, r);
+       }},
       {"empty_query_huge_heads", StatusCode::INVALID_ARGUMENT, "query.shape[2] (heads)",
-       ROPE(v1::RopeRequest r = Rope({1, 0, int64_t{1} << 40, 2});)},
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::RopeRequest r = Rope({1, 0, int64_t{1} << 40, 2});
+         return CallRope(s, c, r);
+       }},
       {"shape_product_overflows", StatusCode::INVALID_ARGUMENT, "query.shape",
-       ROPE(v1::RopeRequest r = Rope({int64_t{1} << 40, 0, int64_t{1} << 40, int64_t{1} << 40});)},
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::RopeRequest r = Rope({int64_t{1} << 40, 0, int64_t{1} << 40, int64_t{1} << 40});
+         return CallRope(s, c, r);
+       }},
       // Parameters that made outputs NaN/Inf or formed NaN angles.
-      {"yarn_base_one", StatusCode::INVALID_ARGUMENT, "base", ROPE(
+      {"yarn_base_one", StatusCode::INVALID_ARGUMENT, "base",
+       [](Stub& s, grpc::ClientContext& c) {
          v1::RopeRequest r = Rope();
          r.set_base(1.0);
          r.mutable_scaling()->set_type(v1::SCALING_TYPE_YARN);
          r.mutable_scaling()->set_factor(4);
          r.mutable_scaling()->set_original_max_position(4096);
-       )},
-      {"yarn_denormal_beta_fast", StatusCode::INVALID_ARGUMENT, "scaling.beta_fast", ROPE(
+         return CallRope(s, c, r);
+       }},
+      {"yarn_denormal_beta_fast", StatusCode::INVALID_ARGUMENT, "scaling.beta_fast",
+       [](Stub& s, grpc::ClientContext& c) {
          v1::RopeRequest r = Rope();
          r.mutable_scaling()->set_type(v1::SCALING_TYPE_YARN);
          r.mutable_scaling()->set_factor(4);
          r.mutable_scaling()->set_original_max_position(4096);
          r.mutable_scaling()->set_beta_fast(std::numeric_limits<double>::denorm_min());
-       )},
-      {"yarn_mscale_nan", StatusCode::INVALID_ARGUMENT, "scaling.mscale", ROPE(
+         return CallRope(s, c, r);
+       }},
+      {"yarn_mscale_nan", StatusCode::INVALID_ARGUMENT, "scaling.mscale",
+       [](Stub& s, grpc::ClientContext& c) {
          v1::RopeRequest r = Rope();
          r.mutable_scaling()->set_type(v1::SCALING_TYPE_YARN);
          r.mutable_scaling()->set_factor(4);
          r.mutable_scaling()->set_original_max_position(4096);
          r.mutable_scaling()->set_mscale(std::nan(""));
          r.mutable_scaling()->set_mscale_all_dim(1);
-       )},
+         return CallRope(s, c, r);
+       }},
       {"longrope_original_one", StatusCode::INVALID_ARGUMENT, "scaling.original_max_position",
-       ROPE(
+       [](Stub& s, grpc::ClientContext& c) {
          v1::RopeRequest r = Rope();
          r.mutable_scaling()->set_type(v1::SCALING_TYPE_LONGROPE);
          r.mutable_scaling()->set_factor(4);
@@ -168,129 +177,191 @@ std::vector<Case> Cases() {
            r.mutable_scaling()->add_short_factor(1);
            r.mutable_scaling()->add_long_factor(1);
          }
-       )},
-      {"attention_factor_huge", StatusCode::INVALID_ARGUMENT, "scaling.attention_factor", ROPE(
+         return CallRope(s, c, r);
+       }},
+      {"attention_factor_huge", StatusCode::INVALID_ARGUMENT, "scaling.attention_factor",
+       [](Stub& s, grpc::ClientContext& c) {
          v1::RopeRequest r = Rope();
          r.mutable_scaling()->set_type(v1::SCALING_TYPE_YARN);
          r.mutable_scaling()->set_factor(4);
          r.mutable_scaling()->set_original_max_position(4096);
          r.mutable_scaling()->set_attention_factor(1e300);
-       )},
-      {"linear_factor_tiny", StatusCode::INVALID_ARGUMENT, "scaling", ROPE(
+         return CallRope(s, c, r);
+       }},
+      {"linear_factor_tiny", StatusCode::INVALID_ARGUMENT, "scaling",
+       [](Stub& s, grpc::ClientContext& c) {
          v1::RopeRequest r = Rope();
          r.mutable_scaling()->set_type(v1::SCALING_TYPE_LINEAR);
          r.mutable_scaling()->set_factor(1e-300);
-       )},
+         return CallRope(s, c, r);
+       }},
       // Positions near the int64 limits (signed overflow).
-      {"offset_int64_max", StatusCode::INVALID_ARGUMENT, "offsets[0]", ROPE(
+      {"offset_int64_max", StatusCode::INVALID_ARGUMENT, "offsets[0]",
+       [](Stub& s, grpc::ClientContext& c) {
          v1::RopeRequest r = Rope();
          SetInts(r.mutable_offsets(), {1}, {kInt64Max});
-       )},
-      {"position_int64_min", StatusCode::INVALID_ARGUMENT, "position", ROPE(
+         return CallRope(s, c, r);
+       }},
+      {"position_int64_min", StatusCode::INVALID_ARGUMENT, "position",
+       [](Stub& s, grpc::ClientContext& c) {
          v1::RopeRequest r = Rope();
          SetInts(r.mutable_position_ids(), {1, 1}, {kInt64Min});
-       )},
-      {"cu_seqlens_past_tokens", StatusCode::INVALID_ARGUMENT, "cu_seqlens", ROPE(
+         return CallRope(s, c, r);
+       }},
+      {"cu_seqlens_past_tokens", StatusCode::INVALID_ARGUMENT, "cu_seqlens",
+       [](Stub& s, grpc::ClientContext& c) {
          v1::RopeRequest r = Rope({1, 1, 8});
          r.set_layout(v1::ROPE_LAYOUT_THD);
          SetInts(r.mutable_cu_seqlens(), {3}, {0, kInt64Max, 1});
-       )},
+         return CallRope(s, c, r);
+       }},
       // Absolute encodings and tables.
-      {"absolute_empty_huge_batch", StatusCode::INVALID_ARGUMENT, "x.shape[0] (batch)", ABSOLUTE({
+      {"absolute_empty_huge_batch", StatusCode::INVALID_ARGUMENT, "x.shape[0] (batch)",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::AbsoluteEncodingRequest r;
          r.mutable_sinusoidal();
          r.mutable_x()->set_dtype(v1::DATA_TYPE_FLOAT32);
          for (int64_t d : {int64_t{1} << 40, int64_t{0}, int64_t{4}}) r.mutable_x()->add_shape(d);
-       })},
-      {"absolute_x_scale_huge", StatusCode::INVALID_ARGUMENT, "x_scale", ABSOLUTE({
+         return CallAbsolute(s, c, r);
+       }},
+      {"absolute_x_scale_huge", StatusCode::INVALID_ARGUMENT, "x_scale",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::AbsoluteEncodingRequest r;
          r.mutable_sinusoidal();
          r.mutable_x()->set_dtype(v1::DATA_TYPE_FLOAT32);
          r.mutable_x()->add_shape(1);
          r.mutable_x()->add_shape(4);
          r.set_x_data(std::string(16, '\0'));
          r.set_x_scale(1e300);
-       })},
-      {"sinusoidal_base_nan", StatusCode::INVALID_ARGUMENT, "base", TABLE({
+         return CallAbsolute(s, c, r);
+       }},
+      {"sinusoidal_base_nan", StatusCode::INVALID_ARGUMENT, "base",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::EncodingTableRequest r;
          r.mutable_sinusoidal()->set_base(std::nan(""));
          r.set_dim(8);
          r.set_count(2);
-       })},
-      {"table_dim_2_40", StatusCode::INVALID_ARGUMENT, "dim", TABLE({
+         return CallTable(s, c, r);
+       }},
+      {"table_dim_2_40", StatusCode::INVALID_ARGUMENT, "dim",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::EncodingTableRequest r;
          r.mutable_sinusoidal();
          r.set_dim(int64_t{1} << 40);
-       })},
-      {"table_count_2_40", StatusCode::INVALID_ARGUMENT, "count", TABLE({
+         return CallTable(s, c, r);
+       }},
+      {"table_count_2_40", StatusCode::INVALID_ARGUMENT, "count",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::EncodingTableRequest r;
          r.mutable_sinusoidal();
          r.set_dim(8);
          r.set_count(int64_t{1} << 40);
-       })},
+         return CallTable(s, c, r);
+       }},
       // Answers beyond the byte limits: refused before they are computed.
-      {"table_over_tensor_limit", StatusCode::RESOURCE_EXHAUSTED, "--max_request_bytes", TABLE({
+      {"table_over_tensor_limit", StatusCode::RESOURCE_EXHAUSTED, "--max_request_bytes",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::EncodingTableRequest r;
          r.mutable_sinusoidal();
          r.set_dim(1024);
          r.set_count(4096);  // 16 MiB of float32
-       })},
-      {"table_over_message_limit", StatusCode::RESOURCE_EXHAUSTED, "--max_message_bytes", TABLE({
+         return CallTable(s, c, r);
+       }},
+      {"table_over_message_limit", StatusCode::RESOURCE_EXHAUSTED, "--max_message_bytes",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::EncodingTableRequest r;
          r.mutable_sinusoidal();
          r.set_dim(16);
          r.set_count(98304);  // 6 MiB: under the tensor limit, over the message limit
-       })},
+         return CallTable(s, c, r);
+       }},
       // Attention bias: unbounded heads, batch and element counts.
-      {"bias_heads_2_40_no_queries", StatusCode::INVALID_ARGUMENT, "num_heads", BIAS({
+      {"bias_heads_2_40_no_queries", StatusCode::INVALID_ARGUMENT, "num_heads",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::AttentionBiasRequest r;
          r.set_num_heads(int64_t{1} << 40);
          r.set_q_len(0);
          r.set_k_len(4);
-       })},
-      {"bias_batch_2_40_no_queries", StatusCode::INVALID_ARGUMENT, "batch", BIAS({
+         return CallBias(s, c, r);
+       }},
+      {"bias_batch_2_40_no_queries", StatusCode::INVALID_ARGUMENT, "batch",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::AttentionBiasRequest r;
          r.set_num_heads(4);
          r.set_batch(int64_t{1} << 40);
          r.set_q_len(0);
          r.set_k_len(4);
-       })},
-      {"bias_nine_byte_request_2_22_heads", StatusCode::INVALID_ARGUMENT, "num_heads", BIAS({
+         return CallBias(s, c, r);
+       }},
+      {"bias_nine_byte_request_2_22_heads", StatusCode::INVALID_ARGUMENT, "num_heads",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::AttentionBiasRequest r;
          r.set_num_heads(int64_t{1} << 22);
          r.set_q_len(1);
          r.set_k_len(1);
-       })},
-      {"bias_heads_2_62_slope_loop", StatusCode::INVALID_ARGUMENT, "num_heads", BIAS({
+         return CallBias(s, c, r);
+       }},
+      {"bias_heads_2_62_slope_loop", StatusCode::INVALID_ARGUMENT, "num_heads",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::AttentionBiasRequest r;
          r.set_num_heads(int64_t{1} << 62);
          r.set_q_len(1);
          r.set_k_len(1);
-       })},
-      {"bias_elements_overflow", StatusCode::INVALID_ARGUMENT, "elements", BIAS({
+         return CallBias(s, c, r);
+       }},
+      {"bias_elements_overflow", StatusCode::INVALID_ARGUMENT, "elements",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::AttentionBiasRequest r;
          r.set_num_heads(int64_t{1} << 16);
          r.set_batch(int64_t{1} << 20);
          r.set_q_len(int64_t{1} << 31);
          r.set_k_len(int64_t{1} << 31);
-       })},
-      {"bias_q_offset_int64_max", StatusCode::INVALID_ARGUMENT, "q_offset", BIAS({
+         return CallBias(s, c, r);
+       }},
+      {"bias_q_offset_int64_max", StatusCode::INVALID_ARGUMENT, "q_offset",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::AttentionBiasRequest r;
          r.set_num_heads(2);
          r.set_q_len(2);
          r.set_k_len(2);
          r.set_q_offset(kInt64Max);
-       })},
-      {"bias_slope_nan", StatusCode::INVALID_ARGUMENT, "slopes[0]", BIAS({
+         return CallBias(s, c, r);
+       }},
+      {"bias_slope_nan", StatusCode::INVALID_ARGUMENT, "slopes[0]",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::AttentionBiasRequest r;
          r.set_num_heads(1);
          r.set_q_len(2);
          r.set_k_len(2);
          r.add_slopes(std::nan(""));
-       })},
-      {"bias_slope_huge", StatusCode::INVALID_ARGUMENT, "slopes[0]", BIAS({
+         return CallBias(s, c, r);
+       }},
+      {"bias_slope_huge", StatusCode::INVALID_ARGUMENT, "slopes[0]",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::AttentionBiasRequest r;
          r.set_num_heads(1);
          r.set_q_len(2);
          r.set_k_len(2);
          r.add_slopes(1e300);
-       })},
-      {"bias_window_negative", StatusCode::INVALID_ARGUMENT, "window", BIAS({
+         return CallBias(s, c, r);
+       }},
+      {"bias_window_negative", StatusCode::INVALID_ARGUMENT, "window",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::AttentionBiasRequest r;
          r.set_num_heads(1);
          r.set_q_len(2);
          r.set_k_len(2);
          r.set_window(-5);
-       })},
-      {"bias_over_tensor_limit", StatusCode::RESOURCE_EXHAUSTED, "--max_request_bytes", BIAS({
+         return CallBias(s, c, r);
+       }},
+      {"bias_over_tensor_limit", StatusCode::RESOURCE_EXHAUSTED, "--max_request_bytes",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::AttentionBiasRequest r;
          r.set_num_heads(64);
          r.set_q_len(256);
          r.set_k_len(256);  // 16 MiB of float32
-       })},
+         return CallBias(s, c, r);
+       }},
   };
 }
 
@@ -384,7 +455,8 @@ TEST_F(HostileInput, AnswerOverTheMessageLimitIsRefusedBeforeWork) {
   r.set_query_data(std::string(tokens * 8, '\0'));
   // Pad with the request id (echoed in the answer) to exactly the limit.
   r.set_request_id(std::string(kMaxMessage - r.ByteSizeLong() - 4, 'x'));
-  while (static_cast<int64_t>(r.ByteSizeLong()) < kMaxMessage) r.mutable_request_id()->push_back('x');
+  while (static_cast<int64_t>(r.ByteSizeLong()) < kMaxMessage)
+    r.mutable_request_id()->push_back('x');
   ASSERT_EQ(static_cast<int64_t>(r.ByteSizeLong()), kMaxMessage);
   auto stub = v1::PositionalEncoding::NewStub(server_->channel());
   grpc::ClientContext ctx;
@@ -443,11 +515,11 @@ TEST(HostileTables, APoisonedTableDirectoryCannotCrashHangOrFoolTheServer) {
   write("good.safetensors",
         Safetensors(R"({"wpe":{"dtype":"F32","shape":[4,2],"data_offsets":[0,32]}})", 32));
   write("huge_shape.safetensors",
-        Safetensors(R"({"t":{"dtype":"F32","shape":[18446744073709551615,2],"data_offsets":[0,8]}})",
-                    8));
+        Safetensors(
+            R"({"t":{"dtype":"F32","shape":[18446744073709551615,2],"data_offsets":[0,8]}})", 8));
   write("minus_one_rows.safetensors",
-        Safetensors(R"({"t":{"dtype":"F32","shape":[18446744073709551615,0],"data_offsets":[0,0]}})",
-                    0));
+        Safetensors(
+            R"({"t":{"dtype":"F32","shape":[18446744073709551615,0],"data_offsets":[0,0]}})", 0));
   write("overlap.safetensors",
         Safetensors(R"({"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
                     R"("b":{"dtype":"F32","shape":[2,2],"data_offsets":[8,24]}})",

@@ -70,10 +70,11 @@ TEST(Lifecycle, DrainUnderSteadyTrafficEndsPromptlyAndRefusesWithUnavailable) {
   stop = true;
   for (auto& t : callers) t.join();
   ASSERT_TRUE(exited) << "no exit within 25 s of SIGTERM";
-  std::printf("drain: exited %.2f s after SIGTERM (--drain_seconds=20); before: %d OK; after: "
-              "%d UNAVAILABLE, %d CANCELLED, %d OK\n",
-              seconds, before[grpc::StatusCode::OK], after[grpc::StatusCode::UNAVAILABLE],
-              after[grpc::StatusCode::CANCELLED], after[grpc::StatusCode::OK]);
+  std::printf(
+      "drain: exited %.2f s after SIGTERM (--drain_seconds=20); before: %d OK; after: "
+      "%d UNAVAILABLE, %d CANCELLED, %d OK\n",
+      seconds, before[grpc::StatusCode::OK], after[grpc::StatusCode::UNAVAILABLE],
+      after[grpc::StatusCode::CANCELLED], after[grpc::StatusCode::OK]);
   EXPECT_EQ(server.exit_code(), 0) << server.log_text();
   EXPECT_LT(seconds, 5.0) << "refused arrivals must not keep the server draining";
   EXPECT_GT(before[grpc::StatusCode::OK], 0);
@@ -112,8 +113,8 @@ TEST(Lifecycle, AStalledCallerCannotHoldTheServerPastItsDrainDeadline) {
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   ctx.TryCancel();
   ASSERT_TRUE(exited) << "the server hung on a caller that stopped reading";
-  std::printf("stalled caller: exited %.2f s after SIGTERM (--drain_seconds=2), code %d\n",
-              seconds, server.exit_code());
+  std::printf("stalled caller: exited %.2f s after SIGTERM (--drain_seconds=2), code %d\n", seconds,
+              server.exit_code());
   EXPECT_LT(seconds, 2 + 3.0);
   EXPECT_EQ(server.exit_code(), 3) << "a drain cut short by its deadline exits 3";
 }
@@ -131,8 +132,7 @@ class TlsFlags : public ::testing::Test {
         " -keyout server.key -out server.pem -days 2 -subj /CN=localhost; openssl req -x509 " +
         key + " -keyout other.key -out other.pem -days 2 -subj /CN=other; " +
         "echo 'not a pem file' > garbage.pem; mkfifo fifo.pem";
-    ASSERT_EQ(std::system(("bash -c '" + script + "' > " + *dir_ + "/openssl.log 2>&1").c_str()),
-              0)
+    ASSERT_EQ(std::system(("bash -c '" + script + "' > " + *dir_ + "/openssl.log 2>&1").c_str()), 0)
         << testing::ReadFile(*dir_ + "/openssl.log");
   }
   static void TearDownTestSuite() {
@@ -168,10 +168,10 @@ TEST_F(TlsFlags, IncompleteOrBadFilesRefuseToStartNamingTheFlag) {
                 "--tls_cert", "a certificate file that is not PEM");
   ExpectRefused({"--tls_cert=" + Path("server.pem"), "--tls_key=" + Path("garbage.pem")},
                 "--tls_key", "a key file that is not PEM (used to say 'address in use?')");
-  ExpectRefused({"--tls_cert=" + Path("server.pem"), "--tls_key=" + Path("other.key")},
-                "--tls_key", "a key of another certificate");
-  ExpectRefused({"--tls_cert=" + Path("fifo.pem"), "--tls_key=" + Path("server.key")},
-                "--tls_cert", "a FIFO (must not hang)");
+  ExpectRefused({"--tls_cert=" + Path("server.pem"), "--tls_key=" + Path("other.key")}, "--tls_key",
+                "a key of another certificate");
+  ExpectRefused({"--tls_cert=" + Path("fifo.pem"), "--tls_key=" + Path("server.key")}, "--tls_cert",
+                "a FIFO (must not hang)");
   ExpectRefused({"--tls_cert=" + Path("server.pem"), "--tls_key=" + Path("server.key"),
                  "--tls_client_ca=" + Path("garbage.pem")},
                 "--tls_client_ca", "a client CA that is not PEM");
@@ -179,9 +179,9 @@ TEST_F(TlsFlags, IncompleteOrBadFilesRefuseToStartNamingTheFlag) {
 
 TEST_F(TlsFlags, GoodFilesStart) {
   testing::ServerProcess server;
-  EXPECT_TRUE(server.Start(POSENC_SERVER_BINARY, {"--tls_cert=" + Path("server.pem"),
-                                                  "--tls_key=" + Path("server.key"),
-                                                  "--tls_client_ca=" + Path("other.pem")}))
+  EXPECT_TRUE(server.Start(POSENC_SERVER_BINARY,
+                           {"--tls_cert=" + Path("server.pem"), "--tls_key=" + Path("server.key"),
+                            "--tls_client_ca=" + Path("other.pem")}))
       << server.log_text();
 }
 

@@ -47,7 +47,8 @@ TEST(MemoryBound, SixteenCallersOf48MiBStayUnderTheBudget) {
   const int64_t tokens = request_mib * kMiB / (8 * 128 * 4);
   v1::RopeRequest req;
   req.mutable_query()->set_dtype(v1::DATA_TYPE_FLOAT32);
-  for (int64_t d : {int64_t{1}, tokens, int64_t{8}, int64_t{128}}) req.mutable_query()->add_shape(d);
+  for (int64_t d : {int64_t{1}, tokens, int64_t{8}, int64_t{128}})
+    req.mutable_query()->add_shape(d);
   req.set_query_data(std::string(tokens * 8 * 128 * 4, '\x01'));
 
   std::mutex mu;
@@ -57,7 +58,8 @@ TEST(MemoryBound, SixteenCallersOf48MiBStayUnderTheBudget) {
   std::atomic<bool> stop{false};
   std::thread sampler([&] {
     while (!stop) {
-      sampled_peak = std::max<int64_t>(sampled_peak, testing::ProcStatusBytes(server.pid(), "VmRSS"));
+      sampled_peak =
+          std::max<int64_t>(sampled_peak, testing::ProcStatusBytes(server.pid(), "VmRSS"));
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   });

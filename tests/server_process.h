@@ -71,9 +71,12 @@ class ServerProcess {
     dir_ = mkdtemp(dir);
     port_file_ = dir_ + "/port";
     log_file_ = dir_ + "/log";
-    std::vector<std::string> args = {binary,           "--listen=127.0.0.1:0",
-                                     "--port_file=" + port_file_, "--threads=1",
-                                     "--drain_seconds=5", "--log_level=warn",
+    std::vector<std::string> args = {binary,
+                                     "--listen=127.0.0.1:0",
+                                     "--port_file=" + port_file_,
+                                     "--threads=1",
+                                     "--drain_seconds=5",
+                                     "--log_level=warn",
                                      "--metrics_listen="};
     args.insert(args.end(), flags.begin(), flags.end());
     std::fflush(nullptr);  // the child must not inherit (and repeat) unwritten output

@@ -4,9 +4,9 @@
 #define POSENC_TESTS_TEST_TENSORS_H_
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
@@ -25,9 +25,9 @@ using Bytes = std::vector<uint8_t>;
 inline std::mt19937_64& Rng() {
   static std::mt19937_64 rng([] {
     const char* env = std::getenv("POSENC_TEST_SEED");
-    const uint64_t seed = env != nullptr ? std::strtoull(env, nullptr, 10)
-                                         : (uint64_t{std::random_device{}()} << 32) ^
-                                               std::random_device{}();
+    const uint64_t seed = env != nullptr
+                              ? std::strtoull(env, nullptr, 10)
+                              : (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
     std::fprintf(stderr, "random seed %llu (POSENC_TEST_SEED to replay)\n",
                  static_cast<unsigned long long>(seed));
     return seed;

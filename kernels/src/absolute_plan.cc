@@ -106,8 +106,8 @@ absl::StatusOr<AbsolutePlan> PlanAbsolute(const AbsoluteOptions& o, const Absolu
     POSENC_RETURN_IF_ERROR(CheckDimension("x.shape[1] (seq)", seq, kMaxTokens));
     int64_t tokens = 0;
     if (!CheckedMul(batch, seq, &tokens) || tokens > kMaxTokens) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "x.shape ", ShapeString(t.x.shape), " has more than ", kMaxTokens, " tokens"));
+      return absl::InvalidArgumentError(absl::StrCat("x.shape ", ShapeString(t.x.shape),
+                                                     " has more than ", kMaxTokens, " tokens"));
     }
     layout = PaddedLayout(batch, seq);
     p.dim = t.x.shape[2];
@@ -119,8 +119,8 @@ absl::StatusOr<AbsolutePlan> PlanAbsolute(const AbsoluteOptions& o, const Absolu
     return absl::InvalidArgumentError(absl::StrCat(
         "x.shape must be [batch, seq, d] or [tokens, d], got ", ShapeString(t.x.shape)));
   }
-  POSENC_RETURN_IF_ERROR(CheckDimension(absl::StrCat("x.shape[", t.x.rank() - 1, "] (d)"), p.dim,
-                                        kMaxDim));
+  POSENC_RETURN_IF_ERROR(
+      CheckDimension(absl::StrCat("x.shape[", t.x.rank() - 1, "] (d)"), p.dim, kMaxDim));
   POSENC_RETURN_IF_ERROR(CheckSource(o, p.dim));
   p.num_tokens = layout.num_tokens;
   if (p.empty()) {
@@ -129,7 +129,8 @@ absl::StatusOr<AbsolutePlan> PlanAbsolute(const AbsoluteOptions& o, const Absolu
     return p;
   }
   if (reserve) {
-    POSENC_RETURN_IF_ERROR(reserve(PlanCost{PlanBytes(p.num_tokens, layout.num_sequences, p.dim), 0}));
+    POSENC_RETURN_IF_ERROR(
+        reserve(PlanCost{PlanBytes(p.num_tokens, layout.num_sequences, p.dim), 0}));
   }
   POSENC_ASSIGN_OR_RETURN(p.positions, ResolvePositions(layout, t.positions, 1));
   POSENC_RETURN_IF_ERROR(ResolveSource(o, p.dim, p));

@@ -92,8 +92,8 @@ absl::StatusOr<TokenLayout> PackedLayout(const TensorView& cu_seqlens, int64_t n
                      ShapeString(cu_seqlens.shape)));
   }
   const int64_t n = cu_seqlens.shape[0];
-  POSENC_RETURN_IF_ERROR(CheckDimension("cu_seqlens.shape[0] - 1 (sequences)", n - 1,
-                                        kMaxSequences));
+  POSENC_RETURN_IF_ERROR(
+      CheckDimension("cu_seqlens.shape[0] - 1 (sequences)", n - 1, kMaxSequences));
   // Each entry is checked before the next is compared with it, so no
   // difference of hostile values is ever formed.
   l.num_sequences = n - 1;
@@ -104,10 +104,10 @@ absl::StatusOr<TokenLayout> PackedLayout(const TensorView& cu_seqlens, int64_t n
       return absl::InvalidArgumentError(absl::StrCat("cu_seqlens[0] must be 0, got ", v));
     }
     if (i > 0 && (v < l.cu_seqlens[i - 1] || v > num_tokens)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cu_seqlens must be non-decreasing and at most the token count ", num_tokens,
-          ", but cu_seqlens[", i, "] = ", v, " after cu_seqlens[", i - 1,
-          "] = ", l.cu_seqlens[i - 1]));
+      return absl::InvalidArgumentError(
+          absl::StrCat("cu_seqlens must be non-decreasing and at most the token count ", num_tokens,
+                       ", but cu_seqlens[", i, "] = ", v, " after cu_seqlens[", i - 1,
+                       "] = ", l.cu_seqlens[i - 1]));
     }
     l.cu_seqlens[i] = v;
   }

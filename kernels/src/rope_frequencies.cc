@@ -38,8 +38,8 @@ absl::StatusOr<int64_t> OriginalMax(const RopeScaling& s, absl::string_view type
         absl::StrCat("scaling.original_max_position is required for ", type, " scaling"));
   }
   if (*v < 1 || *v > kMaxAbsPosition) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "scaling.original_max_position must be in [1, 2^31], got ", *v));
+    return absl::InvalidArgumentError(
+        absl::StrCat("scaling.original_max_position must be in [1, 2^31], got ", *v));
   }
   return *v;
 }
@@ -362,9 +362,9 @@ absl::StatusOr<FrequencySet> ResolveFrequencies(const RopeOptions& o, int64_t R,
           "; it must be finite with |f| <= ", kMaxInvFreq, " (check scaling.factor)"));
     }
   }
-  POSENC_RETURN_IF_ERROR(AttentionScale(
-      "the attention scale derived from scaling (mscale, mscale_all_dim, factor)",
-      fs.attention_scale));
+  POSENC_RETURN_IF_ERROR(
+      AttentionScale("the attention scale derived from scaling (mscale, mscale_all_dim, factor)",
+                     fs.attention_scale));
   return fs;
 }
 

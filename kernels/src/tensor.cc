@@ -45,8 +45,8 @@ absl::Status ValidateTensorBytes(absl::string_view field, DType dtype,
     }
     if (!CheckedMul(nonzero_product, shape[i], &nonzero_product) ||
         nonzero_product > kMaxTensorElements) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ".shape ", ShapeString(shape),
-                                                     " has more than 2^60 elements"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".shape ", ShapeString(shape), " has more than 2^60 elements"));
     }
   }
   const int64_t n = empty ? 0 : nonzero_product;

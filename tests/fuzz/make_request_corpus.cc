@@ -27,7 +27,8 @@ void Ints(v1::Tensor* t, v1::DataType dtype, std::vector<int64_t> shape, std::ve
   for (int64_t d : shape) t->add_shape(d);
   t->set_data(std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T)));
 }
-void Query(v1::RopeRequest* r, std::vector<int64_t> shape, v1::DataType dtype = v1::DATA_TYPE_FLOAT32) {
+void Query(v1::RopeRequest* r, std::vector<int64_t> shape,
+           v1::DataType dtype = v1::DATA_TYPE_FLOAT32) {
   int64_t n = 1;
   r->mutable_query()->set_dtype(dtype);
   for (int64_t d : shape) {
