@@ -3,8 +3,8 @@
 //
 //   RoPE bf16 16384 tokens x (32 q + 8 k heads) x 128, NEOX and GPT-J:
 //     effective bandwidth (q and k read + written) vs cudaMemcpy D2D.
-//   Decode RoPE, batch 1..256 x 1 token: mean kernel time over back-to-back
-//     launches (includes launch gaps, so an upper bound on kernel time).
+//   Decode RoPE, batch 1..256 x 1 token: kernel time from a CUDA graph of
+//     200 launches replayed (no host launch overhead between kernels).
 //   Sinusoidal add [16384, 4096] and bias added to logits [1, 32, 2048, 2048].
 // Prints a table; --json=PATH writes the figures. Exits 0 with a note when no
 // GPU is visible.
@@ -49,6 +49,39 @@ double MedianMs(const std::function<void()>& fn, int reps = 30, int batch = 1) {
     t.push_back(ms / batch);
   }
   CHECK(cudaGetLastError());
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Median milliseconds per launch of fn, captured `batch` times into a CUDA
+// graph on `stream` and replayed: what the kernels cost without the host's
+// launch overhead between them.
+double GraphMedianMs(const std::function<void(cudaStream_t)>& fn, int reps, int batch) {
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < batch; ++i) fn(stream);
+  CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) CHECK(cudaGraphLaunch(exec, stream));
+  std::vector<float> t;
+  for (int r = 0; r < reps; ++r) {
+    CHECK(cudaEventRecord(a, stream));
+    CHECK(cudaGraphLaunch(exec, stream));
+    CHECK(cudaEventRecord(b, stream));
+    CHECK(cudaEventSynchronize(b));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms / batch);
+  }
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaStreamDestroy(stream));
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
@@ -111,9 +144,12 @@ int main(int argc, char** argv) {
   };
 
   // RoPE on T tokens, one position set, THD layout.
-  auto rope_params = [&](int64_t T, int dtype, int style, size_t* bytes) {
+  using posenc::DType;
+  using posenc::RopeStyle;
+  const int sms = prop.multiProcessorCount;
+  auto rope_params = [&](int64_t T, DType dtype, RopeStyle style, size_t* bytes) {
     const int Hq = 32, Hk = 8, D = 128;
-    const size_t es = dtype == posenc::cuda::kF32 ? 4 : 2;
+    const size_t es = dtype == DType::kFloat32 ? 4 : 2;
     *bytes = static_cast<size_t>(T) * (Hq + Hk) * D * es;
     std::vector<int64_t> pos(T);
     for (int64_t t = 0; t < T; ++t) pos[t] = 1000 + t;
@@ -128,7 +164,7 @@ int main(int argc, char** argv) {
     p.slot_axis = DeviceArray(std::vector<int32_t>(D / 2, 0));
     p.num_tokens = T;
     p.dtype = dtype;
-    p.layout = posenc::cuda::kTHD;
+    p.layout = posenc::RopeLayout::kTHD;
     p.style = style;
     p.query_heads = Hq;
     p.key_heads = Hk;
@@ -138,27 +174,27 @@ int main(int argc, char** argv) {
     return p;
   };
 
-  for (int dtype : {posenc::cuda::kBF16, posenc::cuda::kF32}) {
-    for (int style : {posenc::cuda::kNeox, posenc::cuda::kGptj}) {
+  for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
+    for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptj}) {
       size_t bytes;
       posenc::cuda::RopeParams p = rope_params(16384, dtype, style, &bytes);
-      const double ms = MedianMs([&] { CHECK(posenc::cuda::LaunchRope(p, nullptr)); });
-      rows.push_back({std::string("rope ") + (dtype == posenc::cuda::kBF16 ? "bf16" : "f32") +
-                          (style == posenc::cuda::kNeox ? " neox" : " gptj") + " 16384x(32+8)x128",
+      const double ms = MedianMs([&] { CHECK(posenc::cuda::LaunchRope(p, sms, nullptr)); });
+      rows.push_back({std::string("rope ") + (dtype == DType::kBFloat16 ? "bf16" : "f32") +
+                          (style == RopeStyle::kNeox ? " neox" : " gptj") + " 16384x(32+8)x128",
                       2.0 * bytes, ms, copy_ms(bytes)});
     }
   }
   for (int64_t batch : {1, 8, 32, 64, 128, 256}) {
     size_t bytes;
-    posenc::cuda::RopeParams p =
-        rope_params(batch, posenc::cuda::kBF16, posenc::cuda::kNeox, &bytes);
-    const double ms = MedianMs([&] { CHECK(posenc::cuda::LaunchRope(p, nullptr)); }, 20, 200);
+    posenc::cuda::RopeParams p = rope_params(batch, DType::kBFloat16, RopeStyle::kNeox, &bytes);
+    const double ms = GraphMedianMs(
+        [&](cudaStream_t s) { CHECK(posenc::cuda::LaunchRope(p, sms, s)); }, 20, 200);
     rows.push_back(
         {"decode rope bf16 batch " + std::to_string(batch) + " x1 token", 2.0 * bytes, ms, 0});
   }
-  for (int dtype : {posenc::cuda::kBF16, posenc::cuda::kF32}) {
+  for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
     const int64_t T = 16384, d = 4096;
-    const size_t bytes = static_cast<size_t>(T) * d * (dtype == posenc::cuda::kF32 ? 4 : 2);
+    const size_t bytes = static_cast<size_t>(T) * d * (dtype == DType::kFloat32 ? 4 : 2);
     std::vector<int64_t> pos(T);
     for (int64_t t = 0; t < T; ++t) pos[t] = t;
     std::vector<double> omega(d / 2);
@@ -170,12 +206,12 @@ int main(int argc, char** argv) {
     p.num_tokens = T;
     p.dim = d;
     p.dtype = dtype;
-    p.interleaved = 1;
-    p.has_input = 1;
+    p.interleaved = true;
+    p.has_input = true;
     p.x_scale = 1.0;
     const double ms = MedianMs([&] { CHECK(posenc::cuda::LaunchAbsolute(p, nullptr)); });
     rows.push_back({std::string("sinusoidal add ") +
-                        (dtype == posenc::cuda::kBF16 ? "bf16" : "f32") + " [16384, 4096]",
+                        (dtype == DType::kBFloat16 ? "bf16" : "f32") + " [16384, 4096]",
                     2.0 * bytes, ms, copy_ms(bytes)});
   }
   {
@@ -192,10 +228,10 @@ int main(int argc, char** argv) {
     p.q_len = Q;
     p.k_len = K;
     p.q_offset = 0;
-    p.dtype = posenc::cuda::kBF16;
-    p.form = 2;
-    p.causal = 1;
-    p.add_to_logits = 1;
+    p.dtype = DType::kBFloat16;
+    p.form = posenc::BiasForm::kCausal;
+    p.causal = true;
+    p.add_to_logits = true;
     const double ms = MedianMs([&] { CHECK(posenc::cuda::LaunchBias(p, nullptr)); });
     rows.push_back(
         {"alibi+causal added to bf16 logits [1,32,2048,2048]", 2.0 * bytes, ms, copy_ms(bytes)});

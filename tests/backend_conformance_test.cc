@@ -2,12 +2,14 @@
 // Inputs are fresh random data each run; write-only outputs are poisoned with
 // NaN before the kernel runs so unwritten elements fail.
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 
 #include "gtest/gtest.h"
 #include "posenc/backend.h"
+#include "emulated_gpu_backend.h"
 #include "reference.h"
 #include "test_tensors.h"
 
@@ -19,6 +21,9 @@ using testing::Bytes;
 std::unique_ptr<Backend> MakeBackend(const std::string& name) {
   if (name == "cpu") return CreateCpuBackend(3);
   if (name == "cpu1") return CreateCpuBackend(1);
+  // The CUDA kernels' bodies run over their launch grid on the CPU: every
+  // case below then proves the GPU code's index maps and arithmetic too.
+  if (name == "emulated") return testing::CreateEmulatedGpuBackend();
   auto cuda = CreateCudaBackend(0);
   return cuda.ok() ? std::move(*cuda) : nullptr;
 }
@@ -31,6 +36,27 @@ class BackendTest : public ::testing::TestWithParam<std::string> {
   }
   std::unique_ptr<Backend> backend_;
 };
+
+// Runs a kernel on `backend` over `buffers`; for a GPU backend (real or
+// emulated) runs the CPU backend over copies too: the two must agree bit for
+// bit, since they share their arithmetic (kernels/src/math) and neither
+// contracts into FMA.
+void RunMatchingCpu(Backend& backend, const std::vector<Bytes*>& buffers,
+                    const std::function<absl::Status(Backend&, const std::vector<Bytes*>&)>& run) {
+  std::vector<Bytes> copies;
+  for (Bytes* b : buffers) copies.push_back(*b);
+  const absl::Status s = run(backend, buffers);
+  ASSERT_TRUE(s.ok()) << s;
+  if (backend.kind() == BackendKind::kCpu) return;
+  std::vector<Bytes*> on_cpu;
+  for (Bytes& c : copies) on_cpu.push_back(&c);
+  auto cpu = CreateCpuBackend(2);
+  ASSERT_TRUE(run(*cpu, on_cpu).ok());
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    EXPECT_TRUE(*buffers[i] == copies[i]) << "buffer " << i << ": the " << backend.device().name
+                                          << " result differs from the CPU backend's";
+  }
+}
 
 // ---------------------------------------------------------------- RoPE ----
 
@@ -154,7 +180,9 @@ void CheckRope(Backend& backend, const RopeCase& c) {
 
   auto plan = PlanRope(o, in);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  ASSERT_TRUE(backend.ApplyRope(*plan, q.data(), c.key ? k.data() : nullptr, {}).ok());
+  RunMatchingCpu(backend, {&q, &k}, [&](Backend& be, const std::vector<Bytes*>& b) {
+    return be.ApplyRope(*plan, b[0]->data(), c.key ? b[1]->data() : nullptr, {});
+  });
   const double tol = max_abs <= 1000000 ? 1e-6 : 1e-5;
   EXPECT_TRUE(testing::MatchesReference(c.dtype, q_ref, q.data(), tol)) << "query";
   if (c.key) EXPECT_TRUE(testing::MatchesReference(c.dtype, k_ref, k.data(), tol)) << "key";
@@ -402,7 +430,9 @@ TEST_P(BackendTest, SinusoidalBothLayoutsMatchReference) {
         in.positions.position_ids = testing::IntView(ids, {B, S});
         auto plan = PlanAbsolute(o, in);
         ASSERT_TRUE(plan.ok()) << plan.status();
-        ASSERT_TRUE(backend_->ApplyAbsolute(*plan, x.data(), {}).ok());
+        RunMatchingCpu(*backend_, {&x}, [&](Backend& be, const std::vector<Bytes*>& b) {
+      return be.ApplyAbsolute(*plan, b[0]->data(), {});
+    });
         EXPECT_TRUE(testing::MatchesReference(dtype, ref, x.data(), 1e-5));
       }
     }
@@ -420,7 +450,9 @@ TEST_P(BackendTest, Seed003TableIsReproduced) {
   auto plan = PlanEncodingTable(o, 4, DType::kFloat32, TensorView{}, 4);
   ASSERT_TRUE(plan.ok()) << plan.status();
   Bytes out = testing::Poisoned(DType::kFloat32, 16);
-  ASSERT_TRUE(backend_->ApplyAbsolute(*plan, out.data(), {}).ok());
+  RunMatchingCpu(*backend_, {&out}, [&](Backend& be, const std::vector<Bytes*>& b) {
+      return be.ApplyAbsolute(*plan, b[0]->data(), {});
+    });
   for (int p = 0; p < 4; ++p) {
     for (int i = 0; i < 4; ++i) {
       EXPECT_NEAR(testing::ReadDouble(DType::kFloat32, out.data(), p * 4 + i), printed[p][i], 6e-8)
@@ -456,7 +488,9 @@ TEST_P(BackendTest, LearnedTableAddsRowsAndRejectsOutOfRange) {
     in.positions.offsets = testing::IntView(off, {2});
     auto plan = PlanAbsolute(o, in);
     ASSERT_TRUE(plan.ok()) << plan.status();
-    ASSERT_TRUE(backend_->ApplyAbsolute(*plan, x.data(), {}).ok());
+    RunMatchingCpu(*backend_, {&x}, [&](Backend& be, const std::vector<Bytes*>& b) {
+      return be.ApplyAbsolute(*plan, b[0]->data(), {});
+    });
     EXPECT_TRUE(testing::MatchesReference(dtype, ref, x.data(), 1e-6)) << DTypeName(dtype);
 
     off[1] = 47;  // last token at 50: out of the table
@@ -500,7 +534,9 @@ void CheckBias(Backend& backend, const BiasOptions& o, bool with_logits) {
       for (int64_t i = 0; i < o.q_len; ++i)
         for (int64_t j = 0; j < o.k_len; ++j, ++e)
           ref[e] = logits[e] + reference::Bias(*plan, b, h, i, j);
-  ASSERT_TRUE(backend.ApplyAttentionBias(*plan, out.data(), {}).ok());
+  RunMatchingCpu(backend, {&out}, [&](Backend& be, const std::vector<Bytes*>& b) {
+    return be.ApplyAttentionBias(*plan, b[0]->data(), {});
+  });
   EXPECT_TRUE(testing::MatchesReference(o.dtype, ref, out.data(), 1e-6));
 }
 
@@ -542,7 +578,9 @@ TEST_P(BackendTest, SlidingWindowKeepsExactlyWKeys) {
     auto plan = PlanAttentionBias(o, {});
     ASSERT_TRUE(plan.ok());
     Bytes out = testing::Poisoned(DType::kFloat32, plan->NumElements());
-    ASSERT_TRUE(backend_->ApplyAttentionBias(*plan, out.data(), {}).ok());
+    RunMatchingCpu(*backend_, {&out}, [&](Backend& be, const std::vector<Bytes*>& b) {
+      return be.ApplyAttentionBias(*plan, b[0]->data(), {});
+    });
     for (int64_t row = 0; row < 2 * 40; ++row) {
       const int64_t i = row % 40;
       int64_t kept = 0;
@@ -646,7 +684,8 @@ TEST_P(BackendTest, AgreesWithCpuBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, BackendTest, ::testing::Values("cpu", "cpu1", "cuda"));
+INSTANTIATE_TEST_SUITE_P(Backends, BackendTest,
+                         ::testing::Values("cpu", "cpu1", "emulated", "cuda"));
 
 }  // namespace
 }  // namespace posenc

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "emulated_gpu_backend.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "posenc/backend.h"
@@ -83,6 +84,7 @@ TEST(HfAgreement, FrequenciesAndAttentionScaleMatchEveryScaling) {
 
 std::unique_ptr<Backend> MakeBackend(const std::string& name) {
   if (name == "cpu") return CreateCpuBackend(2);
+  if (name == "emulated") return testing::CreateEmulatedGpuBackend();  // the CUDA kernels' bodies
   auto cuda = CreateCudaBackend(0);
   return cuda.ok() ? std::move(*cuda) : nullptr;
 }
@@ -130,7 +132,7 @@ TEST_P(HfConventions, RotationsMatchHfApplyFunctions) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, HfConventions, ::testing::Values("cpu", "cuda"));
+INSTANTIATE_TEST_SUITE_P(Backends, HfConventions, ::testing::Values("cpu", "emulated", "cuda"));
 
 }  // namespace
 }  // namespace posenc

@@ -77,7 +77,8 @@ struct Worker {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, DeviceInfo info) : device_(device), info_(std::move(info)) {}
+  CudaBackend(int device, DeviceInfo info, int sm_count)
+      : device_(device), info_(std::move(info)), sm_count_(sm_count) {}
 
   ~CudaBackend() override {
     cudaSetDevice(device_);
@@ -145,16 +146,16 @@ class CudaBackend final : public Backend {
       p.slot_axis = reinterpret_cast<const int32_t*>(w.device + axis_at);
       p.num_tokens = plan.num_tokens;
       p.seq_len = plan.seq_len;
-      p.dtype = static_cast<int>(plan.dtype);
-      p.layout = static_cast<int>(plan.layout);
-      p.style = static_cast<int>(plan.style);
+      p.dtype = plan.dtype;
+      p.layout = plan.layout;
+      p.style = plan.style;
       p.inverse = plan.inverse;
       p.query_heads = static_cast<int>(plan.query_heads);
       p.key_heads = static_cast<int>(plan.key_heads);
       p.head_dim = static_cast<int>(plan.head_dim);
       p.rotary_dim = static_cast<int>(plan.rotary_dim);
       p.num_axes = plan.num_axes;
-      POSENC_RETURN_IF_ERROR(Launched(cuda::LaunchRope(p, w.stream), "RoPE"));
+      POSENC_RETURN_IF_ERROR(Launched(cuda::LaunchRope(p, sm_count_, w.stream), "RoPE"));
       POSENC_CUDA(cudaMemcpyAsync(h, w.device, q_at + q_bytes, cudaMemcpyDeviceToHost, w.stream));
       if (k_bytes) {
         POSENC_CUDA(
@@ -193,7 +194,7 @@ class CudaBackend final : public Backend {
       p.table = table;
       p.num_tokens = plan.num_tokens;
       p.dim = plan.dim;
-      p.dtype = static_cast<int>(plan.dtype);
+      p.dtype = plan.dtype;
       p.interleaved = plan.options.sinusoidal_layout == SinusoidalLayout::kInterleaved;
       p.has_input = plan.has_input;
       p.x_scale = plan.options.x_scale;
@@ -232,8 +233,8 @@ class CudaBackend final : public Backend {
       p.k_len = plan.k_len;
       p.q_offset = plan.q_offset;
       p.window = plan.window;
-      p.dtype = static_cast<int>(plan.dtype);
-      p.form = static_cast<int>(plan.form);
+      p.dtype = plan.dtype;
+      p.form = plan.form;
       p.causal = plan.causal;
       p.add_to_logits = plan.add_to_logits;
       POSENC_RETURN_IF_ERROR(Launched(cuda::LaunchBias(p, w.stream), "attention bias"));
@@ -249,8 +250,7 @@ class CudaBackend final : public Backend {
     if (e == cudaErrorInvalidValue) {
       return absl::InvalidArgumentError(absl::StrCat(
           what,
-          ": this shape is outside what the CUDA kernels support (rotary_dim up to 6144); "
-          "use backend CPU"));
+          ": this shape is outside what the CUDA kernels support; use backend CPU"));
     }
     return CudaStatus(e, absl::StrCat("launching the ", what, " kernel"));
   }
@@ -306,6 +306,7 @@ class CudaBackend final : public Backend {
 
   const int device_;
   const DeviceInfo info_;
+  const int sm_count_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -336,7 +337,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
   info.name = prop.name;
   info.memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);
   info.compute_capability = prop.major * 10 + prop.minor;
-  auto backend = std::make_unique<CudaBackend>(device, info);
+  auto backend = std::make_unique<CudaBackend>(device, info, prop.multiProcessorCount);
   POSENC_RETURN_IF_ERROR(backend->Init());
   return std::unique_ptr<Backend>(std::move(backend));
 }

@@ -9,17 +9,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "posenc/codes.h"
 #include "posenc/plan_cost.h"
 #include "posenc/positions.h"
 #include "posenc/tensor.h"
 
 namespace posenc {
-
-enum class SinusoidalLayout : int {
-  kInterleaved = 1,   // Vaswani: PE[p,2i]=sin, PE[p,2i+1]=cos, w_i = base^(-2i/d)
-  kConcatenated = 2,  // fairseq/tensor2tensor: sin half then cos half,
-                      // w_i = base^(-i/(d/2-1)); odd d ends in a zero channel
-};
 
 // A learned table T [rows, dim], kept in float32 (exact for f16/bf16 sources).
 struct LearnedTable {

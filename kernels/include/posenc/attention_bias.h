@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "posenc/codes.h"
 #include "posenc/plan_cost.h"
 #include "posenc/tensor.h"
 
@@ -18,12 +19,6 @@ namespace posenc {
 // other slope of the next power of two. Empty for n < 1. REQUIRES: n <=
 // kMaxHeads (callers validate; the result holds n doubles).
 std::vector<double> AlibiSlopes(int64_t num_heads);
-
-enum class BiasForm : int {
-  kNone = 1,       // masks only
-  kCausal = 2,     // -m * (i - j)
-  kSymmetric = 3,  // -m * |i - j|
-};
 
 struct BiasOptions {
   BiasForm form = BiasForm::kCausal;

@@ -7,16 +7,10 @@
 #include <cstdint>
 #include <cstring>
 
-namespace posenc {
+#include "posenc/codes.h"
+#include "posenc/host_device.h"
 
-// Values match proto posenc.v1.DataType; never renumber.
-enum class DType : int {
-  kFloat32 = 1,
-  kFloat16 = 2,
-  kBFloat16 = 3,
-  kInt32 = 4,
-  kInt64 = 5,
-};
+namespace posenc {
 
 size_t SizeOf(DType dtype);
 const char* DTypeName(DType dtype);
@@ -25,29 +19,37 @@ inline bool IsFloating(DType d) {
 }
 inline bool IsInteger(DType d) { return d == DType::kInt32 || d == DType::kInt64; }
 
-inline uint32_t FloatBits(float f) {
+POSENC_HOST_DEVICE uint32_t FloatBits(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   return u;
+#endif
 }
-inline float BitsFloat(uint32_t u) {
+POSENC_HOST_DEVICE float BitsFloat(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
+#endif
 }
 
 // bfloat16 is the top half of a float32; rounding adds 0x7fff plus the lowest
 // kept bit so that ties go to even. NaN keeps a quiet payload.
-inline uint16_t FloatToBFloat16(float f) {
+POSENC_HOST_DEVICE uint16_t FloatToBFloat16(float f) {
   uint32_t u = FloatBits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
 }
-inline float BFloat16ToFloat(uint16_t h) { return BitsFloat(static_cast<uint32_t>(h) << 16); }
+POSENC_HOST_DEVICE float BFloat16ToFloat(uint16_t h) { return BitsFloat(static_cast<uint32_t>(h) << 16); }
 
 // IEEE binary16 with round-to-nearest-even, subnormals and overflow to inf.
-inline uint16_t FloatToHalf(float f) {
+POSENC_HOST_DEVICE uint16_t FloatToHalf(float f) {
   uint32_t u = FloatBits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   u &= 0x7fffffffu;
@@ -63,7 +65,7 @@ inline uint16_t FloatToHalf(float f) {
   u += 0xc8000fffu + odd;  // rebias exponent (127 -> 15) and round half to even
   return sign | static_cast<uint16_t>(u >> 13);
 }
-inline float HalfToFloat(uint16_t h) {
+POSENC_HOST_DEVICE float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   const uint32_t mant = h & 0x3ffu;
@@ -108,22 +110,24 @@ inline void StoreElement(DType dtype, void* data, int64_t i, float v) {
   std::memcpy(p + 2 * i, &h, 2);
 }
 
-inline float ToFloat(float v) { return v; }
-inline float ToFloat(Half v) { return HalfToFloat(v.bits); }
-inline float ToFloat(BFloat16 v) { return BFloat16ToFloat(v.bits); }
+// The same on the host and the GPU, bit for bit: both backends store
+// through these.
+POSENC_HOST_DEVICE float ToFloat(float v) { return v; }
+POSENC_HOST_DEVICE float ToFloat(Half v) { return HalfToFloat(v.bits); }
+POSENC_HOST_DEVICE float ToFloat(BFloat16 v) { return BFloat16ToFloat(v.bits); }
 
 template <typename T>
-inline T FromFloat(float v);
+POSENC_HOST_DEVICE T FromFloat(float v);
 template <>
-inline float FromFloat<float>(float v) {
+POSENC_HOST_DEVICE float FromFloat<float>(float v) {
   return v;
 }
 template <>
-inline Half FromFloat<Half>(float v) {
+POSENC_HOST_DEVICE Half FromFloat<Half>(float v) {
   return Half{FloatToHalf(v)};
 }
 template <>
-inline BFloat16 FromFloat<BFloat16>(float v) {
+POSENC_HOST_DEVICE BFloat16 FromFloat<BFloat16>(float v) {
   return BFloat16{FloatToBFloat16(v)};
 }
 

@@ -12,18 +12,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "posenc/codes.h"
 #include "posenc/plan_cost.h"
 #include "posenc/positions.h"
 #include "posenc/tensor.h"
 
 namespace posenc {
 
-// Values match proto enums; never renumber.
-enum class RopeLayout : int { kBSHD = 1, kBHSD = 2, kTHD = 3 };
-enum class RopeStyle : int {
-  kNeox = 1,  // pairs i and i + R/2 (GPT-NeoX, LLaMA, HF rotate_half)
-  kGptj = 2,  // pairs 2i and 2i + 1 (GPT-J, RoFormer)
-};
+// Values match proto enums; never renumber. RopeLayout and RopeStyle are in
+// codes.h.
 enum class ScalingType : int {
   kNone = 1,
   kLinear = 2,

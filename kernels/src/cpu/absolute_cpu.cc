@@ -1,8 +1,13 @@
-#include <cmath>
+// Absolute encodings on the CPU: for each token, its PE row in float32 (one
+// SinCos per frequency), then y = x * x_scale + PE over the row. The element
+// arithmetic is math/absolute_math.h, the same as the CUDA kernel's; 16-bit
+// rows take two passes (float32 for all, double for the flagged few) so the
+// first vectorises.
+#include <cstdlib>
 #include <vector>
 
-#include "angle.h"
 #include "cpu_kernels.h"
+#include "math/absolute_math.h"
 #include "posenc/dtype.h"
 
 namespace posenc::internal {
@@ -13,14 +18,9 @@ double PreciseEncoding(const AbsolutePlan& p, int64_t pos, int64_t e) {
   if (p.options.kind == AbsoluteOptions::Kind::kLearned) {
     return p.options.table->values[pos * p.dim + e];
   }
-  const int64_t half = p.dim / 2;
-  if (e >= 2 * half) return 0.0;  // the odd channel
-  const bool interleaved = p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved;
-  const int64_t i = interleaved ? e / 2 : (e < half ? e : e - half);
-  const bool is_sin = interleaved ? e % 2 == 0 : e < half;
-  double s, c;
-  SinCosPrecise(static_cast<double>(pos) * p.omega[i], &s, &c);
-  return is_sin ? s : c;
+  const SinusoidalChannel ch = ChannelOf(
+      p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved, p.dim, e);
+  return ch.is_zero ? 0.0 : SinusoidalPrecise(pos, p.omega[ch.frequency], ch.is_sin);
 }
 
 // PE[pos] in float32, [dim].
@@ -52,78 +52,65 @@ POSENC_ALWAYS_INLINE void EncodingRow(const AbsolutePlan& p, int64_t pos, float*
 // Per-thread buffers, separately allocated so the compiler can see they do
 // not overlap.
 struct Scratch {
-  explicit Scratch(int64_t dim) : row(dim), result(dim), sin(dim / 2), cos(dim / 2), flag(dim) {}
-  std::vector<float> row;     // [dim] PE in float32
-  std::vector<float> result;  // [dim] 16-bit inputs kept for recomputation
+  explicit Scratch(int64_t dim) : row(dim), saved(dim), sin(dim / 2), cos(dim / 2), flag(dim) {}
+  std::vector<float> row;    // [dim] PE in float32
+  std::vector<float> saved;  // [dim] 16-bit inputs kept for recomputation
   std::vector<float> sin, cos;
   std::vector<uint8_t> flag;  // [dim] elements to recompute in double
 };
 
 template <typename T>
 POSENC_ALWAYS_INLINE void AbsoluteTokens(const AbsolutePlan& p, T* __restrict x, int64_t begin,
-                                         int64_t end, Scratch& scratch) {
+                                         int64_t end, Scratch& s) {
   const int64_t dim = p.dim;
-  float* __restrict row = scratch.row.data();
-  float* __restrict tmp = scratch.result.data();
-  float* __restrict sin_buf = scratch.sin.data();
-  float* __restrict cos_buf = scratch.cos.data();
-  uint8_t* __restrict flag = scratch.flag.data();
-  const float xs = static_cast<float>(p.options.x_scale);
+  float* __restrict row = s.row.data();
+  float* __restrict saved = s.saved.data();
+  uint8_t* __restrict flag = s.flag.data();
+  const double x_scale = p.options.x_scale;
+  const float xs = static_cast<float>(x_scale);
   for (int64_t t = begin; t < end; ++t) {
     const int64_t pos = p.positions.values[t];
-    EncodingRow(p, pos, row, sin_buf, cos_buf);
+    EncodingRow(p, pos, row, s.sin.data(), s.cos.data());
     T* __restrict y = x + t * dim;
+    auto precise = [&](int64_t i) { return PreciseEncoding(p, pos, i); };
     if (!p.has_input) {
-      for (int64_t i = 0; i < dim; ++i) y[i] = FromFloat<T>(row[i]);
-      if constexpr (!std::is_same_v<T, float>) {
-        // PE alone has no cancellation, but float cos/sin can still sit an
-        // ulp off near 16-bit rounding boundaries of tiny values.
-        for (int64_t i = 0; i < dim; ++i) {
-          if (std::fabs(row[i]) < kCancellationBound) {
-            y[i] = FromFloat<T>(static_cast<float>(PreciseEncoding(p, pos, i)));
-          }
-        }
+      for (int64_t i = 0; i < dim; ++i) {
+        y[i] = EncodingOnly<T>(row[i], [&] { return precise(i); });
       }
       continue;
     }
     if constexpr (std::is_same_v<T, float>) {
-      for (int64_t i = 0; i < dim; ++i) y[i] = y[i] * xs + row[i];
+      for (int64_t i = 0; i < dim; ++i) AddEncoding(&y[i], row[i], x_scale, [] { return 0.0; });
     } else {
-      // Float results rounded and stored at once (vectorised), inputs kept;
-      // then the rare flagged elements again in double.
-      T* __restrict saved = reinterpret_cast<T*>(tmp);
+      // AddEncoding's float32 half, vectorised; its double half for the
+      // flagged elements after.
       for (int64_t i = 0; i < dim; ++i) {
-        const T xi = y[i];
-        saved[i] = xi;
-        const float u = ToFloat(xi) * xs;
+        const float xi = ToFloat(y[i]);
+        const float u = xi * xs;
         const float r = u + row[i];
+        saved[i] = xi;
         y[i] = FromFloat<T>(r);
-        flag[i] = static_cast<uint8_t>(
-            std::fabs(r) < kCancellationBound * (std::fabs(u) + std::fabs(row[i]) + 1.0f));
+        flag[i] = static_cast<uint8_t>(SumNeedsPrecise(r, u, row[i]));
       }
       ForEachFlagged(flag, dim, [&](int64_t i) {
         y[i] = FromFloat<T>(
-            static_cast<float>(static_cast<double>(ToFloat(saved[i])) * p.options.x_scale +
-                               PreciseEncoding(p, pos, i)));
+            static_cast<float>(static_cast<double>(saved[i]) * x_scale + precise(i)));
       });
     }
   }
 }
 
 POSENC_CPU_CLONES void AbsoluteDispatch(const AbsolutePlan& p, void* x, int64_t begin, int64_t end,
-                                        Scratch& scratch) {
+                                        Scratch& s) {
   switch (p.dtype) {
     case DType::kFloat32:
-      AbsoluteTokens<float>(p, static_cast<float*>(x), begin, end, scratch);
-      break;
+      return AbsoluteTokens<float>(p, static_cast<float*>(x), begin, end, s);
     case DType::kFloat16:
-      AbsoluteTokens<Half>(p, static_cast<Half*>(x), begin, end, scratch);
-      break;
+      return AbsoluteTokens<Half>(p, static_cast<Half*>(x), begin, end, s);
     case DType::kBFloat16:
-      AbsoluteTokens<BFloat16>(p, static_cast<BFloat16*>(x), begin, end, scratch);
-      break;
+      return AbsoluteTokens<BFloat16>(p, static_cast<BFloat16*>(x), begin, end, s);
     default:
-      break;  // planning admits floating dtypes only
+      std::abort();  // planning admits floating dtypes only
   }
 }
 

@@ -1,7 +1,8 @@
 // CPU kernels: each processes a contiguous range of the work a plan
-// describes, so the backend can split it across threads. Internal.
-#ifndef POSENC_KERNELS_CPU_KERNELS_H_
-#define POSENC_KERNELS_CPU_KERNELS_H_
+// describes, so the backend can split it across threads. The per-element
+// arithmetic is math/*.h, shared with the CUDA kernels. Internal.
+#ifndef POSENC_KERNELS_CPU_CPU_KERNELS_H_
+#define POSENC_KERNELS_CPU_CPU_KERNELS_H_
 
 #include <cstdint>
 #include <cstring>
@@ -10,10 +11,13 @@
 #include "posenc/attention_bias.h"
 #include "posenc/rope.h"
 
-// One binary serves old and new x86-64 CPUs: the hot loops are compiled twice
-// and the loader picks the AVX2/FMA version where the CPU has it.
+// One binary serves old and new x86-64 CPUs: the hot loops are compiled three
+// times and the loader picks the AVX-512 or AVX2 version where the CPU has
+// it. Contraction into FMA is off for the whole library (CMake), so every
+// clone computes exactly the operations the CUDA kernels do.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(POSENC_NO_CLONES)
-#define POSENC_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define POSENC_CPU_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define POSENC_CPU_CLONES
 #endif
@@ -52,4 +56,4 @@ void AttentionBiasRowsCpu(const BiasPlan& plan, void* out, int64_t begin, int64_
 
 }  // namespace posenc::internal
 
-#endif  // POSENC_KERNELS_CPU_KERNELS_H_
+#endif  // POSENC_KERNELS_CPU_CPU_KERNELS_H_

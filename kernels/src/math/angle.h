@@ -7,16 +7,12 @@
 // pi/2 with a three-part Cody-Waite constant (each part 21 bits, so q * part
 // is exact for |q| < 2^32), and evaluate minimax polynomials in float on
 // [-pi/4, pi/4]. The code is branch-free so loops over it vectorise.
-#ifndef POSENC_KERNELS_ANGLE_H_
-#define POSENC_KERNELS_ANGLE_H_
+#ifndef POSENC_KERNELS_MATH_ANGLE_H_
+#define POSENC_KERNELS_MATH_ANGLE_H_
 
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define POSENC_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define POSENC_HOST_DEVICE inline __attribute__((always_inline))
-#endif
+#include "posenc/host_device.h"
 
 namespace posenc::internal {
 
@@ -84,10 +80,8 @@ POSENC_HOST_DEVICE void SinCosPrecise(double angle, double* sin_out, double* cos
 }
 
 // 16-bit outputs must land within one ulp of the float64 result, element by
-// element (SPEC §5). RoPE computes them in double throughout (its cos/sin
-// are shared by all heads). Absolute encodings, which need a sin or cos per
-// element, compute in float32 and recompute in double only the elements
-// where float32 could miss: a float result r of terms
+// element (SPEC §5). Every kernel computes them in float32 and recomputes in
+// double only the elements where float32 could miss: a float result r of terms
 // t = a*c, b*n (or x*s, pe) errs by at most ~2^-21.7 (|a| + |b|) |scale|
 // (float cos/sin are good to ~2^-23 absolute, plus three roundings), and
 // half an ulp of r is at least 2^-12 |r| for float16 (2^-9 for bfloat16,
@@ -97,4 +91,4 @@ inline constexpr float kCancellationBound = 1.0f / 512;
 
 }  // namespace posenc::internal
 
-#endif  // POSENC_KERNELS_ANGLE_H_
+#endif  // POSENC_KERNELS_MATH_ANGLE_H_

@@ -1,0 +1,133 @@
+// The absolute-encoding kernel (y = x * x_scale + PE, or PE alone for a
+// table) as a function of its launch coordinates, for the GPU
+// (absolute_kernels.cu) and for host emulation in tests. A thread owns up to
+// 16 bytes of consecutive channels of one token's row; several rows share a
+// block.
+#ifndef POSENC_KERNELS_CUDA_ABSOLUTE_BODY_H_
+#define POSENC_KERNELS_CUDA_ABSOLUTE_BODY_H_
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernel_params.h"
+#include "math/absolute_math.h"
+#include "packet.h"
+
+namespace posenc::cuda {
+
+// Chooses the width and the grid (filling p's geometry fields). Host only.
+inline LaunchShape PlanAbsoluteLaunch(AbsoluteParams* p) {
+  LaunchShape shape;
+  if (p->num_tokens == 0 || p->dim == 0) {
+    shape.grid.x = 0;
+    return shape;
+  }
+  const int es = p->dtype == DType::kFloat32 ? 4 : 2;
+  int width = 1;
+  for (int cand = 8; cand >= 1; cand /= 2) {
+    if (cand * es <= 16 && p->dim % cand == 0) {
+      width = cand;
+      break;
+    }
+  }
+  p->width = width;
+  p->vector = width > 1 && (width * es) % 4 == 0;
+  const int64_t chunks = p->dim / width;
+  p->threads_per_row = static_cast<int>(std::min<int64_t>(chunks, kThreadsPerBlock));
+  p->rows_per_block = std::max(1, kThreadsPerBlock / p->threads_per_row);
+  shape.grid.x = static_cast<unsigned>((p->num_tokens + p->rows_per_block - 1) / p->rows_per_block);
+  shape.block.x = static_cast<unsigned>(p->threads_per_row * p->rows_per_block);
+  return shape;
+}
+
+template <typename T, int kWidth, bool kVector>
+POSENC_HOST_DEVICE void AbsoluteBody(const AbsoluteParams& p, Coord block, Coord thread) {
+  const int64_t t = static_cast<int64_t>(block.x) * p.rows_per_block +
+                    thread.x / static_cast<unsigned>(p.threads_per_row);
+  if (t >= p.num_tokens) return;
+  T* y = static_cast<T*>(p.x) + t * p.dim;
+  const int64_t pos = p.positions[t];
+  for (int64_t e0 = static_cast<int64_t>(thread.x % static_cast<unsigned>(p.threads_per_row)) *
+                    kWidth;
+       e0 < p.dim; e0 += static_cast<int64_t>(p.threads_per_row) * kWidth) {
+    T v[kWidth];
+    if (p.has_input) LoadPacket<kVector>(y + e0, v);
+    for (int j = 0; j < kWidth; ++j) {
+      const int64_t e = e0 + j;
+      float pe;
+      double precise_pe;
+      bool have_precise = false;
+      internal::SinusoidalChannel ch{0, false, false};
+      double angle = 0;
+      if (p.table != nullptr) {
+        pe = p.table[pos * p.dim + e];
+        precise_pe = pe;
+        have_precise = true;
+      } else {
+        ch = internal::ChannelOf(p.interleaved, p.dim, e);
+        if (ch.is_zero) {
+          pe = 0.0f;
+          precise_pe = 0.0;
+          have_precise = true;
+        } else {
+          float s, c;
+          angle = static_cast<double>(pos) * p.omega[ch.frequency];
+          internal::SinCos(angle, &s, &c);
+          pe = ch.is_sin ? s : c;
+        }
+      }
+      auto precise = [&]() -> double {
+        if (have_precise) return precise_pe;
+        return internal::SinusoidalPrecise(pos, p.omega[ch.frequency], ch.is_sin);
+      };
+      if (p.has_input) {
+        internal::AddEncoding(&v[j], pe, p.x_scale, precise);
+      } else {
+        v[j] = internal::EncodingOnly<T>(pe, precise);
+      }
+    }
+    StorePacket<kVector>(v, y + e0);
+  }
+}
+
+// Calls visitor.template Run<T, kWidth, kVector>() for p's variant; false
+// for a value outside the enums or the widths PlanAbsoluteLaunch chooses.
+template <typename Visitor>
+bool VisitAbsolute(const AbsoluteParams& p, Visitor& visitor) {
+  auto by_width = [&](auto type_tag) -> bool {
+    using T = typename decltype(type_tag)::type;
+    switch (p.width) {
+      case 1:
+        visitor.template Run<T, 1, false>();
+        return true;
+      case 2:
+        if (p.vector) visitor.template Run<T, 2, true>();
+        return p.vector;
+      case 4:
+        if (p.vector) visitor.template Run<T, 4, true>();
+        return p.vector;
+      case 8:
+        if constexpr (sizeof(T) == 2) {
+          if (p.vector) visitor.template Run<T, 8, true>();
+          return p.vector;
+        }
+        return false;
+      default:
+        return false;
+    }
+  };
+  switch (p.dtype) {
+    case DType::kFloat32:
+      return by_width(TypeTag<float>());
+    case DType::kFloat16:
+      return by_width(TypeTag<Half>());
+    case DType::kBFloat16:
+      return by_width(TypeTag<BFloat16>());
+    default:
+      return false;
+  }
+}
+
+}  // namespace posenc::cuda
+
+#endif  // POSENC_KERNELS_CUDA_ABSOLUTE_BODY_H_

@@ -1,0 +1,115 @@
+// The attention-bias kernel as a function of its launch coordinates, for the
+// GPU (bias_kernels.cu) and for host emulation in tests. A thread owns up to
+// 16 bytes of consecutive keys of one row (batch, head, query); rows are
+// spread over the grid, which strides over them if they outnumber it.
+#ifndef POSENC_KERNELS_CUDA_BIAS_BODY_H_
+#define POSENC_KERNELS_CUDA_BIAS_BODY_H_
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernel_params.h"
+#include "math/bias_math.h"
+#include "packet.h"
+
+namespace posenc::cuda {
+
+inline constexpr int64_t kMaxGridX = int64_t{1} << 30;
+
+// Chooses the width and the grid (filling p's geometry fields). Host only.
+inline LaunchShape PlanBiasLaunch(BiasParams* p) {
+  LaunchShape shape;
+  const int64_t rows = p->batch * p->heads * p->q_len;
+  if (rows == 0 || p->k_len == 0) {
+    shape.grid.x = 0;
+    return shape;
+  }
+  const int es = p->dtype == DType::kFloat32 ? 4 : 2;
+  int width = 1;
+  for (int cand = 8; cand >= 1; cand /= 2) {
+    if (cand * es <= 16 && p->k_len % cand == 0) {
+      width = cand;
+      break;
+    }
+  }
+  p->width = width;
+  p->vector = width > 1 && (width * es) % 4 == 0;
+  const int64_t chunks = p->k_len / width;
+  p->threads_per_row = static_cast<int>(std::min<int64_t>(chunks, kThreadsPerBlock));
+  p->rows_per_block = std::max(1, kThreadsPerBlock / p->threads_per_row);
+  shape.grid.x = static_cast<unsigned>(
+      std::min<int64_t>((rows + p->rows_per_block - 1) / p->rows_per_block, kMaxGridX));
+  shape.block.x = static_cast<unsigned>(p->threads_per_row * p->rows_per_block);
+  return shape;
+}
+
+template <typename T, int kWidth, bool kVector>
+POSENC_HOST_DEVICE void BiasBody(const BiasParams& p, Coord block, Coord thread, Coord grid) {
+  const int64_t rows = p.batch * p.heads * p.q_len;
+  const internal::BiasShape shape{p.form, p.causal, p.window};
+  for (int64_t row = static_cast<int64_t>(block.x) * p.rows_per_block +
+                     thread.x / static_cast<unsigned>(p.threads_per_row);
+       row < rows; row += static_cast<int64_t>(grid.x) * p.rows_per_block) {
+    const int64_t i = row % p.q_len;
+    const int64_t bh = row / p.q_len;
+    const int64_t h = bh % p.heads, b = bh / p.heads;
+    const int64_t qpos = p.q_offset + i;
+    const double slope = p.slopes[h];
+    const int64_t k_len_b = p.k_lens[b];
+    T* y = static_cast<T*>(p.out) + row * p.k_len;
+    for (int64_t j0 = static_cast<int64_t>(thread.x % static_cast<unsigned>(p.threads_per_row)) *
+                      kWidth;
+         j0 < p.k_len; j0 += static_cast<int64_t>(p.threads_per_row) * kWidth) {
+      T v[kWidth];
+      if (p.add_to_logits) LoadPacket<kVector>(y + j0, v);
+      for (int j = 0; j < kWidth; ++j) {
+        internal::StoreBias(&v[j], internal::BiasValue(shape, slope, qpos, j0 + j, k_len_b),
+                            p.add_to_logits);
+      }
+      StorePacket<kVector>(v, y + j0);
+    }
+  }
+}
+
+// Calls visitor.template Run<T, kWidth, kVector>() for p's variant; false
+// for a value outside the enums or the widths PlanBiasLaunch chooses.
+template <typename Visitor>
+bool VisitBias(const BiasParams& p, Visitor& visitor) {
+  if (!KnownForm(p.form)) return false;
+  auto by_width = [&](auto type_tag) -> bool {
+    using T = typename decltype(type_tag)::type;
+    switch (p.width) {
+      case 1:
+        visitor.template Run<T, 1, false>();
+        return true;
+      case 2:
+        if (p.vector) visitor.template Run<T, 2, true>();
+        return p.vector;
+      case 4:
+        if (p.vector) visitor.template Run<T, 4, true>();
+        return p.vector;
+      case 8:
+        if constexpr (sizeof(T) == 2) {
+          if (p.vector) visitor.template Run<T, 8, true>();
+          return p.vector;
+        }
+        return false;
+      default:
+        return false;
+    }
+  };
+  switch (p.dtype) {
+    case DType::kFloat32:
+      return by_width(TypeTag<float>());
+    case DType::kFloat16:
+      return by_width(TypeTag<Half>());
+    case DType::kBFloat16:
+      return by_width(TypeTag<BFloat16>());
+    default:
+      return false;
+  }
+}
+
+}  // namespace posenc::cuda
+
+#endif  // POSENC_KERNELS_CUDA_BIAS_BODY_H_

@@ -1,0 +1,72 @@
+// The per-element arithmetic of absolute encodings, y = x * x_scale + PE,
+// shared by the CPU and CUDA kernels (one definition, bit-identical results).
+// PE comes in float32; 16-bit results that could miss their one-ulp bar are
+// recomputed in double (angle.h explains the bound).
+#ifndef POSENC_KERNELS_MATH_ABSOLUTE_MATH_H_
+#define POSENC_KERNELS_MATH_ABSOLUTE_MATH_H_
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "math/angle.h"
+#include "posenc/dtype.h"
+#include "posenc/host_device.h"
+
+namespace posenc::internal {
+
+// Which frequency and function channel e of a sinusoidal row uses. The
+// channel past 2 * (d/2) of an odd d is zero in both layouts (fairseq).
+struct SinusoidalChannel {
+  int64_t frequency;  // i of w_i
+  bool is_sin;
+  bool is_zero;
+};
+POSENC_HOST_DEVICE SinusoidalChannel ChannelOf(bool interleaved, int64_t dim, int64_t e) {
+  const int64_t half = dim / 2;
+  if (e >= 2 * half) return SinusoidalChannel{0, false, true};
+  if (interleaved) return SinusoidalChannel{e / 2, e % 2 == 0, false};
+  return e < half ? SinusoidalChannel{e, true, false} : SinusoidalChannel{e - half, false, false};
+}
+
+// PE of one channel in double, for flagged 16-bit results.
+POSENC_HOST_DEVICE double SinusoidalPrecise(int64_t pos, double omega, bool is_sin) {
+  double s, c;
+  SinCosPrecise(static_cast<double>(pos) * omega, &s, &c);
+  return is_sin ? s : c;
+}
+
+// A table element (no input): PE in float, or in double where a 16-bit
+// result of a tiny value could miss. `precise()` gives PE in double.
+template <typename T, typename Precise>
+POSENC_HOST_DEVICE T EncodingOnly(float pe, Precise precise) {
+  float r = pe;
+  if constexpr (!std::is_same_v<T, float>) {
+    if (fabsf(pe) < kCancellationBound) r = static_cast<float>(precise());
+  }
+  return FromFloat<T>(r);
+}
+
+// True when x * x_scale + pe, computed in float as (u = x * xs) + pe, may miss
+// a 16-bit output's bar.
+POSENC_HOST_DEVICE bool SumNeedsPrecise(float r, float u, float pe) {
+  return fabsf(r) < kCancellationBound * (fabsf(u) + fabsf(pe) + 1.0f);
+}
+
+// y = x * x_scale + PE for one stored element, in place.
+template <typename T, typename Precise>
+POSENC_HOST_DEVICE void AddEncoding(T* y, float pe, double x_scale, Precise precise) {
+  const float x = ToFloat(*y);
+  const float u = x * static_cast<float>(x_scale);
+  float r = u + pe;
+  if constexpr (!std::is_same_v<T, float>) {
+    if (SumNeedsPrecise(r, u, pe)) {
+      r = static_cast<float>(static_cast<double>(x) * x_scale + precise());
+    }
+  }
+  *y = FromFloat<T>(r);
+}
+
+}  // namespace posenc::internal
+
+#endif  // POSENC_KERNELS_MATH_ABSOLUTE_MATH_H_
