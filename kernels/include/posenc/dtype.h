@@ -38,44 +38,47 @@ POSENC_HOST_DEVICE float BitsFloat(uint32_t u) {
 #endif
 }
 
+// Conversions are written without branches (every candidate computed, one
+// selected) so that loops over them vectorise; the CPU and CUDA kernels use
+// these same functions, bit for bit.
+
 // bfloat16 is the top half of a float32; rounding adds 0x7fff plus the lowest
 // kept bit so that ties go to even. NaN keeps a quiet payload.
 POSENC_HOST_DEVICE uint16_t FloatToBFloat16(float f) {
-  uint32_t u = FloatBits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+  const uint32_t u = FloatBits(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
-POSENC_HOST_DEVICE float BFloat16ToFloat(uint16_t h) { return BitsFloat(static_cast<uint32_t>(h) << 16); }
+POSENC_HOST_DEVICE float BFloat16ToFloat(uint16_t h) {
+  return BitsFloat(static_cast<uint32_t>(h) << 16);
+}
 
 // IEEE binary16 with round-to-nearest-even, subnormals and overflow to inf.
 POSENC_HOST_DEVICE uint16_t FloatToHalf(float f) {
-  uint32_t u = FloatBits(f);
-  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-  u &= 0x7fffffffu;
-  if (u >= 0x7f800000u) return sign | (u > 0x7f800000u ? 0x7e00u : 0x7c00u);
-  if (u >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 rounds to inf
-  if (u < 0x38800000u) {
-    // Below the smallest normal half (2^-14): adding 0.5 puts the half's
-    // subnormal ulp (2^-24) at the float's ulp, so the FPU rounds for us.
-    const float shifted = BitsFloat(u) + 0.5f;
-    return sign | static_cast<uint16_t>(FloatBits(shifted) - 0x3f000000u);
-  }
-  const uint32_t odd = (u >> 13) & 1u;
-  u += 0xc8000fffu + odd;  // rebias exponent (127 -> 15) and round half to even
-  return sign | static_cast<uint16_t>(u >> 13);
+  const uint32_t bits = FloatBits(f);
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  const uint32_t u = bits & 0x7fffffffu;
+  // Normal halves: rebias the exponent (127 -> 15) and round half to even.
+  const uint32_t normal = ((u + 0xc8000fffu + ((u >> 13) & 1u)) >> 13) & 0xffffu;
+  // Below the smallest normal half (2^-14): adding 0.5 puts the half's
+  // subnormal ulp (2^-24) at the float's ulp, so the FPU rounds for us.
+  const uint32_t subnormal = (FloatBits(BitsFloat(u) + 0.5f) - 0x3f000000u) & 0xffffu;
+  uint32_t r = u < 0x38800000u ? subnormal : normal;
+  r = u >= 0x477ff000u ? 0x7c00u : r;  // >= 65520 rounds to inf
+  r = u > 0x7f800000u ? 0x7e00u : r;   // NaN stays NaN (quiet)
+  return static_cast<uint16_t>(sign | r);
 }
 POSENC_HOST_DEVICE float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   const uint32_t mant = h & 0x3ffu;
-  if (exp == 0x1f) return BitsFloat(sign | 0x7f800000u | (mant << 13));
-  if (exp == 0) {
-    // Subnormal or zero: value = mant * 2^-24, exact in float.
-    const float v = static_cast<float>(mant) * 5.9604644775390625e-8f;
-    return sign ? -v : v;
-  }
-  return BitsFloat(sign | ((exp + 112u) << 23) | (mant << 13));
+  // Subnormal or zero: value = mant * 2^-24, exact in float.
+  const float small = static_cast<float>(mant) * 5.9604644775390625e-8f;
+  const uint32_t small_bits = FloatBits(small) | sign;
+  const uint32_t big_bits =
+      sign | (exp == 0x1fu ? 0x7f800000u : (exp + 112u) << 23) | (mant << 13);
+  return BitsFloat(exp == 0 ? small_bits : big_bits);
 }
 
 // Storage types the kernels are templated on.

@@ -14,7 +14,7 @@ namespace {
 // (angle buffers, scheduling) without starving threads on small requests;
 // chunks of at most this many (a few ms of work) let a cancelled call stop
 // soon, since cancellation is checked between chunks.
-constexpr int64_t kMinElementsPerChunk = 1 << 15;
+constexpr int64_t kMinElementsPerChunk = 1 << 17;
 constexpr int64_t kMaxElementsPerChunk = 1 << 22;
 
 int64_t Grain(int64_t elements_per_item) {

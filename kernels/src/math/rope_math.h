@@ -33,18 +33,24 @@ POSENC_HOST_DEVICE SlotRotation RotationOf(double angle, double scale, bool inve
   return SlotRotation{co * scale_f, s * sign_f};
 }
 
-// The rotated pair in float32.
-POSENC_HOST_DEVICE void RotateF32(float u, float v, SlotRotation r, float* a, float* b) {
-  const float uc = u * r.c, vn = v * r.n, vc = v * r.c, un = u * r.n;
+// The rotated pair in float32. (Scalars rather than a SlotRotation: GCC
+// does not vectorise loops that build the struct from two arrays.)
+POSENC_HOST_DEVICE void RotateF32(float u, float v, float c, float n, float* a, float* b) {
+  const float uc = u * c, vn = v * n, vc = v * c, un = u * n;
   *a = uc - vn;
   *b = vc + un;
 }
 
 // True when a float result r of the pair (u, v) may miss a 16-bit output's
 // one-ulp bar (angle.h explains the bound).
-// REQUIRES: scale > 0 (planning guarantees it).
-POSENC_HOST_DEVICE bool NeedsPrecise(float r, float u, float v, double scale) {
-  return fabsf(r) < kCancellationBound * (fabsf(u) + fabsf(v)) * static_cast<float>(scale);
+// True when either float result (a, b) of the pair (u, v) may miss a 16-bit
+// output's one-ulp bar (angle.h explains the bound); one comparison, so the
+// CPU loop computing it vectorises. REQUIRES: scale > 0 (planning
+// guarantees it).
+POSENC_HOST_DEVICE bool PairNeedsPrecise(float a, float b, float u, float v, float scale) {
+  const float abs_a = fabsf(a), abs_b = fabsf(b);
+  const float smaller = abs_a < abs_b ? abs_a : abs_b;  // not fminf: that does not vectorise
+  return smaller < kCancellationBound * (fabsf(u) + fabsf(v)) * scale;
 }
 
 // The rotated pair in float64, for the rare flagged 16-bit elements.
@@ -66,9 +72,9 @@ POSENC_HOST_DEVICE void RotatePair(T* x, T* y, SlotRotation r, double angle, dou
                                    bool inverse) {
   const float u = ToFloat(*x), v = ToFloat(*y);
   float a, b;
-  RotateF32(u, v, r, &a, &b);
+  RotateF32(u, v, r.c, r.n, &a, &b);
   if constexpr (!std::is_same_v<T, float>) {
-    if (NeedsPrecise(a, u, v, scale) || NeedsPrecise(b, u, v, scale)) {
+    if (PairNeedsPrecise(a, b, u, v, static_cast<float>(scale))) {
       RotatePrecise(u, v, angle, scale, inverse, &a, &b);
     }
   }

@@ -67,6 +67,22 @@ TEST(DType, ConversionsRoundToNearestEven) {
     EXPECT_EQ(static_cast<double>(HalfToFloat(FloatToHalf(f))), h) << f;
     EXPECT_EQ(static_cast<double>(BFloat16ToFloat(FloatToBFloat16(f))), b) << f;
   }
+  // A sweep over the whole float range, every 4093rd bit pattern (the
+  // conversions are branch-free, so each candidate path must be right for
+  // every input it is selected for).
+  for (uint64_t u = 0; u <= 0xffffffffull; u += 4093) {
+    const float f = BitsFloat(static_cast<uint32_t>(u));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(f))));
+      EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(f))));
+      continue;
+    }
+    ASSERT_EQ(static_cast<double>(HalfToFloat(FloatToHalf(f))), RoundToFormat(f, 10, -14, 65504.0))
+        << std::hexfloat << f;
+    ASSERT_EQ(static_cast<double>(BFloat16ToFloat(FloatToBFloat16(f))),
+              RoundToFormat(f, 7, -126, 3.3895313892515355e38))
+        << std::hexfloat << f;
+  }
   // Ties: 1 + 2^-11 lies halfway between 1 and 1 + 2^-10 and goes to even (1).
   EXPECT_EQ(HalfToFloat(FloatToHalf(1.0f + std::ldexp(1.0f, -11))), 1.0f);
   EXPECT_EQ(HalfToFloat(FloatToHalf(1.0f + 3 * std::ldexp(1.0f, -11))),
