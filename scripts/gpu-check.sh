@@ -1,32 +1,249 @@
 #!/usr/bin/env bash
-# Issue 3's GPU checks in one call of the device tool.
+# Issue 3's GPU checks, for the device tool (a lent GPU, 10 minutes a call).
 #
 # Here (no GPU needed), build with CUDA and bundle the binaries:
 #   scripts/build.sh
 #   ../shared/tools/gpu-bundle .gpu/bundle build/tests/backend_conformance_test \
 #     build/tests/hf_agreement_test build/tests/e2e_test build/bench/posenc-bench-gpu
 #   (.gpu/ is git-ignored; pass it in the device tool's `carry`)
-# There, from the repository root:
-#   bash scripts/gpu-check.sh .gpu/bundle
-# Writes at most 8 files under $OUT: device facts, the three suites (CUDA
-# cases run where a GPU is visible), compute-sanitizer memcheck and
-# racecheck, posenc-bench-gpu and the PyTorch / torch.compile / Liger peers.
+# There, from the repository root, in calls that each fit in 10 minutes:
+#   bash scripts/gpu-check.sh .gpu/bundle suites bench ncu
+#   bash scripts/gpu-check.sh .gpu/bundle sanitizers
+#   bash scripts/gpu-check.sh .gpu/bundle peers
+# Steps: suites, memcheck, racecheck, synccheck, initcheck (sanitizers: all
+# four), bench, ncu, peers; none named: all of them, in that order.
+#
+# Files under $OUT, 6 over all steps (the device tool takes back at most 8):
+#   summary.txt     device facts, one verdict line per step, the benchmark and
+#                   peer tables, the Nsight Compute figures (also on stdout)
+#   suites.txt      the three suites' output
+#   sanitizers.txt  compute-sanitizer's output, tool after tool
+#   ncu.txt         Nsight Compute's report on one RoPE kernel
+#   gpu_bench.json  posenc-bench-gpu's figures
+#   peers.json      rope_peers.py's figures
+# Every step runs under its own `timeout` (seconds; override with the
+# environment: TIMEOUT_SUITE per suite, TIMEOUT_SANITIZER per tool and
+# binary, TIMEOUT_BENCH, TIMEOUT_NCU, TIMEOUT_PEERS). Test counts come from
+# gtest's per-test lines; a sanitizer step that ran no CUDA test fails.
+# Exits 1 when a step failed.
 set -uo pipefail
-bundle=${1:?usage: gpu-check.sh BUNDLE_DIR}
+bundle=${1:?usage: gpu-check.sh BUNDLE_DIR [STEP...]}
+shift
 out=${OUT:-/tmp/gpu-check}
 mkdir -p "$out"
 export POSENC_HF_FIXTURES=$PWD/tests/hf/hf_fixtures.json
 lib="$bundle/lib"
+summary="$out/summary.txt"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
 
-nvidia-smi > "$out/device.txt" 2>&1
-for t in backend_conformance_test hf_agreement_test e2e_test; do
-  "$bundle/run" "$t" > "$out/$t.txt" 2>&1
-  echo "$t: $(tail -n 3 "$out/$t.txt" | tr '\n' ' ')"
+t_suite=${TIMEOUT_SUITE:-150}
+t_sanitizer=${TIMEOUT_SANITIZER:-120}
+t_bench=${TIMEOUT_BENCH:-180}
+t_ncu=${TIMEOUT_NCU:-240}
+t_peers=${TIMEOUT_PEERS:-300}
+
+say() { echo "$*" | tee -a "$summary"; }
+verdict() {  # verdict NAME OK DETAIL: one line per step; a failure fails the run
+  if [ "$2" = 1 ]; then
+    say "PASS $1: $3"
+  else
+    say "FAIL $1: $3"
+    failures=$((failures + 1))
+  fi
+}
+timed_out() { [ "$1" = 124 ] || [ "$1" = 137 ]; }
+
+# gtest's per-test result lines end in "(N ms)"; its closing summary repeats
+# the failed and skipped names without one, so only the former are counted.
+count() { grep -cE "^\[ *$1 *\] .* \([0-9]+ ms\)\$" "$2"; }
+counts() {  # counts LOG: "ran R (P passed, F failed, S skipped)"
+  local p f s
+  p=$(count OK "$1")
+  f=$(count FAILED "$1")
+  s=$(count SKIPPED "$1")
+  echo "ran $((p + f)) ($p passed, $f failed, $s skipped)"
+}
+
+# The CUDA instances of a suite: parameterised tests print as
+# "Backends/BackendTest." then "  RopeEveryScaling/3  # GetParam() = "cuda"",
+# and gtest filters match names only, so the names are collected from
+# --gtest_list_tests (plus any test whose own name says CUDA).
+cuda_tests() {  # cuda_tests BINARY > names, one per line
+  "$bundle/run" "$1" --gtest_list_tests 2>/dev/null | awk '
+    /^[^ ]/ { suite = $1; next }
+    /^  / {
+      name = suite $1
+      if ($0 ~ /GetParam\(\) = "cuda"/ || name ~ /[Cc][Uu][Dd][Aa]/) print name
+    }'
+}
+
+device_facts() {
+  {
+    echo "== $(date -u +%FT%TZ) gpu-check.sh $*"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,ecc.mode.current,clocks.max.sm \
+      --format=csv 2>&1 || echo "nvidia-smi failed: no GPU visible?"
+  } | tee -a "$summary"
+}
+
+step_suites() {
+  : > "$out/suites.txt"
+  local t rc log names
+  for t in backend_conformance_test hf_agreement_test e2e_test; do
+    if [ ! -x "$bundle/bin/$t" ]; then
+      verdict "suite $t" 0 "not in the bundle"
+      continue
+    fi
+    log="$tmp/$t.log"
+    names="$tmp/$t.cuda"
+    cuda_tests "$t" > "$names"
+    timeout -k 10 "$t_suite" "$bundle/run" "$t" > "$log" 2>&1
+    rc=$?
+    { echo "===== $t (exit $rc)"; cat "$log"; } >> "$out/suites.txt"
+    # CUDA instances that ran and passed (not skipped): the point of a GPU.
+    local cuda_ok
+    cuda_ok=$(grep -E '^\[       OK \] ' "$log" | awk '{print $4}' | grep -cxFf "$names")
+    local detail
+    detail="$(counts "$log"); CUDA instances passed: $cuda_ok of $(wc -l < "$names"); exit $rc"
+    timed_out "$rc" && detail="$detail; timed out after ${t_suite}s"
+    local ok=0
+    [ "$rc" = 0 ] && [ "$(count FAILED "$log")" = 0 ] && ok=1
+    # Where the suite has CUDA instances, a GPU run must have run them.
+    if [ -s "$names" ] && [ "$cuda_ok" = 0 ]; then ok=0; fi
+    verdict "suite $t" "$ok" "$detail"
+  done
+}
+
+# The first of the candidates that is executable, or nothing.
+first_tool() {
+  local c
+  for c in "$@"; do
+    if [ -x "$c" ]; then
+      echo "$c"
+      return
+    fi
+  done
+}
+
+sanitizer_bin=""
+step_sanitizer() {  # step_sanitizer TOOL
+  local tool=$1 t names filter log rc errors n
+  if [ -z "$sanitizer_bin" ]; then
+    sanitizer_bin=$(first_tool "$(command -v compute-sanitizer)" \
+      /usr/local/cuda/bin/compute-sanitizer)
+    : > "$out/sanitizers.txt"
+  fi
+  if [ -z "$sanitizer_bin" ]; then
+    verdict "compute-sanitizer $tool" 0 "compute-sanitizer not found"
+    return
+  fi
+  for t in backend_conformance_test hf_agreement_test; do
+    [ -x "$bundle/bin/$t" ] || continue
+    names="$tmp/$t.cuda"
+    cuda_tests "$t" > "$names"
+    n=$(wc -l < "$names")
+    if [ "$n" = 0 ]; then
+      verdict "compute-sanitizer $tool $t" 0 "no CUDA tests found in --gtest_list_tests"
+      continue
+    fi
+    filter=$(paste -sd: "$names")
+    log="$tmp/$t.$tool.log"
+    LD_LIBRARY_PATH="$lib" timeout -k 10 "$t_sanitizer" "$sanitizer_bin" --tool "$tool" \
+      --error-exitcode 9 "$bundle/bin/$t" --gtest_filter="$filter" > "$log" 2>&1
+    rc=$?
+    { echo "===== compute-sanitizer --tool $tool $t, $n tests selected (exit $rc)"; cat "$log"; } \
+      >> "$out/sanitizers.txt"
+    # "========= ERROR SUMMARY: 3 errors"; none when it was killed.
+    errors=$(sed -nE 's/.*ERROR SUMMARY: ([0-9]+) error.*/\1/p' "$log" | tail -n 1)
+    local ran ok=0 detail
+    ran=$(($(count OK "$log") + $(count FAILED "$log")))
+    detail="$(counts "$log") of $n selected; sanitizer errors: ${errors:-no summary}; exit $rc"
+    timed_out "$rc" && detail="$detail; timed out after ${t_sanitizer}s"
+    [ "$ran" = 0 ] && detail="$detail; no test ran"
+    if [ "$rc" = 0 ] && [ "${errors:-x}" = 0 ] && [ "$ran" -gt 0 ] &&
+      [ "$(count FAILED "$log")" = 0 ]; then
+      ok=1
+    fi
+    verdict "compute-sanitizer $tool $t" "$ok" "$detail"
+  done
+}
+
+step_bench() {
+  local rc
+  say "--- posenc-bench-gpu"
+  timeout -k 10 "$t_bench" "$bundle/run" posenc-bench-gpu --json="$out/gpu_bench.json" \
+    > "$tmp/bench.log" 2>&1
+  rc=$?
+  tee -a "$summary" < "$tmp/bench.log"
+  local ok=0
+  [ "$rc" = 0 ] && [ -s "$out/gpu_bench.json" ] && ok=1
+  verdict "posenc-bench-gpu" "$ok" "exit $rc$(timed_out "$rc" && echo "; timed out after ${t_bench}s")"
+}
+
+step_ncu() {
+  local ncu rc
+  ncu=$(first_tool "$(command -v ncu)" /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu)
+  if [ -z "$ncu" ]; then
+    say "SKIP ncu: Nsight Compute (ncu) is not installed"
+    return
+  fi
+  # One RoPE launch: the first timed bf16 NEOX 16384-token launch (the bench
+  # warms up with 5). posenc-bench-gpu has no repetition flag; the unprofiled
+  # launches run at full speed, only the profiled one is replayed. ncu locks
+  # clocks to base and flushes caches between replays, so its figures sit
+  # below the benchmark's.
+  LD_LIBRARY_PATH="$lib" timeout -k 10 "$t_ncu" "$ncu" --target-processes all \
+    --kernel-name regex:Rope --launch-skip 5 --launch-count 1 \
+    --section MemoryWorkloadAnalysis --section Occupancy \
+    --metrics dram__bytes.sum.per_second,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active \
+    "$bundle/bin/posenc-bench-gpu" > "$out/ncu.txt" 2>&1
+  rc=$?
+  say "--- Nsight Compute, one RoPE kernel ($("$ncu" --version | tail -n 1))"
+  grep -E 'RopeKernel|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|dram__bytes.sum.per_second|dram__throughput|sm__warps_active|ERR_|==ERROR==' \
+    "$out/ncu.txt" | head -n 20 | tee -a "$summary"
+  local ok=0 detail="exit $rc"
+  if [ "$rc" = 0 ] && grep -q 'Achieved Occupancy' "$out/ncu.txt" &&
+    grep -qE 'Memory Throughput|dram__bytes.sum.per_second' "$out/ncu.txt"; then
+    ok=1
+  fi
+  grep -q ERR_NVGPUCTRPERM "$out/ncu.txt" &&
+    detail="$detail; performance counters are restricted to admin users on this machine"
+  timed_out "$rc" && detail="$detail; timed out after ${t_ncu}s"
+  verdict "ncu RoPE memory throughput and occupancy" "$ok" "$detail"
+}
+
+step_peers() {
+  local rc
+  if ! python3 -c 'import torch' > /dev/null 2>&1; then
+    say "SKIP peers: python3 cannot import torch here"
+    return
+  fi
+  say "--- RoPE peers"
+  PYTHONUNBUFFERED=1 timeout -k 10 "$t_peers" python3 bench/peers/rope_peers.py \
+    --json "$out/peers.json" > "$tmp/peers.log" 2>&1
+  rc=$?
+  tee -a "$summary" < "$tmp/peers.log"
+  local ok=0
+  [ "$rc" = 0 ] && [ -s "$out/peers.json" ] && ok=1
+  verdict "peers" "$ok" "exit $rc$(timed_out "$rc" && echo "; timed out after ${t_peers}s")"
+}
+
+: > "$summary"
+steps=("$@")
+[ ${#steps[@]} = 0 ] && steps=(suites sanitizers bench ncu peers)
+device_facts "${steps[@]}"
+for s in "${steps[@]}"; do
+  case $s in
+    suites) step_suites ;;
+    sanitizers) for tool in memcheck racecheck synccheck initcheck; do step_sanitizer "$tool"; done ;;
+    memcheck | racecheck | synccheck | initcheck) step_sanitizer "$s" ;;
+    bench) step_bench ;;
+    ncu) step_ncu ;;
+    peers) step_peers ;;
+    *) verdict "$s" 0 "unknown step (suites, sanitizers, memcheck, racecheck, synccheck, initcheck, bench, ncu, peers)" ;;
+  esac
 done
-for tool in memcheck racecheck; do
-  LD_LIBRARY_PATH="$lib" compute-sanitizer --tool "$tool" --error-exitcode 9 \
-    "$bundle/bin/backend_conformance_test" --gtest_filter='*cuda*:*Cuda*' > "$out/sanitizer-$tool.txt" 2>&1
-  echo "compute-sanitizer $tool: exit $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$out/sanitizer-$tool.txt") clean summaries)"
-done
-"$bundle/run" posenc-bench-gpu --json="$out/gpu_bench.json" | tee -a "$out/device.txt"
-PYTHONUNBUFFERED=1 python3 bench/peers/rope_peers.py --json "$out/peers.json" | tee -a "$out/device.txt"
+files=$(find "$out" -type f | wc -l)
+say "== $failures step(s) failed; $files file(s) under $out"
+[ "$failures" = 0 ]

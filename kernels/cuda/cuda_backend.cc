@@ -5,9 +5,15 @@
 // Each call takes a Worker (a stream, a grow-only device buffer and a pinned
 // host staging buffer) from a small pool, so buffers are reused across
 // requests and concurrent calls overlap on separate streams.
+//
+// Errors go through cuda_status.h: out of memory is RESOURCE_EXHAUSTED and
+// leaves the backend usable, a shape the kernels do not cover is
+// UNIMPLEMENTED (the CPU serves it), and a sticky error marks the backend
+// failed, after which every call returns health() (FAILED_PRECONDITION).
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -15,24 +21,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "cuda_kernels.h"
+#include "cuda_status.h"
 #include "posenc/backend.h"
 #include "posenc/status_macros.h"
 
 namespace posenc {
 namespace {
 
+using cuda::CudaCall;
+
 // Concurrent GPU calls; more wait for a worker.
 constexpr int kWorkers = 4;
 constexpr size_t kAlign = 256;
 
 size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-absl::Status CudaStatus(cudaError_t e, absl::string_view what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("CUDA error in ", what, ": ", cudaGetErrorName(e), " (",
-                                          cudaGetErrorString(e), ")"));
-}
-#define POSENC_CUDA(call) POSENC_RETURN_IF_ERROR(CudaStatus((call), #call))
 
 // Regions of one request inside a worker's buffers.
 class Layout {
@@ -52,28 +54,45 @@ struct Worker {
   cudaStream_t stream = nullptr;
   char* device = nullptr;
   size_t device_bytes = 0;
-  char* pinned = nullptr;
+  char* pinned = nullptr;  // staging for both directions
   size_t pinned_bytes = 0;
-
-  absl::Status Reserve(size_t bytes) {
-    if (bytes > device_bytes) {
-      if (device != nullptr) POSENC_CUDA(cudaFree(device));
-      device = nullptr;
-      device_bytes = 0;
-      const size_t want = std::max(bytes, device_bytes * 2);
-      POSENC_CUDA(cudaMalloc(&device, want));
-      device_bytes = want;
-    }
-    if (bytes > pinned_bytes) {
-      if (pinned != nullptr) POSENC_CUDA(cudaFreeHost(pinned));
-      pinned = nullptr;
-      pinned_bytes = 0;
-      POSENC_CUDA(cudaMallocHost(&pinned, bytes));
-      pinned_bytes = bytes;
-    }
-    return absl::OkStatus();
-  }
 };
+
+// Makes `*buffer` hold at least `bytes`. It grows to twice its capacity when
+// that is more, so a workload of growing requests reallocates O(log n) times
+// rather than at every new maximum; when the double does not fit it settles
+// for `bytes`. The old buffer is freed first so the peak stays one buffer.
+// On an error the buffer is empty and the next call starts over.
+template <typename Alloc, typename Release>
+cudaError_t Grow(char** buffer, size_t* capacity, size_t bytes, Alloc alloc, Release release) {
+  if (bytes <= *capacity) return cudaSuccess;
+  const size_t want = std::max(bytes, *capacity * 2);
+  if (*buffer != nullptr) {
+    const cudaError_t e = release(*buffer);
+    *buffer = nullptr;
+    *capacity = 0;
+    if (e != cudaSuccess) return e;
+  }
+  cudaError_t e = alloc(buffer, want);
+  size_t got = want;
+  if (e == cudaErrorMemoryAllocation && want > bytes) {
+    // Handled here, so clear it: left behind, the launcher's
+    // cudaPeekAtLastError would report it for this healthy request.
+    cudaGetLastError();
+    e = alloc(buffer, bytes);
+    got = bytes;
+  }
+  if (e != cudaSuccess) {
+    *buffer = nullptr;
+    return e;
+  }
+  *capacity = got;
+  return cudaSuccess;
+}
+
+// Checks a CUDA call inside CudaBackend: returns its status from the
+// enclosing function, marking the backend failed on a sticky error.
+#define POSENC_CUDA(call) POSENC_RETURN_IF_ERROR(Check((call), #call))
 
 class CudaBackend final : public Backend {
  public:
@@ -81,6 +100,8 @@ class CudaBackend final : public Backend {
       : device_(device), info_(std::move(info)), sm_count_(sm_count) {}
 
   ~CudaBackend() override {
+    // Best effort: after a sticky error these fail too, and there is no one
+    // left to tell.
     cudaSetDevice(device_);
     for (auto& w : workers_) {
       if (w->device) cudaFree(w->device);
@@ -88,6 +109,7 @@ class CudaBackend final : public Backend {
       if (w->stream) cudaStreamDestroy(w->stream);
     }
     for (auto& [ptr, entry] : tables_) cudaFree(entry.device);
+    cudaGetLastError();
   }
 
   absl::Status Init() {
@@ -104,8 +126,15 @@ class CudaBackend final : public Backend {
   BackendKind kind() const override { return BackendKind::kCuda; }
   DeviceInfo device() const override { return info_; }
 
+  absl::Status health() const override {
+    if (!failed_.load(std::memory_order_acquire)) return absl::OkStatus();
+    std::lock_guard<std::mutex> lock(health_mu_);
+    return failure_;
+  }
+
   absl::Status ApplyRope(const RopePlan& plan, void* query, void* key,
                          const RunContext& ctx) override {
+    POSENC_RETURN_IF_ERROR(health());
     if (plan.empty()) return absl::OkStatus();
     if (ctx.IsCancelled()) return absl::CancelledError("the call was cancelled");
     const size_t esize = SizeOf(plan.dtype);
@@ -155,7 +184,9 @@ class CudaBackend final : public Backend {
       p.head_dim = static_cast<int>(plan.head_dim);
       p.rotary_dim = static_cast<int>(plan.rotary_dim);
       p.num_axes = plan.num_axes;
-      POSENC_RETURN_IF_ERROR(Launched(cuda::LaunchRope(p, sm_count_, w.stream), "RoPE"));
+      POSENC_RETURN_IF_ERROR(BeforeLaunch());
+      POSENC_RETURN_IF_ERROR(Check(cuda::LaunchRope(p, sm_count_, w.stream),
+                                   "launching the RoPE kernel", CudaCall::kLaunch));
       POSENC_CUDA(cudaMemcpyAsync(h, w.device, q_at + q_bytes, cudaMemcpyDeviceToHost, w.stream));
       if (k_bytes) {
         POSENC_CUDA(
@@ -169,19 +200,20 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status ApplyAbsolute(const AbsolutePlan& plan, void* x, const RunContext& ctx) override {
+    POSENC_RETURN_IF_ERROR(health());
     if (plan.empty()) return absl::OkStatus();
     if (ctx.IsCancelled()) return absl::CancelledError("the call was cancelled");
     const size_t x_bytes = plan.num_tokens * plan.dim * SizeOf(plan.dtype);
     const bool learned = plan.options.kind == AbsoluteOptions::Kind::kLearned;
-    const float* table = nullptr;
-    if (learned) {
-      POSENC_ASSIGN_OR_RETURN(table, DeviceTable(plan.options.table));
-    }
     Layout l;
     const size_t x_at = l.Add(x_bytes);
     const size_t pos_at = l.Add(plan.positions.values.size() * 8);
     const size_t omega_at = l.Add(plan.omega.size() * 8);
     return WithWorker(l.size(), [&](Worker& w) -> absl::Status {
+      const float* table = nullptr;
+      if (learned) {
+        POSENC_ASSIGN_OR_RETURN(table, DeviceTable(plan.options.table, w));
+      }
       char* h = w.pinned;
       if (plan.has_input) std::memcpy(h + x_at, x, x_bytes);
       std::memcpy(h + pos_at, plan.positions.values.data(), plan.positions.values.size() * 8);
@@ -198,7 +230,9 @@ class CudaBackend final : public Backend {
       p.interleaved = plan.options.sinusoidal_layout == SinusoidalLayout::kInterleaved;
       p.has_input = plan.has_input;
       p.x_scale = plan.options.x_scale;
-      POSENC_RETURN_IF_ERROR(Launched(cuda::LaunchAbsolute(p, w.stream), "absolute encoding"));
+      POSENC_RETURN_IF_ERROR(BeforeLaunch());
+      POSENC_RETURN_IF_ERROR(Check(cuda::LaunchAbsolute(p, w.stream),
+                                   "launching the absolute encoding kernel", CudaCall::kLaunch));
       POSENC_CUDA(cudaMemcpyAsync(h, w.device, x_bytes, cudaMemcpyDeviceToHost, w.stream));
       POSENC_CUDA(cudaStreamSynchronize(w.stream));
       std::memcpy(x, h, x_bytes);
@@ -207,6 +241,7 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status ApplyAttentionBias(const BiasPlan& plan, void* out, const RunContext& ctx) override {
+    POSENC_RETURN_IF_ERROR(health());
     if (plan.empty()) return absl::OkStatus();
     if (ctx.IsCancelled()) return absl::CancelledError("the call was cancelled");
     const size_t out_bytes = plan.NumElements() * SizeOf(plan.dtype);
@@ -237,7 +272,9 @@ class CudaBackend final : public Backend {
       p.form = plan.form;
       p.causal = plan.causal;
       p.add_to_logits = plan.add_to_logits;
-      POSENC_RETURN_IF_ERROR(Launched(cuda::LaunchBias(p, w.stream), "attention bias"));
+      POSENC_RETURN_IF_ERROR(BeforeLaunch());
+      POSENC_RETURN_IF_ERROR(Check(cuda::LaunchBias(p, w.stream),
+                                   "launching the attention bias kernel", CudaCall::kLaunch));
       POSENC_CUDA(cudaMemcpyAsync(h, w.device, out_bytes, cudaMemcpyDeviceToHost, w.stream));
       POSENC_CUDA(cudaStreamSynchronize(w.stream));
       std::memcpy(out, h, out_bytes);
@@ -246,13 +283,62 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  static absl::Status Launched(cudaError_t e, absl::string_view what) {
-    if (e == cudaErrorInvalidValue) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what,
-          ": this shape is outside what the CUDA kernels support; use backend CPU"));
+  // The status of a CUDA call's result. A sticky error marks the backend
+  // failed; any other is cleared from the thread's last-error slot, since it
+  // is reported here and would otherwise resurface in a later launch's
+  // cudaPeekAtLastError and fail a healthy request.
+  absl::Status Check(cudaError_t e, absl::string_view what, CudaCall call = CudaCall::kRuntime) {
+    if (e == cudaSuccess) return absl::OkStatus();
+    absl::Status s = cuda::CudaErrorStatus(e, what, call);
+    if (cuda::ClassifyCudaError(e, call).sticky) {
+      MarkFailed(s);
+    } else {
+      cudaGetLastError();
     }
-    return CudaStatus(e, absl::StrCat("launching the ", what, " kernel"));
+    return s;
+  }
+
+  // Clears what earlier calls on this thread left in the last-error slot
+  // (the launchers report cudaPeekAtLastError, which would return it as the
+  // launch's own error), unless it is sticky: then the context is gone and
+  // launching is pointless.
+  absl::Status BeforeLaunch() {
+    const cudaError_t stale = cudaGetLastError();
+    if (stale != cudaSuccess && cuda::ClassifyCudaError(stale, CudaCall::kRuntime).sticky) {
+      return Check(stale, "an earlier CUDA call on this thread");
+    }
+    return absl::OkStatus();
+  }
+
+  void MarkFailed(const absl::Status& cause) {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    if (failed_.load(std::memory_order_relaxed)) return;  // the first cause is the one to report
+    failure_ = absl::FailedPreconditionError(
+        absl::StrCat("the CUDA backend on device ", device_, " (", info_.name,
+                     ") has failed and takes no more work until the process restarts; ",
+                     "the first error: ", cause.message()));
+    failed_.store(true, std::memory_order_release);
+  }
+
+  absl::Status Reserve(Worker& w, size_t bytes) {
+    const auto device_alloc = [](char** p, size_t n) {
+      return cudaMalloc(reinterpret_cast<void**>(p), n);
+    };
+    const auto host_alloc = [](char** p, size_t n) {
+      return cudaMallocHost(reinterpret_cast<void**>(p), n);
+    };
+    // The messages are built only on failure: this runs on every call.
+    if (const cudaError_t e = Grow(&w.device, &w.device_bytes, bytes, device_alloc, cudaFree);
+        e != cudaSuccess) {
+      return Check(e, absl::StrCat("growing a worker's device buffer to ", bytes,
+                                   " bytes (cudaFree, cudaMalloc)"));
+    }
+    if (const cudaError_t e = Grow(&w.pinned, &w.pinned_bytes, bytes, host_alloc, cudaFreeHost);
+        e != cudaSuccess) {
+      return Check(e, absl::StrCat("growing a worker's pinned staging buffer to ", bytes,
+                                   " bytes (cudaFreeHost, cudaMallocHost)"));
+    }
+    return absl::OkStatus();
   }
 
   template <typename Fn>
@@ -264,10 +350,16 @@ class CudaBackend final : public Backend {
       w = idle_.back();
       idle_.pop_back();
     }
-    absl::Status s = CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
-    if (s.ok()) s = w->Reserve(bytes);
+    // The backend may have failed while this call waited.
+    absl::Status s = health();
+    if (s.ok()) s = Check(cudaSetDevice(device_), "cudaSetDevice");
+    if (s.ok()) s = Reserve(*w, bytes);
     if (s.ok()) s = fn(*w);
-    if (!s.ok()) cudaStreamSynchronize(w->stream);  // leave no work in flight on the buffers
+    if (!s.ok()) {
+      // Leave no work in flight on the buffers the next call reuses.
+      Check(cudaStreamSynchronize(w->stream), "draining a worker's stream after an error")
+          .IgnoreError();
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       idle_.push_back(w);
@@ -277,12 +369,18 @@ class CudaBackend final : public Backend {
   }
 
   // A learned table's device copy, uploaded on first use and kept while the
-  // repository holds the table.
-  absl::StatusOr<const float*> DeviceTable(const std::shared_ptr<const LearnedTable>& t) {
+  // repository holds the table. The upload runs on the worker's stream and
+  // is waited for before the copy enters the cache: other workers' streams
+  // are non-blocking and unordered with this one, so they may only see a
+  // finished copy. (cudaMemcpy from pageable memory on the legacy stream
+  // could return before the data landed, and the legacy stream does not
+  // order non-blocking streams.) First use only, so the wait costs little.
+  absl::StatusOr<const float*> DeviceTable(const std::shared_ptr<const LearnedTable>& t,
+                                           Worker& w) {
     std::lock_guard<std::mutex> lock(tables_mu_);
     for (auto it = tables_.begin(); it != tables_.end();) {
       if (it->second.owner.expired()) {
-        cudaFree(it->second.device);
+        Check(cudaFree(it->second.device), "freeing an unused learned table").IgnoreError();
         it = tables_.erase(it);
       } else {
         ++it;
@@ -290,11 +388,18 @@ class CudaBackend final : public Backend {
     }
     auto it = tables_.find(t.get());
     if (it != tables_.end()) return it->second.device;
-    POSENC_CUDA(cudaSetDevice(device_));
     float* d = nullptr;
     const size_t bytes = t->values.size() * sizeof(float);
-    POSENC_CUDA(cudaMalloc(&d, std::max<size_t>(bytes, 1)));
-    POSENC_CUDA(cudaMemcpy(d, t->values.data(), bytes, cudaMemcpyHostToDevice));
+    POSENC_RETURN_IF_ERROR(Check(cudaMalloc(&d, std::max<size_t>(bytes, 1)),
+                                 absl::StrCat("allocating ", bytes, " bytes for a learned table")));
+    absl::Status s =
+        Check(cudaMemcpyAsync(d, t->values.data(), bytes, cudaMemcpyHostToDevice, w.stream),
+              "uploading a learned table");
+    if (s.ok()) s = Check(cudaStreamSynchronize(w.stream), "waiting for a learned table's upload");
+    if (!s.ok()) {
+      cudaFree(d);
+      return s;
+    }
     tables_[t.get()] = TableEntry{t, d};
     return d;
   }
@@ -313,7 +418,14 @@ class CudaBackend final : public Backend {
   std::vector<Worker*> idle_;
   std::mutex tables_mu_;
   std::map<const LearnedTable*, TableEntry> tables_;
+  // Set once, by the first sticky error; health() reads the flag without the
+  // lock so healthy calls do not contend.
+  std::atomic<bool> failed_{false};
+  mutable std::mutex health_mu_;
+  absl::Status failure_;
 };
+
+#undef POSENC_CUDA
 
 }  // namespace
 
@@ -323,7 +435,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky error for later calls
+    cudaGetLastError();  // clear it so later calls on this thread do not see it
     return absl::FailedPreconditionError(
         absl::StrCat("no usable CUDA driver or device (", cudaGetErrorString(e), ")"));
   }
@@ -332,7 +444,12 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
         absl::StrCat("CUDA device ", device, " does not exist (", count, " visible)"));
   }
   cudaDeviceProp prop{};
-  POSENC_CUDA(cudaGetDeviceProperties(&prop, device));
+  const cudaError_t pe = cudaGetDeviceProperties(&prop, device);
+  if (pe != cudaSuccess) {
+    cudaGetLastError();
+    return cuda::CudaErrorStatus(pe,
+                                 absl::StrCat("reading the properties of CUDA device ", device));
+  }
   DeviceInfo info;
   info.name = prop.name;
   info.memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);

@@ -36,6 +36,11 @@ class Backend {
   virtual ~Backend() = default;
   virtual BackendKind kind() const = 0;
   virtual DeviceInfo device() const = 0;
+  // OK while the backend can take work. Once it cannot (the CUDA backend
+  // after a sticky device error, which lasts until the process restarts) it
+  // returns FAILED_PRECONDITION saying why, and so does every later Apply*
+  // call, so a server can route requests elsewhere. Thread-safe and cheap.
+  virtual absl::Status health() const { return absl::OkStatus(); }
 
   // REQUIRES: plan from PlanRope over buffers of these sizes (host memory).
   // Rotates query (and key when plan.has_key) in place.
