@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include <algorithm>
+#include <functional>
 #include <exception>
 #include <new>
 
@@ -124,20 +125,52 @@ absl::StatusOr<Backend*> Engine::Choose(v1::Backend requested, int64_t bytes) {
   switch (requested) {
     case v1::BACKEND_CPU:
       return cpu_.get();
-    case v1::BACKEND_CUDA:
+    case v1::BACKEND_CUDA: {
       if (cuda_ == nullptr) {
         return absl::FailedPreconditionError(
             absl::StrCat("backend CUDA was requested but this server has no GPU backend: ",
                          cuda_unavailable_reason_, ". Use backend AUTO or CPU."));
       }
+      const absl::Status health = cuda_->health();
+      if (!health.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "backend CUDA was requested but the GPU has failed: ", health.message(),
+            ". Use backend AUTO or CPU."));
+      }
       return cuda_.get();
+    }
     case v1::BACKEND_AUTO:
     case v1::BACKEND_UNSPECIFIED:
-      return (cuda_ != nullptr && bytes >= options_.auto_gpu_min_bytes) ? cuda_.get() : cpu_.get();
+      // A failed GPU (a sticky device error) is routed around.
+      return (cuda_ != nullptr && bytes >= options_.auto_gpu_min_bytes && cuda_->health().ok())
+                 ? cuda_.get()
+                 : cpu_.get();
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("backend has unknown value ", static_cast<int>(requested)));
   }
+}
+
+absl::Status Engine::RunWithFallback(v1::Backend requested, Backend** backend,
+                                     const std::function<absl::Status(Backend*)>& run) {
+  absl::Status s = run(*backend);
+  if (requested == v1::BACKEND_UNSPECIFIED) requested = options_.default_backend;
+  // Under AUTO the CPU serves what the GPU kernels do not cover
+  // (UNIMPLEMENTED) or what a failing GPU could not do; the GPU path only
+  // writes the caller's buffers once it has succeeded.
+  const bool gpu_gave_up = s.code() == absl::StatusCode::kUnimplemented ||
+                           ((*backend)->kind() == BackendKind::kCuda && !(*backend)->health().ok());
+  if (!s.ok() && gpu_gave_up && requested == v1::BACKEND_AUTO &&
+      (*backend)->kind() == BackendKind::kCuda) {
+    *backend = cpu_.get();
+    s = run(*backend);
+  }
+  return s;
+}
+
+absl::Status Engine::Ready() const {
+  if (options_.default_backend == v1::BACKEND_CUDA && cuda_ != nullptr) return cuda_->health();
+  return absl::OkStatus();
 }
 
 std::string Engine::BackendName(const Backend* b) const {
@@ -238,9 +271,13 @@ absl::Status Engine::ApplyRopeAdmitted(v1::RopeRequest* request, v1::RopeRespons
     *resp->mutable_query() = DescOf(t.query);
     if (has_key) *resp->mutable_key() = DescOf(t.key);
     resp->set_request_id(req.request_id());
-    resp->set_backend(BackendName(backend));
+    resp->set_backend("cuda:" + std::to_string(options_.cuda_device));  // the longer name
     POSENC_RETURN_IF_ERROR(CheckAnswerSize(tensor_bytes, resp->ByteSizeLong(), "the answer"));
-    return backend->ApplyRope(plan, t.query.data, has_key ? t.key.data : nullptr, ctx);
+    POSENC_RETURN_IF_ERROR(RunWithFallback(req.backend(), &backend, [&](Backend* b) {
+      return b->ApplyRope(plan, t.query.data, has_key ? t.key.data : nullptr, ctx);
+    }));
+    resp->set_backend(BackendName(backend));
+    return absl::OkStatus();
   });
 }
 
@@ -283,9 +320,13 @@ absl::Status Engine::AddAbsoluteEncodingAdmitted(v1::AbsoluteEncodingRequest* re
     POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(req.backend(), bytes));
     *resp->mutable_y() = DescOf(t.x);
     resp->set_request_id(req.request_id());
-    resp->set_backend(BackendName(backend));
+    resp->set_backend("cuda:" + std::to_string(options_.cuda_device));  // the longer name
     POSENC_RETURN_IF_ERROR(CheckAnswerSize(tensor_bytes, resp->ByteSizeLong(), "the answer"));
-    return backend->ApplyAbsolute(plan, t.x.data, ctx);
+    POSENC_RETURN_IF_ERROR(RunWithFallback(req.backend(), &backend, [&](Backend* b) {
+      return b->ApplyAbsolute(plan, t.x.data, ctx);
+    }));
+    resp->set_backend(BackendName(backend));
+    return absl::OkStatus();
   });
 }
 
@@ -334,7 +375,9 @@ absl::Status Engine::GetEncodingTableAdmitted(const v1::EncodingTableRequest& re
     const int64_t out_bytes = plan.num_tokens * dim * static_cast<int64_t>(SizeOf(dtype));
     POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(req.backend(), out_bytes));
     POSENC_RETURN_IF_ERROR(ResizeCancellable(resp->mutable_table_data(), out_bytes, ctx));
-    POSENC_RETURN_IF_ERROR(backend->ApplyAbsolute(plan, resp->mutable_table_data()->data(), ctx));
+    POSENC_RETURN_IF_ERROR(RunWithFallback(req.backend(), &backend, [&](Backend* b) {
+      return b->ApplyAbsolute(plan, resp->mutable_table_data()->data(), ctx);
+    }));
     resp->mutable_table()->add_shape(plan.num_tokens);
     resp->mutable_table()->add_shape(dim);
     resp->set_backend(BackendName(backend));
@@ -387,8 +430,9 @@ absl::Status Engine::AttentionBiasAdmitted(v1::AttentionBiasRequest* request,
       POSENC_RETURN_IF_ERROR(ResizeCancellable(resp->mutable_bias_data(), out_bytes, ctx));
     }
     POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(req.backend(), out_bytes));
-    POSENC_RETURN_IF_ERROR(
-        backend->ApplyAttentionBias(plan, resp->mutable_bias_data()->data(), ctx));
+    POSENC_RETURN_IF_ERROR(RunWithFallback(req.backend(), &backend, [&](Backend* b) {
+      return b->ApplyAttentionBias(plan, resp->mutable_bias_data()->data(), ctx);
+    }));
     v1::TensorDesc* d = resp->mutable_bias();
     d->set_dtype(ToProto(plan.dtype));
     for (int64_t s : {plan.batch, plan.num_heads, plan.q_len, plan.k_len}) d->add_shape(s);
@@ -436,6 +480,11 @@ v1::ServerInfo Engine::GetServerInfo() const {
     if (b == nullptr) {
       bi->set_unavailable_reason(cuda_unavailable_reason_);
       return;
+    }
+    const absl::Status health = b->health();
+    if (!health.ok()) {
+      bi->set_available(false);
+      bi->set_unavailable_reason(std::string(health.message()));
     }
     const DeviceInfo d = b->device();
     bi->set_device_name(d.name);

@@ -5,6 +5,7 @@
 #define POSENC_SERVER_ENGINE_H_
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -110,6 +111,10 @@ class Engine {
   int inflight() const { return admission_.calls(); }
   int64_t inflight_bytes() const { return admission_.bytes(); }
   const EngineOptions& options() const { return options_; }
+  // OK while the server can serve its default backend; the CUDA backend's
+  // failure when that default is CUDA and the GPU has failed (readiness
+  // turns NOT_SERVING so Kubernetes routes elsewhere).
+  absl::Status Ready() const;
   // Why there is no CUDA backend ("" when there is one).
   const std::string& cuda_unavailable_reason() const { return cuda_unavailable_reason_; }
 
@@ -117,6 +122,10 @@ class Engine {
   explicit Engine(const EngineOptions& options);
 
   [[nodiscard]] absl::StatusOr<Backend*> Choose(v1::Backend requested, int64_t bytes);
+  // Runs `run` on *backend; under AUTO, retries on the CPU (updating
+  // *backend) when the GPU does not cover the request or has failed.
+  [[nodiscard]] absl::Status RunWithFallback(v1::Backend requested, Backend** backend,
+                                             const std::function<absl::Status(Backend*)>& run);
   // RESOURCE_EXHAUSTED when an answer's tensors exceed --max_request_bytes or
   // its message exceeds --max_message_bytes (the transport would drop it
   // after the work was done).

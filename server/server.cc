@@ -12,6 +12,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "posenc/status_macros.h"
+#include "spdlog/spdlog.h"
 
 namespace posenc::server {
 
@@ -78,11 +79,43 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   health->SetServingStatus(kLivenessService, true);
   health->SetServingStatus(kReadinessService, true);
   health->SetServingStatus(true);
+  Server* raw = s.get();
+  s->watcher_ = std::thread([raw] { raw->WatchReadiness(); });
   return s;
+}
+
+void Server::WatchReadiness() {
+  bool ready = true;
+  std::unique_lock<std::mutex> lock(watch_mu_);
+  while (!watch_stop_) {
+    const absl::Status status = engine_->Ready();
+    if (status.ok() != ready && !engine_->draining()) {
+      ready = status.ok();
+      grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+      health->SetServingStatus(kReadinessService, ready);
+      health->SetServingStatus("", ready);
+      if (ready) {
+        spdlog::info("ready again");
+      } else {
+        spdlog::error("not ready: {}", std::string(status.message()));
+      }
+    }
+    watch_cv_.wait_for(lock, std::chrono::milliseconds(500));
+  }
+}
+
+void Server::StopWatchingReadiness() {
+  {
+    std::lock_guard<std::mutex> lock(watch_mu_);
+    watch_stop_ = true;
+  }
+  watch_cv_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
 }
 
 bool Server::Drain(absl::Duration deadline) {
   if (drain_end_ == absl::InfiniteFuture()) drain_end_ = absl::Now() + deadline;
+  StopWatchingReadiness();
   // 1. Readiness off, and new work refused with UNAVAILABLE (retryable on
   //    another replica) while the transport still answers.
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
@@ -109,6 +142,7 @@ void Server::Shutdown(absl::Duration deadline) {
 }
 
 Server::~Server() {
+  StopWatchingReadiness();
   if (server_ != nullptr) {
     Shutdown(absl::ZeroDuration());
     server_->Wait();

@@ -3,8 +3,11 @@
 #ifndef POSENC_SERVER_SERVER_H_
 #define POSENC_SERVER_SERVER_H_
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -79,6 +82,14 @@ class Server {
   int port_ = 0;
   bool shut_down_ = false;
   absl::Time drain_end_ = absl::InfiniteFuture();
+  // Keeps readiness in step with the engine (a failed GPU that is the
+  // configured default turns it NOT_SERVING) until a drain takes over.
+  void WatchReadiness();
+  void StopWatchingReadiness();
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  bool watch_stop_ = false;
+  std::thread watcher_;
 };
 
 }  // namespace posenc::server

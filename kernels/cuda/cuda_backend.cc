@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cuda_kernels.h"
+#include "params_from_plan.h"
 #include "cuda_status.h"
 #include "posenc/backend.h"
 #include "posenc/status_macros.h"
@@ -141,12 +142,8 @@ class CudaBackend final : public Backend {
     const size_t q_bytes = plan.num_tokens * plan.query_heads * plan.head_dim * esize;
     const size_t k_bytes =
         plan.has_key ? plan.num_tokens * plan.key_heads * plan.head_dim * esize : 0;
-    const bool per_token_sets = plan.num_freq_sets > 1;
-    std::vector<int32_t> token_set;
-    if (per_token_sets) {
-      token_set.resize(plan.num_tokens);
-      for (int64_t t = 0; t < plan.num_tokens; ++t) token_set[t] = plan.FreqSetOfToken(t);
-    }
+    const std::vector<int32_t> token_set = cuda::TokenFreqSets(plan);
+    const bool per_token_sets = !token_set.empty();
     Layout l;
     const size_t q_at = l.Add(q_bytes), k_at = l.Add(k_bytes);
     const size_t pos_at = l.Add(plan.positions.values.size() * 8);
@@ -164,26 +161,13 @@ class CudaBackend final : public Backend {
       std::memcpy(h + scale_at, plan.attention_scale.data(), plan.attention_scale.size() * 8);
       std::memcpy(h + axis_at, plan.slot_axis.data(), plan.slot_axis.size() * 4);
       POSENC_CUDA(cudaMemcpyAsync(w.device, h, l.size(), cudaMemcpyHostToDevice, w.stream));
-      cuda::RopeParams p{};
-      p.query = w.device + q_at;
-      p.key = k_bytes ? w.device + k_at : nullptr;
-      p.positions = reinterpret_cast<const int64_t*>(w.device + pos_at);
-      p.token_freq_set =
-          per_token_sets ? reinterpret_cast<const int32_t*>(w.device + set_at) : nullptr;
-      p.inv_freq = reinterpret_cast<const double*>(w.device + freq_at);
-      p.attention_scale = reinterpret_cast<const double*>(w.device + scale_at);
-      p.slot_axis = reinterpret_cast<const int32_t*>(w.device + axis_at);
-      p.num_tokens = plan.num_tokens;
-      p.seq_len = plan.seq_len;
-      p.dtype = plan.dtype;
-      p.layout = plan.layout;
-      p.style = plan.style;
-      p.inverse = plan.inverse;
-      p.query_heads = static_cast<int>(plan.query_heads);
-      p.key_heads = static_cast<int>(plan.key_heads);
-      p.head_dim = static_cast<int>(plan.head_dim);
-      p.rotary_dim = static_cast<int>(plan.rotary_dim);
-      p.num_axes = plan.num_axes;
+      const cuda::RopeParams p = cuda::MakeRopeParams(
+          plan, {w.device + q_at, k_bytes ? w.device + k_at : nullptr,
+                 reinterpret_cast<const int64_t*>(w.device + pos_at),
+                 per_token_sets ? reinterpret_cast<const int32_t*>(w.device + set_at) : nullptr,
+                 reinterpret_cast<const double*>(w.device + freq_at),
+                 reinterpret_cast<const double*>(w.device + scale_at),
+                 reinterpret_cast<const int32_t*>(w.device + axis_at)});
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(cuda::LaunchRope(p, sm_count_, w.stream),
                                    "launching the RoPE kernel", CudaCall::kLaunch));
@@ -219,17 +203,9 @@ class CudaBackend final : public Backend {
       std::memcpy(h + pos_at, plan.positions.values.data(), plan.positions.values.size() * 8);
       std::memcpy(h + omega_at, plan.omega.data(), plan.omega.size() * 8);
       POSENC_CUDA(cudaMemcpyAsync(w.device, h, l.size(), cudaMemcpyHostToDevice, w.stream));
-      cuda::AbsoluteParams p{};
-      p.x = w.device + x_at;
-      p.positions = reinterpret_cast<const int64_t*>(w.device + pos_at);
-      p.omega = learned ? nullptr : reinterpret_cast<const double*>(w.device + omega_at);
-      p.table = table;
-      p.num_tokens = plan.num_tokens;
-      p.dim = plan.dim;
-      p.dtype = plan.dtype;
-      p.interleaved = plan.options.sinusoidal_layout == SinusoidalLayout::kInterleaved;
-      p.has_input = plan.has_input;
-      p.x_scale = plan.options.x_scale;
+      const cuda::AbsoluteParams p = cuda::MakeAbsoluteParams(
+          plan, w.device + x_at, reinterpret_cast<const int64_t*>(w.device + pos_at),
+          reinterpret_cast<const double*>(w.device + omega_at), table);
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(cuda::LaunchAbsolute(p, w.stream),
                                    "launching the absolute encoding kernel", CudaCall::kLaunch));
@@ -258,20 +234,10 @@ class CudaBackend final : public Backend {
       const size_t upload_from = plan.add_to_logits ? 0 : slopes_at;
       POSENC_CUDA(cudaMemcpyAsync(w.device + upload_from, h + upload_from, l.size() - upload_from,
                                   cudaMemcpyHostToDevice, w.stream));
-      cuda::BiasParams p{};
-      p.out = w.device + out_at;
-      p.slopes = reinterpret_cast<const double*>(w.device + slopes_at);
-      p.k_lens = reinterpret_cast<const int64_t*>(w.device + klens_at);
-      p.batch = plan.batch;
-      p.heads = plan.num_heads;
-      p.q_len = plan.q_len;
-      p.k_len = plan.k_len;
-      p.q_offset = plan.q_offset;
-      p.window = plan.window;
-      p.dtype = plan.dtype;
-      p.form = plan.form;
-      p.causal = plan.causal;
-      p.add_to_logits = plan.add_to_logits;
+      const cuda::BiasParams p =
+          cuda::MakeBiasParams(plan, w.device + out_at,
+                               reinterpret_cast<const double*>(w.device + slopes_at),
+                               reinterpret_cast<const int64_t*>(w.device + klens_at));
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(cuda::LaunchBias(p, w.stream),
                                    "launching the attention bias kernel", CudaCall::kLaunch));
