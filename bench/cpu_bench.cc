@@ -95,10 +95,9 @@ class Bench {
 };
 
 // One RoPE case: 4096 tokens x (32 query + 8 key heads) x 128 unless given.
-std::function<void()> RopeKernel(posenc::Backend& cpu, posenc::DType dtype,
-                                 posenc::RopeStyle style, posenc::RopeLayout layout,
-                                 int64_t tokens, std::vector<uint8_t>& q, std::vector<uint8_t>& k,
-                                 posenc::RopePlan* plan) {
+std::function<void()> RopeKernel(posenc::Backend& cpu, posenc::DType dtype, posenc::RopeStyle style,
+                                 posenc::RopeLayout layout, int64_t tokens, std::vector<uint8_t>& q,
+                                 std::vector<uint8_t>& k, posenc::RopePlan* plan) {
   const int64_t Hq = 32, Hk = 8, D = 128;
   const size_t es = posenc::SizeOf(dtype);
   q = Random(tokens * Hq * D * es, dtype);
@@ -164,9 +163,9 @@ int main(int argc, char** argv) {
     t.x = {dtype, {1, T, d}, x.data(), x.size()};
     auto plan = posenc::PlanAbsolute(o, t);
     if (!plan.ok()) return 1;
-    results.push_back(bench.Measure(
-        std::string("sinusoidal add ") + posenc::DTypeName(dtype) + " [4096, 4096]", x.size(),
-        [&] { (void)cpu->ApplyAbsolute(*plan, x.data(), {}); }));
+    results.push_back(
+        bench.Measure(std::string("sinusoidal add ") + posenc::DTypeName(dtype) + " [4096, 4096]",
+                      x.size(), [&] { (void)cpu->ApplyAbsolute(*plan, x.data(), {}); }));
   }
 
   std::printf("posenc-bench-cpu: %d threads, median of %d interleaved runs\n", threads, reps);

@@ -187,8 +187,8 @@ int main(int argc, char** argv) {
   for (int64_t batch : {1, 8, 32, 64, 128, 256}) {
     size_t bytes;
     posenc::cuda::RopeParams p = rope_params(batch, DType::kBFloat16, RopeStyle::kNeox, &bytes);
-    const double ms = GraphMedianMs(
-        [&](cudaStream_t s) { CHECK(posenc::cuda::LaunchRope(p, sms, s)); }, 20, 200);
+    const double ms =
+        GraphMedianMs([&](cudaStream_t s) { CHECK(posenc::cuda::LaunchRope(p, sms, s)); }, 20, 200);
     rows.push_back(
         {"decode rope bf16 batch " + std::to_string(batch) + " x1 token", 2.0 * bytes, ms, 0});
   }
@@ -210,8 +210,8 @@ int main(int argc, char** argv) {
     p.has_input = true;
     p.x_scale = 1.0;
     const double ms = MedianMs([&] { CHECK(posenc::cuda::LaunchAbsolute(p, nullptr)); });
-    rows.push_back({std::string("sinusoidal add ") +
-                        (dtype == DType::kBFloat16 ? "bf16" : "f32") + " [16384, 4096]",
+    rows.push_back({std::string("sinusoidal add ") + (dtype == DType::kBFloat16 ? "bf16" : "f32") +
+                        " [16384, 4096]",
                     2.0 * bytes, ms, copy_ms(bytes)});
   }
   {

@@ -1,8 +1,8 @@
 #include "engine.h"
 
 #include <algorithm>
-#include <functional>
 #include <exception>
+#include <functional>
 #include <new>
 
 #include "absl/strings/str_cat.h"
@@ -133,9 +133,9 @@ absl::StatusOr<Backend*> Engine::Choose(v1::Backend requested, int64_t bytes) {
       }
       const absl::Status health = cuda_->health();
       if (!health.ok()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "backend CUDA was requested but the GPU has failed: ", health.message(),
-            ". Use backend AUTO or CPU."));
+        return absl::FailedPreconditionError(
+            absl::StrCat("backend CUDA was requested but the GPU has failed: ", health.message(),
+                         ". Use backend AUTO or CPU."));
       }
       return cuda_.get();
     }

@@ -5,8 +5,8 @@
 #define POSENC_SERVER_ENGINE_H_
 
 #include <atomic>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 

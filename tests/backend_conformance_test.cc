@@ -7,9 +7,9 @@
 #include <memory>
 #include <string>
 
+#include "emulated_gpu_backend.h"
 #include "gtest/gtest.h"
 #include "posenc/backend.h"
-#include "emulated_gpu_backend.h"
 #include "reference.h"
 #include "test_tensors.h"
 
@@ -234,7 +234,8 @@ TEST_P(BackendTest, RopeLayoutsAndPositionForms) {
 }
 
 TEST_P(BackendTest, RopeDecodeShapesWithoutKey) {
-  for (int64_t batch : {1, 3, 64}) {
+  // One token per sequence: the GPU splits heads across the grid here.
+  for (int64_t batch : {1, 3, 64, 256}) {
     RopeCase c;
     c.batch = batch;
     c.seq = 1;
@@ -244,6 +245,37 @@ TEST_P(BackendTest, RopeDecodeShapesWithoutKey) {
     c.query_heads = 32;
     c.dtype = DType::kBFloat16;
     CheckRope(*backend_, c);
+  }
+  for (DType dtype : kFloatTypes) {  // with GQA keys
+    RopeCase c;
+    c.batch = 7;
+    c.seq = 1;
+    c.pos = Pos::kOffsets;
+    c.query_heads = 32;
+    c.key_heads = 8;
+    c.dtype = dtype;
+    CheckRope(*backend_, c);
+  }
+}
+
+TEST_P(BackendTest, RopeNarrowRotaryDims) {
+  // Rotary dims whose halves are not multiples of 8 (16-byte accesses of
+  // 16-bit elements) and an odd head size.
+  for (auto [D, R] : {std::pair<int64_t, int64_t>{64, 24}, {120, 120}, {40, 12}, {9, 4}}) {
+    for (RopeStyle style : kStyles) {
+      for (DType dtype : kFloatTypes) {
+        SCOPED_TRACE(::testing::Message() << "head_dim " << D << " rotary " << R << " style "
+                                          << int(style) << " " << DTypeName(dtype));
+        RopeCase c;
+        c.options.style = style;
+        c.options.rotary_dim = R;
+        c.dtype = dtype;
+        c.head_dim = D;
+        c.query_heads = 5;
+        c.key_heads = 2;
+        CheckRope(*backend_, c);
+      }
+    }
   }
 }
 
@@ -431,8 +463,8 @@ TEST_P(BackendTest, SinusoidalBothLayoutsMatchReference) {
         auto plan = PlanAbsolute(o, in);
         ASSERT_TRUE(plan.ok()) << plan.status();
         RunMatchingCpu(*backend_, {&x}, [&](Backend& be, const std::vector<Bytes*>& b) {
-      return be.ApplyAbsolute(*plan, b[0]->data(), {});
-    });
+          return be.ApplyAbsolute(*plan, b[0]->data(), {});
+        });
         EXPECT_TRUE(testing::MatchesReference(dtype, ref, x.data(), 1e-5));
       }
     }
@@ -451,8 +483,8 @@ TEST_P(BackendTest, Seed003TableIsReproduced) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   Bytes out = testing::Poisoned(DType::kFloat32, 16);
   RunMatchingCpu(*backend_, {&out}, [&](Backend& be, const std::vector<Bytes*>& b) {
-      return be.ApplyAbsolute(*plan, b[0]->data(), {});
-    });
+    return be.ApplyAbsolute(*plan, b[0]->data(), {});
+  });
   for (int p = 0; p < 4; ++p) {
     for (int i = 0; i < 4; ++i) {
       EXPECT_NEAR(testing::ReadDouble(DType::kFloat32, out.data(), p * 4 + i), printed[p][i], 6e-8)

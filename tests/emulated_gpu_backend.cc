@@ -33,7 +33,8 @@ struct RopeRunner {
   LaunchShape shape;
   template <typename T, RopeStyle kStyle, int kPairs, bool kVector>
   void Run() {
-    ForEachThread(shape, [&](Coord b, Coord t) { cuda::RopeBody<T, kStyle, kPairs, kVector>(p, b, t); });
+    ForEachThread(shape,
+                  [&](Coord b, Coord t) { cuda::RopeBody<T, kStyle, kPairs, kVector>(p, b, t); });
   }
 };
 struct AbsoluteRunner {
@@ -41,7 +42,8 @@ struct AbsoluteRunner {
   LaunchShape shape;
   template <typename T, int kWidth, bool kVector>
   void Run() {
-    ForEachThread(shape, [&](Coord b, Coord t) { cuda::AbsoluteBody<T, kWidth, kVector>(p, b, t); });
+    ForEachThread(shape,
+                  [&](Coord b, Coord t) { cuda::AbsoluteBody<T, kWidth, kVector>(p, b, t); });
   }
 };
 struct BiasRunner {
@@ -49,9 +51,8 @@ struct BiasRunner {
   LaunchShape shape;
   template <typename T, int kWidth, bool kVector>
   void Run() {
-    ForEachThread(shape, [&](Coord b, Coord t) {
-      cuda::BiasBody<T, kWidth, kVector>(p, b, t, shape.grid);
-    });
+    ForEachThread(
+        shape, [&](Coord b, Coord t) { cuda::BiasBody<T, kWidth, kVector>(p, b, t, shape.grid); });
   }
 };
 
@@ -69,8 +70,7 @@ class EmulatedGpuBackend final : public Backend {
     return d;
   }
 
-  absl::Status ApplyRope(const RopePlan& plan, void* query, void* key,
-                         const RunContext&) override {
+  absl::Status ApplyRope(const RopePlan& plan, void* query, void* key, const RunContext&) override {
     if (plan.empty()) return absl::OkStatus();
     const std::vector<int32_t> sets = cuda::TokenFreqSets(plan);
     cuda::RopeParams p = cuda::MakeRopeParams(
@@ -85,9 +85,9 @@ class EmulatedGpuBackend final : public Backend {
   absl::Status ApplyAbsolute(const AbsolutePlan& plan, void* x, const RunContext&) override {
     if (plan.empty()) return absl::OkStatus();
     const bool learned = plan.options.kind == AbsoluteOptions::Kind::kLearned;
-    cuda::AbsoluteParams p = cuda::MakeAbsoluteParams(
-        plan, x, plan.positions.values.data(), plan.omega.data(),
-        learned ? plan.options.table->values.data() : nullptr);
+    cuda::AbsoluteParams p =
+        cuda::MakeAbsoluteParams(plan, x, plan.positions.values.data(), plan.omega.data(),
+                                 learned ? plan.options.table->values.data() : nullptr);
     const LaunchShape shape = cuda::PlanAbsoluteLaunch(&p);
     if (shape.empty()) return absl::OkStatus();
     AbsoluteRunner runner{p, shape};
@@ -96,8 +96,7 @@ class EmulatedGpuBackend final : public Backend {
 
   absl::Status ApplyAttentionBias(const BiasPlan& plan, void* out, const RunContext&) override {
     if (plan.empty()) return absl::OkStatus();
-    cuda::BiasParams p =
-        cuda::MakeBiasParams(plan, out, plan.slopes.data(), plan.k_lens.data());
+    cuda::BiasParams p = cuda::MakeBiasParams(plan, out, plan.slopes.data(), plan.k_lens.data());
     const LaunchShape shape = cuda::PlanBiasLaunch(&p);
     if (shape.empty()) return absl::OkStatus();
     BiasRunner runner{p, shape};

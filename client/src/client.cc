@@ -130,9 +130,23 @@ std::future<absl::Status> Client::ApplyRopeAsync(const v1::RopeRequest& request,
   return f;
 }
 
+// The synchronous calls block on gRPC's own synchronous path rather than
+// waiting on the asynchronous one: no hop to a callback thread, and nothing
+// of the call still running on a gRPC thread once they return (which raced
+// with process exit: a double free inside gRPC's completion queue, seen
+// under AddressSanitizer).
 absl::Status Client::ApplyRope(const v1::RopeRequest& request, MutableTensor query,
                                MutableTensor key, const CallOptions& call) {
-  return ApplyRopeAsync(request, std::move(query), std::move(key), call).get();
+  v1::RopeRequest req = request;
+  SetTensor(query.view(), req.mutable_query(), req.mutable_query_data());
+  if (key.present()) SetTensor(key.view(), req.mutable_key(), req.mutable_key_data());
+  grpc::ClientContext ctx;
+  Prepare(&ctx, call);
+  v1::RopeResponse resp;
+  absl::Status st = FromGrpc(stub_->ApplyRope(&ctx, req, &resp));
+  if (st.ok()) st = CopyBack("query", resp.query(), resp.query_data(), query);
+  if (st.ok() && key.present()) st = CopyBack("key", resp.key(), resp.key_data(), key);
+  return st;
 }
 
 std::future<absl::Status> Client::AddAbsoluteEncodingAsync(
@@ -154,7 +168,14 @@ std::future<absl::Status> Client::AddAbsoluteEncodingAsync(
 
 absl::Status Client::AddAbsoluteEncoding(const v1::AbsoluteEncodingRequest& request,
                                          MutableTensor x, const CallOptions& call) {
-  return AddAbsoluteEncodingAsync(request, std::move(x), call).get();
+  v1::AbsoluteEncodingRequest req = request;
+  SetTensor(x.view(), req.mutable_x(), req.mutable_x_data());
+  grpc::ClientContext ctx;
+  Prepare(&ctx, call);
+  v1::AbsoluteEncodingResponse resp;
+  absl::Status st = FromGrpc(stub_->AddAbsoluteEncoding(&ctx, req, &resp));
+  if (st.ok()) st = CopyBack("y", resp.y(), resp.y_data(), x);
+  return st;
 }
 
 absl::Status Client::ApplyAttentionBias(const v1::AttentionBiasRequest& request,

@@ -22,16 +22,9 @@ inline LaunchShape PlanAbsoluteLaunch(AbsoluteParams* p) {
     shape.grid.x = 0;
     return shape;
   }
-  const int es = p->dtype == DType::kFloat32 ? 4 : 2;
-  int width = 1;
-  for (int cand = 8; cand >= 1; cand /= 2) {
-    if (cand * es <= 16 && p->dim % cand == 0) {
-      width = cand;
-      break;
-    }
-  }
-  p->width = width;
-  p->vector = width > 1 && (width * es) % 4 == 0;
+  p->width = WidestWidth(p->dtype, p->dim);
+  p->vector = VectorWidth(p->dtype, p->width);
+  const int width = p->width;
   const int64_t chunks = p->dim / width;
   p->threads_per_row = static_cast<int>(std::min<int64_t>(chunks, kThreadsPerBlock));
   p->rows_per_block = std::max(1, kThreadsPerBlock / p->threads_per_row);
@@ -47,8 +40,8 @@ POSENC_HOST_DEVICE void AbsoluteBody(const AbsoluteParams& p, Coord block, Coord
   if (t >= p.num_tokens) return;
   T* y = static_cast<T*>(p.x) + t * p.dim;
   const int64_t pos = p.positions[t];
-  for (int64_t e0 = static_cast<int64_t>(thread.x % static_cast<unsigned>(p.threads_per_row)) *
-                    kWidth;
+  for (int64_t e0 =
+           static_cast<int64_t>(thread.x % static_cast<unsigned>(p.threads_per_row)) * kWidth;
        e0 < p.dim; e0 += static_cast<int64_t>(p.threads_per_row) * kWidth) {
     T v[kWidth];
     if (p.has_input) LoadPacket<kVector>(y + e0, v);
@@ -94,38 +87,7 @@ POSENC_HOST_DEVICE void AbsoluteBody(const AbsoluteParams& p, Coord block, Coord
 // for a value outside the enums or the widths PlanAbsoluteLaunch chooses.
 template <typename Visitor>
 bool VisitAbsolute(const AbsoluteParams& p, Visitor& visitor) {
-  auto by_width = [&](auto type_tag) -> bool {
-    using T = typename decltype(type_tag)::type;
-    switch (p.width) {
-      case 1:
-        visitor.template Run<T, 1, false>();
-        return true;
-      case 2:
-        if (p.vector) visitor.template Run<T, 2, true>();
-        return p.vector;
-      case 4:
-        if (p.vector) visitor.template Run<T, 4, true>();
-        return p.vector;
-      case 8:
-        if constexpr (sizeof(T) == 2) {
-          if (p.vector) visitor.template Run<T, 8, true>();
-          return p.vector;
-        }
-        return false;
-      default:
-        return false;
-    }
-  };
-  switch (p.dtype) {
-    case DType::kFloat32:
-      return by_width(TypeTag<float>());
-    case DType::kFloat16:
-      return by_width(TypeTag<Half>());
-    case DType::kBFloat16:
-      return by_width(TypeTag<BFloat16>());
-    default:
-      return false;
-  }
+  return VisitByWidth(p.dtype, p.width, p.vector, visitor);
 }
 
 }  // namespace posenc::cuda

@@ -24,16 +24,9 @@ inline LaunchShape PlanBiasLaunch(BiasParams* p) {
     shape.grid.x = 0;
     return shape;
   }
-  const int es = p->dtype == DType::kFloat32 ? 4 : 2;
-  int width = 1;
-  for (int cand = 8; cand >= 1; cand /= 2) {
-    if (cand * es <= 16 && p->k_len % cand == 0) {
-      width = cand;
-      break;
-    }
-  }
-  p->width = width;
-  p->vector = width > 1 && (width * es) % 4 == 0;
+  p->width = WidestWidth(p->dtype, p->k_len);
+  p->vector = VectorWidth(p->dtype, p->width);
+  const int width = p->width;
   const int64_t chunks = p->k_len / width;
   p->threads_per_row = static_cast<int>(std::min<int64_t>(chunks, kThreadsPerBlock));
   p->rows_per_block = std::max(1, kThreadsPerBlock / p->threads_per_row);
@@ -50,15 +43,13 @@ POSENC_HOST_DEVICE void BiasBody(const BiasParams& p, Coord block, Coord thread,
   for (int64_t row = static_cast<int64_t>(block.x) * p.rows_per_block +
                      thread.x / static_cast<unsigned>(p.threads_per_row);
        row < rows; row += static_cast<int64_t>(grid.x) * p.rows_per_block) {
-    const int64_t i = row % p.q_len;
-    const int64_t bh = row / p.q_len;
-    const int64_t h = bh % p.heads, b = bh / p.heads;
-    const int64_t qpos = p.q_offset + i;
-    const double slope = p.slopes[h];
-    const int64_t k_len_b = p.k_lens[b];
+    const internal::BiasRow r = internal::BiasRowOf(row, p.heads, p.q_len);
+    const int64_t qpos = p.q_offset + r.i;
+    const double slope = p.slopes[r.h];
+    const int64_t k_len_b = p.k_lens[r.b];
     T* y = static_cast<T*>(p.out) + row * p.k_len;
-    for (int64_t j0 = static_cast<int64_t>(thread.x % static_cast<unsigned>(p.threads_per_row)) *
-                      kWidth;
+    for (int64_t j0 =
+             static_cast<int64_t>(thread.x % static_cast<unsigned>(p.threads_per_row)) * kWidth;
          j0 < p.k_len; j0 += static_cast<int64_t>(p.threads_per_row) * kWidth) {
       T v[kWidth];
       if (p.add_to_logits) LoadPacket<kVector>(y + j0, v);
@@ -75,39 +66,7 @@ POSENC_HOST_DEVICE void BiasBody(const BiasParams& p, Coord block, Coord thread,
 // for a value outside the enums or the widths PlanBiasLaunch chooses.
 template <typename Visitor>
 bool VisitBias(const BiasParams& p, Visitor& visitor) {
-  if (!KnownForm(p.form)) return false;
-  auto by_width = [&](auto type_tag) -> bool {
-    using T = typename decltype(type_tag)::type;
-    switch (p.width) {
-      case 1:
-        visitor.template Run<T, 1, false>();
-        return true;
-      case 2:
-        if (p.vector) visitor.template Run<T, 2, true>();
-        return p.vector;
-      case 4:
-        if (p.vector) visitor.template Run<T, 4, true>();
-        return p.vector;
-      case 8:
-        if constexpr (sizeof(T) == 2) {
-          if (p.vector) visitor.template Run<T, 8, true>();
-          return p.vector;
-        }
-        return false;
-      default:
-        return false;
-    }
-  };
-  switch (p.dtype) {
-    case DType::kFloat32:
-      return by_width(TypeTag<float>());
-    case DType::kFloat16:
-      return by_width(TypeTag<Half>());
-    case DType::kBFloat16:
-      return by_width(TypeTag<BFloat16>());
-    default:
-      return false;
-  }
+  return KnownForm(p.form) && VisitByWidth(p.dtype, p.width, p.vector, visitor);
 }
 
 }  // namespace posenc::cuda

@@ -21,8 +21,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "cuda_kernels.h"
-#include "params_from_plan.h"
 #include "cuda_status.h"
+#include "params_from_plan.h"
 #include "posenc/backend.h"
 #include "posenc/status_macros.h"
 
@@ -234,10 +234,9 @@ class CudaBackend final : public Backend {
       const size_t upload_from = plan.add_to_logits ? 0 : slopes_at;
       POSENC_CUDA(cudaMemcpyAsync(w.device + upload_from, h + upload_from, l.size() - upload_from,
                                   cudaMemcpyHostToDevice, w.stream));
-      const cuda::BiasParams p =
-          cuda::MakeBiasParams(plan, w.device + out_at,
-                               reinterpret_cast<const double*>(w.device + slopes_at),
-                               reinterpret_cast<const int64_t*>(w.device + klens_at));
+      const cuda::BiasParams p = cuda::MakeBiasParams(
+          plan, w.device + out_at, reinterpret_cast<const double*>(w.device + slopes_at),
+          reinterpret_cast<const int64_t*>(w.device + klens_at));
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(cuda::LaunchBias(p, w.stream),
                                    "launching the attention bias kernel", CudaCall::kLaunch));

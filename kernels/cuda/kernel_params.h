@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "posenc/codes.h"
+#include "posenc/dtype.h"
 
 namespace posenc::cuda {
 
@@ -85,6 +86,59 @@ struct BiasParams {
   bool vector;
   int threads_per_row, rows_per_block;
 };
+
+// The widest run of consecutive elements (at most 16 bytes, a power of two)
+// that divides `n`: what one thread moves as one access along a row of n.
+inline int WidestWidth(DType dtype, int64_t n) {
+  const int es = dtype == DType::kFloat32 ? 4 : 2;
+  for (int width = 8; width > 1; width /= 2) {
+    if (width * es <= 16 && n % width == 0) return width;
+  }
+  return 1;
+}
+// Whether a run of `width` elements is moved as one aligned access.
+inline bool VectorWidth(DType dtype, int width) {
+  return width > 1 && (width * (dtype == DType::kFloat32 ? 4 : 2)) % 4 == 0;
+}
+
+// The dispatch of the element-wise kernels (absolute encodings, biases):
+// visitor.template Run<T, kWidth, kVector>() for the dtype and width, false
+// (nothing run) for values WidestWidth and VectorWidth never give.
+template <typename Visitor>
+bool VisitByWidth(DType dtype, int width, bool vector, Visitor& visitor) {
+  auto by_width = [&](auto type_tag) -> bool {
+    using T = typename decltype(type_tag)::type;
+    switch (width) {
+      case 1:
+        visitor.template Run<T, 1, false>();
+        return true;
+      case 2:
+        if (vector) visitor.template Run<T, 2, true>();
+        return vector;
+      case 4:
+        if (vector) visitor.template Run<T, 4, true>();
+        return vector;
+      case 8:
+        if constexpr (sizeof(T) == 2) {
+          if (vector) visitor.template Run<T, 8, true>();
+          return vector;
+        }
+        return false;
+      default:
+        return false;
+    }
+  };
+  switch (dtype) {
+    case DType::kFloat32:
+      return by_width(TypeTag<float>());
+    case DType::kFloat16:
+      return by_width(TypeTag<Half>());
+    case DType::kBFloat16:
+      return by_width(TypeTag<BFloat16>());
+    default:
+      return false;
+  }
+}
 
 }  // namespace posenc::cuda
 

@@ -76,8 +76,7 @@ POSENC_HOST_DEVICE float HalfToFloat(uint16_t h) {
   // Subnormal or zero: value = mant * 2^-24, exact in float.
   const float small = static_cast<float>(mant) * 5.9604644775390625e-8f;
   const uint32_t small_bits = FloatBits(small) | sign;
-  const uint32_t big_bits =
-      sign | (exp == 0x1fu ? 0x7f800000u : (exp + 112u) << 23) | (mant << 13);
+  const uint32_t big_bits = sign | (exp == 0x1fu ? 0x7f800000u : (exp + 112u) << 23) | (mant << 13);
   return BitsFloat(exp == 0 ? small_bits : big_bits);
 }
 

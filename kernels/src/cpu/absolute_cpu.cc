@@ -18,8 +18,8 @@ double PreciseEncoding(const AbsolutePlan& p, int64_t pos, int64_t e) {
   if (p.options.kind == AbsoluteOptions::Kind::kLearned) {
     return p.options.table->values[pos * p.dim + e];
   }
-  const SinusoidalChannel ch = ChannelOf(
-      p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved, p.dim, e);
+  const SinusoidalChannel ch =
+      ChannelOf(p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved, p.dim, e);
   return ch.is_zero ? 0.0 : SinusoidalPrecise(pos, p.omega[ch.frequency], ch.is_sin);
 }
 
@@ -93,8 +93,8 @@ POSENC_ALWAYS_INLINE void AbsoluteTokens(const AbsolutePlan& p, T* __restrict x,
         flag[i] = static_cast<uint8_t>(SumNeedsPrecise(r, u, row[i]));
       }
       ForEachFlagged(flag, dim, [&](int64_t i) {
-        y[i] = FromFloat<T>(
-            static_cast<float>(static_cast<double>(saved[i]) * x_scale + precise(i)));
+        y[i] =
+            FromFloat<T>(static_cast<float>(static_cast<double>(saved[i]) * x_scale + precise(i)));
       });
     }
   }

@@ -13,12 +13,10 @@ template <typename T>
 POSENC_ALWAYS_INLINE void BiasRows(const BiasPlan& p, T* out, int64_t begin, int64_t end) {
   const BiasShape shape{p.form, p.causal, p.window};
   for (int64_t row = begin; row < end; ++row) {
-    const int64_t i = row % p.q_len;
-    const int64_t bh = row / p.q_len;
-    const int64_t h = bh % p.num_heads, b = bh / p.num_heads;
-    const int64_t qpos = p.q_offset + i;
-    const double slope = p.slopes[h];
-    const int64_t k_len_b = p.k_lens[b];
+    const BiasRow r = BiasRowOf(row, p.num_heads, p.q_len);
+    const int64_t qpos = p.q_offset + r.i;
+    const double slope = p.slopes[r.h];
+    const int64_t k_len_b = p.k_lens[r.b];
     T* y = out + row * p.k_len;
     for (int64_t j = 0; j < p.k_len; ++j) {
       StoreBias(&y[j], BiasValue(shape, slope, qpos, j, k_len_b), p.add_to_logits);

@@ -7,8 +7,8 @@
 // outputs take two passes: float32 for all, then double for the few the
 // cancellation bound flags.
 #include <algorithm>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "cpu_kernels.h"
@@ -39,8 +39,7 @@ struct Scratch {
   std::vector<uint8_t> flag;    // [half] pairs to recompute in double
 };
 
-POSENC_ALWAYS_INLINE void ComputeRotations(const RopePlan& p, int64_t t0, int64_t t1,
-                                           Scratch& s) {
+POSENC_ALWAYS_INLINE void ComputeRotations(const RopePlan& p, int64_t t0, int64_t t1, Scratch& s) {
   const int64_t half = p.half();
   for (int64_t t = t0; t < t1; ++t) {
     const int set = p.FreqSetOfToken(t);
@@ -85,19 +84,19 @@ POSENC_ALWAYS_INLINE void RotateHeadF32(float* __restrict x, const float* __rest
 // One fused loop (so the head stays in L1: widening whole rows into float
 // buffers first measured 30% slower), in its own function compiled per
 // instruction set: inlined into the callers, GCC gave up vectorising it.
-#define POSENC_ROTATE_HEAD16(Name, T, kStyle)                                                   \
-  POSENC_CPU_CLONES __attribute__((noinline)) void Name(                                      \
-      T* __restrict x, const float* __restrict c, const float* __restrict n, int64_t half,    \
-      float scale, uint8_t* __restrict flag) {                                                \
-    for (int64_t k = 0; k < half; ++k) {                                                      \
-      const int64_t i = PairFirst(kStyle, k, half), j = PairSecond(kStyle, k, half);          \
-      const float u = ToFloat(x[i]), v = ToFloat(x[j]);                                       \
-      float a, b;                                                                             \
-      RotateF32(u, v, c[k], n[k], &a, &b);                                                    \
-      flag[k] = PairNeedsPrecise(a, b, u, v, scale);                                          \
-      x[i] = FromFloat<T>(a);                                                                 \
-      x[j] = FromFloat<T>(b);                                                                 \
-    }                                                                                         \
+#define POSENC_ROTATE_HEAD16(Name, T, kStyle)                                              \
+  POSENC_CPU_CLONES __attribute__((noinline)) void Name(                                   \
+      T* __restrict x, const float* __restrict c, const float* __restrict n, int64_t half, \
+      float scale, uint8_t* __restrict flag) {                                             \
+    for (int64_t k = 0; k < half; ++k) {                                                   \
+      const int64_t i = PairFirst(kStyle, k, half), j = PairSecond(kStyle, k, half);       \
+      const float u = ToFloat(x[i]), v = ToFloat(x[j]);                                    \
+      float a, b;                                                                          \
+      RotateF32(u, v, c[k], n[k], &a, &b);                                                 \
+      flag[k] = PairNeedsPrecise(a, b, u, v, scale);                                       \
+      x[i] = FromFloat<T>(a);                                                              \
+      x[j] = FromFloat<T>(b);                                                              \
+    }                                                                                      \
   }
 POSENC_ROTATE_HEAD16(RotateHeadBF16Neox, BFloat16, RopeStyle::kNeox)
 POSENC_ROTATE_HEAD16(RotateHeadBF16Gptj, BFloat16, RopeStyle::kGptj)
@@ -132,8 +131,8 @@ POSENC_ALWAYS_INLINE void RotateHead16(const RopePlan& p, int64_t t, T* x, const
   ForEachFlagged(s.flag.data(), half, [&](int64_t k) {
     const int64_t i = PairFirst(kStyle, k, half), j = PairSecond(kStyle, k, half);
     float a, b;
-    RotatePrecise(ToFloat(saved[i]), ToFloat(saved[j]), SlotAngle(p, t, k), scale, p.inverse,
-                  &a, &b);
+    RotatePrecise(ToFloat(saved[i]), ToFloat(saved[j]), SlotAngle(p, t, k), scale, p.inverse, &a,
+                  &b);
     x[i] = FromFloat<T>(a);
     x[j] = FromFloat<T>(b);
   });

@@ -17,6 +17,15 @@ struct BiasShape {
   int64_t window;  // keep the `window` most recent keys including self; 0 = off
 };
 
+// Where row `row` of [batch, heads, q_len] is.
+struct BiasRow {
+  int64_t b, h, i;
+};
+POSENC_HOST_DEVICE BiasRow BiasRowOf(int64_t row, int64_t heads, int64_t q_len) {
+  const int64_t bh = row / q_len;
+  return BiasRow{bh / heads, bh % heads, row % q_len};
+}
+
 // The bias of query position qpos against key j in double; -inf where
 // masked (causal, outside the window, or at or past the sequence's k_len).
 POSENC_HOST_DEVICE double BiasValue(BiasShape shape, double slope, int64_t qpos, int64_t j,
