@@ -144,10 +144,12 @@ void RotateHead(const RopeOptions& o, const Frequencies& f, int64_t R,
 std::vector<double> SinusoidalRow(SinusoidalLayout layout, double base, int64_t d, int64_t pos) {
   std::vector<double> row(d, 0.0);
   if (layout == SinusoidalLayout::kInterleaved) {
-    for (int64_t i = 0; 2 * i + 1 < d; ++i) {  // seed 003's getPositionEncoding
-      const double denominator = std::pow(base, 2.0 * i / d);
-      row[2 * i] = std::sin(pos / denominator);
-      row[2 * i + 1] = std::cos(pos / denominator);
+    // DistilBERT's create_sinusoidal_embeddings (seed 003's loop for even
+    // d): channel j uses pos / base^(2 (j / 2) / d), sin for even j, cos for
+    // odd j, so an odd d ends in a sin channel (SPEC 2.2).
+    for (int64_t j = 0; j < d; ++j) {
+      const double angle = pos / std::pow(base, 2.0 * static_cast<double>(j / 2) / d);
+      row[j] = j % 2 == 0 ? std::sin(angle) : std::cos(angle);
     }
   } else {  // fairseq get_embedding
     const int64_t half_dim = d / 2;

@@ -32,27 +32,30 @@ POSENC_ALWAYS_INLINE void EncodingRow(const AbsolutePlan& p, int64_t pos, float*
     return;
   }
   const int64_t half = p.dim / 2;
+  const int64_t frequencies = static_cast<int64_t>(p.omega.size());  // (d+1)/2 interleaved
   const double dpos = static_cast<double>(pos);
   const double* omega = p.omega.data();
-  for (int64_t i = 0; i < half; ++i) SinCos(dpos * omega[i], &sin_buf[i], &cos_buf[i]);
+  for (int64_t i = 0; i < frequencies; ++i) SinCos(dpos * omega[i], &sin_buf[i], &cos_buf[i]);
   if (p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved) {
     for (int64_t i = 0; i < half; ++i) {
       row[2 * i] = sin_buf[i];
       row[2 * i + 1] = cos_buf[i];
     }
+    if (p.dim % 2 == 1) row[p.dim - 1] = sin_buf[half];  // odd d: a last sin channel
   } else {
     for (int64_t i = 0; i < half; ++i) {
       row[i] = sin_buf[i];
       row[half + i] = cos_buf[i];
     }
+    if (p.dim % 2 == 1) row[p.dim - 1] = 0.0f;  // fairseq's zero channel for odd d
   }
-  if (p.dim % 2 == 1) row[p.dim - 1] = 0.0f;  // fairseq's zero channel for odd d
 }
 
 // Per-thread buffers, separately allocated so the compiler can see they do
 // not overlap.
 struct Scratch {
-  explicit Scratch(int64_t dim) : row(dim), saved(dim), sin(dim / 2), cos(dim / 2), flag(dim) {}
+  explicit Scratch(int64_t dim)
+      : row(dim), saved(dim), sin((dim + 1) / 2), cos((dim + 1) / 2), flag(dim) {}
   std::vector<float> row;    // [dim] PE in float32
   std::vector<float> saved;  // [dim] 16-bit inputs kept for recomputation
   std::vector<float> sin, cos;

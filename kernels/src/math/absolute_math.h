@@ -15,8 +15,10 @@
 
 namespace posenc::internal {
 
-// Which frequency and function channel e of a sinusoidal row uses. The
-// channel past 2 * (d/2) of an odd d is zero in both layouts (fairseq).
+// Which frequency and function channel e of a sinusoidal row uses.
+// INTERLEAVED: sin(p w_(e/2)) for even e, cos for odd e, so an odd d ends in
+// a sin channel (SPEC 2.2; DistilBERT). CONCATENATED: the channel past
+// 2 * (d/2) of an odd d is zero (fairseq).
 struct SinusoidalChannel {
   int64_t frequency;  // i of w_i
   bool is_sin;
@@ -24,8 +26,8 @@ struct SinusoidalChannel {
 };
 POSENC_HOST_DEVICE SinusoidalChannel ChannelOf(bool interleaved, int64_t dim, int64_t e) {
   const int64_t half = dim / 2;
-  if (e >= 2 * half) return SinusoidalChannel{0, false, true};
   if (interleaved) return SinusoidalChannel{e / 2, e % 2 == 0, false};
+  if (e >= 2 * half) return SinusoidalChannel{0, false, true};
   return e < half ? SinusoidalChannel{e, true, false} : SinusoidalChannel{e - half, false, false};
 }
 

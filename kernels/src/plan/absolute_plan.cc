@@ -53,14 +53,17 @@ absl::Status ResolveSource(const AbsoluteOptions& o, int64_t dim, AbsolutePlan& 
     return absl::OkStatus();
   }
   const int64_t half = dim / 2;
-  p.omega.resize(half);
   switch (o.sinusoidal_layout) {
     case SinusoidalLayout::kInterleaved:
-      for (int64_t i = 0; i < half; ++i) {
+      // Odd d: channel d - 1 is sin(p w_((d-1)/2)), as the formula (and
+      // DistilBERT's create_sinusoidal_embeddings) says: one more frequency.
+      p.omega.resize((dim + 1) / 2);
+      for (int64_t i = 0; i < (dim + 1) / 2; ++i) {
         p.omega[i] = std::pow(o.base, -static_cast<double>(2 * i) / static_cast<double>(dim));
       }
       break;
     case SinusoidalLayout::kConcatenated:
+      p.omega.resize(half);
       for (int64_t i = 0; i < half; ++i) {
         p.omega[i] = std::pow(o.base, -static_cast<double>(i) / static_cast<double>(half - 1));
       }
