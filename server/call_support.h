@@ -29,8 +29,9 @@ RunContext ContextOf(grpc::CallbackServerContext* ctx);
 // The call's deadline as an absl::Time (InfiniteFuture when it has none).
 absl::Time DeadlineOf(grpc::CallbackServerContext* ctx);
 
-// Client errors are the caller's business (debug); overload is a warning;
-// server faults are errors.
+// Client errors are the caller's business (debug); overload is a warning,
+// at most one line a second with a count of the refusals in between; server
+// faults are errors.
 void LogFailure(const std::string& method, const absl::Status& s);
 
 // One finished call, when metrics are on.

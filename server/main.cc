@@ -7,23 +7,29 @@
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <string>
 #include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "posenc/backend.h"
 #include "server.h"
 #include "spdlog/spdlog.h"
 #include "tls_files.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
           "Address to serve gRPC on (port 0: any free port).");
-ABSL_FLAG(int, threads, 0, "CPU backend worker threads; 0 = every hardware thread.");
+ABSL_FLAG(int, threads, 0,
+          "CPU backend worker threads; 0 = the CPUs this process may use (affinity, cgroup "
+          "quota).");
 ABSL_FLAG(int64_t, max_request_bytes, int64_t{64} << 20,
           "Largest total of tensor bytes in one request or answer; more is RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, max_message_bytes, 0,
@@ -55,7 +61,7 @@ ABSL_FLAG(int64_t, auto_gpu_min_bytes, int64_t{1} << 20,
 ABSL_FLAG(int, drain_seconds, 20, "On SIGTERM, how long calls in flight may take to finish.");
 ABSL_FLAG(int, max_connection_age_ms, 0,
           "Close client connections after this long so they re-resolve DNS (0: never).");
-ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error.");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off.");
 ABSL_FLAG(std::string, port_file, "", "If set, write the bound port here once serving.");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9090",
           "Prometheus /metrics address (empty: no metrics endpoint).");
@@ -70,6 +76,30 @@ namespace {
 // (a stalled caller, a kernel ignoring cancellation): the process exits
 // anyway rather than hang past what the orchestrator allows.
 constexpr int kForcedExitCode = 3;
+
+absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(const std::string& name) {
+  const std::string v = absl::AsciiStrToLower(name);
+  if (v == "trace") return spdlog::level::trace;
+  if (v == "debug") return spdlog::level::debug;
+  if (v == "info") return spdlog::level::info;
+  if (v == "warn" || v == "warning") return spdlog::level::warn;
+  if (v == "error") return spdlog::level::err;
+  if (v == "critical") return spdlog::level::critical;
+  if (v == "off") return spdlog::level::off;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--log_level must be trace, debug, info, warn, error, critical or off, got '", name, "'"));
+}
+
+std::string VersionString() {
+  return absl::StrCat("posenc-server ", POSENC_VERSION, "\n",
+#ifdef NDEBUG
+                      "release build",
+#else
+                      "debug build",
+#endif
+                      ", ", posenc::BuiltWithCuda() ? "with CUDA" : "without CUDA", ", compiler ",
+                      __VERSION__, "\n");
+}
 
 // POSENC_<NAME> environment variables set flag defaults.
 // Every flag this file defines takes part, so a new flag cannot be
@@ -133,6 +163,15 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "posenc-server: positional encodings (RoPE, sinusoidal, learned, ALiBi) over gRPC.\n"
       "Every flag may also come from the environment as POSENC_<FLAG>.");
+  absl::FlagsUsageConfig usage;
+  // --help lists this file's flags (Abseil's default matches the binary's
+  // name against file names, which finds none here).
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "server/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.version_string = [] { return VersionString(); };
+  absl::SetFlagsUsageConfig(usage);
   // Tensor buffers are large and short-lived. glibc's adaptive mmap threshold
   // would move them into per-thread heap arenas that never shrink, so the
   // resident set would track the worst moment forever; a fixed threshold
@@ -140,7 +179,19 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
   if (!ApplyEnvironment()) return 2;
   absl::ParseCommandLine(argc, argv);
-  spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  // spdlog reads an unknown level as "off", which would hide even a fatal
+  // start-up error: refuse it instead.
+  const auto level = ParseLogLevel(absl::GetFlag(FLAGS_log_level));
+  if (!level.ok()) {
+    std::fprintf(stderr, "posenc-server: %s\n", std::string(level.status().message()).c_str());
+    return 2;
+  }
+  spdlog::set_level(*level);
+  if (absl::GetFlag(FLAGS_threads) < 0) {
+    std::fprintf(stderr, "posenc-server: --threads must be >= 0 (0: every usable CPU), got %d\n",
+                 absl::GetFlag(FLAGS_threads));
+    return 2;
+  }
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e%z %^%l%$ posenc-server: %v");
 
   // Block SIGTERM/SIGINT in every thread; one thread waits for them.
@@ -191,7 +242,14 @@ int main(int argc, char** argv) {
   }
   LogStartup(**server, o);
   if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
-    std::ofstream(port_file) << (*server)->port() << "\n";
+    std::ofstream out(port_file);
+    out << (*server)->port() << "\n";
+    out.close();
+    if (!out) {
+      spdlog::critical("cannot write --port_file '{}'", port_file);
+      spdlog::shutdown();
+      std::_Exit(2);
+    }
   }
 
   std::thread waiter([&] {

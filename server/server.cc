@@ -29,9 +29,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!options.metrics_listen.empty()) {
     POSENC_ASSIGN_OR_RETURN(s->metrics_, Metrics::Start(options.metrics_listen, s->engine_.get()));
   }
-  const int request_threads = options.request_threads > 0
-                                  ? options.request_threads
-                                  : std::max(2u, std::thread::hardware_concurrency());
+  const int request_threads =
+      options.request_threads > 0 ? options.request_threads : std::max(2, UsableCpus());
   s->executor_ = std::make_unique<RequestExecutor>(request_threads);
   s->service_ = std::make_unique<PositionalEncodingService>(s->engine_.get(), s->metrics_.get(),
                                                             s->executor_.get());
@@ -52,6 +51,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     creds = grpc::SslServerCredentials(ssl);
   }
   builder.AddListeningPort(options.listen_address, creds, &s->port_);
+  // A second server on the same port must fail, not silently share its
+  // traffic (gRPC sets SO_REUSEPORT by default).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   if (options.max_memory_bytes > 0) {
     grpc::ResourceQuota quota("posenc");
     quota.Resize(options.max_memory_bytes);

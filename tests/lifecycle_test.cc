@@ -119,6 +119,107 @@ TEST(Lifecycle, AStalledCallerCannotHoldTheServerPastItsDrainDeadline) {
   EXPECT_EQ(server.exit_code(), 3) << "a drain cut short by its deadline exits 3";
 }
 
+// Flags that used to be taken silently: refused at start-up with a message
+// naming the flag (an unknown log level used to turn every log line off,
+// including the fatal ones; a negative thread count was accepted; an
+// unwritable port file went unnoticed).
+TEST(Lifecycle, BadFlagsRefuseToStartNamingTheFlag) {
+  struct Bad {
+    std::vector<std::string> flags;
+    std::string names;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {{"--log_level=verbose"}, "--log_level"},
+           {{"--log_level=INFO2"}, "--log_level"},
+           {{"--threads=-3"}, "--threads"},
+           {{"--port_file=/proc/no/such/dir/port"}, "--port_file"},
+           {{"--max_inflight_bytes=1000"}, "--max_inflight_bytes"},
+       }) {
+    testing::ServerProcess server;
+    // The fixture's own --port_file comes first; a later one wins.
+    EXPECT_FALSE(server.Start(POSENC_SERVER_BINARY, b.flags)) << b.names;
+    ASSERT_TRUE(server.Exited(std::chrono::seconds(10))) << b.names;
+    EXPECT_NE(server.exit_code(), 0) << b.names;
+    EXPECT_NE(server.log_text().find(b.names), std::string::npos)
+        << "the refusal should name " << b.names << ": " << server.log_text();
+  }
+  // Case does not matter where it is natural.
+  testing::ServerProcess upper;
+  EXPECT_TRUE(upper.Start(POSENC_SERVER_BINARY, {"--log_level=WARNING"})) << upper.log_text();
+}
+
+// gRPC sets SO_REUSEPORT by default: a second server on a taken port would
+// start and silently share its traffic. It must fail instead.
+TEST(Lifecycle, ASecondServerOnTheSamePortFails) {
+  testing::ServerProcess first;
+  ASSERT_TRUE(first.Start(POSENC_SERVER_BINARY, {})) << first.log_text();
+  testing::ServerProcess second;
+  EXPECT_FALSE(
+      second.Start(POSENC_SERVER_BINARY, {"--listen=127.0.0.1:" + std::to_string(first.port())}));
+  ASSERT_TRUE(second.Exited(std::chrono::seconds(10)));
+  EXPECT_NE(second.exit_code(), 0);
+  EXPECT_NE(second.log_text().find("in use"), std::string::npos) << second.log_text();
+}
+
+// Overload refuses calls by the thousand a second; the log must not grow with
+// them (it used to write one warning per refusal): at most one line a second,
+// counting the refusals it did not write.
+TEST(Lifecycle, OverloadLogsAtMostOneLineASecond) {
+  testing::ServerProcess server;
+  ASSERT_TRUE(server.Start(POSENC_SERVER_BINARY,
+                           {"--max_inflight=1", "--admission_wait_ms=0", "--threads=1"}))
+      << server.log_text();
+  std::atomic<int64_t> refused{0};
+  const auto start = Clock::now();
+  const auto end = start + std::chrono::milliseconds(2500);
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 6; ++c) {
+    callers.emplace_back([&, c] {
+      auto stub = v1::PositionalEncoding::NewStub(server.NewChannel(c + 1));
+      const v1::RopeRequest req = SmallRope(256);
+      while (Clock::now() < end) {
+        grpc::ClientContext ctx;
+        v1::RopeResponse resp;
+        if (stub->ApplyRope(&ctx, req, &resp).error_code() == grpc::RESOURCE_EXHAUSTED) ++refused;
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const std::string log = server.log_text();
+  int lines = 0;
+  for (size_t at = log.find(" refused: "); at != std::string::npos;
+       at = log.find(" refused: ", at + 1)) {
+    ++lines;
+  }
+  std::printf("%lld refusals in %.1f s, %d log lines mentioning them\n",
+              static_cast<long long>(refused.load()), seconds, lines);
+  ASSERT_GT(refused.load(), 20) << "the server was never overloaded; nothing was tested";
+  EXPECT_LE(lines, static_cast<int>(seconds) + 2) << log;
+  EXPECT_NE(log.find("more refusals"), std::string::npos) << log;
+}
+
+// --help lists the server's flags; --version says version, build and CUDA.
+TEST(Lifecycle, HelpAndVersionTellTheTruth) {
+  const std::string out = "/tmp/posenc_lifecycle_help.txt";
+  ASSERT_EQ(
+      std::system((std::string(POSENC_SERVER_BINARY) + " --help > " + out + " 2>&1").c_str()) >> 8,
+      1);
+  const std::string help = testing::ReadFile(out);
+  EXPECT_NE(help.find("--max_inflight_bytes"), std::string::npos) << help;
+  EXPECT_EQ(help.find("No flags matched"), std::string::npos) << help;
+  ASSERT_EQ(
+      std::system((std::string(POSENC_SERVER_BINARY) + " --version > " + out + " 2>&1").c_str()),
+      0);
+  const std::string version = testing::ReadFile(out);
+  EXPECT_NE(version.find("posenc-server 0."), std::string::npos) << version;
+#ifdef NDEBUG
+  EXPECT_NE(version.find("release build"), std::string::npos) << version;
+#endif
+  EXPECT_NE(version.find("CUDA"), std::string::npos) << version;
+  std::remove(out.c_str());
+}
+
 // TLS: what the flags name must exist, be readable PEM and belong together;
 // otherwise the server refuses to start (exit 2) and says which flag.
 class TlsFlags : public ::testing::Test {

@@ -56,7 +56,12 @@ class Backend {
                                                         const RunContext& ctx) = 0;
 };
 
-// A CPU backend on `num_threads` threads (0: hardware concurrency).
+// CPUs this process may use: the affinity mask's count, lowered to the
+// cgroup CPU quota (cpu.max) when one is set, as in a Kubernetes pod with a
+// CPU limit. At least 1.
+int UsableCpus();
+
+// A CPU backend on `num_threads` threads (0: UsableCpus()).
 std::unique_ptr<Backend> CreateCpuBackend(int num_threads);
 
 // The CUDA backend on `device`, or FAILED_PRECONDITION saying why there is

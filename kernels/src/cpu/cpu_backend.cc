@@ -1,5 +1,10 @@
 // The CPU backend: splits each plan's work across a thread pool.
+#include <sched.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -83,8 +88,23 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
+int UsableCpus() {
+  int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) cpus = std::max(1, CPU_COUNT(&set));
+  // cgroup v2: "max 100000" (no limit) or "<quota> <period>".
+  std::ifstream in("/sys/fs/cgroup/cpu.max");
+  std::string quota;
+  int64_t period = 0;
+  if (in >> quota >> period && quota != "max" && period > 0) {
+    const int64_t q = std::atoll(quota.c_str());
+    if (q > 0) cpus = std::min<int64_t>(cpus, std::max<int64_t>(1, (q + period - 1) / period));
+  }
+  return cpus;
+}
+
 std::unique_ptr<Backend> CreateCpuBackend(int num_threads) {
-  if (num_threads <= 0) num_threads = std::max(1u, std::thread::hardware_concurrency());
+  if (num_threads <= 0) num_threads = UsableCpus();
   return std::make_unique<CpuBackend>(num_threads);
 }
 
