@@ -1,6 +1,8 @@
-// The service's work behind a plain C++ API: validates requests, chooses a
-// backend, runs the kernels, fills responses. Knows protobuf messages but
-// nothing of gRPC; errors are absl::Status with the SPEC §3 codes.
+// The service's work behind a plain C++ API in the kernel library's types:
+// admits memory, resolves tables, plans, chooses a backend (falling back
+// from a failed GPU), runs the kernels. Knows neither protobuf nor gRPC
+// (operations.h adapts posenc.v1 messages to it through wire/); errors are
+// absl::Status with the SPEC §3 codes.
 #ifndef POSENC_SERVER_ENGINE_H_
 #define POSENC_SERVER_ENGINE_H_
 
@@ -15,13 +17,12 @@
 #include "absl/time/time.h"
 #include "admission.h"
 #include "posenc/backend.h"
-#include "posenc/v1/posenc.pb.h"
 #include "table_repository.h"
 
 namespace posenc::server {
 
 struct EngineOptions {
-  v1::Backend default_backend = v1::BACKEND_AUTO;
+  BackendChoice default_backend = BackendChoice::kAuto;
   int cpu_threads = 0;  // 0: every hardware thread
   bool enable_cuda = true;
   int cuda_device = 0;
@@ -47,6 +48,27 @@ struct EngineOptions {
   int64_t max_message_bytes = (int64_t{64} << 20) + (4 << 20);
 };
 
+// What a call brings besides its operands.
+struct CallEnv {
+  const RunContext& ctx;
+  // Already holds the request; grows by what the operation allocates (plans,
+  // new outputs) before it is allocated.
+  AdmissionControl::Ticket& admission;
+  BackendChoice backend = BackendChoice::kDefault;
+  // Bytes the answer's message carries besides its tensor data (descriptors,
+  // ids, field tags): with the data, checked against --max_message_bytes
+  // before any work, since the transport would drop a larger answer.
+  int64_t message_overhead = 0;
+};
+
+// A new tensor an operation produced (a table or a bias).
+struct Produced {
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  std::vector<double> slopes;  // the bias's per-head slopes
+  std::string backend;
+};
+
 class Engine {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
@@ -58,49 +80,34 @@ class Engine {
   // --max_inflight or --max_inflight_bytes.
   [[nodiscard]] absl::StatusOr<Admission> Admit(int64_t tensor_bytes);
   AdmissionControl& admission() { return admission_; }
+  // RESOURCE_EXHAUSTED when a request's tensors exceed --max_request_bytes.
+  [[nodiscard]] absl::Status CheckRequestSize(int64_t tensor_bytes) const;
 
-  // Tensor bytes a request carries (what admission counts).
-  static int64_t RequestBytes(const v1::RopeRequest& r);
-  static int64_t RequestBytes(const v1::AbsoluteEncodingRequest& r);
-  static int64_t RequestBytes(const v1::EncodingTableRequest& r);
-  static int64_t RequestBytes(const v1::AttentionBiasRequest& r);
+  // The operations, on an admitted call. Each returns the backend that ran
+  // it ("cpu", "cuda:0"), refuses answers larger than the transport's limit
+  // before computing them, and turns allocation failure into
+  // RESOURCE_EXHAUSTED: nothing escapes as an exception.
+  //
+  // RoPE and the absolute encoding work in place on the caller's tensors.
+  [[nodiscard]] absl::StatusOr<std::string> ApplyRope(const RopeOptions& options, RopeTensors& t,
+                                                      const CallEnv& env);
+  // `options.table_name` names the learned table (resolved here).
+  [[nodiscard]] absl::StatusOr<std::string> AddAbsolute(AbsoluteOptions options, AbsoluteTensors& t,
+                                                        const CallEnv& env);
+  // PE rows for `positions` (or 0..count-1) into *out, sized here. dim and
+  // count 0 for a learned table mean its own.
+  [[nodiscard]] absl::StatusOr<Produced> EncodingTable(AbsoluteOptions options, int64_t dim,
+                                                       int64_t count, const TensorView& positions,
+                                                       DType dtype, std::string* out,
+                                                       const CallEnv& env);
+  // The bias added to `logits` in place when present, else built into *out.
+  [[nodiscard]] absl::StatusOr<Produced> AttentionBias(const BiasOptions& options,
+                                                       MutableTensor& logits, std::string* out,
+                                                       const CallEnv& env);
 
-  // The operations, for a request already admitted (the service admits on
-  // arrival, then computes on its executor). `admission` must already hold
-  // the request; each operation grows it by what it allocates (plans, new
-  // outputs) before allocating it (answers are sent without a copy), refuses answers larger than
-  // the transport's message limit before computing them, and turns
-  // allocation failure into RESOURCE_EXHAUSTED: nothing escapes as an
-  // exception.
-  [[nodiscard]] absl::Status ApplyRopeAdmitted(v1::RopeRequest* req, v1::RopeResponse* resp,
-                                               const RunContext& ctx, Admission& admission);
-  [[nodiscard]] absl::Status AddAbsoluteEncodingAdmitted(v1::AbsoluteEncodingRequest* req,
-                                                         v1::AbsoluteEncodingResponse* resp,
-                                                         const RunContext& ctx,
-                                                         Admission& admission);
-  [[nodiscard]] absl::Status GetEncodingTableAdmitted(const v1::EncodingTableRequest& req,
-                                                      v1::EncodingTableResponse* resp,
-                                                      const RunContext& ctx, Admission& admission);
-  [[nodiscard]] absl::Status AttentionBiasAdmitted(v1::AttentionBiasRequest* req,
-                                                   v1::AttentionBiasResponse* resp,
-                                                   const RunContext& ctx, Admission& admission);
-
-  // Admit, then run. The tensor operations work inside the request's own
-  // buffers and move them into the response, so a request's tensors are never
-  // copied; `req` is left without them.
-  [[nodiscard]] absl::Status ApplyRope(v1::RopeRequest* req, v1::RopeResponse* resp,
-                                       const RunContext& ctx);
-  [[nodiscard]] absl::Status AddAbsoluteEncoding(v1::AbsoluteEncodingRequest* req,
-                                                 v1::AbsoluteEncodingResponse* resp,
-                                                 const RunContext& ctx);
-  [[nodiscard]] absl::Status GetEncodingTable(const v1::EncodingTableRequest& req,
-                                              v1::EncodingTableResponse* resp,
-                                              const RunContext& ctx);
-  [[nodiscard]] absl::Status AttentionBias(v1::AttentionBiasRequest* req,
-                                           v1::AttentionBiasResponse* resp, const RunContext& ctx);
-  v1::ListTablesResponse ListTables() const;
-  v1::ListTablesResponse ReloadTables();
-  v1::ServerInfo GetServerInfo() const;
+  const TableRepository& tables() const { return tables_; }
+  // A drain abandons a reload in progress (the old tables stay).
+  void ReloadTables();
 
   // After this, new work is refused with UNAVAILABLE (graceful drain).
   void StartDraining() { admission_.StartDraining(); }
@@ -115,25 +122,30 @@ class Engine {
   // failure when that default is CUDA and the GPU has failed (readiness
   // turns NOT_SERVING so Kubernetes routes elsewhere).
   absl::Status Ready() const;
+  const Backend* cpu() const { return cpu_.get(); }
+  const Backend* cuda() const { return cuda_.get(); }  // null without a GPU
   // Why there is no CUDA backend ("" when there is one).
   const std::string& cuda_unavailable_reason() const { return cuda_unavailable_reason_; }
+  // The longest name BackendName gives (answers are sized with it).
+  std::string LongestBackendName() const;
 
  private:
   explicit Engine(const EngineOptions& options);
 
-  [[nodiscard]] absl::StatusOr<Backend*> Choose(v1::Backend requested, int64_t bytes);
+  [[nodiscard]] absl::StatusOr<Backend*> Choose(BackendChoice requested, int64_t bytes);
   // Runs `run` on *backend; under AUTO, retries on the CPU (updating
   // *backend) when the GPU does not cover the request or has failed.
-  [[nodiscard]] absl::Status RunWithFallback(v1::Backend requested, Backend** backend,
+  [[nodiscard]] absl::Status RunWithFallback(BackendChoice requested, Backend** backend,
                                              const std::function<absl::Status(Backend*)>& run);
   // RESOURCE_EXHAUSTED when an answer's tensors exceed --max_request_bytes or
   // its message exceeds --max_message_bytes (the transport would drop it
   // after the work was done).
-  // RESOURCE_EXHAUSTED when a request's tensors exceed --max_request_bytes.
-  [[nodiscard]] absl::Status CheckRequestSize(int64_t tensor_bytes) const;
   [[nodiscard]] absl::Status CheckAnswerSize(int64_t tensor_bytes, int64_t message_bytes,
                                              absl::string_view what) const;
   std::string BackendName(const Backend* b) const;
+  BackendChoice Resolve(BackendChoice requested) const {
+    return requested == BackendChoice::kDefault ? options_.default_backend : requested;
+  }
 
   const EngineOptions options_;
   std::unique_ptr<Backend> cpu_;

@@ -1,4 +1,5 @@
 #include "engine.h"
+#include "operations.h"
 
 #include <condition_variable>
 #include <mutex>
@@ -30,7 +31,7 @@ TEST(Engine, SaturatedServerSaysResourceExhaustedAndKeepsServing) {
   // The engine consumes a request's tensors; each call gets its own copy.
   auto call = [&](const RunContext& rc, v1::RopeResponse* resp) {
     v1::RopeRequest r = req;
-    return (*engine)->ApplyRope(&r, resp, rc);
+    return ApplyRope(**engine, &r, resp, rc);
   };
 
   // The first call parks inside the backend until released.
@@ -96,7 +97,7 @@ TEST(Engine, BytesInFlightAreBounded) {
     holders.emplace_back([&] {
       v1::RopeRequest r = Request(q);
       v1::RopeResponse resp;
-      EXPECT_TRUE((*engine)->ApplyRope(&r, &resp, hold).ok());
+      EXPECT_TRUE(ApplyRope(**engine, &r, &resp, hold).ok());
     });
   }
   {
@@ -109,7 +110,7 @@ TEST(Engine, BytesInFlightAreBounded) {
   std::vector<int64_t> ids(64, 1);
   SetTensor(TensorView{DType::kInt64, {1, 64}, ids.data(), 512}, r.mutable_position_ids());
   v1::RopeResponse resp;
-  absl::Status s = (*engine)->ApplyRope(&r, &resp, {});
+  absl::Status s = ApplyRope(**engine, &r, &resp, {});
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_NE(s.message().find("max_inflight_bytes"), absl::string_view::npos) << s;
   {
@@ -138,7 +139,7 @@ TEST(Engine, AllocationFailureIsResourceExhaustedAndTheEngineKeepsServing) {
     v1::RopeResponse resp;
     RunContext throwing;
     throwing.cancelled = []() -> bool { throw std::bad_alloc(); };
-    const absl::Status s = (*engine)->ApplyRope(&r, &resp, throwing);
+    const absl::Status s = ApplyRope(**engine, &r, &resp, throwing);
     EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
     EXPECT_EQ((*engine)->inflight(), 0);
     EXPECT_EQ((*engine)->inflight_bytes(), 0);
@@ -146,7 +147,7 @@ TEST(Engine, AllocationFailureIsResourceExhaustedAndTheEngineKeepsServing) {
   testing::Bytes q = testing::RandomTensor(DType::kFloat32, 64 * 4 * 64);
   v1::RopeRequest r = Request(q);
   v1::RopeResponse resp;
-  EXPECT_TRUE((*engine)->ApplyRope(&r, &resp, {}).ok());
+  EXPECT_TRUE(ApplyRope(**engine, &r, &resp, {}).ok());
 }
 
 TEST(Engine, FailedValidationLeavesNoPartialResponse) {
@@ -158,7 +159,7 @@ TEST(Engine, FailedValidationLeavesNoPartialResponse) {
   req.mutable_offsets()->add_shape(1);
   req.mutable_offsets()->set_data(std::string(4, '\0'));
   v1::RopeResponse resp;
-  absl::Status s = (*engine)->ApplyRope(&req, &resp, {});
+  absl::Status s = ApplyRope(**engine, &req, &resp, {});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("offsets.dtype"), absl::string_view::npos) << s;
 }

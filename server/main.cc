@@ -20,7 +20,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "operations.h"
 #include "posenc/backend.h"
+#include "posenc/wire/enums.h"
 #include "server.h"
 #include "spdlog/spdlog.h"
 #include "tls_files.h"
@@ -120,17 +122,8 @@ bool ApplyEnvironment() {
   return ok;
 }
 
-absl::StatusOr<posenc::v1::Backend> ParseBackend(const std::string& s) {
-  const std::string v = absl::AsciiStrToLower(s);
-  if (v == "auto") return posenc::v1::BACKEND_AUTO;
-  if (v == "cpu") return posenc::v1::BACKEND_CPU;
-  if (v == "cuda") return posenc::v1::BACKEND_CUDA;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--default_backend must be auto, cpu or cuda, got '", s, "'"));
-}
-
 void LogStartup(posenc::server::Server& server, const posenc::server::ServerOptions& o) {
-  const posenc::v1::ServerInfo info = server.engine().GetServerInfo();
+  const posenc::v1::ServerInfo info = posenc::server::GetServerInfo(server.engine());
   spdlog::info("posenc-server {} listening on port {} ({}, {})", info.version(), server.port(),
                o.listen_address,
                o.tls.cert_pem.empty()        ? "plaintext"
@@ -148,11 +141,16 @@ void LogStartup(posenc::server::Server& server, const posenc::server::ServerOpti
                    posenc::v1::Backend_Name(b.kind()), b.unavailable_reason());
     }
   }
+  const posenc::server::EngineOptions& e = server.engine().options();
   spdlog::info(
-      "limits: max_message_bytes={} max_request_bytes={} max_inflight={} default_backend={}",
-      o.max_message_bytes, o.engine.max_request_tensor_bytes, o.engine.max_inflight_requests,
-      posenc::v1::Backend_Name(o.engine.default_backend));
-  const auto tables = server.engine().ListTables();
+      "limits: max_message_bytes={} max_request_bytes={} max_inflight={} max_inflight_bytes={} "
+      "admission_wait_ms={} max_table_bytes={} drain_seconds={} default_backend={} "
+      "auto_gpu_min_bytes={} cpu_threads={}",
+      o.max_message_bytes, e.max_request_tensor_bytes, e.max_inflight_requests,
+      e.max_inflight_bytes, absl::ToInt64Milliseconds(e.admission_wait), e.max_table_bytes,
+      absl::GetFlag(FLAGS_drain_seconds), posenc::wire::NameOf(e.default_backend),
+      e.auto_gpu_min_bytes, server.engine().cpu()->device().threads);
+  const auto tables = posenc::server::ListTables(server.engine());
   spdlog::info("table_dir '{}': {} tables loaded", o.engine.table_dir, tables.tables_size());
   for (const auto& s : tables.skipped()) spdlog::warn("table skipped: {}", s);
 }
@@ -219,7 +217,12 @@ int main(int argc, char** argv) {
   o.engine.enable_cuda = absl::GetFlag(FLAGS_enable_cuda);
   o.engine.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   o.engine.auto_gpu_min_bytes = absl::GetFlag(FLAGS_auto_gpu_min_bytes);
-  auto backend = ParseBackend(absl::GetFlag(FLAGS_default_backend));
+  auto backend = posenc::wire::Parse<posenc::BackendChoice>("--default_backend",
+                                                            absl::GetFlag(FLAGS_default_backend));
+  if (backend.ok() && *backend == posenc::BackendChoice::kDefault) {
+    backend =
+        absl::InvalidArgumentError("--default_backend must be auto, cpu or cuda; got 'default'");
+  }
   if (!backend.ok()) {
     spdlog::critical("{}", std::string(backend.status().message()));
     return 2;

@@ -26,16 +26,16 @@ class EngineCollector : public prometheus::Collectable {
     m.gauge.value = engine_->inflight();
     inflight.metric.push_back(m);
     std::vector<prometheus::MetricFamily> out = {inflight};
-    const v1::ServerInfo info = engine_->GetServerInfo();
-    for (const auto& b : info.backends()) {
-      if (b.kind() != v1::BACKEND_CUDA || !b.available()) continue;
+    const Backend* cuda = engine_->cuda();
+    if (cuda != nullptr && cuda->health().ok()) {
+      const DeviceInfo d = cuda->device();
       prometheus::MetricFamily mem;
       mem.name = "posenc_gpu_memory_total_bytes";
       mem.help = "Memory of the GPU the CUDA backend uses";
       mem.type = prometheus::MetricType::Gauge;
       prometheus::ClientMetric g;
-      g.label.push_back({"device", b.device_name()});
-      g.gauge.value = static_cast<double>(b.memory_bytes());
+      g.label.push_back({"device", d.name});
+      g.gauge.value = static_cast<double>(d.memory_bytes);
       mem.metric.push_back(g);
       out.push_back(mem);
     }

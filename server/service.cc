@@ -4,6 +4,7 @@
 
 #include "call_support.h"
 #include "grpc_status.h"
+#include "operations.h"
 #include "spdlog/spdlog.h"
 
 namespace posenc::server {
@@ -29,7 +30,7 @@ grpc::ServerUnaryReactor* PositionalEncodingService::ListTables(grpc::CallbackSe
                                                                 const v1::ListTablesRequest*,
                                                                 v1::ListTablesResponse* resp) {
   return Answer("ListTables", metrics_, ctx, resp, [&] {
-    *resp = engine_->ListTables();
+    *resp = server::ListTables(*engine_);
     return absl::OkStatus();
   });
 }
@@ -48,7 +49,8 @@ grpc::ServerUnaryReactor* PositionalEncodingService::ReloadTables(grpc::Callback
   Engine* engine = engine_;
   executor_->Submit([=] {
     absl::Status s = NoThrow([&] {
-      *resp = engine->ReloadTables();
+      engine->ReloadTables();
+      *resp = server::ListTables(*engine);
       spdlog::info("tables reloaded: {} loaded, {} skipped", resp->tables_size(),
                    resp->skipped_size());
       return absl::OkStatus();
@@ -65,7 +67,7 @@ grpc::ServerUnaryReactor* PositionalEncodingService::GetServerInfo(grpc::Callbac
                                                                    const v1::GetServerInfoRequest*,
                                                                    v1::ServerInfo* resp) {
   return Answer("GetServerInfo", metrics_, ctx, resp, [&] {
-    *resp = engine_->GetServerInfo();
+    *resp = server::GetServerInfo(*engine_);
     return absl::OkStatus();
   });
 }

@@ -11,6 +11,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/proto_buffer_writer.h"
+#include "operations.h"
 #include "posenc/status_macros.h"
 #include "posenc/v1/posenc.pb.h"
 #include "tensor_wire.h"
@@ -122,7 +123,7 @@ struct UnaryMethod {
 };
 
 template <typename Request, typename Response,
-          absl::Status (Engine::*Op)(Request*, Response*, const RunContext&, Admission&)>
+          absl::Status (*Op)(Engine&, Request*, Response*, const RunContext&, Admission&)>
 absl::Status RunUnary(Engine* engine, grpc::ByteBuffer* in, grpc::ByteBuffer* out,
                       const RunContext& ctx, Admission& admission, std::string* backend) {
   Request req;
@@ -130,31 +131,19 @@ absl::Status RunUnary(Engine* engine, grpc::ByteBuffer* in, grpc::ByteBuffer* ou
   POSENC_RETURN_IF_ERROR(ParseRequest(in, &req));
   admission.Shrink(admission.bytes() - bytes);  // parsed: held once
   Response resp;
-  POSENC_RETURN_IF_ERROR((engine->*Op)(&req, &resp, ctx, admission));
-  *backend = resp.backend();
-  return SerializeAnswer(resp, out);
-}
-
-// GetEncodingTable's engine entry takes its request by const reference.
-absl::Status RunTable(Engine* engine, grpc::ByteBuffer* in, grpc::ByteBuffer* out,
-                      const RunContext& ctx, Admission& admission, std::string* backend) {
-  v1::EncodingTableRequest req;
-  const int64_t bytes = static_cast<int64_t>(in->Length());
-  POSENC_RETURN_IF_ERROR(ParseRequest(in, &req));
-  admission.Shrink(admission.bytes() - bytes);  // parsed: held once
-  v1::EncodingTableResponse resp;
-  POSENC_RETURN_IF_ERROR(engine->GetEncodingTableAdmitted(req, &resp, ctx, admission));
+  POSENC_RETURN_IF_ERROR(Op(*engine, &req, &resp, ctx, admission));
   *backend = resp.backend();
   return SerializeAnswer(resp, out);
 }
 
 const UnaryMethod kUnaryMethods[] = {
-    {"ApplyRope", RunUnary<v1::RopeRequest, v1::RopeResponse, &Engine::ApplyRopeAdmitted>},
-    {"AddAbsoluteEncoding", RunUnary<v1::AbsoluteEncodingRequest, v1::AbsoluteEncodingResponse,
-                                     &Engine::AddAbsoluteEncodingAdmitted>},
-    {"GetEncodingTable", RunTable},
+    {"ApplyRope", RunUnary<v1::RopeRequest, v1::RopeResponse, &ApplyRope>},
+    {"AddAbsoluteEncoding",
+     RunUnary<v1::AbsoluteEncodingRequest, v1::AbsoluteEncodingResponse, &AddAbsoluteEncoding>},
+    {"GetEncodingTable",
+     RunUnary<v1::EncodingTableRequest, v1::EncodingTableResponse, &GetEncodingTable>},
     {"AttentionBias",
-     RunUnary<v1::AttentionBiasRequest, v1::AttentionBiasResponse, &Engine::AttentionBiasAdmitted>},
+     RunUnary<v1::AttentionBiasRequest, v1::AttentionBiasResponse, &AttentionBias>},
 };
 
 // A unary tensor call: slot, read reservation, read, run on the executor,
@@ -318,8 +307,7 @@ class RopeStreamCall final : public grpc::ServerGenericBidiReactor {
     if (s.ok()) ticket_->Shrink(ticket_->bytes() - bytes_in_);  // parsed: held once
     v1::RopeResponse resp;
     if (s.ok()) {
-      s = NoThrow(
-          [&] { return o_.engine->ApplyRopeAdmitted(&req, &resp, ContextOf(ctx_), *ticket_); });
+      s = NoThrow([&] { return ApplyRope(*o_.engine, &req, &resp, ContextOf(ctx_), *ticket_); });
     }
     if (s.ok()) {
       backend_ = resp.backend();

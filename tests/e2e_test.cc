@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "posenc/backend.h"
 #include "posenc/client.h"
+#include "posenc/wire/tensors.h"
 #include "safetensors.h"
 #include "server.h"
 #include "test_tensors.h"
@@ -68,12 +69,20 @@ Client* EndToEnd::client_ = nullptr;
 std::string* EndToEnd::table_dir_ = nullptr;
 LearnedTable* EndToEnd::table_ = nullptr;
 
-v1::RopeRequest LlamaRope() {
-  v1::RopeRequest r;
-  r.set_style(v1::ROPE_STYLE_NEOX);
-  r.set_base(500000);
-  r.mutable_scaling()->set_type(v1::SCALING_TYPE_LLAMA3);
-  return r;
+RopeOptions LlamaRope() {
+  RopeOptions o;
+  o.style = RopeStyle::kNeox;
+  o.base = 500000;
+  o.scaling.type = ScalingType::kLlama3;
+  return o;
+}
+
+// The query (and key) of a RoPE call, positions from the sequence index.
+RopeTensors Qk(MutableTensor q, MutableTensor k = {}) {
+  RopeTensors t;
+  t.query = std::move(q);
+  t.key = std::move(k);
+  return t;
 }
 
 TEST_F(EndToEnd, ApplyRopeMatchesLocalKernelsBitForBit) {
@@ -82,16 +91,12 @@ TEST_F(EndToEnd, ApplyRopeMatchesLocalKernelsBitForBit) {
     Bytes k = testing::RandomTensor(dtype, 2 * 9 * 2 * 128);
     Bytes q_local = q, k_local = k;
     std::vector<int32_t> offsets = {100, 70000};
-    v1::RopeRequest req = LlamaRope();
-    SetTensor(testing::IntView(offsets, {2}), req.mutable_offsets());
-    ASSERT_TRUE(client_
-                    ->ApplyRope(req, testing::Mutable(dtype, {2, 9, 8, 128}, q),
-                                testing::Mutable(dtype, {2, 9, 2, 128}, k))
-                    .ok());
+    RopeTensors remote =
+        Qk(testing::Mutable(dtype, {2, 9, 8, 128}, q), testing::Mutable(dtype, {2, 9, 2, 128}, k));
+    remote.positions.offsets = testing::IntView(offsets, {2});
+    ASSERT_TRUE(client_->ApplyRope(LlamaRope(), remote).ok());
 
-    RopeOptions o;
-    o.base = 500000;
-    o.scaling.type = ScalingType::kLlama3;
+    const RopeOptions o = LlamaRope();
     RopeTensors t;
     t.query = testing::Mutable(dtype, {2, 9, 8, 128}, q_local);
     t.key = testing::Mutable(dtype, {2, 9, 2, 128}, k_local);
@@ -109,8 +114,8 @@ TEST_F(EndToEnd, AsyncCallsAndStreamKeepOrderAndReportErrorsPerMessage) {
   std::vector<std::future<absl::Status>> futures;
   for (int i = 0; i < 6; ++i) qs.push_back(testing::RandomTensor(DType::kFloat32, 4 * 2 * 64));
   for (int i = 0; i < 6; ++i) {
-    futures.push_back(client_->ApplyRopeAsync(
-        v1::RopeRequest(), testing::Mutable(DType::kFloat32, {1, 4, 2, 64}, qs[i]), {}));
+    futures.push_back(
+        client_->ApplyRopeAsync({}, Qk(testing::Mutable(DType::kFloat32, {1, 4, 2, 64}, qs[i]))));
   }
   for (auto& f : futures) EXPECT_TRUE(f.get().ok());
 
@@ -119,8 +124,8 @@ TEST_F(EndToEnd, AsyncCallsAndStreamKeepOrderAndReportErrorsPerMessage) {
     v1::RopeRequest r;
     r.set_request_id("req-" + std::to_string(i));
     Bytes q = testing::RandomTensor(DType::kBFloat16, 3 * 4 * 64);
-    SetTensor(TensorView{DType::kBFloat16, {1, 3, 4, 64}, q.data(), q.size()}, r.mutable_query(),
-              r.mutable_query_data());
+    wire::SetTensor(TensorView{DType::kBFloat16, {1, 3, 4, 64}, q.data(), q.size()},
+                    r.mutable_query(), r.mutable_query_data());
     if (i == 2) r.set_rotary_dim(7);  // a bad request in the middle
     ASSERT_TRUE(stream->Write(r));
   }
@@ -142,32 +147,31 @@ TEST_F(EndToEnd, AsyncCallsAndStreamKeepOrderAndReportErrorsPerMessage) {
 
 TEST_F(EndToEnd, AbsoluteEncodingsTablesAndBias) {
   // Sinusoidal table: seed 003's example.
-  v1::EncodingTableRequest treq;
-  treq.mutable_sinusoidal()->set_base(100);
-  treq.set_dim(4);
-  treq.set_count(4);
-  auto table = client_->GetEncodingTable(treq);
+  AbsoluteOptions sinusoidal;
+  sinusoidal.base = 100;
+  auto table = client_->EncodingTable(sinusoidal, 4, 4);
   ASSERT_TRUE(table.ok()) << table.status();
-  ASSERT_EQ(table->table_data().size(), 64u);
-  EXPECT_NEAR(testing::ReadDouble(DType::kFloat32, table->table_data().data(), 4), 0.84147098,
-              1e-7);
+  ASSERT_EQ(table->data.size(), 64u);
+  EXPECT_EQ(table->shape, (std::vector<int64_t>{4, 4}));
+  EXPECT_NEAR(testing::ReadDouble(DType::kFloat32, table->data.data(), 4), 0.84147098, 1e-7);
 
   // Learned table rows come back exactly.
-  v1::EncodingTableRequest lreq;
-  lreq.mutable_learned()->set_table_name("gpt2/wpe");
-  auto rows = client_->GetEncodingTable(lreq);
+  AbsoluteOptions learned;
+  learned.kind = AbsoluteOptions::Kind::kLearned;
+  learned.table_name = "gpt2/wpe";
+  auto rows = client_->EncodingTable(learned, 0, 0);
   ASSERT_TRUE(rows.ok()) << rows.status();
-  ASSERT_EQ(rows->table().shape(0), 32);
-  EXPECT_EQ(0, std::memcmp(rows->table_data().data(), table_->values.data(), 32 * 16 * 4));
+  ASSERT_EQ(rows->shape[0], 32);
+  EXPECT_EQ(0, std::memcmp(rows->data.data(), table_->values.data(), 32 * 16 * 4));
 
   // Learned add, in place on caller's buffer.
   Bytes x = testing::RandomTensor(DType::kFloat32, 2 * 5 * 16);
   const std::vector<double> x0 = testing::ToDoubles(DType::kFloat32, x);
-  v1::AbsoluteEncodingRequest areq;
-  areq.mutable_learned()->set_table_name("gpt2/wpe");
-  areq.set_x_scale(2);
-  ASSERT_TRUE(
-      client_->AddAbsoluteEncoding(areq, testing::Mutable(DType::kFloat32, {2, 5, 16}, x)).ok());
+  AbsoluteOptions add = learned;
+  add.x_scale = 2;
+  AbsoluteTensors xt;
+  xt.x = testing::Mutable(DType::kFloat32, {2, 5, 16}, x);
+  ASSERT_TRUE(client_->AddAbsoluteEncoding(add, xt).ok());
   for (int t = 0; t < 10; ++t) {
     for (int i = 0; i < 16; ++i) {
       const double want = float(float(x0[t * 16 + i]) * 2.0f + table_->values[(t % 5) * 16 + i]);
@@ -176,14 +180,14 @@ TEST_F(EndToEnd, AbsoluteEncodingsTablesAndBias) {
   }
 
   // Bias built by the server and added to caller logits agree.
-  v1::AttentionBiasRequest breq;
-  breq.set_num_heads(6);
-  breq.set_q_len(5);
-  breq.set_k_len(11);
-  breq.set_causal(true);
+  BiasOptions breq;
+  breq.num_heads = 6;
+  breq.q_len = 5;
+  breq.k_len = 11;
+  breq.causal = true;
   auto bias = client_->AttentionBias(breq);
   ASSERT_TRUE(bias.ok()) << bias.status();
-  ASSERT_EQ(bias->slopes_size(), 6);
+  ASSERT_EQ(bias->slopes.size(), 6u);
   std::vector<float> logits(6 * 5 * 11, 1.0f);
   std::vector<double> slopes;
   ASSERT_TRUE(
@@ -193,10 +197,10 @@ TEST_F(EndToEnd, AbsoluteEncodingsTablesAndBias) {
               &slopes)
           .ok());
   for (size_t i = 0; i < logits.size(); ++i) {
-    const double b = testing::ReadDouble(DType::kFloat32, bias->bias_data().data(), i);
+    const double b = testing::ReadDouble(DType::kFloat32, bias->data.data(), i);
     EXPECT_EQ(logits[i], float(1.0 + b)) << i;
   }
-  EXPECT_EQ(slopes, std::vector<double>(bias->slopes().begin(), bias->slopes().end()));
+  EXPECT_EQ(slopes, bias->slopes);
 }
 
 TEST_F(EndToEnd, TablesListReloadAndInfo) {
@@ -260,12 +264,11 @@ TEST_F(EndToEnd, WrongByteCountNamesBothNumbers) {
 
 TEST_F(EndToEnd, BadShapeOddRotaryDimAndMissingDtype) {
   Bytes q = testing::RandomTensor(DType::kFloat32, 4 * 64);
-  ExpectError(
-      client_->ApplyRope(v1::RopeRequest(), testing::Mutable(DType::kFloat32, {4, 64}, q), {}),
-      absl::StatusCode::kInvalidArgument, {"query.shape", "rank 4", "[4, 64]"});
-  v1::RopeRequest odd;
-  odd.set_rotary_dim(33);
-  ExpectError(client_->ApplyRope(odd, testing::Mutable(DType::kFloat32, {1, 1, 4, 64}, q), {}),
+  ExpectError(client_->ApplyRope({}, Qk(testing::Mutable(DType::kFloat32, {4, 64}, q))),
+              absl::StatusCode::kInvalidArgument, {"query.shape", "rank 4", "[4, 64]"});
+  RopeOptions odd;
+  odd.rotary_dim = 33;
+  ExpectError(client_->ApplyRope(odd, Qk(testing::Mutable(DType::kFloat32, {1, 1, 4, 64}, q))),
               absl::StatusCode::kInvalidArgument, {"rotary_dim", "even", "33"});
   v1::RopeRequest req;
   req.mutable_query()->add_shape(0);
@@ -278,40 +281,42 @@ TEST_F(EndToEnd, BadShapeOddRotaryDimAndMissingDtype) {
 
 TEST_F(EndToEnd, UnknownTableAndOutOfRangePosition) {
   Bytes x = testing::RandomTensor(DType::kFloat32, 40 * 16);
-  v1::AbsoluteEncodingRequest req;
-  req.mutable_learned()->set_table_name("llama/nope");
-  ExpectError(client_->AddAbsoluteEncoding(req, testing::Mutable(DType::kFloat32, {1, 40, 16}, x)),
-              absl::StatusCode::kNotFound, {"llama/nope", "gpt2/wpe"});
-  req.mutable_learned()->set_table_name("gpt2/wpe");
-  ExpectError(client_->AddAbsoluteEncoding(req, testing::Mutable(DType::kFloat32, {1, 40, 16}, x)),
-              absl::StatusCode::kInvalidArgument, {"position 32", "length 32"});
+  AbsoluteOptions o;
+  o.kind = AbsoluteOptions::Kind::kLearned;
+  o.table_name = "llama/nope";
+  AbsoluteTensors t;
+  t.x = testing::Mutable(DType::kFloat32, {1, 40, 16}, x);
+  ExpectError(client_->AddAbsoluteEncoding(o, t), absl::StatusCode::kNotFound,
+              {"llama/nope", "gpt2/wpe"});
+  o.table_name = "gpt2/wpe";
+  ExpectError(client_->AddAbsoluteEncoding(o, t), absl::StatusCode::kInvalidArgument,
+              {"position 32", "length 32"});
 }
 
 TEST_F(EndToEnd, CudaWithoutGpuIsFailedPrecondition) {
   if (CreateCudaBackend(0).ok()) GTEST_SKIP() << "a GPU is visible";
   Bytes q = testing::RandomTensor(DType::kFloat32, 64);
-  v1::RopeRequest req;
-  req.set_backend(v1::BACKEND_CUDA);
-  ExpectError(client_->ApplyRope(req, testing::Mutable(DType::kFloat32, {1, 1, 1, 64}, q), {}),
+  CallOptions cuda;
+  cuda.backend = BackendChoice::kCuda;
+  ExpectError(client_->ApplyRope({}, Qk(testing::Mutable(DType::kFloat32, {1, 1, 1, 64}, q)), cuda),
               absl::StatusCode::kFailedPrecondition, {"CUDA", "AUTO or CPU"});
 }
 
 TEST_F(EndToEnd, OversizedMessagesAndRequestsAreResourceExhausted) {
   // Over the transport limit (8 MiB): gRPC itself refuses it.
   Bytes big = testing::RandomTensor(DType::kFloat32, 9 << 18);
-  auto s = client_->ApplyRope(v1::RopeRequest(),
-                              testing::Mutable(DType::kFloat32, {1, 9 << 10, 4, 64}, big), {});
+  auto s = client_->ApplyRope({}, Qk(testing::Mutable(DType::kFloat32, {1, 9 << 10, 4, 64}, big)));
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   // Under it but over --max_request_bytes (6 MiB): the engine refuses it.
   Bytes mid = testing::RandomTensor(DType::kFloat32, 7 << 18);
-  ExpectError(client_->ApplyRope(v1::RopeRequest(),
-                                 testing::Mutable(DType::kFloat32, {1, 7 << 10, 4, 64}, mid), {}),
-              absl::StatusCode::kResourceExhausted, {"limit", "max_request_bytes"});
+  ExpectError(
+      client_->ApplyRope({}, Qk(testing::Mutable(DType::kFloat32, {1, 7 << 10, 4, 64}, mid))),
+      absl::StatusCode::kResourceExhausted, {"limit", "max_request_bytes"});
   // A small request whose output would be over the limit.
-  v1::AttentionBiasRequest b;
-  b.set_num_heads(64);
-  b.set_q_len(256);
-  b.set_k_len(256);
+  BiasOptions b;
+  b.num_heads = 64;
+  b.q_len = 256;
+  b.k_len = 256;
   auto bias = client_->AttentionBias(b);
   EXPECT_EQ(bias.status().code(), absl::StatusCode::kResourceExhausted) << bias.status();
 }
@@ -320,8 +325,7 @@ TEST_F(EndToEnd, DeadlinesAreHonoured) {
   Bytes q = testing::RandomTensor(DType::kFloat32, 4096 * 8 * 64);
   CallOptions call;
   call.timeout = absl::Microseconds(1);
-  auto s = client_->ApplyRope(v1::RopeRequest(),
-                              testing::Mutable(DType::kFloat32, {1, 4096, 8, 64}, q), {}, call);
+  auto s = client_->ApplyRope({}, Qk(testing::Mutable(DType::kFloat32, {1, 4096, 8, 64}, q)), call);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
 }
 
@@ -329,8 +333,7 @@ TEST_F(EndToEnd, DeadlinesAreHonoured) {
 TEST_F(EndToEnd, ZDrainingRefusesNewCallsWithUnavailable) {
   server_->engine().StartDraining();
   Bytes q = testing::RandomTensor(DType::kFloat32, 64);
-  ExpectError(client_->ApplyRope(v1::RopeRequest(),
-                                 testing::Mutable(DType::kFloat32, {1, 1, 1, 64}, q), {}),
+  ExpectError(client_->ApplyRope({}, Qk(testing::Mutable(DType::kFloat32, {1, 1, 1, 64}, q))),
               absl::StatusCode::kUnavailable, {"draining"});
 }
 

@@ -173,11 +173,10 @@ TEST_F(ServerProcess, LoadAcrossSigtermLosesNoAcceptedCall) {
     callers.emplace_back([&] {
       std::vector<float> q(256 * 8 * 128, 0.25f);
       while (!stop) {
-        absl::Status s = (*client)->ApplyRope(
-            posenc::v1::RopeRequest(),
-            posenc::MutableTensor{
-                posenc::DType::kFloat32, {1, 256, 8, 128}, q.data(), q.size() * 4},
-            {});
+        posenc::RopeTensors t;
+        t.query = posenc::MutableTensor{
+            posenc::DType::kFloat32, {1, 256, 8, 128}, q.data(), q.size() * 4};
+        absl::Status s = (*client)->ApplyRope({}, t);
         std::lock_guard<std::mutex> lock(mu);
         ++codes[s.code()];
         messages[s.code()] = std::string(s.message());

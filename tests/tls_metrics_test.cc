@@ -147,15 +147,15 @@ TEST_F(Certificates, MetricsCountCallsByMethodCodeAndBackend) {
   ASSERT_TRUE(client.ok());
   testing::Bytes q = testing::RandomTensor(DType::kFloat32, 2 * 8 * 4 * 64);
   for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(
-        (*client)
-            ->ApplyRope(v1::RopeRequest(), testing::Mutable(DType::kFloat32, {2, 8, 4, 64}, q), {})
-            .ok());
+    RopeTensors t;
+    t.query = testing::Mutable(DType::kFloat32, {2, 8, 4, 64}, q);
+    ASSERT_TRUE((*client)->ApplyRope({}, t).ok());
   }
-  v1::RopeRequest bad;
-  bad.set_rotary_dim(3);
-  EXPECT_FALSE(
-      (*client)->ApplyRope(bad, testing::Mutable(DType::kFloat32, {2, 8, 4, 64}, q), {}).ok());
+  RopeOptions bad;
+  bad.rotary_dim = 3;
+  RopeTensors t;
+  t.query = testing::Mutable(DType::kFloat32, {2, 8, 4, 64}, q);
+  EXPECT_FALSE((*client)->ApplyRope(bad, t).ok());
 
   // A call holds its slot until gRPC is done sending the reply, a moment
   // after the client has it: wait for in-flight to return to zero.

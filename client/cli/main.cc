@@ -12,6 +12,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -21,14 +22,15 @@
 #include "npy.h"
 #include "posenc/client.h"
 #include "posenc/status_macros.h"
+#include "posenc/wire/enums.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051", "Server address, or dns:///name:port.");
 ABSL_FLAG(double, timeout_s, 30, "Call deadline in seconds.");
 ABSL_FLAG(std::string, tls_ca, "", "PEM file of CA certificates; enables TLS.");
 ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate for mutual TLS.");
 ABSL_FLAG(std::string, tls_key, "", "PEM client key for mutual TLS.");
-ABSL_FLAG(std::string, backend, "", "auto, cpu or cuda (default: the server's).");
-ABSL_FLAG(std::string, dtype, "float32", "float32, float16 or bfloat16.");
+ABSL_FLAG(std::string, backend, "", "auto, cpu or cuda (gpu); default: the server's.");
+ABSL_FLAG(std::string, dtype, "float32", "float32 (fp32), float16 (fp16) or bfloat16 (bf16).");
 ABSL_FLAG(std::string, shape, "",
           "rope: B,S,H,D (BSHD/BHSD order) or T,H,D; absolute: B,S,D or T,D.");
 ABSL_FLAG(int64_t, key_heads, 0, "rope: also rotate a random key with this many heads.");
@@ -37,7 +39,8 @@ ABSL_FLAG(std::string, style, "neox", "rope: neox or gptj.");
 ABSL_FLAG(int64_t, rotary_dim, 0, "rope: rotary dims (0 = head_dim).");
 ABSL_FLAG(double, base, 10000, "RoPE theta / sinusoidal base.");
 ABSL_FLAG(bool, inverse, false, "rope: rotate by -angle.");
-ABSL_FLAG(std::string, scaling, "none", "rope: none, linear, dynamic, yarn, llama3.");
+ABSL_FLAG(std::string, scaling, "none",
+          "rope: none, linear, dynamic_ntk (dynamic), yarn, llama3, longrope, explicit.");
 ABSL_FLAG(double, factor, 0, "rope scaling factor (0 = the type's default).");
 ABSL_FLAG(int64_t, original_max_position, 0, "rope scaling original context (0 = default).");
 ABSL_FLAG(int64_t, offset, 0, "rope/absolute: position of each sequence's first token.");
@@ -50,7 +53,8 @@ ABSL_FLAG(int64_t, count, 0, "table: positions 0..count-1.");
 ABSL_FLAG(int64_t, heads, 8, "bias: heads.");
 ABSL_FLAG(int64_t, q_len, 16, "bias: query length.");
 ABSL_FLAG(int64_t, k_len, 16, "bias: key length.");
-ABSL_FLAG(std::string, form, "causal", "bias: none, causal or symmetric.");
+ABSL_FLAG(std::string, form, "causal",
+          "bias: causal (ALiBi: -m(i-j)), symmetric (-m|i-j|) or none (masks only).");
 ABSL_FLAG(bool, causal, false, "bias: causal mask.");
 ABSL_FLAG(int64_t, window, 0, "bias: sliding window (0 = off).");
 ABSL_FLAG(int64_t, png_head, 0, "bias: which head the PNG shows.");
@@ -67,13 +71,24 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-absl::StatusOr<DType> ParseDType(std::string s) {
-  s = absl::AsciiStrToLower(s);
-  if (s == "float32" || s == "f32" || s == "fp32") return DType::kFloat32;
-  if (s == "float16" || s == "f16" || s == "fp16") return DType::kFloat16;
-  if (s == "bfloat16" || s == "bf16") return DType::kBFloat16;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--dtype must be float32, float16 or bfloat16, got ", s));
+// A flag naming an enum value: any case, errors name the flag and the
+// accepted values (wire::Parse).
+template <typename Enum>
+absl::StatusOr<Enum> EnumFlag(const char* name, const absl::Flag<std::string>& flag) {
+  return wire::Parse<Enum>(absl::StrCat("--", name), absl::GetFlag(flag));
+}
+
+// An error from the server, as opposed to one of ours (flags, files): main()
+// reports the two differently (exit 1 with the server's code, or exit 2).
+constexpr absl::string_view kRemote = "posenc-cli/remote";
+absl::Status Remote(absl::Status s) {
+  if (!s.ok()) s.SetPayload(kRemote, absl::Cord("1"));
+  return s;
+}
+template <typename T>
+absl::StatusOr<T> Remote(absl::StatusOr<T> r) {
+  if (!r.ok()) return Remote(r.status());
+  return r;
 }
 
 // --shape, or nothing when --input brings its own shape.
@@ -91,14 +106,6 @@ absl::StatusOr<std::vector<int64_t>> ParseShape() {
   }
   if (shape.empty()) return absl::InvalidArgumentError("--shape is required");
   return shape;
-}
-
-v1::Backend BackendFlag() {
-  const std::string b = absl::AsciiStrToLower(absl::GetFlag(FLAGS_backend));
-  if (b == "cpu") return v1::BACKEND_CPU;
-  if (b == "cuda") return v1::BACKEND_CUDA;
-  if (b == "auto") return v1::BACKEND_AUTO;
-  return v1::BACKEND_UNSPECIFIED;
 }
 
 // The largest tensor the CLI builds: a protobuf message cannot exceed 2 GiB,
@@ -181,115 +188,110 @@ void PrintJson(const google::protobuf::Message& m) {
   std::cout << json;
 }
 
-template <typename Setter>
-void SetEncoding(Setter* req) {
-  if (absl::GetFlag(FLAGS_encoding) == "learned") {
-    req->mutable_learned()->set_table_name(absl::GetFlag(FLAGS_table_name));
-  } else {
-    auto* s = req->mutable_sinusoidal();
-    s->set_base(absl::GetFlag(FLAGS_base));
-    s->set_layout(absl::GetFlag(FLAGS_sinusoidal_layout) == "concatenated"
-                      ? v1::SINUSOIDAL_LAYOUT_CONCATENATED
-                      : v1::SINUSOIDAL_LAYOUT_INTERLEAVED);
+absl::StatusOr<AbsoluteOptions> EncodingFlags() {
+  AbsoluteOptions o;
+  const std::string encoding = absl::AsciiStrToLower(absl::GetFlag(FLAGS_encoding));
+  if (encoding == "learned") {
+    o.kind = AbsoluteOptions::Kind::kLearned;
+    o.table_name = absl::GetFlag(FLAGS_table_name);
+  } else if (encoding != "sinusoidal") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--encoding must be one of sinusoidal, learned (any case); got '",
+                     absl::GetFlag(FLAGS_encoding), "'"));
   }
+  o.base = absl::GetFlag(FLAGS_base);
+  POSENC_ASSIGN_OR_RETURN(o.sinusoidal_layout,
+                          EnumFlag<SinusoidalLayout>("sinusoidal_layout", FLAGS_sinusoidal_layout));
+  o.x_scale = absl::GetFlag(FLAGS_x_scale);
+  return o;
+}
+
+// Per-sequence offsets (--offset) as an INT64 tensor over `batch` sequences.
+TensorView Offsets(int64_t batch, std::vector<int64_t>* storage) {
+  storage->assign(batch, absl::GetFlag(FLAGS_offset));
+  return TensorView{DType::kInt64, {batch}, storage->data(), storage->size() * 8};
 }
 
 absl::Status Rope(Client& client, const CallOptions& call) {
-  POSENC_ASSIGN_OR_RETURN(DType dtype, ParseDType(absl::GetFlag(FLAGS_dtype)));
+  POSENC_ASSIGN_OR_RETURN(DType dtype, EnumFlag<DType>("dtype", FLAGS_dtype));
+  RopeOptions o;
+  POSENC_ASSIGN_OR_RETURN(o.layout, EnumFlag<RopeLayout>("layout", FLAGS_layout));
+  POSENC_ASSIGN_OR_RETURN(o.style, EnumFlag<RopeStyle>("style", FLAGS_style));
+  POSENC_ASSIGN_OR_RETURN(o.scaling.type, EnumFlag<ScalingType>("scaling", FLAGS_scaling));
+  o.rotary_dim = absl::GetFlag(FLAGS_rotary_dim);
+  o.base = absl::GetFlag(FLAGS_base);
+  o.inverse = absl::GetFlag(FLAGS_inverse);
+  if (absl::GetFlag(FLAGS_factor) > 0) o.scaling.factor = absl::GetFlag(FLAGS_factor);
+  if (absl::GetFlag(FLAGS_original_max_position) > 0) {
+    o.scaling.original_max_position = absl::GetFlag(FLAGS_original_max_position);
+  }
   POSENC_ASSIGN_OR_RETURN(std::vector<int64_t> shape, ParseShape());
   POSENC_ASSIGN_OR_RETURN(std::string q, InputData(dtype, &shape));
-  // The offsets and the key's shape below index the leading dimensions.
-  if (shape.size() < 2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rope: the query needs B,S,H,D, B,H,S,D or T,H,D dimensions, got ", ShapeString(shape)));
+  const size_t rank = o.layout == RopeLayout::kTHD ? 3 : 4;
+  if (shape.size() != rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rope: --layout=", wire::NameOf(o.layout), " needs a query of ",
+                     rank == 3 ? "T,H,D" : "B,S,H,D (bshd) or B,H,S,D (bhsd)", " dimensions, got ",
+                     ShapeString(shape)));
   }
-  v1::RopeRequest req;
-  const std::string layout = absl::GetFlag(FLAGS_layout);
-  req.set_layout(layout == "thd"    ? v1::ROPE_LAYOUT_THD
-                 : layout == "bhsd" ? v1::ROPE_LAYOUT_BHSD
-                                    : v1::ROPE_LAYOUT_BSHD);
-  req.set_style(absl::GetFlag(FLAGS_style) == "gptj" ? v1::ROPE_STYLE_GPTJ : v1::ROPE_STYLE_NEOX);
-  req.set_rotary_dim(absl::GetFlag(FLAGS_rotary_dim));
-  req.set_base(absl::GetFlag(FLAGS_base));
-  req.set_inverse(absl::GetFlag(FLAGS_inverse));
-  req.set_backend(BackendFlag());
-  const std::string scaling = absl::GetFlag(FLAGS_scaling);
-  v1::RopeScaling* s = req.mutable_scaling();
-  if (scaling == "linear")
-    s->set_type(v1::SCALING_TYPE_LINEAR);
-  else if (scaling == "dynamic")
-    s->set_type(v1::SCALING_TYPE_DYNAMIC_NTK);
-  else if (scaling == "yarn")
-    s->set_type(v1::SCALING_TYPE_YARN);
-  else if (scaling == "llama3")
-    s->set_type(v1::SCALING_TYPE_LLAMA3);
-  else if (scaling != "none")
-    return absl::InvalidArgumentError("--scaling: none, linear, dynamic, yarn or llama3");
-  if (absl::GetFlag(FLAGS_factor) > 0) s->set_factor(absl::GetFlag(FLAGS_factor));
-  if (absl::GetFlag(FLAGS_original_max_position) > 0) {
-    s->set_original_max_position(absl::GetFlag(FLAGS_original_max_position));
+  RopeTensors t;
+  std::vector<int64_t> offsets;
+  if (absl::GetFlag(FLAGS_offset) != 0) {
+    if (o.layout == RopeLayout::kTHD) {
+      return absl::InvalidArgumentError("--offset needs --layout=bshd or bhsd");
+    }
+    t.positions.offsets = Offsets(shape[0], &offsets);
   }
-  if (absl::GetFlag(FLAGS_offset) != 0 && layout != "thd") {
-    std::vector<int64_t> off(shape[0], absl::GetFlag(FLAGS_offset));
-    SetTensor(TensorView{DType::kInt64, {shape[0]}, off.data(), off.size() * 8},
-              req.mutable_offsets());
-  }
-  MutableTensor query{dtype, shape, q.data(), q.size()};
-  MutableTensor key;
+  t.query = MutableTensor{dtype, shape, q.data(), q.size()};
   std::string k;
   if (absl::GetFlag(FLAGS_key_heads) > 0) {
     std::vector<int64_t> kshape = shape;
-    kshape[layout == "bhsd" ? 1 : kshape.size() - 2] = absl::GetFlag(FLAGS_key_heads);
+    kshape[o.layout == RopeLayout::kBHSD ? 1 : kshape.size() - 2] = absl::GetFlag(FLAGS_key_heads);
     const std::string saved = absl::GetFlag(FLAGS_input);
     absl::SetFlag(&FLAGS_input, "");
     POSENC_ASSIGN_OR_RETURN(k, InputData(dtype, &kshape));
     absl::SetFlag(&FLAGS_input, saved);
-    key = MutableTensor{dtype, kshape, k.data(), k.size()};
+    t.key = MutableTensor{dtype, kshape, k.data(), k.size()};
   }
-  POSENC_RETURN_IF_ERROR(client.ApplyRope(req, query, key, call));
+  POSENC_RETURN_IF_ERROR(Remote(client.ApplyRope(o, t, call)));
   std::printf("rotated query %s%s\n", ShapeString(shape).c_str(),
-              key.present() ? absl::StrCat(" and key ", ShapeString(key.shape)).c_str() : "");
+              t.key.present() ? absl::StrCat(" and key ", ShapeString(t.key.shape)).c_str() : "");
   return Output(dtype, shape, q);
 }
 
 absl::Status Absolute(Client& client, const CallOptions& call) {
-  POSENC_ASSIGN_OR_RETURN(DType dtype, ParseDType(absl::GetFlag(FLAGS_dtype)));
+  POSENC_ASSIGN_OR_RETURN(DType dtype, EnumFlag<DType>("dtype", FLAGS_dtype));
+  POSENC_ASSIGN_OR_RETURN(const AbsoluteOptions o, EncodingFlags());
   POSENC_ASSIGN_OR_RETURN(std::vector<int64_t> shape, ParseShape());
   POSENC_ASSIGN_OR_RETURN(std::string x, InputData(dtype, &shape));
-  v1::AbsoluteEncodingRequest req;
-  SetEncoding(&req);
-  req.set_x_scale(absl::GetFlag(FLAGS_x_scale));
-  req.set_backend(BackendFlag());
-  if (absl::GetFlag(FLAGS_offset) != 0 && shape.size() == 3) {
-    std::vector<int64_t> off(shape[0], absl::GetFlag(FLAGS_offset));
-    SetTensor(TensorView{DType::kInt64, {shape[0]}, off.data(), off.size() * 8},
-              req.mutable_offsets());
+  AbsoluteTensors t;
+  std::vector<int64_t> offsets;
+  if (absl::GetFlag(FLAGS_offset) != 0) {
+    if (shape.size() != 3) return absl::InvalidArgumentError("--offset needs x of B,S,D");
+    t.positions.offsets = Offsets(shape[0], &offsets);
   }
-  POSENC_RETURN_IF_ERROR(
-      client.AddAbsoluteEncoding(req, MutableTensor{dtype, shape, x.data(), x.size()}, call));
+  t.x = MutableTensor{dtype, shape, x.data(), x.size()};
+  POSENC_RETURN_IF_ERROR(Remote(client.AddAbsoluteEncoding(o, t, call)));
   std::printf("encoded x %s\n", ShapeString(shape).c_str());
   return Output(dtype, shape, x);
 }
 
 absl::Status Table(Client& client, const CallOptions& call) {
-  POSENC_ASSIGN_OR_RETURN(DType dtype, ParseDType(absl::GetFlag(FLAGS_dtype)));
-  v1::EncodingTableRequest req;
-  SetEncoding(&req);
-  req.set_dim(absl::GetFlag(FLAGS_dim));
-  req.set_count(absl::GetFlag(FLAGS_count));
-  req.set_dtype(static_cast<v1::DataType>(static_cast<int>(dtype)));
-  req.set_backend(BackendFlag());
-  POSENC_ASSIGN_OR_RETURN(v1::EncodingTableResponse resp, client.GetEncodingTable(req, call));
-  const std::vector<int64_t> shape(resp.table().shape().begin(), resp.table().shape().end());
+  POSENC_ASSIGN_OR_RETURN(DType dtype, EnumFlag<DType>("dtype", FLAGS_dtype));
+  POSENC_ASSIGN_OR_RETURN(const AbsoluteOptions o, EncodingFlags());
+  POSENC_ASSIGN_OR_RETURN(ServerTensor table, Remote(client.EncodingTable(
+                                                  o, absl::GetFlag(FLAGS_dim),
+                                                  absl::GetFlag(FLAGS_count), {}, dtype, call)));
+  const std::vector<int64_t>& shape = table.shape;
   std::printf("table %s\n", ShapeString(shape).c_str());
-  const std::vector<double> v = AsDoubles(dtype, resp.table_data());
+  const std::vector<double> v = AsDoubles(dtype, table.data);
   if (absl::GetFlag(FLAGS_output).empty() && absl::GetFlag(FLAGS_png).empty() && v.size() <= 256) {
     for (int64_t r = 0; r < shape[0]; ++r) {
       for (int64_t c = 0; c < shape[1]; ++c) std::printf("%12.8f", v[r * shape[1] + c]);
       std::printf("\n");
     }
   }
-  POSENC_RETURN_IF_ERROR(Output(dtype, shape, resp.table_data()));
+  POSENC_RETURN_IF_ERROR(Output(dtype, shape, table.data));
   if (!absl::GetFlag(FLAGS_png).empty()) {
     POSENC_RETURN_IF_ERROR(WriteHeatmapPng(absl::GetFlag(FLAGS_png), v, shape[0], shape[1]));
     std::printf("wrote %s\n", absl::GetFlag(FLAGS_png).c_str());
@@ -298,29 +300,25 @@ absl::Status Table(Client& client, const CallOptions& call) {
 }
 
 absl::Status Bias(Client& client, const CallOptions& call) {
-  POSENC_ASSIGN_OR_RETURN(DType dtype, ParseDType(absl::GetFlag(FLAGS_dtype)));
-  v1::AttentionBiasRequest req;
-  const std::string form = absl::GetFlag(FLAGS_form);
-  req.set_form(form == "none"        ? v1::BIAS_FORM_NONE
-               : form == "symmetric" ? v1::BIAS_FORM_SYMMETRIC
-                                     : v1::BIAS_FORM_CAUSAL);
-  req.set_num_heads(absl::GetFlag(FLAGS_heads));
-  req.set_q_len(absl::GetFlag(FLAGS_q_len));
-  req.set_k_len(absl::GetFlag(FLAGS_k_len));
-  req.set_causal(absl::GetFlag(FLAGS_causal));
-  req.set_window(absl::GetFlag(FLAGS_window));
-  req.set_dtype(static_cast<v1::DataType>(static_cast<int>(dtype)));
-  req.set_backend(BackendFlag());
-  POSENC_ASSIGN_OR_RETURN(v1::AttentionBiasResponse resp, client.AttentionBias(req, call));
-  const std::vector<int64_t> shape(resp.bias().shape().begin(), resp.bias().shape().end());
+  BiasOptions o;
+  POSENC_ASSIGN_OR_RETURN(o.dtype, EnumFlag<DType>("dtype", FLAGS_dtype));
+  POSENC_ASSIGN_OR_RETURN(o.form, EnumFlag<BiasForm>("form", FLAGS_form));
+  o.num_heads = absl::GetFlag(FLAGS_heads);
+  o.q_len = absl::GetFlag(FLAGS_q_len);
+  o.k_len = absl::GetFlag(FLAGS_k_len);
+  o.causal = absl::GetFlag(FLAGS_causal);
+  o.window = absl::GetFlag(FLAGS_window);
+  const DType dtype = o.dtype;
+  POSENC_ASSIGN_OR_RETURN(ServerTensor bias, Remote(client.AttentionBias(o, call)));
+  const std::vector<int64_t>& shape = bias.shape;
   std::printf("bias %s slopes:", ShapeString(shape).c_str());
-  for (double s : resp.slopes()) std::printf(" %.6g", s);
+  for (double s : bias.slopes) std::printf(" %.6g", s);
   std::printf("\n");
-  POSENC_RETURN_IF_ERROR(Output(dtype, shape, resp.bias_data()));
+  POSENC_RETURN_IF_ERROR(Output(dtype, shape, bias.data));
   if (!absl::GetFlag(FLAGS_png).empty()) {
     const int64_t h = absl::GetFlag(FLAGS_png_head);
     if (h < 0 || h >= shape[1]) return absl::InvalidArgumentError("--png_head out of range");
-    const std::vector<double> all = AsDoubles(dtype, resp.bias_data());
+    const std::vector<double> all = AsDoubles(dtype, bias.data);
     const int64_t plane = shape[2] * shape[3];
     std::vector<double> v(all.begin() + h * plane, all.begin() + (h + 1) * plane);
     POSENC_RETURN_IF_ERROR(WriteHeatmapPng(absl::GetFlag(FLAGS_png), v, shape[2], shape[3]));
@@ -343,14 +341,17 @@ absl::Status Run(const std::string& command) {
   POSENC_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Create(o));
   CallOptions call;
   call.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  if (!absl::GetFlag(FLAGS_backend).empty()) {
+    POSENC_ASSIGN_OR_RETURN(call.backend, EnumFlag<BackendChoice>("backend", FLAGS_backend));
+  }
   if (command == "info") {
-    POSENC_ASSIGN_OR_RETURN(v1::ServerInfo info, client->GetServerInfo(call));
+    POSENC_ASSIGN_OR_RETURN(v1::ServerInfo info, Remote(client->GetServerInfo(call)));
     PrintJson(info);
     return absl::OkStatus();
   }
   if (command == "tables" || command == "reload") {
     auto r = command == "tables" ? client->ListTables(call) : client->ReloadTables(call);
-    if (!r.ok()) return r.status();
+    if (!r.ok()) return Remote(r.status());
     PrintJson(*r);
     return absl::OkStatus();
   }
@@ -379,9 +380,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   absl::Status s = posenc::cli::Run(args[1]);
-  if (!s.ok()) {
-    std::fprintf(stderr, "posenc-cli: %s\n", s.ToString().c_str());
+  if (s.ok()) return 0;
+  if (s.GetPayload(posenc::cli::kRemote).has_value()) {
+    std::fprintf(stderr, "posenc-cli: the server answered %s: %s\n",
+                 absl::StatusCodeToString(s.code()).c_str(), std::string(s.message()).c_str());
     return 1;
   }
-  return 0;
+  // Ours: a flag, a file, a shape (no gRPC code; nothing was sent).
+  std::fprintf(stderr, "posenc-cli: %s\n", std::string(s.message()).c_str());
+  return 2;
 }

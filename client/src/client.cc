@@ -7,6 +7,10 @@
 #include "absl/strings/str_format.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "posenc/status_macros.h"
+#include "posenc/wire/enums.h"
+#include "posenc/wire/requests.h"
+#include "posenc/wire/tensors.h"
 
 namespace posenc {
 namespace {
@@ -16,16 +20,20 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-// gRPC's built-in retry policy: transparent retries of UNAVAILABLE with
-// exponential backoff, for every method of the service.
+// gRPC's built-in retry policy: retries of UNAVAILABLE (and, when asked,
+// RESOURCE_EXHAUSTED) with exponential backoff and jitter, for every method
+// of the service. Under round_robin a retry goes to the next address, so an
+// overloaded replica's refusal lands on another one. The server refuses
+// before reading a request, so a refused call never ran.
 std::string ServiceConfig(const ClientOptions& o) {
   return absl::StrFormat(
       R"({"loadBalancingConfig":[{"%s":{}}],)"
       R"("methodConfig":[{"name":[{"service":"posenc.v1.PositionalEncoding"}],)"
       R"("retryPolicy":{"maxAttempts":%d,"initialBackoff":"%.3fs","maxBackoff":"%.3fs",)"
-      R"("backoffMultiplier":2,"retryableStatusCodes":["UNAVAILABLE"]}}]})",
+      R"("backoffMultiplier":2,"retryableStatusCodes":["UNAVAILABLE"%s]}}]})",
       o.load_balancing, std::clamp(o.max_attempts, 2, 5), absl::ToDoubleSeconds(o.initial_backoff),
-      absl::ToDoubleSeconds(o.max_backoff));
+      absl::ToDoubleSeconds(o.max_backoff),
+      o.retry_resource_exhausted ? R"(,"RESOURCE_EXHAUSTED")" : "");
 }
 
 // Copies a response tensor back into the caller's buffer, checking that the
@@ -46,18 +54,60 @@ absl::Status CopyBack(absl::string_view field, const v1::TensorDesc& desc, const
 }  // namespace
 
 void SetTensor(const TensorView& t, v1::TensorDesc* desc, std::string* data) {
-  desc->set_dtype(static_cast<v1::DataType>(static_cast<int>(t.dtype)));
-  desc->clear_shape();
-  for (int64_t s : t.shape) desc->add_shape(s);
-  data->assign(static_cast<const char*>(t.data), t.nbytes);
+  wire::SetTensor(t, desc, data);
 }
 
-void SetTensor(const TensorView& t, v1::Tensor* tensor) {
-  tensor->set_dtype(static_cast<v1::DataType>(static_cast<int>(t.dtype)));
-  tensor->clear_shape();
-  for (int64_t s : t.shape) tensor->add_shape(s);
-  tensor->set_data(static_cast<const char*>(t.data), t.nbytes);
+void SetTensor(const TensorView& t, v1::Tensor* tensor) { wire::SetTensor(t, tensor); }
+
+namespace {
+
+v1::RopeRequest RopeRequestOf(const RopeOptions& options, const RopeTensors& t,
+                              const CallOptions& call) {
+  v1::RopeRequest r;
+  wire::SetRopeOptions(options, &r);
+  wire::SetTensor(t.query.view(), r.mutable_query(), r.mutable_query_data());
+  if (t.key.present()) wire::SetTensor(t.key.view(), r.mutable_key(), r.mutable_key_data());
+  if (t.positions.position_ids.present()) {
+    wire::SetTensor(t.positions.position_ids, r.mutable_position_ids());
+  }
+  if (t.positions.offsets.present()) wire::SetTensor(t.positions.offsets, r.mutable_offsets());
+  if (t.cu_seqlens.present()) wire::SetTensor(t.cu_seqlens, r.mutable_cu_seqlens());
+  r.set_backend(wire::ToProto(call.backend));
+  r.set_request_id(call.request_id);
+  return r;
 }
+
+v1::AbsoluteEncodingRequest AbsoluteRequestOf(const AbsoluteOptions& options,
+                                              const AbsoluteTensors& t, const CallOptions& call) {
+  v1::AbsoluteEncodingRequest r;
+  wire::SetAbsoluteOptions(options, &r);
+  wire::SetTensor(t.x.view(), r.mutable_x(), r.mutable_x_data());
+  if (t.positions.position_ids.present()) {
+    wire::SetTensor(t.positions.position_ids, r.mutable_position_ids());
+  }
+  if (t.positions.offsets.present()) wire::SetTensor(t.positions.offsets, r.mutable_offsets());
+  if (t.cu_seqlens.present()) wire::SetTensor(t.cu_seqlens, r.mutable_cu_seqlens());
+  r.set_backend(wire::ToProto(call.backend));
+  r.set_request_id(call.request_id);
+  return r;
+}
+
+absl::StatusOr<ServerTensor> TensorOf(absl::string_view field, const v1::TensorDesc& desc,
+                                      std::string* data, const std::string& backend) {
+  ServerTensor out;
+  absl::StatusOr<MutableTensor> checked = wire::MutableOf(field, desc, data);
+  if (!checked.ok()) {
+    return absl::InternalError(
+        absl::StrCat("the server's answer is malformed: ", checked.status().message()));
+  }
+  out.dtype = checked->dtype;
+  out.shape = checked->shape;
+  out.data.swap(*data);
+  out.backend = backend;
+  return out;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
   std::unique_ptr<Client> c(new Client());
@@ -92,6 +142,7 @@ void Client::Prepare(grpc::ClientContext* ctx, const CallOptions& call) const {
   const absl::Duration t =
       call.timeout > absl::ZeroDuration() ? call.timeout : options_.default_timeout;
   ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(t));
+  if (!call.request_id.empty()) ctx->AddMetadata("x-request-id", call.request_id);
 }
 
 namespace {
@@ -107,16 +158,13 @@ struct AsyncCall {
 
 }  // namespace
 
-std::future<absl::Status> Client::ApplyRopeAsync(const v1::RopeRequest& request,
-                                                 MutableTensor query, MutableTensor key,
+std::future<absl::Status> Client::ApplyRopeAsync(const RopeOptions& options, const RopeTensors& t,
                                                  const CallOptions& call) {
   auto state = std::make_shared<AsyncCall<v1::RopeRequest, v1::RopeResponse>>();
-  state->request = request;
-  SetTensor(query.view(), state->request.mutable_query(), state->request.mutable_query_data());
-  if (key.present())
-    SetTensor(key.view(), state->request.mutable_key(), state->request.mutable_key_data());
+  state->request = RopeRequestOf(options, t, call);
   Prepare(&state->ctx, call);
   std::future<absl::Status> f = state->done.get_future();
+  MutableTensor query = t.query, key = t.key;
   stub_->async()->ApplyRope(
       &state->ctx, &state->request, &state->response, [state, query, key](grpc::Status s) mutable {
         absl::Status st = FromGrpc(s);
@@ -135,28 +183,28 @@ std::future<absl::Status> Client::ApplyRopeAsync(const v1::RopeRequest& request,
 // of the call still running on a gRPC thread once they return (which raced
 // with process exit: a double free inside gRPC's completion queue, seen
 // under AddressSanitizer).
-absl::Status Client::ApplyRope(const v1::RopeRequest& request, MutableTensor query,
-                               MutableTensor key, const CallOptions& call) {
-  v1::RopeRequest req = request;
-  SetTensor(query.view(), req.mutable_query(), req.mutable_query_data());
-  if (key.present()) SetTensor(key.view(), req.mutable_key(), req.mutable_key_data());
+absl::Status Client::ApplyRope(const RopeOptions& options, const RopeTensors& t,
+                               const CallOptions& call) {
+  const v1::RopeRequest req = RopeRequestOf(options, t, call);
   grpc::ClientContext ctx;
   Prepare(&ctx, call);
   v1::RopeResponse resp;
   absl::Status st = FromGrpc(stub_->ApplyRope(&ctx, req, &resp));
+  MutableTensor query = t.query, key = t.key;
   if (st.ok()) st = CopyBack("query", resp.query(), resp.query_data(), query);
   if (st.ok() && key.present()) st = CopyBack("key", resp.key(), resp.key_data(), key);
   return st;
 }
 
-std::future<absl::Status> Client::AddAbsoluteEncodingAsync(
-    const v1::AbsoluteEncodingRequest& request, MutableTensor x, const CallOptions& call) {
+std::future<absl::Status> Client::AddAbsoluteEncodingAsync(const AbsoluteOptions& options,
+                                                           const AbsoluteTensors& t,
+                                                           const CallOptions& call) {
   auto state =
       std::make_shared<AsyncCall<v1::AbsoluteEncodingRequest, v1::AbsoluteEncodingResponse>>();
-  state->request = request;
-  SetTensor(x.view(), state->request.mutable_x(), state->request.mutable_x_data());
+  state->request = AbsoluteRequestOf(options, t, call);
   Prepare(&state->ctx, call);
   std::future<absl::Status> f = state->done.get_future();
+  MutableTensor x = t.x;
   stub_->async()->AddAbsoluteEncoding(
       &state->ctx, &state->request, &state->response, [state, x](grpc::Status s) mutable {
         absl::Status st = FromGrpc(s);
@@ -166,23 +214,24 @@ std::future<absl::Status> Client::AddAbsoluteEncodingAsync(
   return f;
 }
 
-absl::Status Client::AddAbsoluteEncoding(const v1::AbsoluteEncodingRequest& request,
-                                         MutableTensor x, const CallOptions& call) {
-  v1::AbsoluteEncodingRequest req = request;
-  SetTensor(x.view(), req.mutable_x(), req.mutable_x_data());
+absl::Status Client::AddAbsoluteEncoding(const AbsoluteOptions& options, const AbsoluteTensors& t,
+                                         const CallOptions& call) {
+  const v1::AbsoluteEncodingRequest req = AbsoluteRequestOf(options, t, call);
   grpc::ClientContext ctx;
   Prepare(&ctx, call);
   v1::AbsoluteEncodingResponse resp;
   absl::Status st = FromGrpc(stub_->AddAbsoluteEncoding(&ctx, req, &resp));
+  MutableTensor x = t.x;
   if (st.ok()) st = CopyBack("y", resp.y(), resp.y_data(), x);
   return st;
 }
 
-absl::Status Client::ApplyAttentionBias(const v1::AttentionBiasRequest& request,
-                                        MutableTensor logits, std::vector<double>* slopes,
-                                        const CallOptions& call) {
-  v1::AttentionBiasRequest req = request;
-  SetTensor(logits.view(), req.mutable_logits(), req.mutable_logits_data());
+absl::Status Client::ApplyAttentionBias(const BiasOptions& options, MutableTensor logits,
+                                        std::vector<double>* slopes, const CallOptions& call) {
+  v1::AttentionBiasRequest req;
+  wire::SetBiasOptions(options, &req);
+  wire::SetTensor(logits.view(), req.mutable_logits(), req.mutable_logits_data());
+  req.set_backend(wire::ToProto(call.backend));
   grpc::ClientContext ctx;
   Prepare(&ctx, call);
   v1::AttentionBiasResponse resp;
@@ -192,6 +241,38 @@ absl::Status Client::ApplyAttentionBias(const v1::AttentionBiasRequest& request,
   return st;
 }
 
+absl::StatusOr<ServerTensor> Client::AttentionBias(const BiasOptions& options,
+                                                   const CallOptions& call) {
+  v1::AttentionBiasRequest req;
+  wire::SetBiasOptions(options, &req);
+  req.set_backend(wire::ToProto(call.backend));
+  grpc::ClientContext ctx;
+  Prepare(&ctx, call);
+  v1::AttentionBiasResponse resp;
+  POSENC_RETURN_IF_ERROR(FromGrpc(stub_->AttentionBias(&ctx, req, &resp)));
+  absl::StatusOr<ServerTensor> out =
+      TensorOf("bias", resp.bias(), resp.mutable_bias_data(), resp.backend());
+  if (out.ok()) out->slopes.assign(resp.slopes().begin(), resp.slopes().end());
+  return out;
+}
+
+absl::StatusOr<ServerTensor> Client::EncodingTable(const AbsoluteOptions& options, int64_t dim,
+                                                   int64_t count, const TensorView& positions,
+                                                   DType dtype, const CallOptions& call) {
+  v1::EncodingTableRequest req;
+  wire::SetAbsoluteOptions(options, &req);
+  req.set_dim(dim);
+  req.set_count(count);
+  if (positions.present()) wire::SetTensor(positions, req.mutable_positions());
+  req.set_dtype(wire::ToProto(dtype));
+  req.set_backend(wire::ToProto(call.backend));
+  grpc::ClientContext ctx;
+  Prepare(&ctx, call);
+  v1::EncodingTableResponse resp;
+  POSENC_RETURN_IF_ERROR(FromGrpc(stub_->GetEncodingTable(&ctx, req, &resp)));
+  return TensorOf("table", resp.table(), resp.mutable_table_data(), resp.backend());
+}
+
 #define POSENC_UNARY(Method, Request, Response, request_expr)           \
   grpc::ClientContext ctx;                                              \
   Prepare(&ctx, call);                                                  \
@@ -199,16 +280,6 @@ absl::Status Client::ApplyAttentionBias(const v1::AttentionBiasRequest& request,
   absl::Status st = FromGrpc(stub_->Method(&ctx, request_expr, &resp)); \
   if (!st.ok()) return st;                                              \
   return resp
-
-absl::StatusOr<v1::AttentionBiasResponse> Client::AttentionBias(
-    const v1::AttentionBiasRequest& request, const CallOptions& call) {
-  POSENC_UNARY(AttentionBias, v1::AttentionBiasRequest, v1::AttentionBiasResponse, request);
-}
-
-absl::StatusOr<v1::EncodingTableResponse> Client::GetEncodingTable(
-    const v1::EncodingTableRequest& request, const CallOptions& call) {
-  POSENC_UNARY(GetEncodingTable, v1::EncodingTableRequest, v1::EncodingTableResponse, request);
-}
 
 absl::StatusOr<v1::ListTablesResponse> Client::ListTables(const CallOptions& call) {
   POSENC_UNARY(ListTables, v1::ListTablesRequest, v1::ListTablesResponse, v1::ListTablesRequest());

@@ -1,15 +1,18 @@
-// posenc client library: typed calls to a posenc server over caller-owned
-// buffers.
+// posenc client library: the kernel library's own options and tensor views,
+// sent to a posenc server. The same RopeOptions, AbsoluteOptions and
+// BiasOptions that plan a local kernel call describe a remote one; wire/
+// translates them (posenc::wire), so the client needs neither the kernels'
+// CPU code nor CUDA.
 //
-// Ownership: tensors are passed as posenc::MutableTensor views; the library
-// copies them into the request (serialisation needs that) and the results
-// back into the same buffers. No other copies are made. For *Async calls the
-// buffers must stay alive until the returned future is ready.
+// Ownership: tensors are views of caller-owned buffers; the library copies
+// them into the request (serialisation needs that) and the results back into
+// the same buffers. No other copies are made. For *Async calls the buffers
+// must stay alive until the returned future is ready.
 //
 // Errors: every call returns absl::Status with the server's code and message
 // (INVALID_ARGUMENT naming the field, RESOURCE_EXHAUSTED, ...). UNAVAILABLE
 // is retried with exponential backoff (gRPC retry policy) before it reaches
-// the caller.
+// the caller; so is RESOURCE_EXHAUSTED when ClientOptions asks for it.
 #ifndef POSENC_CLIENT_H_
 #define POSENC_CLIENT_H_
 
@@ -20,6 +23,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "posenc/absolute.h"
+#include "posenc/attention_bias.h"
+#include "posenc/backend.h"
+#include "posenc/rope.h"
 #include "posenc/tensor.h"
 #include "posenc/v1/posenc.grpc.pb.h"
 
@@ -33,6 +40,10 @@ struct ClientOptions {
   absl::Duration default_timeout = absl::Seconds(30);
   // Retries of UNAVAILABLE: attempts in all (2..5) and backoff bounds.
   int max_attempts = 4;
+  // Also retry RESOURCE_EXHAUSTED (an overloaded replica; with round_robin
+  // the retry goes to the next one), with the same attempts and backoff.
+  // Off by default: a caller with its own queue may rather shed the work.
+  bool retry_resource_exhausted = false;
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(2);
   int max_message_bytes = 1 << 30;
@@ -46,43 +57,66 @@ struct ClientOptions {
 };
 
 struct CallOptions {
-  absl::Duration timeout = absl::ZeroDuration();  // zero: the client's default_timeout
+  absl::Duration timeout = absl::ZeroDuration();    // zero: the client's default_timeout
+  BackendChoice backend = BackendChoice::kDefault;  // where the server runs it
+  // Sent as x-request-id (and in RoPE/absolute requests' request_id): the
+  // server's log lines about the call carry it.
+  std::string request_id;
+};
+
+// A tensor the server built (a table, a bias).
+struct ServerTensor {
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  std::string data;
+  std::vector<double> slopes;  // a bias's per-head slopes
+  std::string backend;         // which backend built it ("cpu", "cuda:0")
 };
 
 class Client {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Client>> Create(const ClientOptions& options);
 
-  // RoPE. `request` carries the options (layout, style, scaling, positions,
-  // ...); its query/key fields are filled from the views. query (and key,
-  // when present) are rotated in place.
-  [[nodiscard]] absl::Status ApplyRope(const v1::RopeRequest& request, MutableTensor query,
-                                       MutableTensor key, const CallOptions& call = {});
-  std::future<absl::Status> ApplyRopeAsync(const v1::RopeRequest& request, MutableTensor query,
-                                           MutableTensor key, const CallOptions& call = {});
+  // RoPE in place on t.query (and t.key when present); positions from
+  // t.positions and t.cu_seqlens.
+  [[nodiscard]] absl::Status ApplyRope(const RopeOptions& options, const RopeTensors& t,
+                                       const CallOptions& call = {});
+  std::future<absl::Status> ApplyRopeAsync(const RopeOptions& options, const RopeTensors& t,
+                                           const CallOptions& call = {});
 
-  // y = x * x_scale + PE[pos], in place on x.
-  [[nodiscard]] absl::Status AddAbsoluteEncoding(const v1::AbsoluteEncodingRequest& request,
-                                                 MutableTensor x, const CallOptions& call = {});
-  std::future<absl::Status> AddAbsoluteEncodingAsync(const v1::AbsoluteEncodingRequest& request,
-                                                     MutableTensor x, const CallOptions& call = {});
+  // y = x * x_scale + PE[pos], in place on t.x. A learned encoding names its
+  // table by options.table_name.
+  [[nodiscard]] absl::Status AddAbsoluteEncoding(const AbsoluteOptions& options,
+                                                 const AbsoluteTensors& t,
+                                                 const CallOptions& call = {});
+  std::future<absl::Status> AddAbsoluteEncodingAsync(const AbsoluteOptions& options,
+                                                     const AbsoluteTensors& t,
+                                                     const CallOptions& call = {});
 
-  // Adds the bias to caller's logits [batch, heads, q_len, k_len] in place;
-  // `slopes` (optional) receives the per-head slopes used.
-  [[nodiscard]] absl::Status ApplyAttentionBias(const v1::AttentionBiasRequest& request,
-                                                MutableTensor logits, std::vector<double>* slopes,
+  // Adds the bias to the caller's logits [batch, heads, q_len, k_len] in
+  // place; `slopes` (optional) receives the per-head slopes used.
+  [[nodiscard]] absl::Status ApplyAttentionBias(const BiasOptions& options, MutableTensor logits,
+                                                std::vector<double>* slopes = nullptr,
                                                 const CallOptions& call = {});
 
-  // Calls returning server-allocated tensors.
-  [[nodiscard]] absl::StatusOr<v1::AttentionBiasResponse> AttentionBias(
-      const v1::AttentionBiasRequest& request, const CallOptions& call = {});
-  [[nodiscard]] absl::StatusOr<v1::EncodingTableResponse> GetEncodingTable(
-      const v1::EncodingTableRequest& request, const CallOptions& call = {});
+  // Tensors the server builds: the bias alone, and encoding-table rows for
+  // `positions` (or 0..count-1; a learned table's own dim and rows when
+  // dim / count are 0).
+  [[nodiscard]] absl::StatusOr<ServerTensor> AttentionBias(const BiasOptions& options,
+                                                           const CallOptions& call = {});
+  [[nodiscard]] absl::StatusOr<ServerTensor> EncodingTable(const AbsoluteOptions& options,
+                                                           int64_t dim, int64_t count,
+                                                           const TensorView& positions = {},
+                                                           DType dtype = DType::kFloat32,
+                                                           const CallOptions& call = {});
+
+  // The control plane, as the server's messages.
   [[nodiscard]] absl::StatusOr<v1::ListTablesResponse> ListTables(const CallOptions& call = {});
   [[nodiscard]] absl::StatusOr<v1::ListTablesResponse> ReloadTables(const CallOptions& call = {});
   [[nodiscard]] absl::StatusOr<v1::ServerInfo> GetServerInfo(const CallOptions& call = {});
 
-  // A bidirectional RoPE stream: many batches in flight on one call.
+  // A bidirectional RoPE stream of whole messages (wire::SetRopeOptions and
+  // wire::SetTensor build them): many batches in flight on one call.
   // Responses come in request order; a failed request's response carries
   // error_code/error_message and the stream goes on.
   class RopeStream {
@@ -108,9 +142,8 @@ class Client {
   std::unique_ptr<v1::PositionalEncoding::Stub> stub_;
 };
 
-// Fills a TensorDesc + bytes pair from a view (one copy of the data).
+// Kept for callers of the earlier API: wire::SetTensor.
 void SetTensor(const TensorView& t, v1::TensorDesc* desc, std::string* data);
-// Fills an inline Tensor from a view.
 void SetTensor(const TensorView& t, v1::Tensor* tensor);
 
 }  // namespace posenc

@@ -31,6 +31,8 @@ struct AbsoluteOptions {
   double base = 10000.0;
   double x_scale = 1.0;
   std::shared_ptr<const LearnedTable> table;  // kLearned
+  // kLearned, as a caller names it; a server resolves it into `table`.
+  std::string table_name;
 };
 
 struct AbsoluteTensors {

@@ -18,6 +18,10 @@ namespace posenc {
 
 enum class BackendKind : int { kCpu = 1, kCuda = 2 };
 
+// Which backend a caller asks for. kDefault defers to the server's own
+// default; kAuto picks the GPU when present and worth it for the size.
+enum class BackendChoice : int { kDefault, kAuto, kCpu, kCuda };
+
 struct DeviceInfo {
   std::string name;            // "cpu" or the GPU's name
   int64_t memory_bytes = 0;    // GPU memory; 0 for the CPU

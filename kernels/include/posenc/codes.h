@@ -1,8 +1,9 @@
-// The numbering every part of posenc shares: wire values of posenc.proto,
-// the CPU kernels and the CUDA kernels use these enums and no other codes.
-// Plain enums with no dependencies, so device code includes them too.
-// Values match posenc.v1; never renumber. Code that switches on one must
-// reject values outside the enum (see Known*), never fall through silently.
+// The codes the CPU and CUDA kernels share: both use these enums and no
+// other numbering. Plain enums with no dependencies, so device code includes
+// them too. The wire (posenc.proto) has its own numbering; wire/ translates
+// with checked switches, so nothing here is tied to it. Code that switches
+// on one must reject values outside the enum (see Known*), never fall
+// through silently.
 #ifndef POSENC_CODES_H_
 #define POSENC_CODES_H_
 

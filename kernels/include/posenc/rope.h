@@ -19,8 +19,7 @@
 
 namespace posenc {
 
-// Values match proto enums; never renumber. RopeLayout and RopeStyle are in
-// codes.h.
+// RopeLayout and RopeStyle are in codes.h (the CUDA kernels use them).
 enum class ScalingType : int {
   kNone = 1,
   kLinear = 2,
