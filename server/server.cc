@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
@@ -38,6 +39,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       s->engine_.get(), s->metrics_.get(), s->executor_.get(), options.max_message_bytes});
 
   grpc::EnableDefaultHealthCheckService(true);
+  // gRPC's built-in health service carries no descriptor, so reflection
+  // lists grpc.health.v1.Health but cannot describe it and grpcurl cannot
+  // call it. Touching the generated descriptor registers it in the pool
+  // reflection answers from (and keeps the linker from dropping it).
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();

@@ -144,6 +144,22 @@ TEST_F(ServerProcess, HealthReflectionAndGracefulExit) {
   google::protobuf::FileDescriptorProto file;
   ASSERT_TRUE(file.ParseFromString(resp.file_descriptor_response().file_descriptor_proto(0)));
   EXPECT_EQ(file.package(), "posenc.v1");
+
+  // The listed health service must be describable too, or grpcurl (which
+  // learns methods by reflection) cannot call it.
+  symbol.set_file_containing_symbol("grpc.health.v1.Health");
+  ASSERT_TRUE(stream->Write(symbol));
+  ASSERT_TRUE(stream->Read(&resp));
+  ASSERT_GE(resp.file_descriptor_response().file_descriptor_proto_size(), 1)
+      << resp.error_response().error_message();
+  bool described = false;
+  for (const std::string& bytes : resp.file_descriptor_response().file_descriptor_proto()) {
+    ASSERT_TRUE(file.ParseFromString(bytes));
+    for (const auto& service : file.service()) {
+      described |= file.package() == "grpc.health.v1" && service.name() == "Health";
+    }
+  }
+  EXPECT_TRUE(described) << "reflection has no descriptor for grpc.health.v1.Health";
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
 
