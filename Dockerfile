@@ -8,7 +8,7 @@
 # cache layer (DL3059 is ignored for that reason).
 #
 # Both run as the non-root user 10001, need no writable root filesystem, and
-# serve gRPC on 50051 and Prometheus metrics on 9090.
+# serve gRPC on 50051 and Prometheus metrics on 8002 (Triton's metrics port; 9090 is Prometheus's own).
 
 ARG CUDA_VERSION=13.0.0
 
@@ -29,7 +29,7 @@ ENV LD_LIBRARY_PATH=/opt/posenc/lib \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 USER 10001:10001
-EXPOSE 50051 9090
+EXPOSE 50051 8002
 ENTRYPOINT ["/opt/posenc/bin/posenc-server"]
 
 # ----------------------------------------------------------------- CPU ----
@@ -47,5 +47,5 @@ FROM debian:12-slim AS cpu
 COPY --from=build-cpu /opt/posenc /opt/posenc
 ENV LD_LIBRARY_PATH=/opt/posenc/lib
 USER 10001:10001
-EXPOSE 50051 9090
+EXPOSE 50051 8002
 ENTRYPOINT ["/opt/posenc/bin/posenc-server"]

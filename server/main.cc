@@ -64,7 +64,7 @@ ABSL_FLAG(int, max_connection_age_ms, 0,
           "Close client connections after this long so they re-resolve DNS (0: never).");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off.");
 ABSL_FLAG(std::string, port_file, "", "If set, write the bound port here once serving.");
-ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9090",
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:8002",
           "Prometheus /metrics address (empty: no metrics endpoint).");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain file; serves TLS when set.");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key file for --tls_cert.");

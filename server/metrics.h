@@ -19,7 +19,7 @@ class Engine;
 
 class Metrics {
  public:
-  // Serves /metrics on `listen` ("0.0.0.0:9090"; port 0 picks one).
+  // Serves /metrics on `listen` ("0.0.0.0:8002"; port 0 picks one).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Metrics>> Start(const std::string& listen,
                                                                       const Engine* engine);
   ~Metrics();

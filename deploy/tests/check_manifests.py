@@ -14,6 +14,19 @@ import sys
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# Bytes the server needs beyond its admission budget and tables: code,
+# thread stacks, gRPC's buffers, allocator slack (measured peak RSS of an
+# idle server plus tests/memory_bound_test's margin, rounded up).
+PROCESS_OVERHEAD = 512 << 20
+
+
+def quantity(text):
+    """Bytes of a Kubernetes memory quantity such as 4Gi or 512Mi."""
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "k": 10**3, "M": 10**6, "G": 10**9}
+    m = re.fullmatch(r"(\d+)([KMGT]i|[kMG])?", str(text))
+    if not m:
+        raise ValueError(f"unsupported quantity {text!r}")
+    return int(m.group(1)) * units.get(m.group(2), 1)
 
 
 def server_constants():
@@ -117,6 +130,79 @@ def main():
     check(any(m["mountPath"] == env["POSENC_TABLE_DIR"] for m in container.get("volumeMounts", [])),
           "the table repository volume must be mounted at POSENC_TABLE_DIR")
     check("tables" in volumes, "the tables volume must exist")
+
+    # A namespace of its own, declared with the objects that live in it.
+    namespaces = [n["metadata"]["name"] for n in by_kind.get("Namespace", [])]
+    check(len(namespaces) == 1 and namespaces[0] != "default",
+          f"exactly one Namespace other than default must be declared, got {namespaces}")
+    for d in docs:
+        if d["kind"] != "Namespace":
+            ns = d["metadata"].get("namespace")
+            check(ns in namespaces, f"{d['kind']}/{d['metadata']['name']} is in namespace {ns!r}")
+
+    # Resources: requests and limits for CPU and memory, and the server's own
+    # memory budget inside the limit (refusal before the OOM killer).
+    resources = container.get("resources", {})
+    for kind in ("requests", "limits"):
+        for r in ("cpu", "memory"):
+            check(r in resources.get(kind, {}), f"container {kind} must set {r}")
+    memory_limit = quantity(limits.get("memory", "0"))
+    message = int(env.get("POSENC_MAX_MESSAGE_BYTES", 0))
+    inflight = int(env.get("POSENC_MAX_INFLIGHT_BYTES", 0))
+    tables = int(env.get("POSENC_MAX_TABLE_BYTES", 0))
+    check(inflight > 0 and tables > 0 and message > 0,
+          "POSENC_MAX_MESSAGE_BYTES, POSENC_MAX_INFLIGHT_BYTES and POSENC_MAX_TABLE_BYTES must be set")
+    check(inflight >= 2 * message, f"max_inflight_bytes {inflight} < 2 x max_message_bytes {message}")
+    budget = inflight + tables + PROCESS_OVERHEAD
+    check(budget <= memory_limit,
+          f"in-flight {inflight} + tables {tables} + {PROCESS_OVERHEAD} overhead = {budget} bytes "
+          f"exceeds the memory limit {memory_limit}")
+
+    # Pull by digest must be possible (overlays name the image, kustomize
+    # pins it: see check_deploy.sh), and a pinned image is always re-checked.
+    check(container.get("imagePullPolicy") == "Always", "imagePullPolicy must be Always")
+
+    # NetworkPolicy: these pods, the container's two ports in, nothing out.
+    (policy,) = by_kind.get("NetworkPolicy", [None]) or [None]
+    check(policy is not None, "a NetworkPolicy must restrict the pods")
+    if policy:
+        spec = policy["spec"]
+        check(selects(spec["podSelector"].get("matchLabels")), "NetworkPolicy does not select the pods")
+        check(set(spec.get("policyTypes", [])) == {"Ingress", "Egress"},
+              "NetworkPolicy must govern Ingress and Egress")
+        allowed = {p["port"] for rule in spec.get("ingress", []) for p in rule.get("ports", [])}
+        check(allowed == {"grpc", "metrics"}, f"NetworkPolicy must admit exactly grpc and metrics, got {allowed}")
+        check(spec.get("egress") == [], "NetworkPolicy must deny all egress (the server dials nothing)")
+
+    # The table volume: an emptyDir, or a claim that exists and binds
+    # somewhere (a storage class named).
+    if "tables" in volumes:
+        claim = volumes["tables"].get("persistentVolumeClaim")
+        check(claim is not None or "emptyDir" in volumes["tables"], "tables must be a PVC or an emptyDir")
+        if claim:
+            pvcs = {c["metadata"]["name"]: c for c in by_kind.get("PersistentVolumeClaim", [])}
+            check(claim["claimName"] in pvcs, f"claim {claim['claimName']} is not rendered")
+            pvc = pvcs.get(claim["claimName"], {}).get("spec", {})
+            check(pvc.get("storageClassName"), "the table claim must name its storage class")
+            check(claim.get("readOnly") is True, "the table volume must be mounted read-only")
+
+    # GPU pods never fall back to serving from the CPU while looking healthy.
+    if overlay == "gpu":
+        check(env.get("POSENC_DEFAULT_BACKEND") == "cuda",
+              "gpu overlay must set POSENC_DEFAULT_BACKEND=cuda (readiness fails without CUDA)")
+
+    # ServiceMonitor: scrapes a Service that has the metrics port.
+    for monitor in by_kind.get("ServiceMonitor", []):
+        sel = monitor["spec"]["selector"]["matchLabels"]
+        matched = [svc for svc in by_kind["Service"]
+                   if all(svc["metadata"].get("labels", {}).get(k) == v for k, v in sel.items())]
+        check(matched, "ServiceMonitor selects no Service")
+        for ep in monitor["spec"]["endpoints"]:
+            check(all(any(p["name"] == ep["port"] for p in svc["spec"]["ports"]) for svc in matched),
+                  f"ServiceMonitor port {ep['port']!r} missing on a selected Service")
+            check(ep.get("path", "/metrics") == "/metrics", "ServiceMonitor path must be /metrics")
+    if overlay == "monitoring":
+        check(by_kind.get("ServiceMonitor"), "monitoring overlay must render a ServiceMonitor")
 
     if errors:
         print(f"{overlay}: {len(errors)} invariant(s) broken:")

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Builds the CPU image from the Dockerfile without a container daemon, runs it
+# the way a pod runs it, and talks to it; CI runs this after the tests.
+#
+#   scripts/image-test.sh            # needs root (mounts), Debian's packages
+#
+# How, since these machines have no Docker engine:
+#   1. the base images come from Debian's archive: mmdebstrap makes a minbase
+#      bookworm root (with the doc/man/locale excludes of Debian's -slim
+#      images) and buildah tags it debian:12 and debian:12-slim, so no
+#      registry is pulled from;
+#   2. `buildah bud --isolation=chroot --storage-driver=vfs` builds the
+#      Dockerfile's `cpu` target, every RUN step as written;
+#   3. deploy/tests/check_image.py mounts the image read-only and starts its
+#      ENTRYPOINT with its Env as user 10001 (what deploy/base asks of a pod:
+#      runAsUser 10001, readOnlyRootFilesystem), then checks health,
+#      reflection, a RoPE call against a float64 reference, /metrics and a
+#      SIGTERM drain, and reports the image's size and contents.
+# Everything lives under one scratch directory removed at exit
+# (POSENC_IMAGE_KEEP=1 keeps it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+[ "$(id -u)" -eq 0 ] || { echo "image-test: needs root (mount, chroot)" >&2; exit 2; }
+scripts/install-deps.sh buildah mmdebstrap uidmap
+scripts/install-test-tools.sh build/tools-venv >/dev/null
+[ -x build/client/posenc-cli ] || { echo "image-test: build first (scripts/build.sh)" >&2; exit 2; }
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/posenc-image.XXXXXX")
+buildah=(buildah --root "$work/storage" --runroot "$work/run" --storage-driver vfs)
+cleanup() {
+  if [ "${POSENC_IMAGE_KEEP:-0}" = 1 ]; then
+    echo "image-test: kept $work"
+    return
+  fi
+  "${buildah[@]}" rm --all >/dev/null 2>&1 || true
+  "${buildah[@]}" rmi --all --force >/dev/null 2>&1 || true
+  # vfs layers can hold read-only directories; make them removable first.
+  chmod -R u+w "$work" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+started=$(date +%s)
+echo "image-test: base images from Debian's archive"
+mmdebstrap --variant=minbase --quiet \
+  --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+  --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
+  bookworm "$work/rootfs.tar" \
+  "deb http://deb.debian.org/debian bookworm main" \
+  "deb http://deb.debian.org/debian bookworm-updates main" \
+  "deb http://deb.debian.org/debian-security bookworm-security main" </dev/null
+base=$("${buildah[@]}" from scratch)
+"${buildah[@]}" add "$base" "$work/rootfs.tar" / >/dev/null
+"${buildah[@]}" config --cmd /bin/bash "$base"
+"${buildah[@]}" commit --quiet "$base" docker.io/library/debian:12 >/dev/null
+"${buildah[@]}" tag docker.io/library/debian:12 docker.io/library/debian:12-slim
+"${buildah[@]}" rm "$base" >/dev/null
+rm -f "$work/rootfs.tar"
+echo "image-test: bases ready in $(($(date +%s) - started)) s"
+
+echo "image-test: buildah bud --target cpu"
+built=$(date +%s)
+"${buildah[@]}" bud --quiet --isolation=chroot --pull=never --layers=false \
+  --target cpu -t localhost/posenc:cpu . >"$work/bud.log" 2>&1 || {
+  tail -50 "$work/bud.log"
+  echo "image-test: image build failed" >&2
+  exit 1
+}
+echo "image-test: image built in $(($(date +%s) - built)) s"
+
+build/tools-venv/bin/python deploy/tests/check_image.py \
+  --buildah="${buildah[*]}" --image=localhost/posenc:cpu --base=docker.io/library/debian:12-slim \
+  --cli=build/client/posenc-cli --grpcurl=build/tools-venv/bin/grpcurl --work="$work"
+echo "image-test: passed in $(($(date +%s) - started)) s"
