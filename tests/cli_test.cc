@@ -158,6 +158,7 @@ Result RunAlone(const std::string& args) {
 TEST(CliUsage, HelpListsCommandsAndFlags) {
   const Result r = RunAlone("--help");
   EXPECT_EQ(r.output.find("No flags matched"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("posenc-cli: posenc-cli"), std::string::npos) << r.output;
   for (const char* command : {"info", "tables", "reload", "rope", "absolute", "table", "bias"}) {
     EXPECT_NE(r.output.find(std::string("\n  ") + command + " "), std::string::npos)
         << command << " missing from:\n"

@@ -438,7 +438,8 @@ absl::Status Run(const std::string& command) {
 namespace {
 
 constexpr char kUsage[] =
-    "posenc-cli: call a posenc server from the command line.\n"
+    // Abseil's --help puts "posenc-cli: " in front.
+    "call a posenc server from the command line.\n"
     "\n"
     "Usage: posenc-cli [--target=HOST:PORT] COMMAND [flags]\n"
     "\n"
@@ -486,7 +487,7 @@ int main(int argc, char** argv) {
   absl::SetFlagsUsageConfig(usage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
-    std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
+    std::fprintf(stderr, "posenc-cli: %s\n", absl::ProgramUsageMessage().data());
     return 2;
   }
   absl::Status s = posenc::cli::Run(args[1]);
