@@ -3,6 +3,7 @@
 // `--layout=BHSD` as BSHD and `--backend=gpu` on the CPU, and `--form=alibi`
 // as causal, all with exit 0); local errors are told apart from the server's.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <random>
@@ -103,6 +104,86 @@ TEST_F(Cli, TheServersErrorsAndOursAreToldApart) {
   EXPECT_NE(r.output.find("missing.npy"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("NOT_FOUND"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("the server answered"), std::string::npos) << r.output;
+}
+
+// The size a PNG declares in its IHDR chunk (bytes 16-23, big-endian), or
+// {0, 0} when the bytes are not a PNG.
+std::pair<uint32_t, uint32_t> PngSize(const std::string& png) {
+  if (png.size() < 24 || png.compare(0, 8, "\x89PNG\r\n\x1a\n") != 0) return {0, 0};
+  const auto be32 = [&](size_t at) {
+    uint32_t v = 0;
+    for (size_t i = 0; i < 4; ++i) v = v << 8 | static_cast<uint8_t>(png[at + i]);
+    return v;
+  };
+  return {be32(16), be32(20)};
+}
+
+TEST_F(Cli, HeatmapsAreShapedForReadingAndHeadsChecked) {
+  // 128 positions x 1024 dimensions: wider than tall, but no strip (the
+  // plot alone is 1024 x 512 by the rule of client/cli/heatmap_layout.h).
+  Result r = Run("table --dim=1024 --count=128 --png=" + dir_ + "/table.png");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto [w, h] = PngSize(testing::ReadFile(dir_ + "/table.png"));
+  EXPECT_GT(w, 1024u) << h;
+  EXPECT_GT(h, 512u) << w;
+  EXPECT_LT(w, 2 * h) << "a 128 x 1024 table must not become a strip";
+  // A head past --heads is refused before the call, naming the flag.
+  r = Run("bias --heads=4 --png_head=4 --png=" + dir_ + "/bias.png");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--png_head must be in [0, --heads) = [0, 4), got 4"), std::string::npos)
+      << r.output;
+  r = Run("bias --heads=4 --png_head=3 --q_len=40 --k_len=40 --causal --png=" + dir_ + "/bias.png");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto [bw, bh] = PngSize(testing::ReadFile(dir_ + "/bias.png"));
+  EXPECT_GT(bw, 640u) << bh;  // the 40 x 40 plot alone is 640 x 640
+  EXPECT_GT(bh, 640u) << bw;
+}
+
+// What a person types first: --help lists the commands and this tool's own
+// flags (it used to print "No flags matched"); --version names the version
+// CMake gave the project, the build type and whether CUDA was compiled in.
+Result RunAlone(const std::string& args) {
+  char path[] = "/tmp/posenc_cli_help_XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd >= 0) close(fd);
+  const int status =
+      std::system((std::string(POSENC_CLI_BINARY) + " " + args + " > " + path + " 2>&1").c_str());
+  Result r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.output = testing::ReadFile(path);
+  std::remove(path);
+  return r;
+}
+
+TEST(CliUsage, HelpListsCommandsAndFlags) {
+  const Result r = RunAlone("--help");
+  EXPECT_EQ(r.output.find("No flags matched"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("posenc-cli: posenc-cli"), std::string::npos) << r.output;
+  for (const char* command : {"info", "tables", "reload", "rope", "absolute", "table", "bias"}) {
+    EXPECT_NE(r.output.find(std::string("\n  ") + command + " "), std::string::npos)
+        << command << " missing from:\n"
+        << r.output;
+  }
+  for (const char* flag : {"--target", "--shape", "--png", "--png_head", "--heads", "--dim"}) {
+    EXPECT_NE(r.output.find(std::string(flag) + " ("), std::string::npos)
+        << flag << " missing from:\n"
+        << r.output;
+  }
+}
+
+TEST(CliUsage, VersionNamesVersionBuildAndCuda) {
+  const Result r = RunAlone("--version");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind(std::string("posenc-cli ") + POSENC_PROJECT_VERSION + "\n", 0), 0u)
+      << r.output;
+#ifdef NDEBUG
+  EXPECT_NE(r.output.find("Release build"), std::string::npos) << r.output;
+#else
+  EXPECT_NE(r.output.find("Debug build"), std::string::npos) << r.output;
+#endif
+  EXPECT_NE(r.output.find(POSENC_EXPECT_CUDA ? "CUDA compiled in" : "CUDA not compiled in"),
+            std::string::npos)
+      << r.output;
 }
 
 }  // namespace

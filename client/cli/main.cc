@@ -11,15 +11,19 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/util/json_util.h"
 #include "heatmap.h"
 #include "npy.h"
+#include "posenc/backend.h"
 #include "posenc/client.h"
 #include "posenc/status_macros.h"
 #include "posenc/wire/enums.h"
@@ -60,7 +64,13 @@ ABSL_FLAG(int64_t, window, 0, "bias: sliding window (0 = off).");
 ABSL_FLAG(int64_t, png_head, 0, "bias: which head the PNG shows.");
 ABSL_FLAG(std::string, input, "", "rope/absolute: .npy input (default: random).");
 ABSL_FLAG(std::string, output, "", "Write the result as .npy here.");
-ABSL_FLAG(std::string, png, "", "table/bias: write a PNG heatmap here.");
+ABSL_FLAG(std::string, png, "",
+          "table/bias: write a PNG heatmap here (titled, axes numbered, colour bar; arrays "
+          "past 1024 a side are block-averaged).");
+
+#ifndef POSENC_VERSION
+#define POSENC_VERSION "dev"
+#endif
 
 namespace posenc::cli {
 namespace {
@@ -276,6 +286,17 @@ absl::Status Absolute(Client& client, const CallOptions& call) {
   return Output(dtype, shape, x);
 }
 
+std::string Number(double v) { return absl::StrFormat("%g", v); }
+
+// What `table` asked for, in words, for the heatmap's title.
+std::string TableTitle(const AbsoluteOptions& o) {
+  if (o.kind == AbsoluteOptions::Kind::kLearned) {
+    return absl::StrCat("learned encoding table '", o.table_name, "'");
+  }
+  return absl::StrCat("sinusoidal encoding table, ", wire::NameOf(o.sinusoidal_layout), ", base ",
+                      Number(o.base));
+}
+
 absl::Status Table(Client& client, const CallOptions& call) {
   POSENC_ASSIGN_OR_RETURN(DType dtype, EnumFlag<DType>("dtype", FLAGS_dtype));
   POSENC_ASSIGN_OR_RETURN(const AbsoluteOptions o, EncodingFlags());
@@ -293,10 +314,39 @@ absl::Status Table(Client& client, const CallOptions& call) {
   }
   POSENC_RETURN_IF_ERROR(Output(dtype, shape, table.data));
   if (!absl::GetFlag(FLAGS_png).empty()) {
-    POSENC_RETURN_IF_ERROR(WriteHeatmapPng(absl::GetFlag(FLAGS_png), v, shape[0], shape[1]));
+    if (shape.size() != 2) {
+      return Remote(absl::InternalError(
+          absl::StrCat("the server answered a table of shape ", ShapeString(shape), ", not 2-D")));
+    }
+    HeatmapLabels labels;
+    labels.title = absl::StrCat(TableTitle(o), ", ", absl::AsciiStrToLower(DTypeName(dtype)), " ",
+                                ShapeString(shape));
+    labels.row_axis = "position";
+    labels.col_axis = "dimension";
+    POSENC_RETURN_IF_ERROR(
+        WriteHeatmapPng(absl::GetFlag(FLAGS_png), v, shape[0], shape[1], labels));
     std::printf("wrote %s\n", absl::GetFlag(FLAGS_png).c_str());
   }
   return absl::OkStatus();
+}
+
+// What `bias` asked for, in words, for the heatmap's title.
+std::string BiasTitle(const BiasOptions& o) {
+  std::string t;
+  switch (o.form) {
+    case BiasForm::kCausal:
+      t = "ALiBi bias -m(i-j)";
+      break;
+    case BiasForm::kSymmetric:
+      t = "symmetric ALiBi bias -m|i-j|";
+      break;
+    case BiasForm::kNone:
+      t = "attention mask (no ALiBi)";
+      break;
+  }
+  if (o.causal) absl::StrAppend(&t, ", causal mask");
+  if (o.window > 0) absl::StrAppend(&t, ", window ", o.window);
+  return t;
 }
 
 absl::Status Bias(Client& client, const CallOptions& call) {
@@ -309,20 +359,39 @@ absl::Status Bias(Client& client, const CallOptions& call) {
   o.causal = absl::GetFlag(FLAGS_causal);
   o.window = absl::GetFlag(FLAGS_window);
   const DType dtype = o.dtype;
+  const std::string png = absl::GetFlag(FLAGS_png);
+  const int64_t head = absl::GetFlag(FLAGS_png_head);
+  // Checked before the call: a bad flag should not cost a round trip.
+  if (!png.empty() && (head < 0 || head >= o.num_heads)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--png_head must be in [0, --heads) = [0, ", o.num_heads, "), got ", head));
+  }
   POSENC_ASSIGN_OR_RETURN(ServerTensor bias, Remote(client.AttentionBias(o, call)));
   const std::vector<int64_t>& shape = bias.shape;
   std::printf("bias %s slopes:", ShapeString(shape).c_str());
   for (double s : bias.slopes) std::printf(" %.6g", s);
   std::printf("\n");
   POSENC_RETURN_IF_ERROR(Output(dtype, shape, bias.data));
-  if (!absl::GetFlag(FLAGS_png).empty()) {
-    const int64_t h = absl::GetFlag(FLAGS_png_head);
-    if (h < 0 || h >= shape[1]) return absl::InvalidArgumentError("--png_head out of range");
+  if (!png.empty()) {
+    if (shape.size() != 4 || shape[1] <= head) {
+      return Remote(absl::InternalError(absl::StrCat("the server answered a bias of shape ",
+                                                     ShapeString(shape), ", no head ", head)));
+    }
     const std::vector<double> all = AsDoubles(dtype, bias.data);
     const int64_t plane = shape[2] * shape[3];
-    std::vector<double> v(all.begin() + h * plane, all.begin() + (h + 1) * plane);
-    POSENC_RETURN_IF_ERROR(WriteHeatmapPng(absl::GetFlag(FLAGS_png), v, shape[2], shape[3]));
-    std::printf("wrote %s (head %ld)\n", absl::GetFlag(FLAGS_png).c_str(), static_cast<long>(h));
+    std::vector<double> v(all.begin() + head * plane, all.begin() + (head + 1) * plane);
+    HeatmapLabels labels;
+    labels.title = absl::StrCat(BiasTitle(o), ", head ", head, " of ", shape[1]);
+    if (static_cast<size_t>(head) < bias.slopes.size() && o.form != BiasForm::kNone) {
+      absl::StrAppend(&labels.title, " (slope ", Number(bias.slopes[head]), ")");
+    }
+    absl::StrAppend(&labels.title, ", ", absl::AsciiStrToLower(DTypeName(dtype)), " ",
+                    ShapeString(shape));
+    labels.row_axis = "query position";
+    labels.col_axis = "key position";
+    labels.neg_inf_meaning = "masked";
+    POSENC_RETURN_IF_ERROR(WriteHeatmapPng(png, v, shape[2], shape[3], labels));
+    std::printf("wrote %s (head %ld)\n", png.c_str(), static_cast<long>(head));
   }
   return absl::OkStatus();
 }
@@ -366,17 +435,59 @@ absl::Status Run(const std::string& command) {
 }  // namespace
 }  // namespace posenc::cli
 
+namespace {
+
+constexpr char kUsage[] =
+    // Abseil's --help puts "posenc-cli: " in front.
+    "call a posenc server from the command line.\n"
+    "\n"
+    "Usage: posenc-cli [--target=HOST:PORT] COMMAND [flags]\n"
+    "\n"
+    "Commands:\n"
+    "  info      the server's version, build, backends and limits\n"
+    "  tables    the learned tables the server holds\n"
+    "  reload    make the server re-read its table directory\n"
+    "  rope      rotate a query (and a key with --key_heads): --shape or --input\n"
+    "  absolute  add a sinusoidal or learned encoding to x: --shape or --input\n"
+    "  table     fetch an encoding table: --dim, --count; --png draws it\n"
+    "  bias      build an ALiBi bias or mask: --heads, --q_len, --k_len; --png draws one "
+    "head\n"
+    "\n"
+    "Examples:\n"
+    "  posenc-cli table --dim=4 --count=4 --base=100\n"
+    "  posenc-cli table --dim=1024 --count=128 --png=table.png\n"
+    "  posenc-cli rope --shape=1,16,8,128 --dtype=bfloat16 --output=q.npy\n"
+    "  posenc-cli bias --heads=8 --q_len=64 --k_len=64 --causal --window=16 --png=bias.png\n"
+    "\n"
+    "Errors: exit 2 for a bad flag or file (nothing sent), 1 when the server refuses.";
+
+std::string VersionString() {
+  return absl::StrCat("posenc-cli ", POSENC_VERSION, "\n",
+#ifdef NDEBUG
+                      "Release build (NDEBUG: assertions off)",
+#else
+                      "Debug build (assertions on)",
+#endif
+                      ", CUDA ", posenc::BuiltWithCuda() ? "compiled in" : "not compiled in",
+                      ", compiler ", __VERSION__, "\n");
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "posenc-cli [--target=HOST:PORT] COMMAND [flags]\n"
-      "  info | tables | reload | rope | absolute | table | bias\n"
-      "Examples:\n"
-      "  posenc-cli table --dim=4 --count=4 --base=100\n"
-      "  posenc-cli rope --shape=1,16,8,128 --dtype=bfloat16 --output=q.npy\n"
-      "  posenc-cli bias --heads=8 --q_len=64 --k_len=64 --causal --window=16 --png=bias.png");
+  absl::SetProgramUsageMessage(kUsage);
+  absl::FlagsUsageConfig usage;
+  // --help lists this file's flags (Abseil's default matches the binary's
+  // name against file names, which finds none for posenc-cli).
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "client/cli/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.version_string = [] { return VersionString(); };
+  absl::SetFlagsUsageConfig(usage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
-    std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
+    std::fprintf(stderr, "posenc-cli: %s\n", absl::ProgramUsageMessage().data());
     return 2;
   }
   absl::Status s = posenc::cli::Run(args[1]);
