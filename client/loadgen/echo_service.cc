@@ -1,5 +1,8 @@
 #include "echo_service.h"
 
+#include <algorithm>
+#include <initializer_list>
+
 #include "absl/strings/str_cat.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
@@ -40,6 +43,19 @@ class EchoStream final : public grpc::ServerBidiReactor<v1::RopeRequest, v1::Rop
   v1::RopeResponse response_;
 };
 
+// Bytes of a built answer: dtype size times the dimensions, or an error
+// when a dimension is negative or the total passes what a message can hold.
+grpc::Status AnswerBytes(v1::DataType dtype, std::initializer_list<int64_t> dims, int64_t* bytes) {
+  int64_t n = dtype == v1::DATA_TYPE_FLOAT32 || dtype == v1::DATA_TYPE_UNSPECIFIED ? 4 : 2;
+  for (int64_t d : dims) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n) || n > (int64_t{1} << 30)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "echo: answer too large");
+    }
+  }
+  *bytes = n;
+  return grpc::Status::OK;
+}
+
 }  // namespace
 
 void EchoRope(v1::RopeRequest* req, v1::RopeResponse* resp) {
@@ -78,14 +94,49 @@ grpc::ServerUnaryReactor* EchoService::AddAbsoluteEncoding(grpc::CallbackServerC
   return r;
 }
 
+grpc::ServerUnaryReactor* EchoService::GetEncodingTable(grpc::CallbackServerContext* ctx,
+                                                        const v1::EncodingTableRequest* req,
+                                                        v1::EncodingTableResponse* resp) {
+  const int64_t rows = req->has_positions()
+                           ? req->positions().data().size() /
+                                 (req->positions().dtype() == v1::DATA_TYPE_INT32 ? 4 : 8)
+                           : req->count();
+  int64_t bytes = 0;
+  grpc::Status s = AnswerBytes(req->dtype(), {rows, req->dim()}, &bytes);
+  if (s.ok()) {
+    resp->mutable_table()->set_dtype(req->dtype());
+    resp->mutable_table()->add_shape(rows);
+    resp->mutable_table()->add_shape(req->dim());
+    resp->mutable_table_data()->assign(bytes, '\0');
+    resp->set_backend("echo");
+  }
+  auto* r = ctx->DefaultReactor();
+  r->Finish(s);
+  return r;
+}
+
 grpc::ServerUnaryReactor* EchoService::AttentionBias(grpc::CallbackServerContext* ctx,
                                                      const v1::AttentionBiasRequest* req,
                                                      v1::AttentionBiasResponse* resp) {
-  *resp->mutable_bias() = req->logits();
-  resp->mutable_bias_data()->swap(*Mutable(req)->mutable_logits_data());
+  grpc::Status s;
+  if (req->has_logits()) {
+    *resp->mutable_bias() = req->logits();
+    resp->mutable_bias_data()->swap(*Mutable(req)->mutable_logits_data());
+  } else {
+    int64_t bytes = 0;
+    const int64_t batch = std::max<int64_t>(req->batch(), 1);
+    s = AnswerBytes(req->dtype(), {batch, req->num_heads(), req->q_len(), req->k_len()}, &bytes);
+    if (s.ok()) {
+      resp->mutable_bias()->set_dtype(req->dtype());
+      for (int64_t d : {batch, req->num_heads(), req->q_len(), req->k_len()}) {
+        resp->mutable_bias()->add_shape(d);
+      }
+      resp->mutable_bias_data()->assign(bytes, '\0');
+    }
+  }
   resp->set_backend("echo");
   auto* r = ctx->DefaultReactor();
-  r->Finish(grpc::Status::OK);
+  r->Finish(s);
   return r;
 }
 

@@ -1,5 +1,6 @@
 // The transport baseline: posenc's own service and messages, answering with
-// the request's bytes and no computation. Loading it and posenc with the same
+// the request's bytes and no computation (a table, or a bias built without
+// logits, with zeros of the asked size). Loading it and posenc with the same
 // requests makes the service's overhead a ratio.
 #ifndef POSENC_LOADGEN_ECHO_SERVICE_H_
 #define POSENC_LOADGEN_ECHO_SERVICE_H_
@@ -21,6 +22,9 @@ class EchoService final : public v1::PositionalEncoding::CallbackService {
   grpc::ServerUnaryReactor* AddAbsoluteEncoding(grpc::CallbackServerContext* ctx,
                                                 const v1::AbsoluteEncodingRequest* req,
                                                 v1::AbsoluteEncodingResponse* resp) override;
+  grpc::ServerUnaryReactor* GetEncodingTable(grpc::CallbackServerContext* ctx,
+                                             const v1::EncodingTableRequest* req,
+                                             v1::EncodingTableResponse* resp) override;
   grpc::ServerUnaryReactor* AttentionBias(grpc::CallbackServerContext* ctx,
                                           const v1::AttentionBiasRequest* req,
                                           v1::AttentionBiasResponse* resp) override;

@@ -18,6 +18,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+Clock::duration Seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
 // Results of one call, however it was made.
 struct Outcome {
   grpc::StatusCode code = grpc::StatusCode::OK;
@@ -30,10 +34,6 @@ bool Matches(const Op& op, const std::string& got, const std::string& got_key) {
 
 // One response's outcome: its status (or, in a stream, its error_code) and,
 // when checking, whether it equals the reference.
-template <typename Response>
-Outcome Judge(const Op& op, const grpc::Status& s, const Response& resp, bool check);
-
-template <>
 Outcome Judge(const Op& op, const grpc::Status& s, const v1::RopeResponse& resp, bool check) {
   Outcome o;
   o.code = s.ok() ? static_cast<grpc::StatusCode>(resp.error_code()) : s.error_code();
@@ -42,95 +42,120 @@ Outcome Judge(const Op& op, const grpc::Status& s, const v1::RopeResponse& resp,
   }
   return o;
 }
-template <>
 Outcome Judge(const Op& op, const grpc::Status& s, const v1::AbsoluteEncodingResponse& resp,
               bool check) {
-  Outcome o;
-  o.code = s.error_code();
-  if (s.ok() && check) o.check_failed = !Matches(op, resp.y_data(), "");
-  return o;
+  return Outcome{s.error_code(), s.ok() && check && !Matches(op, resp.y_data(), "")};
 }
-template <>
+Outcome Judge(const Op& op, const grpc::Status& s, const v1::EncodingTableResponse& resp,
+              bool check) {
+  return Outcome{s.error_code(), s.ok() && check && !Matches(op, resp.table_data(), "")};
+}
 Outcome Judge(const Op& op, const grpc::Status& s, const v1::AttentionBiasResponse& resp,
               bool check) {
-  Outcome o;
-  o.code = s.error_code();
-  if (s.ok() && check) o.check_failed = !Matches(op, resp.bias_data(), "");
-  return o;
+  return Outcome{s.error_code(), s.ok() && check && !Matches(op, resp.bias_data(), "")};
 }
 
 std::string CodeName(grpc::StatusCode c) {
   return absl::StatusCodeToString(static_cast<absl::StatusCode>(c));
 }
 
-// Measured calls, shared by every caller.
+double Percentile(const std::vector<double>& sorted, double p) {
+  if (sorted.empty()) return 0;
+  return sorted[std::min(sorted.size() - 1, static_cast<size_t>(p * sorted.size()))];
+}
+
+// Calls by the measurement window they completed in (arrivals of the open
+// loop by the window they were scheduled in), shared by every caller.
+// Latencies are kept only for the windows a result can still be made of.
 class Recorder {
  public:
-  Recorder(Clock::time_point measure_from, bool check)
-      : measure_from_(measure_from), check_(check) {}
+  Recorder(Clock::time_point measure_from, Clock::duration window, int max_windows)
+      : measure_from_(measure_from), window_(window), buckets_(max_windows) {}
 
   void Add(const Op& op, Clock::time_point start, Clock::time_point end, const Outcome& o) {
-    if (start < measure_from_) return;
     std::lock_guard<std::mutex> lock(mu_);
-    if (o.code == grpc::StatusCode::OK) {
-      latencies_us_.push_back(std::chrono::duration<double, std::micro>(end - start).count());
-      bytes_ += op.request_bytes + op.response_bytes;
-      ++ok_;
-      if (o.check_failed) ++check_failures_;
-    } else {
+    if (o.code != grpc::StatusCode::OK) {
       ++errors_[CodeName(o.code)];
+      return;
     }
-    ++measured_;
+    if (o.check_failed) ++check_failures_;
+    Bucket* b = Find(end);
+    if (b == nullptr) return;
+    b->latencies_us.push_back(std::chrono::duration<double, std::micro>(end - start).count());
+    b->bytes += op.request_bytes + op.response_bytes;
+    ++b->ok;
   }
-  void AddClientError(const std::string& what) {
+  void AddArrival(Clock::time_point scheduled, bool dropped) {
     std::lock_guard<std::mutex> lock(mu_);
-    ++errors_[what];
+    if (Bucket* b = Find(scheduled); b != nullptr) {
+      ++b->scheduled;
+      if (dropped) ++b->dropped;
+    }
   }
-  int64_t measured() const {
+  // Window `w` is over: its throughput and median.
+  Window Close(int w) {
     std::lock_guard<std::mutex> lock(mu_);
-    return measured_;
+    closed_ = w + 1;
+    Bucket& b = buckets_[w];
+    std::sort(b.latencies_us.begin(), b.latencies_us.end());
+    if (w >= kStableWindows) std::vector<double>().swap(buckets_[w - kStableWindows].latencies_us);
+    return Window{b.ok / std::chrono::duration<double>(window_).count(),
+                  Percentile(b.latencies_us, 0.5)};
   }
-  void Fill(RunResult& r, double seconds) {
+  // The result over windows [first, last).
+  void Fill(int first, int last, RunResult& r) {
     std::lock_guard<std::mutex> lock(mu_);
-    r.ok = ok_;
+    std::vector<double> all;
+    double bytes = 0;
+    int64_t scheduled = 0;
+    for (int w = first; w < last; ++w) {
+      const Bucket& b = buckets_[w];
+      all.insert(all.end(), b.latencies_us.begin(), b.latencies_us.end());
+      bytes += b.bytes;
+      r.ok += b.ok;
+      scheduled += b.scheduled;
+      r.dropped += b.dropped;
+    }
+    std::sort(all.begin(), all.end());
+    r.seconds = (last - first) * std::chrono::duration<double>(window_).count();
+    r.requests_per_s = r.ok / r.seconds;
+    r.gigabytes_per_s = bytes / r.seconds / 1e9;
+    r.asked_per_s = scheduled / r.seconds;
+    r.p50_us = Percentile(all, 0.5);
+    r.p90_us = Percentile(all, 0.9);
+    r.p95_us = Percentile(all, 0.95);
+    r.p99_us = Percentile(all, 0.99);
+    r.p999_us = Percentile(all, 0.999);
+    r.max_us = all.empty() ? 0 : all.back();
+    double sum = 0;
+    for (double v : all) sum += v;
+    r.mean_us = all.empty() ? 0 : sum / all.size();
     r.errors = errors_;
     r.check_failures = check_failures_;
-    r.seconds = seconds;
-    r.requests_per_s = seconds > 0 ? ok_ / seconds : 0;
-    r.gigabytes_per_s = seconds > 0 ? bytes_ / seconds / 1e9 : 0;
-    std::sort(latencies_us_.begin(), latencies_us_.end());
-    auto pct = [&](double p) {
-      if (latencies_us_.empty()) return 0.0;
-      const size_t i =
-          std::min(latencies_us_.size() - 1, static_cast<size_t>(p * latencies_us_.size()));
-      return latencies_us_[i];
-    };
-    r.p50_us = pct(0.5);
-    r.p90_us = pct(0.9);
-    r.p99_us = pct(0.99);
-    r.p999_us = pct(0.999);
-    double sum = 0;
-    for (double v : latencies_us_) sum += v;
-    r.mean_us = latencies_us_.empty() ? 0 : sum / latencies_us_.size();
-  }
-  // Latency percentile so far (for the progress line).
-  double P50() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (latencies_us_.empty()) return 0;
-    std::vector<double> copy(latencies_us_.end() - std::min<size_t>(latencies_us_.size(), 1000),
-                             latencies_us_.end());
-    std::nth_element(copy.begin(), copy.begin() + copy.size() / 2, copy.end());
-    return copy[copy.size() / 2];
   }
 
  private:
+  struct Bucket {
+    std::vector<double> latencies_us;
+    int64_t ok = 0, scheduled = 0, dropped = 0;
+    double bytes = 0;
+  };
+  // The open window holding time `t`; null in the warm-up, after the last
+  // window, or in one already closed.
+  Bucket* Find(Clock::time_point t) {
+    if (t < measure_from_) return nullptr;
+    const int64_t w = (t - measure_from_) / window_;
+    if (w < closed_ || w >= static_cast<int64_t>(buckets_.size())) return nullptr;
+    return &buckets_[w];
+  }
+
   const Clock::time_point measure_from_;
-  const bool check_;
-  mutable std::mutex mu_;
-  std::vector<double> latencies_us_;
+  const Clock::duration window_;
+  std::mutex mu_;
+  std::vector<Bucket> buckets_;
+  int64_t closed_ = 0;  // windows before this one are closed
   std::map<std::string, int64_t> errors_;
-  int64_t ok_ = 0, check_failures_ = 0, measured_ = 0;
-  double bytes_ = 0;
+  int64_t check_failures_ = 0;
 };
 
 void SetDeadline(grpc::ClientContext& ctx, double timeout_s) {
@@ -150,6 +175,10 @@ Outcome CallSync(v1::PositionalEncoding::Stub& stub, const Op& op, const RunConf
       v1::AbsoluteEncodingResponse resp;
       return Judge(op, stub.AddAbsoluteEncoding(&ctx, op.absolute, &resp), resp, c.check);
     }
+    case OpKind::kTable: {
+      v1::EncodingTableResponse resp;
+      return Judge(op, stub.GetEncodingTable(&ctx, op.table, &resp), resp, c.check);
+    }
     case OpKind::kBias: {
       v1::AttentionBiasResponse resp;
       return Judge(op, stub.AttentionBias(&ctx, op.bias, &resp), resp, c.check);
@@ -165,6 +194,7 @@ struct AsyncCall {
   Clock::time_point scheduled;
   v1::RopeResponse rope;
   v1::AbsoluteEncodingResponse absolute;
+  v1::EncodingTableResponse table;
   v1::AttentionBiasResponse bias;
 };
 
@@ -180,7 +210,123 @@ class Picker {
   std::discrete_distribution<size_t> pick_;
 };
 
+// Closed loop: one caller, one call at a time, until `stop`.
+void Caller(v1::PositionalEncoding::Stub& stub, const Mix& mix, const RunConfig& c, int index,
+            const std::atomic<bool>& stop, Recorder& rec) {
+  Picker picker(mix, 1234 + index);
+  std::unique_ptr<grpc::ClientContext> sctx;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::RopeRequest, v1::RopeResponse>> stream;
+  if (c.stream) {
+    sctx = std::make_unique<grpc::ClientContext>();
+    stream = stub.StreamRope(sctx.get());
+  }
+  while (!stop) {
+    const Op& op = picker.Next();
+    const Clock::time_point t0 = Clock::now();
+    Outcome o;
+    if (c.stream) {
+      v1::RopeResponse resp;
+      if (!stream->Write(op.rope) || !stream->Read(&resp)) {
+        grpc::Status s = stream->Finish();
+        rec.Add(op, t0, Clock::now(), Outcome{s.ok() ? grpc::StatusCode::UNKNOWN : s.error_code()});
+        return;
+      }
+      o = Judge(op, grpc::Status::OK, resp, c.check);
+    } else {
+      o = CallSync(stub, op, c);
+    }
+    rec.Add(op, t0, Clock::now(), o);
+  }
+  if (stream) {
+    stream->WritesDone();
+    (void)stream->Finish();
+  }
+}
+
+// Open loop: arrivals on a schedule until `stop`. Latency counts from the
+// scheduled time, so a slow server cannot hide queueing (no coordinated
+// omission); an arrival finding max_outstanding calls in flight is dropped.
+class Sender {
+ public:
+  Sender(v1::PositionalEncoding::Stub& stub, const Mix& mix, const RunConfig& c, Recorder& rec,
+         Clock::time_point start)
+      : stub_(stub), mix_(mix), c_(c), rec_(rec), start_(start) {}
+
+  void Run(const std::atomic<bool>& stop) {
+    std::mt19937 rng(99);
+    std::exponential_distribution<double> gap(c_.rate);
+    Picker picker(mix_, 4321);
+    double t = 0;
+    while (!stop) {
+      t += c_.poisson ? gap(rng) : 1.0 / c_.rate;
+      const Clock::time_point when = start_ + Seconds(t);
+      next_.store(when.time_since_epoch().count());
+      std::this_thread::sleep_until(when);
+      if (stop) break;
+      const bool drop = outstanding_ >= c_.max_outstanding;
+      rec_.AddArrival(when, drop);
+      if (!drop) Send(picker.Next(), when);
+    }
+  }
+  int64_t outstanding() const { return outstanding_; }
+  // How far behind its schedule the sender is now, in ms (0 when on time).
+  double LagMs() const {
+    const Clock::time_point next{Clock::duration(next_.load())};
+    return std::max(0.0, std::chrono::duration<double, std::milli>(Clock::now() - next).count());
+  }
+  void WaitForCalls() const {
+    while (outstanding_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+
+ private:
+  void Send(const Op& op, Clock::time_point when) {
+    auto* call = new AsyncCall;
+    call->op = &op;
+    call->scheduled = when;
+    SetDeadline(call->ctx, c_.timeout_s);
+    ++outstanding_;
+    auto finish = [this, call](grpc::Status s, const auto& resp) {
+      rec_.Add(*call->op, call->scheduled, Clock::now(), Judge(*call->op, s, resp, c_.check));
+      delete call;
+      --outstanding_;
+    };
+    auto* async = stub_.async();
+    switch (op.kind) {
+      case OpKind::kRope:
+        async->ApplyRope(&call->ctx, &op.rope, &call->rope,
+                         [call, finish](grpc::Status s) { finish(s, call->rope); });
+        break;
+      case OpKind::kAbsolute:
+        async->AddAbsoluteEncoding(&call->ctx, &op.absolute, &call->absolute,
+                                   [call, finish](grpc::Status s) { finish(s, call->absolute); });
+        break;
+      case OpKind::kTable:
+        async->GetEncodingTable(&call->ctx, &op.table, &call->table,
+                                [call, finish](grpc::Status s) { finish(s, call->table); });
+        break;
+      case OpKind::kBias:
+        async->AttentionBias(&call->ctx, &op.bias, &call->bias,
+                             [call, finish](grpc::Status s) { finish(s, call->bias); });
+        break;
+    }
+  }
+
+  v1::PositionalEncoding::Stub& stub_;
+  const Mix& mix_;
+  const RunConfig& c_;
+  Recorder& rec_;
+  const Clock::time_point start_;
+  std::atomic<int64_t> outstanding_{0};
+  std::atomic<Clock::rep> next_{0};
+};
+
 }  // namespace
+
+int64_t RunResult::failed() const {
+  int64_t n = 0;
+  for (const auto& [code, count] : errors) n += count;
+  return n;
+}
 
 RunResult Run(v1::PositionalEncoding::Stub& stub, const Mix& mix, const RunConfig& c) {
   RunResult result;
@@ -190,137 +336,54 @@ RunResult Run(v1::PositionalEncoding::Stub& stub, const Mix& mix, const RunConfi
     names.push_back(absl::StrCat(mix.ops[i].name, ":", mix.weights[i]));
   }
   result.ops = absl::StrJoin(names, ",");
+  const int max_trials = std::max(c.max_trials, kStableWindows);
+  const Clock::duration window = Seconds(c.measurement_interval_ms / 1000);
   const Clock::time_point start = Clock::now();
-  const Clock::time_point measure_from =
-      start + std::chrono::microseconds(static_cast<int64_t>(c.warmup_s * 1e6));
-  // With a request count, a long safety limit instead of the duration.
-  const double limit_s = c.requests > 0 ? 600.0 : c.warmup_s + c.duration_s;
-  const Clock::time_point end =
-      start + std::chrono::microseconds(static_cast<int64_t>(limit_s * 1e6));
-  Recorder rec(measure_from, c.check);
-  std::atomic<bool> done{false};
-  auto finished = [&] {
-    return Clock::now() >= end || (c.requests > 0 && rec.measured() >= c.requests);
-  };
+  const Clock::time_point measure_from = start + Seconds(c.warmup_s);
+  Recorder rec(measure_from, window, max_trials);
+  std::atomic<bool> stop{false};
 
-  std::thread progress;
-  if (c.progress) {
-    progress = std::thread([&] {
-      while (!done) {
-        std::this_thread::sleep_for(std::chrono::seconds(1));
-        const double t = std::chrono::duration<double>(Clock::now() - start).count();
-        std::fprintf(stderr, "\r  %s %5.1fs  %8lld measured  p50 %8.0f us   ", c.target.c_str(), t,
-                     static_cast<long long>(rec.measured()), rec.P50());
-      }
-      std::fprintf(stderr, "\n");
-    });
-  }
-
-  if (!c.open_loop) {
-    std::vector<std::thread> callers;
-    for (int w = 0; w < c.concurrency; ++w) {
-      callers.emplace_back([&, w] {
-        Picker picker(mix, 1234 + w);
-        std::unique_ptr<grpc::ClientContext> sctx;
-        std::unique_ptr<grpc::ClientReaderWriter<v1::RopeRequest, v1::RopeResponse>> stream;
-        if (c.stream) {
-          sctx = std::make_unique<grpc::ClientContext>();
-          stream = stub.StreamRope(sctx.get());
-        }
-        while (!finished()) {
-          const Op& op = picker.Next();
-          const Clock::time_point t0 = Clock::now();
-          Outcome o;
-          if (c.stream) {
-            v1::RopeResponse resp;
-            if (!stream->Write(op.rope) || !stream->Read(&resp)) {
-              grpc::Status s = stream->Finish();
-              rec.Add(op, t0, Clock::now(),
-                      Outcome{s.ok() ? grpc::StatusCode::UNKNOWN : s.error_code()});
-              return;
-            }
-            o = Judge(op, grpc::Status::OK, resp, c.check);
-          } else {
-            o = CallSync(stub, op, c);
-          }
-          rec.Add(op, t0, Clock::now(), o);
-        }
-        if (stream) {
-          stream->WritesDone();
-          (void)stream->Finish();
-        }
-      });
-    }
-    for (auto& t : callers) t.join();
+  std::vector<std::thread> threads;
+  std::unique_ptr<Sender> sender;
+  if (c.open_loop) {
+    sender = std::make_unique<Sender>(stub, mix, c, rec, start);
+    threads.emplace_back([&] { sender->Run(stop); });
   } else {
-    // Arrivals on a schedule; latency counts from the scheduled time, so a
-    // slow server cannot hide queueing (no coordinated omission).
-    constexpr int kMaxOutstanding = 4096;
-    std::atomic<int> outstanding{0};
-    std::mt19937 rng(99);
-    std::exponential_distribution<double> gap(c.rate);
-    Picker picker(mix, 4321);
-    double t = 0;
-    while (!finished()) {
-      t += c.poisson ? gap(rng) : 1.0 / c.rate;
-      const Clock::time_point when =
-          start + std::chrono::microseconds(static_cast<int64_t>(t * 1e6));
-      std::this_thread::sleep_until(when);
-      if (finished()) break;
-      if (outstanding >= kMaxOutstanding) {
-        rec.AddClientError("CLIENT_OVERLOADED");
-        continue;
-      }
-      auto* call = new AsyncCall;
-      call->op = &picker.Next();
-      call->scheduled = when;
-      SetDeadline(call->ctx, c.timeout_s);
-      ++outstanding;
-      auto finish = [&, call](grpc::Status s, const auto& resp) {
-        rec.Add(*call->op, call->scheduled, Clock::now(), Judge(*call->op, s, resp, c.check));
-        --outstanding;
-        delete call;
-      };
-      switch (call->op->kind) {
-        case OpKind::kRope:
-          stub.async()->ApplyRope(&call->ctx, &call->op->rope, &call->rope,
-                                  [call, finish](grpc::Status s) { finish(s, call->rope); });
-          break;
-        case OpKind::kAbsolute:
-          stub.async()->AddAbsoluteEncoding(
-              &call->ctx, &call->op->absolute, &call->absolute,
-              [call, finish](grpc::Status s) { finish(s, call->absolute); });
-          break;
-        case OpKind::kBias:
-          stub.async()->AttentionBias(&call->ctx, &call->op->bias, &call->bias,
-                                      [call, finish](grpc::Status s) { finish(s, call->bias); });
-          break;
-      }
+    for (int w = 0; w < c.concurrency; ++w) {
+      threads.emplace_back([&, w] { Caller(stub, mix, c, w, stop, rec); });
     }
-    while (outstanding > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  const double seconds =
-      std::chrono::duration<double>(std::min(Clock::now(), end) - measure_from).count();
-  done = true;
-  if (progress.joinable()) progress.join();
-  rec.Fill(result, std::max(seconds, 1e-9));
-  return result;
-}
 
-std::string ToJson(const RunResult& r) {
-  std::vector<std::string> errors;
-  for (const auto& [code, n] : r.errors) errors.push_back(absl::StrCat("\"", code, "\": ", n));
-  const RunConfig& c = r.config;
-  return absl::StrCat(
-      "{\"target\": \"", c.target, "\", \"ops\": \"", r.ops, "\", \"api\": \"",
-      c.stream ? "stream" : "unary", "\", \"mode\": \"", c.open_loop ? "open" : "closed",
-      "\", \"concurrency\": ", c.concurrency, ", \"rate\": ", c.open_loop ? c.rate : 0,
-      ", \"arrival\": \"", c.poisson ? "poisson" : "constant", "\", \"ok\": ", r.ok,
-      ", \"check_failures\": ", r.check_failures, ", \"seconds\": ", r.seconds,
-      ", \"requests_per_s\": ", r.requests_per_s, ", \"gigabytes_per_s\": ", r.gigabytes_per_s,
-      ", \"latency_us\": {\"p50\": ", r.p50_us, ", \"p90\": ", r.p90_us, ", \"p99\": ", r.p99_us,
-      ", \"p999\": ", r.p999_us, ", \"mean\": ", r.mean_us, "}, \"errors\": {",
-      absl::StrJoin(errors, ", "), "}}");
+  // Windows until the last ones agree or the trials run out. Each closes a
+  // moment after its end, so that calls finishing on the edge are in.
+  const Clock::duration grace =
+      std::min<Clock::duration>(window / 20, std::chrono::milliseconds(5));
+  int trials = 0;
+  while (trials < max_trials && !result.stable) {
+    std::this_thread::sleep_until(measure_from + window * (trials + 1) + grace);
+    result.windows.push_back(rec.Close(trials));
+    ++trials;
+    result.stable = IsStable(result.windows, c.stability_percentage);
+    if (c.progress) {
+      const Window& w = result.windows.back();
+      std::fprintf(stderr, "  %s window %d: %.1f req/s, p50 %.0f us%s\n", c.target.c_str(), trials,
+                   w.requests_per_s, w.p50_us, result.stable ? " (stable)" : "");
+    }
+  }
+  if (sender) {
+    result.backlog = sender->outstanding();
+    result.sender_lag_ms = sender->LagMs();
+  }
+  stop = true;
+  for (auto& t : threads) t.join();
+  if (sender) sender->WaitForCalls();
+  rec.Fill(std::max(0, trials - kStableWindows), trials, result);
+  if (c.open_loop) {
+    result.sustained =
+        result.dropped == 0 && result.sender_lag_ms <= c.measurement_interval_ms &&
+        result.requests_per_s >= result.asked_per_s * (1 - c.stability_percentage / 100);
+  }
+  return result;
 }
 
 }  // namespace posenc::loadgen
