@@ -223,6 +223,7 @@ int main(int argc, char** argv) {
     for (int h = 0; h < H; ++h) slopes[h] = std::exp2(-8.0 * (h + 1) / H);
     p.slopes = DeviceArray(slopes);
     p.k_lens = DeviceArray(std::vector<int64_t>{K});
+    p.k_starts = DeviceArray(std::vector<int64_t>{0});
     p.batch = 1;
     p.heads = H;
     p.q_len = Q;

@@ -274,7 +274,8 @@ absl::StatusOr<Produced> Engine::AttentionBias(const BiasOptions& o, MutableTens
   Produced produced;
   POSENC_RETURN_IF_ERROR(Guarded([&]() -> absl::Status {
     const bool has_logits = logits.present();
-    POSENC_RETURN_IF_ERROR(CheckRequestSize(static_cast<int64_t>(logits.nbytes + o.k_lens.nbytes)));
+    POSENC_RETURN_IF_ERROR(CheckRequestSize(
+        static_cast<int64_t>(logits.nbytes + o.k_lens.nbytes + o.k_starts.nbytes)));
     POSENC_ASSIGN_OR_RETURN(
         BiasPlan plan, PlanAttentionBias(o, logits.view(), [&](const PlanCost& c) -> absl::Status {
           // The answer: the bias (new, or the logits it was added to) and

@@ -34,7 +34,8 @@ int64_t RequestBytes(const v1::AbsoluteEncodingRequest& r) {
 }
 int64_t RequestBytes(const v1::EncodingTableRequest& r) { return r.positions().data().size(); }
 int64_t RequestBytes(const v1::AttentionBiasRequest& r) {
-  return r.logits_data().size() + r.k_lens().data().size() + 8 * r.slopes_size();
+  return r.logits_data().size() + r.k_lens().data().size() + r.k_starts().data().size() +
+         8 * r.slopes_size();
 }
 
 absl::Status ApplyRope(Engine& engine, v1::RopeRequest* req, v1::RopeResponse* resp,

@@ -3,9 +3,12 @@
 // NaN before the kernel runs so unwritten elements fail.
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "emulated_gpu_backend.h"
 #include "gtest/gtest.h"
@@ -574,6 +577,7 @@ void CheckBias(Backend& backend, const BiasOptions& o, bool with_logits) {
 
 TEST_P(BackendTest, AttentionBiasFormsAndMasks) {
   std::vector<int64_t> k_lens = {9, 3};
+  std::vector<int32_t> k_starts = {4, 3};
   for (DType dtype : kFloatTypes) {
     for (BiasForm form : {BiasForm::kNone, BiasForm::kCausal, BiasForm::kSymmetric}) {
       for (bool logits : {false, true}) {
@@ -594,7 +598,98 @@ TEST_P(BackendTest, AttentionBiasFormsAndMasks) {
         o.q_offset = 2;
         o.slopes = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, -1.2};
         CheckBias(*backend_, o, logits);
+        o.k_starts = testing::IntView(k_starts, {2});  // the second sequence: no real key
+        CheckBias(*backend_, o, logits);
       }
+    }
+  }
+}
+
+// The bias `o` describes, built on `backend` into a poisoned buffer (and
+// checked against the CPU backend's for a GPU one).
+Bytes BuiltBias(Backend& backend, const BiasOptions& o) {
+  auto plan = PlanAttentionBias(o, {});
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (!plan.ok()) return {};
+  Bytes out = testing::Poisoned(o.dtype, plan->NumElements());
+  RunMatchingCpu(backend, {&out}, [&](Backend& be, const std::vector<Bytes*>& b) {
+    return be.ApplyAttentionBias(*plan, b[0]->data(), {});
+  });
+  return out;
+}
+
+// Left padding on random batches (prefill and decode, with and without
+// right padding, windows, own slopes, INT32 and INT64 starts): against the
+// float64 reference, built and added to logits; and then the property
+// k_starts promises: keys before k_starts[b] are -inf, and sequence b's
+// real keys carry exactly the bias of the same sequence sent unpadded (its
+// keys and queries moved left by k_starts[b]), bit for bit.
+TEST_P(BackendTest, LeftPaddingMasksKeysBeforeKStartsAndMovesNoDistance) {
+  std::mt19937_64& rng = testing::Rng();
+  for (int trial = 0; trial < 60; ++trial) {
+    BiasOptions o;
+    o.dtype = kFloatTypes[rng() % 3];
+    o.form =
+        std::vector<BiasForm>{BiasForm::kNone, BiasForm::kCausal, BiasForm::kSymmetric}[rng() % 3];
+    o.batch = 1 + rng() % 5;
+    o.num_heads = 1 + rng() % 13;
+    o.k_len = 1 + rng() % 70;
+    o.q_len = rng() % 2 ? o.k_len : 1 + rng() % std::min<int64_t>(o.k_len, 4);
+    o.causal = rng() % 4 != 0;
+    o.window = rng() % 3 == 0 ? 1 + rng() % 9 : 0;
+    if (rng() % 3 == 0) {
+      for (int64_t h = 0; h < o.num_heads; ++h) o.slopes.push_back((int(rng() % 200) - 100) / 37.0);
+    }
+    const bool right_padding = rng() % 2;
+    std::vector<int64_t> ends(o.batch, o.k_len), starts(o.batch);
+    for (int64_t b = 0; b < o.batch; ++b) {
+      if (right_padding) ends[b] = rng() % (o.k_len + 1);
+      starts[b] = rng() % (ends[b] + 1);
+    }
+    std::vector<int32_t> starts32(starts.begin(), starts.end());
+    if (right_padding) o.k_lens = testing::IntView(ends, {o.batch});
+    o.k_starts =
+        rng() % 2 ? testing::IntView(starts, {o.batch}) : testing::IntView(starts32, {o.batch});
+    ::testing::Message what;
+    what << "trial " << trial << " " << DTypeName(o.dtype) << " form " << int(o.form) << " ["
+         << o.batch << ", " << o.num_heads << ", " << o.q_len << ", " << o.k_len << "] causal "
+         << o.causal << " window " << o.window << " starts";
+    for (int64_t s : starts) what << " " << s;
+    SCOPED_TRACE(what);
+    CheckBias(*backend_, o, /*with_logits=*/false);
+    CheckBias(*backend_, o, /*with_logits=*/true);
+
+    const Bytes padded = BuiltBias(*backend_, o);
+    ASSERT_FALSE(padded.empty());
+    for (int64_t b = 0; b < o.batch; ++b) {
+      const int64_t s = starts[b];
+      BiasOptions u = o;
+      u.batch = 1;
+      u.k_len = o.k_len - s;
+      u.q_offset = (o.k_len - o.q_len) - s;
+      std::vector<int64_t> end = {ends[b] - s};
+      u.k_lens = testing::IntView(end, {1});
+      u.k_starts = {};
+      const Bytes unpadded = BuiltBias(*backend_, u);
+      if (u.k_len > 0) ASSERT_FALSE(unpadded.empty());
+      int64_t bad = 0;
+      for (int64_t h = 0; h < o.num_heads; ++h) {
+        for (int64_t i = 0; i < o.q_len; ++i) {
+          const int64_t row = (b * o.num_heads + h) * o.q_len + i;
+          const int64_t urow = h * o.q_len + i;
+          for (int64_t j = 0; j < o.k_len; ++j) {
+            const double got = testing::ReadDouble(o.dtype, padded.data(), row * o.k_len + j);
+            const double want =
+                j < s ? -std::numeric_limits<double>::infinity()
+                      : testing::ReadDouble(o.dtype, unpadded.data(), urow * u.k_len + j - s);
+            if (got != want && bad++ < 3) {
+              ADD_FAILURE() << "b " << b << " h " << h << " i " << i << " j " << j << ": got "
+                            << got << ", the unpadded sequence has " << want;
+            }
+          }
+        }
+      }
+      EXPECT_EQ(bad, 0) << "sequence " << b;
     }
   }
 }

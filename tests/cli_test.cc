@@ -5,7 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 
 #include "gtest/gtest.h"
@@ -183,6 +185,54 @@ TEST(CliUsage, VersionNamesVersionBuildAndCuda) {
 #endif
   EXPECT_NE(r.output.find(POSENC_EXPECT_CUDA ? "CUDA compiled in" : "CUDA not compiled in"),
             std::string::npos)
+      << r.output;
+}
+
+// --k_starts masks each sequence's left padding, and its real keys carry
+// the bias of the same sequence sent unpadded; a malformed list is ours
+// (exit 2), an out-of-range value the server's (exit 1), both named.
+TEST_F(Cli, KStartsMasksLeftPadding) {
+  const std::string padded_path = dir_ + "/padded.npy", plain_path = dir_ + "/plain.npy";
+  Result r =
+      Run("bias --heads=3 --q_len=7 --k_len=7 --causal --k_starts=3,0 --output=" + padded_path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = Run("bias --heads=3 --q_len=4 --k_len=4 --causal --output=" + plain_path);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto padded = cli::ReadNpy(padded_path);
+  auto plain = cli::ReadNpy(plain_path);
+  ASSERT_TRUE(padded.ok() && plain.ok());
+  ASSERT_EQ(padded->shape, (std::vector<int64_t>{2, 3, 7, 7}));
+  ASSERT_EQ(plain->shape, (std::vector<int64_t>{1, 3, 4, 4}));
+  auto at = [](const cli::NpyArray& a, int64_t e) {
+    float v;
+    std::memcpy(&v, a.data.data() + 4 * e, 4);
+    return v;
+  };
+  for (int64_t h = 0; h < 3; ++h) {
+    for (int64_t i = 0; i < 7; ++i) {
+      for (int64_t j = 0; j < 7; ++j) {
+        // Sequence 0: three padded keys, then the plain sequence shifted.
+        const float got = at(*padded, (h * 7 + i) * 7 + j);
+        if (j < 3 || i < 3) {
+          EXPECT_TRUE(std::isinf(got) && got < 0) << h << " " << i << " " << j << ": " << got;
+        } else {
+          EXPECT_EQ(got, at(*plain, (h * 4 + i - 3) * 4 + j - 3)) << h << " " << i << " " << j;
+        }
+        // Sequence 1: no padding, causal only.
+        const float unpadded = at(*padded, ((3 + h) * 7 + i) * 7 + j);
+        EXPECT_EQ(std::isinf(unpadded), j > i) << h << " " << i << " " << j;
+      }
+    }
+  }
+
+  r = Run("bias --heads=1 --q_len=2 --k_len=2 --k_starts=1,x");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--k_starts: value 1 must be an integer, got 'x'"), std::string::npos)
+      << r.output;
+  r = Run("bias --heads=1 --q_len=2 --k_len=2 --k_lens=2,1 --k_starts=0,2");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("the server answered INVALID_ARGUMENT"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("k_starts[1] must be in [0, k_lens[1] = 1], got 2"), std::string::npos)
       << r.output;
 }
 

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
@@ -11,6 +12,7 @@
 #include "posenc/backend.h"
 #include "posenc/client.h"
 #include "posenc/wire/tensors.h"
+#include "reference.h"
 #include "safetensors.h"
 #include "server.h"
 #include "test_tensors.h"
@@ -319,6 +321,83 @@ TEST_F(EndToEnd, OversizedMessagesAndRequestsAreResourceExhausted) {
   b.k_len = 256;
   auto bias = client_->AttentionBias(b);
   EXPECT_EQ(bias.status().code(), absl::StatusCode::kResourceExhausted) << bias.status();
+}
+
+// Left padding over the wire: random k_starts (with k_lens) through the
+// client, built by the server and added to caller logits, against the
+// float64 reference; bad k_starts refused naming the field.
+TEST_F(EndToEnd, LeftPaddedBiasThroughTheClient) {
+  std::mt19937_64& rng = testing::Rng();
+  for (int trial = 0; trial < 8; ++trial) {
+    BiasOptions o;
+    o.batch = 1 + rng() % 4;
+    o.num_heads = 1 + rng() % 9;
+    o.k_len = 1 + rng() % 40;
+    o.q_len = rng() % 2 ? o.k_len : 1;
+    o.causal = true;
+    o.dtype = rng() % 2 ? DType::kFloat32 : DType::kBFloat16;
+    std::vector<int64_t> ends(o.batch);
+    std::vector<int32_t> starts(o.batch);
+    for (int64_t b = 0; b < o.batch; ++b) {
+      ends[b] = rng() % (o.k_len + 1);
+      starts[b] = rng() % (ends[b] + 1);
+    }
+    o.k_lens = testing::IntView(ends, {o.batch});
+    o.k_starts = testing::IntView(starts, {o.batch});
+    SCOPED_TRACE(::testing::Message() << "trial " << trial);
+    auto plan = PlanAttentionBias(o, {});
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    std::vector<double> ref;
+    for (int64_t b = 0; b < o.batch; ++b)
+      for (int64_t h = 0; h < o.num_heads; ++h)
+        for (int64_t i = 0; i < o.q_len; ++i)
+          for (int64_t j = 0; j < o.k_len; ++j) ref.push_back(reference::Bias(*plan, b, h, i, j));
+    // The reference takes the plan's starts: check the plan kept ours.
+    ASSERT_EQ(plan->k_starts, std::vector<int64_t>(starts.begin(), starts.end()));
+    auto bias = client_->AttentionBias(o);
+    ASSERT_TRUE(bias.ok()) << bias.status();
+    EXPECT_TRUE(testing::MatchesReference(o.dtype, ref, bias->data.data(), 1e-6));
+
+    Bytes logits = testing::RandomTensor(o.dtype, plan->NumElements());
+    const std::vector<double> before = testing::ToDoubles(o.dtype, logits);
+    ASSERT_TRUE(
+        client_
+            ->ApplyAttentionBias(
+                o, testing::Mutable(o.dtype, {o.batch, o.num_heads, o.q_len, o.k_len}, logits))
+            .ok());
+    for (size_t e = 0; e < ref.size(); ++e) ref[e] += before[e];
+    EXPECT_TRUE(testing::MatchesReference(o.dtype, ref, logits.data(), 1e-6));
+  }
+
+  BiasOptions o;
+  o.num_heads = 2;
+  o.q_len = 3;
+  o.k_len = 6;
+  std::vector<int64_t> ends = {6, 2};
+  std::vector<int64_t> starts = {1, 3};
+  o.k_lens = testing::IntView(ends, {2});
+  o.k_starts = testing::IntView(starts, {2});
+  ExpectError(client_->AttentionBias(o).status(), absl::StatusCode::kInvalidArgument,
+              {"k_starts[1]", "k_lens[1] = 2", "got 3"});
+  o.k_lens = {};
+  starts = {1, -1};
+  ExpectError(client_->AttentionBias(o).status(), absl::StatusCode::kInvalidArgument,
+              {"k_starts[1]", "k_len = 6", "got -1"});
+  std::vector<int64_t> three = {0, 0, 0};
+  o.k_lens = testing::IntView(ends, {2});
+  o.k_starts = testing::IntView(three, {3});
+  ExpectError(client_->AttentionBias(o).status(), absl::StatusCode::kInvalidArgument,
+              {"k_starts.shape", "[batch] = [2]", "[3]"});
+  std::vector<float> floats = {0, 1};
+  o.k_starts = TensorView{DType::kFloat32, {2}, floats.data(), 8};
+  ExpectError(client_->AttentionBias(o).status(), absl::StatusCode::kInvalidArgument,
+              {"k_starts.dtype", "INT32 or INT64", "FLOAT32"});
+  // k_starts count toward --max_request_bytes (6 MiB here) like every tensor.
+  std::vector<int64_t> huge(7 << 17);
+  o.k_lens = {};
+  o.k_starts = testing::IntView(huge, {7 << 17});
+  ExpectError(client_->AttentionBias(o).status(), absl::StatusCode::kResourceExhausted,
+              {"max_request_bytes"});
 }
 
 TEST_F(EndToEnd, DeadlinesAreHonoured) {

@@ -96,7 +96,8 @@ class EmulatedGpuBackend final : public Backend {
 
   absl::Status ApplyAttentionBias(const BiasPlan& plan, void* out, const RunContext&) override {
     if (plan.empty()) return absl::OkStatus();
-    cuda::BiasParams p = cuda::MakeBiasParams(plan, out, plan.slopes.data(), plan.k_lens.data());
+    cuda::BiasParams p = cuda::MakeBiasParams(plan, out, plan.slopes.data(), plan.k_lens.data(),
+                                              plan.k_starts.data());
     const LaunchShape shape = cuda::PlanBiasLaunch(&p);
     if (shape.empty()) return absl::OkStatus();
     BiasRunner runner{p, shape};

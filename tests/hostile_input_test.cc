@@ -354,6 +354,34 @@ std::vector<Case> Cases() {
          r.set_window(-5);
          return CallBias(s, c, r);
        }},
+      {"bias_k_starts_int64_min", StatusCode::INVALID_ARGUMENT, "k_starts[0]",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::AttentionBiasRequest r;
+         r.set_num_heads(1);
+         r.set_q_len(2);
+         r.set_k_len(2);
+         SetInts(r.mutable_k_starts(), {2}, {kInt64Min, 0});
+         return CallBias(s, c, r);
+       }},
+      {"bias_k_starts_past_k_lens", StatusCode::INVALID_ARGUMENT, "k_starts[1]",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::AttentionBiasRequest r;
+         r.set_num_heads(1);
+         r.set_q_len(2);
+         r.set_k_len(4);
+         SetInts(r.mutable_k_lens(), {2}, {4, 1});
+         SetInts(r.mutable_k_starts(), {2}, {0, kInt64Max});
+         return CallBias(s, c, r);
+       }},
+      {"bias_k_starts_2_40_elements_no_data", StatusCode::INVALID_ARGUMENT, "k_starts",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::AttentionBiasRequest r;
+         r.set_num_heads(1);
+         r.set_q_len(2);
+         r.set_k_len(2);
+         SetInts(r.mutable_k_starts(), {int64_t{1} << 40}, {});
+         return CallBias(s, c, r);
+       }},
       {"bias_over_tensor_limit", StatusCode::RESOURCE_EXHAUSTED, "--max_request_bytes",
        [](Stub& s, grpc::ClientContext& c) {
          v1::AttentionBiasRequest r;

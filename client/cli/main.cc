@@ -61,6 +61,12 @@ ABSL_FLAG(std::string, form, "causal",
           "bias: causal (ALiBi: -m(i-j)), symmetric (-m|i-j|) or none (masks only).");
 ABSL_FLAG(bool, causal, false, "bias: causal mask.");
 ABSL_FLAG(int64_t, window, 0, "bias: sliding window (0 = off).");
+ABSL_FLAG(std::string, k_lens, "",
+          "bias: per-sequence key ends, e.g. 16,9 (right padding: keys j >= k_lens[b] masked); "
+          "one value per sequence sets the batch.");
+ABSL_FLAG(std::string, k_starts, "",
+          "bias: per-sequence first real key, e.g. 0,7 (left padding: keys j < k_starts[b] "
+          "masked); one value per sequence sets the batch.");
 ABSL_FLAG(int64_t, png_head, 0, "bias: which head the PNG shows.");
 ABSL_FLAG(std::string, input, "", "rope/absolute: .npy input (default: random).");
 ABSL_FLAG(std::string, output, "", "Write the result as .npy here.");
@@ -349,8 +355,32 @@ std::string BiasTitle(const BiasOptions& o) {
   return t;
 }
 
+// A comma-separated list of integers (--k_lens, --k_starts) as an INT64
+// [batch] tensor over `storage`; absent when the flag is empty. The values
+// are the server's to judge; the CLI only parses them.
+absl::StatusOr<TensorView> PerSequenceFlag(const char* name, const absl::Flag<std::string>& flag,
+                                           std::vector<int64_t>* storage) {
+  storage->clear();
+  const std::string text = absl::GetFlag(flag);
+  if (text.empty()) return TensorView{};
+  for (absl::string_view v : absl::StrSplit(text, ',')) {
+    int64_t x;
+    if (!absl::SimpleAtoi(v, &x)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, ": value ", storage->size(),
+                                                     " must be an integer, got '",
+                                                     absl::CHexEscape(v), "'"));
+    }
+    storage->push_back(x);
+  }
+  return TensorView{
+      DType::kInt64, {static_cast<int64_t>(storage->size())}, storage->data(), storage->size() * 8};
+}
+
 absl::Status Bias(Client& client, const CallOptions& call) {
   BiasOptions o;
+  std::vector<int64_t> k_lens, k_starts;
+  POSENC_ASSIGN_OR_RETURN(o.k_lens, PerSequenceFlag("k_lens", FLAGS_k_lens, &k_lens));
+  POSENC_ASSIGN_OR_RETURN(o.k_starts, PerSequenceFlag("k_starts", FLAGS_k_starts, &k_starts));
   POSENC_ASSIGN_OR_RETURN(o.dtype, EnumFlag<DType>("dtype", FLAGS_dtype));
   POSENC_ASSIGN_OR_RETURN(o.form, EnumFlag<BiasForm>("form", FLAGS_form));
   o.num_heads = absl::GetFlag(FLAGS_heads);
@@ -458,6 +488,7 @@ constexpr char kUsage[] =
     "  posenc-cli table --dim=1024 --count=128 --png=table.png\n"
     "  posenc-cli rope --shape=1,16,8,128 --dtype=bfloat16 --output=q.npy\n"
     "  posenc-cli bias --heads=8 --q_len=64 --k_len=64 --causal --window=16 --png=bias.png\n"
+    "  posenc-cli bias --heads=4 --q_len=8 --k_len=8 --causal --k_starts=3,0  # left padding\n"
     "\n"
     "Errors: exit 2 for a bad flag or file (nothing sent), 1 when the server refuses.";
 

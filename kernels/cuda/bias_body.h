@@ -46,7 +46,7 @@ POSENC_HOST_DEVICE void BiasBody(const BiasParams& p, Coord block, Coord thread,
     const internal::BiasRow r = internal::BiasRowOf(row, p.heads, p.q_len);
     const int64_t qpos = p.q_offset + r.i;
     const double slope = p.slopes[r.h];
-    const int64_t k_len_b = p.k_lens[r.b];
+    const internal::KeyRange keys{p.k_starts[r.b], p.k_lens[r.b]};
     T* y = static_cast<T*>(p.out) + row * p.k_len;
     for (int64_t j0 =
              static_cast<int64_t>(thread.x % static_cast<unsigned>(p.threads_per_row)) * kWidth;
@@ -54,7 +54,7 @@ POSENC_HOST_DEVICE void BiasBody(const BiasParams& p, Coord block, Coord thread,
       T v[kWidth];
       if (p.add_to_logits) LoadPacket<kVector>(y + j0, v);
       for (int j = 0; j < kWidth; ++j) {
-        internal::StoreBias(&v[j], internal::BiasValue(shape, slope, qpos, j0 + j, k_len_b),
+        internal::StoreBias(&v[j], internal::BiasValue(shape, slope, qpos, j0 + j, keys),
                             p.add_to_logits);
       }
       StorePacket<kVector>(v, y + j0);

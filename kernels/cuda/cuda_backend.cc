@@ -225,18 +225,21 @@ class CudaBackend final : public Backend {
     const size_t out_at = l.Add(out_bytes);
     const size_t slopes_at = l.Add(plan.slopes.size() * 8);
     const size_t klens_at = l.Add(plan.k_lens.size() * 8);
+    const size_t kstarts_at = l.Add(plan.k_starts.size() * 8);
     return WithWorker(l.size(), [&](Worker& w) -> absl::Status {
       char* h = w.pinned;
       if (plan.add_to_logits) std::memcpy(h + out_at, out, out_bytes);
       std::memcpy(h + slopes_at, plan.slopes.data(), plan.slopes.size() * 8);
       std::memcpy(h + klens_at, plan.k_lens.data(), plan.k_lens.size() * 8);
+      std::memcpy(h + kstarts_at, plan.k_starts.data(), plan.k_starts.size() * 8);
       // Built biases upload only their small side tables.
       const size_t upload_from = plan.add_to_logits ? 0 : slopes_at;
       POSENC_CUDA(cudaMemcpyAsync(w.device + upload_from, h + upload_from, l.size() - upload_from,
                                   cudaMemcpyHostToDevice, w.stream));
       const cuda::BiasParams p = cuda::MakeBiasParams(
           plan, w.device + out_at, reinterpret_cast<const double*>(w.device + slopes_at),
-          reinterpret_cast<const int64_t*>(w.device + klens_at));
+          reinterpret_cast<const int64_t*>(w.device + klens_at),
+          reinterpret_cast<const int64_t*>(w.device + kstarts_at));
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(cuda::LaunchBias(p, w.stream),
                                    "launching the attention bias kernel", CudaCall::kLaunch));

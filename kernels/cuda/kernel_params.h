@@ -73,9 +73,10 @@ struct AbsoluteParams {
 };
 
 struct BiasParams {
-  void* out;              // [batch, heads, q_len, k_len]
-  const double* slopes;   // [heads]
-  const int64_t* k_lens;  // [batch]
+  void* out;                // [batch, heads, q_len, k_len]
+  const double* slopes;     // [heads]
+  const int64_t* k_lens;    // [batch]
+  const int64_t* k_starts;  // [batch]
   int64_t batch, heads, q_len, k_len, q_offset, window;
   DType dtype;
   BiasForm form;

@@ -81,11 +81,12 @@ inline AbsoluteParams MakeAbsoluteParams(const AbsolutePlan& plan, void* x,
 }
 
 inline BiasParams MakeBiasParams(const BiasPlan& plan, void* out, const double* slopes,
-                                 const int64_t* k_lens) {
+                                 const int64_t* k_lens, const int64_t* k_starts) {
   BiasParams p{};
   p.out = out;
   p.slopes = slopes;
   p.k_lens = k_lens;
+  p.k_starts = k_starts;
   p.batch = plan.batch;
   p.heads = plan.num_heads;
   p.q_len = plan.q_len;

@@ -163,6 +163,10 @@ int main(int argc, char** argv) {
     r.add_slopes(0.25);
     r.add_slopes(0.125);
     write("bias_symmetric_klens", 3, r);
+    Ints<int64_t>(r.mutable_k_starts(), v1::DATA_TYPE_INT64, {2}, {2, 0});
+    r.set_form(v1::BIAS_FORM_CAUSAL);
+    r.set_causal(true);
+    write("bias_left_padding", 3, r);
     v1::AttentionBiasRequest l;
     l.mutable_logits()->set_dtype(v1::DATA_TYPE_FLOAT32);
     for (int64_t d : {1, 2, 3, 3}) l.mutable_logits()->add_shape(d);

@@ -184,7 +184,7 @@ double Bias(const BiasPlan& p, int64_t b, int64_t h, int64_t i, int64_t j) {
   const int64_t qpos = p.q_offset + i;
   if (p.causal && j > qpos) return -inf;
   if (p.window > 0 && (j > qpos || j <= qpos - p.window)) return -inf;
-  if (j >= p.k_lens[b]) return -inf;
+  if (j < p.k_starts[b] || j >= p.k_lens[b]) return -inf;  // left or right padding
   const double m = p.slopes[h];
   if (p.form == BiasForm::kCausal) return -m * double(qpos - j);
   if (p.form == BiasForm::kSymmetric) return -m * std::abs(double(qpos - j));

@@ -142,6 +142,7 @@ absl::StatusOr<BiasOptions> BiasOptionsOf(const v1::AttentionBiasRequest& req) {
   o.causal = req.causal();
   o.window = req.window();
   POSENC_ASSIGN_OR_RETURN(o.k_lens, ViewOf("k_lens", req.has_k_lens(), req.k_lens()));
+  POSENC_ASSIGN_OR_RETURN(o.k_starts, ViewOf("k_starts", req.has_k_starts(), req.k_starts()));
   if (req.dtype() != v1::DATA_TYPE_UNSPECIFIED) {
     POSENC_ASSIGN_OR_RETURN(o.dtype, FromProto("dtype", req.dtype()));
   }
@@ -167,6 +168,11 @@ void SetBiasOptions(const BiasOptions& o, v1::AttentionBiasRequest* req) {
     SetTensor(o.k_lens, req->mutable_k_lens());
   } else {
     req->clear_k_lens();
+  }
+  if (o.k_starts.present()) {
+    SetTensor(o.k_starts, req->mutable_k_starts());
+  } else {
+    req->clear_k_starts();
   }
   req->set_dtype(ToProto(o.dtype));
 }

@@ -149,6 +149,11 @@ TEST(WireRequests, BiasOptionsRoundTrip) {
     std::vector<int64_t> lens(o.batch);
     for (int64_t& l : lens) l = rng() % 100;
     if (rng() % 2) o.k_lens = TensorView{DType::kInt64, {o.batch}, lens.data(), lens.size() * 8};
+    std::vector<int32_t> starts(o.batch);
+    for (int32_t& s : starts) s = rng() % 100;
+    if (rng() % 2) {
+      o.k_starts = TensorView{DType::kInt32, {o.batch}, starts.data(), starts.size() * 4};
+    }
     v1::AttentionBiasRequest req;
     SetBiasOptions(o, &req);
     absl::StatusOr<BiasOptions> b = BiasOptionsOf(req);
@@ -168,6 +173,16 @@ TEST(WireRequests, BiasOptionsRoundTrip) {
       EXPECT_EQ(b->k_lens.shape, o.k_lens.shape);
       EXPECT_EQ(0, std::memcmp(b->k_lens.data, lens.data(), lens.size() * 8));
     }
+    ASSERT_EQ(b->k_starts.present(), o.k_starts.present());
+    if (o.k_starts.present()) {
+      EXPECT_EQ(b->k_starts.dtype, DType::kInt32);
+      EXPECT_EQ(b->k_starts.shape, o.k_starts.shape);
+      EXPECT_EQ(0, std::memcmp(b->k_starts.data, starts.data(), starts.size() * 4));
+    }
+    // And back: the same message.
+    v1::AttentionBiasRequest again;
+    SetBiasOptions(*b, &again);
+    EXPECT_EQ(again.SerializeAsString(), req.SerializeAsString());
   }
 }
 
@@ -189,6 +204,11 @@ TEST(WireRequests, BadValuesNameTheirField) {
   b.mutable_k_lens()->add_shape(2);
   b.mutable_k_lens()->set_data(std::string(8, '\0'));  // one element, shape says two
   EXPECT_NE(BiasOptionsOf(b).status().message().find("k_lens"), std::string::npos);
+  b = {};
+  b.mutable_k_starts()->set_dtype(v1::DATA_TYPE_INT32);
+  b.mutable_k_starts()->add_shape(3);
+  b.mutable_k_starts()->set_data(std::string(8, '\0'));  // two elements, shape says three
+  EXPECT_NE(BiasOptionsOf(b).status().message().find("k_starts"), std::string::npos);
 }
 
 }  // namespace

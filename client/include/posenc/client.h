@@ -94,7 +94,9 @@ class Client {
                                                      const CallOptions& call = {});
 
   // Adds the bias to the caller's logits [batch, heads, q_len, k_len] in
-  // place; `slopes` (optional) receives the per-head slopes used.
+  // place; `slopes` (optional) receives the per-head slopes used. Padding
+  // per sequence: options.k_lens (right) and options.k_starts (left, as
+  // BLOOM's left-padded batches need; see posenc/attention_bias.h).
   [[nodiscard]] absl::Status ApplyAttentionBias(const BiasOptions& options, MutableTensor logits,
                                                 std::vector<double>* slopes = nullptr,
                                                 const CallOptions& call = {});

@@ -1,5 +1,12 @@
 // Additive attention bias (SPEC §2.4): ALiBi distances and causal,
 // sliding-window and key-padding masks, as b in softmax(QK^T / sqrt(d) + b).
+//
+// Query row i sits at q_offset + i and key j at j, both along the stored key
+// axis; sequence b's real keys are [k_starts[b], k_lens[b]). Left padding
+// (k_starts) shifts queries and keys alike, so it changes no distance: over
+// real keys the bias is the unpadded sequence's (BLOOM's build_alibi_tensor
+// differs from it by a constant per query row, which softmax cancels; see
+// posenc.proto, AttentionBiasRequest).
 #ifndef POSENC_ATTENTION_BIAS_H_
 #define POSENC_ATTENTION_BIAS_H_
 
@@ -28,6 +35,7 @@ struct BiasOptions {
   bool causal = false;
   int64_t window = 0;             // keep the `window` most recent keys incl. self; 0 = off
   TensorView k_lens;              // [batch] INT32/INT64, keys at j >= k_lens[b] masked
+  TensorView k_starts;            // [batch] INT32/INT64, keys at j < k_starts[b] masked
   DType dtype = DType::kFloat32;  // of the built bias when no logits are given
 };
 
@@ -38,8 +46,9 @@ struct BiasPlan {
   int64_t batch = 1, num_heads = 0, q_len = 0, k_len = 0, q_offset = 0;
   bool causal = false;
   int64_t window = 0;
-  std::vector<double> slopes;   // [num_heads]
-  std::vector<int64_t> k_lens;  // [batch]; k_len when not given
+  std::vector<double> slopes;     // [num_heads]
+  std::vector<int64_t> k_lens;    // [batch]; k_len when not given
+  std::vector<int64_t> k_starts;  // [batch], each <= k_lens[b]; 0 when not given
 
   int64_t NumElements() const { return batch * num_heads * q_len * k_len; }
   bool empty() const { return NumElements() == 0; }

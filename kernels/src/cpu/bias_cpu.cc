@@ -16,10 +16,10 @@ POSENC_ALWAYS_INLINE void BiasRows(const BiasPlan& p, T* out, int64_t begin, int
     const BiasRow r = BiasRowOf(row, p.num_heads, p.q_len);
     const int64_t qpos = p.q_offset + r.i;
     const double slope = p.slopes[r.h];
-    const int64_t k_len_b = p.k_lens[r.b];
+    const KeyRange keys{p.k_starts[r.b], p.k_lens[r.b]};
     T* y = out + row * p.k_len;
     for (int64_t j = 0; j < p.k_len; ++j) {
-      StoreBias(&y[j], BiasValue(shape, slope, qpos, j, k_len_b), p.add_to_logits);
+      StoreBias(&y[j], BiasValue(shape, slope, qpos, j, keys), p.add_to_logits);
     }
   }
 }

@@ -26,13 +26,22 @@ POSENC_HOST_DEVICE BiasRow BiasRowOf(int64_t row, int64_t heads, int64_t q_len) 
   return BiasRow{bh / heads, bh % heads, row % q_len};
 }
 
+// The keys one sequence may attend, [begin, end) along the stored key axis:
+// left padding before `begin` (k_starts), right padding from `end` (k_lens).
+struct KeyRange {
+  int64_t begin, end;
+};
+
 // The bias of query position qpos against key j in double; -inf where
-// masked (causal, outside the window, or at or past the sequence's k_len).
+// masked (causal, outside the window, or padding). Padding moves no
+// position: queries and keys sit on the same padded axis, so qpos - j is
+// the unpadded distance.
 POSENC_HOST_DEVICE double BiasValue(BiasShape shape, double slope, int64_t qpos, int64_t j,
-                                    int64_t k_len_b) {
+                                    KeyRange keys) {
   const int64_t dist = qpos - j;
   const bool masked = (shape.causal && dist < 0) ||
-                      (shape.window > 0 && (dist < 0 || dist >= shape.window)) || j >= k_len_b;
+                      (shape.window > 0 && (dist < 0 || dist >= shape.window)) || j < keys.begin ||
+                      j >= keys.end;
   if (masked) return -__builtin_huge_val();
   switch (shape.form) {
     case BiasForm::kCausal:

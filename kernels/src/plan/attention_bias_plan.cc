@@ -9,15 +9,16 @@
 namespace posenc {
 namespace {
 
-absl::Status CheckKLensTensor(const TensorView& k_lens, int64_t batch) {
-  if (!IsInteger(k_lens.dtype)) {
+// k_lens or k_starts: one integer per sequence.
+absl::Status CheckPerSequenceTensor(const char* name, const TensorView& t, int64_t batch) {
+  if (!IsInteger(t.dtype)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("k_lens.dtype must be INT32 or INT64, got ", DTypeName(k_lens.dtype)));
+        absl::StrCat(name, ".dtype must be INT32 or INT64, got ", DTypeName(t.dtype)));
   }
-  POSENC_RETURN_IF_ERROR(ValidateTensorBytes("k_lens", k_lens.dtype, k_lens.shape, k_lens.nbytes));
-  if (k_lens.rank() != 1 || k_lens.shape[0] != batch) {
-    return absl::InvalidArgumentError(absl::StrCat("k_lens.shape must be [batch] = [", batch,
-                                                   "], got ", ShapeString(k_lens.shape)));
+  POSENC_RETURN_IF_ERROR(ValidateTensorBytes(name, t.dtype, t.shape, t.nbytes));
+  if (t.rank() != 1 || t.shape[0] != batch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ".shape must be [batch] = [", batch, "], got ", ShapeString(t.shape)));
   }
   return absl::OkStatus();
 }
@@ -81,8 +82,11 @@ absl::StatusOr<BiasPlan> PlanAttentionBias(const BiasOptions& o, const TensorVie
     }
     p.dtype = o.dtype;
   }
-  if (o.k_lens.present() && batch == 0 && !logits.present()) {
-    batch = o.k_lens.rank() == 1 ? o.k_lens.shape[0] : 0;
+  if (batch == 0 && !logits.present()) {
+    // The first per-sequence tensor sent tells the batch; a malformed one
+    // is refused below, naming itself.
+    const TensorView& per_sequence = o.k_lens.present() ? o.k_lens : o.k_starts;
+    if (per_sequence.present() && per_sequence.rank() == 1) batch = per_sequence.shape[0];
   }
   if (batch == 0 && !logits.present()) batch = 1;
   POSENC_RETURN_IF_ERROR(CheckDimension("batch", batch, kMaxSequences));
@@ -123,11 +127,14 @@ absl::StatusOr<BiasPlan> PlanAttentionBias(const BiasOptions& o, const TensorVie
   POSENC_RETURN_IF_ERROR(CheckDimension("window", o.window, kMaxAbsPosition));
   p.window = o.window;
   if (o.k_lens.present()) {
-    POSENC_RETURN_IF_ERROR(CheckKLensTensor(o.k_lens, batch));
+    POSENC_RETURN_IF_ERROR(CheckPerSequenceTensor("k_lens", o.k_lens, batch));
+  }
+  if (o.k_starts.present()) {
+    POSENC_RETURN_IF_ERROR(CheckPerSequenceTensor("k_starts", o.k_starts, batch));
   }
   if (reserve) {
     PlanCost cost;
-    cost.plan_bytes = (heads + batch) * 8;
+    cost.plan_bytes = (heads + 2 * batch) * 8;  // slopes, k_lens, k_starts
     cost.output_bytes = p.add_to_logits ? 0 : elements * static_cast<int64_t>(SizeOf(p.dtype));
     POSENC_RETURN_IF_ERROR(reserve(cost));
   }
@@ -145,6 +152,19 @@ absl::StatusOr<BiasPlan> PlanAttentionBias(const BiasOptions& o, const TensorVie
             absl::StrCat("k_lens[", b, "] must be in [0, k_len = ", k_len, "], got ", v));
       }
       p.k_lens[b] = v;
+    }
+  }
+  p.k_starts.assign(batch, 0);
+  if (o.k_starts.present()) {
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t v = ReadInteger(o.k_starts, b);
+      if (v < 0 || v > p.k_lens[b]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "k_starts[", b, "] must be in [0, ",
+            o.k_lens.present() ? absl::StrCat("k_lens[", b, "]") : std::string("k_len"), " = ",
+            p.k_lens[b], "], got ", v));
+      }
+      p.k_starts[b] = v;
     }
   }
   return p;

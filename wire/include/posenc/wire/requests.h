@@ -27,8 +27,8 @@ void SetRopeOptions(const RopeOptions& o, v1::RopeRequest* req);
 void SetAbsoluteOptions(const AbsoluteOptions& o, v1::AbsoluteEncodingRequest* req);
 void SetAbsoluteOptions(const AbsoluteOptions& o, v1::EncodingTableRequest* req);
 
-// Attention-bias options; k_lens is a view into `req`, which must outlive
-// the result. UNSPECIFIED dtype is FLOAT32.
+// Attention-bias options; k_lens and k_starts are views into `req`, which
+// must outlive the result. UNSPECIFIED dtype is FLOAT32.
 [[nodiscard]] absl::StatusOr<BiasOptions> BiasOptionsOf(const v1::AttentionBiasRequest& req);
 void SetBiasOptions(const BiasOptions& o, v1::AttentionBiasRequest* req);
 
