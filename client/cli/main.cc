@@ -181,9 +181,11 @@ absl::StatusOr<std::string> InputData(DType dtype, std::vector<int64_t>* shape) 
   return bytes;
 }
 
-std::vector<double> AsDoubles(DType dtype, const std::string& data) {
-  std::vector<double> v(data.size() / SizeOf(dtype));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = LoadElement(dtype, data.data(), i);
+// Elements [first, first + count) of `data` (all of it by default) as doubles.
+std::vector<double> AsDoubles(DType dtype, const std::string& data, size_t first = 0,
+                              size_t count = SIZE_MAX) {
+  std::vector<double> v(std::min(count, data.size() / SizeOf(dtype) - first));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = LoadElement(dtype, data.data(), first + i);
   return v;
 }
 
@@ -311,7 +313,7 @@ absl::Status Table(Client& client, const CallOptions& call) {
                                                   absl::GetFlag(FLAGS_count), {}, dtype, call)));
   const std::vector<int64_t>& shape = table.shape;
   std::printf("table %s\n", ShapeString(shape).c_str());
-  const std::vector<double> v = AsDoubles(dtype, table.data);
+  const std::vector<double> v = AsDoubles(table.dtype, table.data);
   if (absl::GetFlag(FLAGS_output).empty() && absl::GetFlag(FLAGS_png).empty() && v.size() <= 256) {
     for (int64_t r = 0; r < shape[0]; ++r) {
       for (int64_t c = 0; c < shape[1]; ++c) std::printf("%12.8f", v[r * shape[1] + c]);
@@ -325,8 +327,8 @@ absl::Status Table(Client& client, const CallOptions& call) {
           absl::StrCat("the server answered a table of shape ", ShapeString(shape), ", not 2-D")));
     }
     HeatmapLabels labels;
-    labels.title = absl::StrCat(TableTitle(o), ", ", absl::AsciiStrToLower(DTypeName(dtype)), " ",
-                                ShapeString(shape));
+    labels.title = absl::StrCat(TableTitle(o), ", ", absl::AsciiStrToLower(DTypeName(table.dtype)),
+                                " ", ShapeString(shape));
     labels.row_axis = "position";
     labels.col_axis = "dimension";
     POSENC_RETURN_IF_ERROR(
@@ -407,15 +409,15 @@ absl::Status Bias(Client& client, const CallOptions& call) {
       return Remote(absl::InternalError(absl::StrCat("the server answered a bias of shape ",
                                                      ShapeString(shape), ", no head ", head)));
     }
-    const std::vector<double> all = AsDoubles(dtype, bias.data);
+    // Only the head drawn is converted: 8 bytes an entry adds up.
     const int64_t plane = shape[2] * shape[3];
-    std::vector<double> v(all.begin() + head * plane, all.begin() + (head + 1) * plane);
+    const std::vector<double> v = AsDoubles(bias.dtype, bias.data, head * plane, plane);
     HeatmapLabels labels;
     labels.title = absl::StrCat(BiasTitle(o), ", head ", head, " of ", shape[1]);
     if (static_cast<size_t>(head) < bias.slopes.size() && o.form != BiasForm::kNone) {
       absl::StrAppend(&labels.title, " (slope ", Number(bias.slopes[head]), ")");
     }
-    absl::StrAppend(&labels.title, ", ", absl::AsciiStrToLower(DTypeName(dtype)), " ",
+    absl::StrAppend(&labels.title, ", ", absl::AsciiStrToLower(DTypeName(bias.dtype)), " ",
                     ShapeString(shape));
     labels.row_axis = "query position";
     labels.col_axis = "key position";
