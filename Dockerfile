@@ -11,9 +11,14 @@
 # serve gRPC on 50051 and Prometheus metrics on 8002 (Triton's metrics port; 9090 is Prometheus's own).
 
 ARG CUDA_VERSION=13.0.0
+# The CUDA stages' bases. scripts/image-test.sh, which has no registry, swaps
+# in local stand-ins made from Debian's archive and the CUDA toolkit CI
+# already has (same toolkit version, same paths under /usr/local/cuda).
+ARG CUDA_DEVEL_IMAGE=nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04
+ARG CUDA_RUNTIME_IMAGE=nvidia/cuda:${CUDA_VERSION}-base-ubuntu24.04
 
 # ---------------------------------------------------------------- CUDA ----
-FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04 AS build-cuda
+FROM ${CUDA_DEVEL_IMAGE} AS build-cuda
 WORKDIR /src
 COPY scripts/install-deps.sh scripts/
 RUN ["scripts/install-deps.sh"]
@@ -23,7 +28,7 @@ RUN ["scripts/build.sh"]
 # hadolint ignore=DL3059
 RUN ["scripts/bundle-runtime.sh", "/opt/posenc", "build/server/posenc-server", "build/client/posenc-cli"]
 
-FROM nvidia/cuda:${CUDA_VERSION}-base-ubuntu24.04 AS cuda
+FROM ${CUDA_RUNTIME_IMAGE} AS cuda
 COPY --from=build-cuda /opt/posenc /opt/posenc
 ENV LD_LIBRARY_PATH=/opt/posenc/lib \
     NVIDIA_VISIBLE_DEVICES=all \

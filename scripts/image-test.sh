@@ -15,7 +15,8 @@
 #      ENTRYPOINT with its Env as user 10001 (what deploy/base asks of a pod:
 #      runAsUser 10001, readOnlyRootFilesystem), then checks health,
 #      reflection, a RoPE call against a float64 reference, /metrics and a
-#      SIGTERM drain, and reports the image's size and contents.
+#      SIGTERM drain, and reports the image's size and contents;
+#   4. the same for the `cuda` target on stand-in bases (see below).
 # Everything lives under one scratch directory removed at exit
 # (POSENC_IMAGE_KEEP=1 keeps it).
 set -euo pipefail
@@ -69,7 +70,50 @@ built=$(date +%s)
 }
 echo "image-test: image built in $(($(date +%s) - built)) s"
 
-build/tools-venv/bin/python deploy/tests/check_image.py \
-  --buildah="${buildah[*]}" --image=localhost/posenc:cpu --base=docker.io/library/debian:12-slim \
-  --cli=build/client/posenc-cli --grpcurl=build/tools-venv/bin/grpcurl --work="$work"
+check=(build/tools-venv/bin/python deploy/tests/check_image.py --buildah="${buildah[*]}"
+  --cli=build/client/posenc-cli --grpcurl=build/tools-venv/bin/grpcurl --work="$work")
+"${check[@]}" --image=localhost/posenc:cpu --base=docker.io/library/debian:12-slim
+
+# The CUDA stages, as far as a machine without a GPU or NVIDIA's registry
+# goes: their bases are stand-ins (Debian plus the toolkit CI compiles with,
+# at the same paths; the runtime base is plain Debian since cudart is linked
+# statically and the driver comes from the node). Every RUN step of the
+# Dockerfile's cuda target runs, nvcc included; then the bundle's libraries
+# must all resolve by ldd inside the image, and the server must start and
+# serve from the CPU when no GPU is visible (AUTO) and refuse to start when
+# told --default_backend=cuda (what the gpu overlay relies on).
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+if [ "${POSENC_IMAGE_CUDA:-1}" = 1 ] && [ -x "$nvcc" ]; then
+  cuda_root=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
+  echo "image-test: CUDA stand-in bases from $cuda_root"
+  # The compiler, headers and runtime only: the math libraries (cuBLAS,
+  # cuDNN, ...) posenc does not link are left out.
+  tar -C / -cf "$work/cuda.tar" \
+    --exclude='libcublas*' --exclude='libcudnn*' --exclude='libcufft*' --exclude='libcusolver*' \
+    --exclude='libcusparse*' --exclude='libcurand*' --exclude='libnccl*' --exclude='libnvblas*' \
+    --exclude='libcupti*' --exclude='libnvperf*' --exclude='libnvrtc*' --exclude='libnvJitLink*' \
+    --exclude='libcheckpoint*' --exclude='libnpp*' --exclude='libnvjpeg*' --exclude='libpcsampling*' \
+    --exclude=dist-info --exclude=doc --exclude=extras --exclude='nsight*' \
+    --exclude=compute-sanitizer --exclude=libnvvp "${cuda_root#/}" usr/local/cuda
+  devel=$("${buildah[@]}" from --pull-never docker.io/library/debian:12)
+  "${buildah[@]}" add "$devel" "$work/cuda.tar" / >/dev/null
+  "${buildah[@]}" config --env PATH=/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --env CUDA_HOME=/usr/local/cuda "$devel"
+  "${buildah[@]}" commit --quiet "$devel" localhost/cuda-devel-standin >/dev/null
+  "${buildah[@]}" rm "$devel" >/dev/null
+  rm -f "$work/cuda.tar"
+  cuda_built=$(date +%s)
+  "${buildah[@]}" bud --quiet --isolation=chroot --pull=never --layers=false --target cuda \
+    --build-arg CUDA_DEVEL_IMAGE=localhost/cuda-devel-standin \
+    --build-arg CUDA_RUNTIME_IMAGE=docker.io/library/debian:12-slim \
+    -t localhost/posenc:cuda . >"$work/bud-cuda.log" 2>&1 || {
+    tail -50 "$work/bud-cuda.log"
+    echo "image-test: CUDA image build failed" >&2
+    exit 1
+  }
+  echo "image-test: CUDA image built in $(($(date +%s) - cuda_built)) s"
+  "${check[@]}" --image=localhost/posenc:cuda --base=docker.io/library/debian:12-slim --cuda
+else
+  echo "image-test: no nvcc here; the CUDA stages were not built"
+fi
 echo "image-test: passed in $(($(date +%s) - started)) s"

@@ -11,8 +11,11 @@ readOnlyRootFilesystem). Then, from outside, with real clients:
   - a RoPE call made by posenc-cli matches a float64 reference (SPEC 5);
   - /metrics counts that call;
   - SIGTERM drains and the server exits 0.
-It also reports the image's size and checks that it adds nothing to its base
-but /opt/posenc (the bundle: binaries and their non-system libraries).
+It also reports the image's size, checks that it adds nothing to its base
+but /opt/posenc (the bundle: binaries and their non-system libraries), that
+ldd resolves every library inside the image, and, for the cuda target
+(--cuda), that CUDA is compiled in, that without a GPU AUTO serves from the
+CPU, and that --default_backend=cuda refuses to start.
 """
 
 import argparse
@@ -91,6 +94,9 @@ def main():
     ap.add_argument("--cli", required=True)
     ap.add_argument("--grpcurl", required=True)
     ap.add_argument("--work", required=True)
+    ap.add_argument("--cuda", action="store_true",
+                    help="the cuda target: CUDA compiled in, libraries resolved by ldd, "
+                         "AUTO serves from the CPU without a GPU, --default_backend=cuda refuses")
     a = ap.parse_args()
     buildah = shlex.split(a.buildah)
 
@@ -133,6 +139,35 @@ def main():
         if probe.returncode == 0 or "Read-only" not in probe.stderr:
             fail(f"root file system is writable (touch /probe: rc {probe.returncode}, "
                  f"{probe.stderr.strip()!r})")
+
+        def in_image(argv, user_spec=user):
+            return subprocess.run(
+                ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                 namespace_script(rootfs, [user_spec] + argv, env)],
+                capture_output=True, text=True, timeout=60)
+
+        # ---- every library the binaries need resolves inside the image -------
+        for b in bins:
+            r = in_image(["/usr/bin/ldd", "/" + b])
+            if r.returncode != 0 or "not found" in r.stdout:
+                fail(f"ldd /{b} inside the image:\n{r.stdout}{r.stderr}")
+        print(f"ldd: every library of {', '.join(os.path.basename(b) for b in bins)} resolves "
+              f"inside the image")
+        version = in_image(entrypoint + ["--version"])
+        want = "with CUDA" if a.cuda else "without CUDA"
+        if version.returncode != 0 or want not in version.stdout:
+            fail(f"--version should say {want!r}: {version.stdout}{version.stderr}")
+        print(f"version: {' '.join(version.stdout.split())}")
+        if a.cuda:
+            # What the gpu overlay relies on: told to use CUDA and unable to,
+            # the server refuses to start (the pod never turns Ready).
+            refused = in_image(entrypoint + ["--default_backend=cuda", "--listen=127.0.0.1:0",
+                                             "--metrics_listen="])
+            if refused.returncode == 0 or "CUDA" not in refused.stdout + refused.stderr:
+                fail(f"--default_backend=cuda without a GPU started (rc {refused.returncode}): "
+                     f"{refused.stdout}{refused.stderr}")
+            print(f"--default_backend=cuda without a GPU: refused to start (exit "
+                  f"{refused.returncode})")
 
         # ---- run it ----------------------------------------------------------
         port, metrics_port = free_port(), free_port()
