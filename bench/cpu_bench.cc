@@ -168,6 +168,27 @@ int main(int argc, char** argv) {
                       x.size(), [&] { (void)cpu->ApplyAbsolute(*plan, x.data(), {}); }));
   }
 
+  // ALiBi + causal added to bf16 logits, without and with left padding
+  // (k_starts): the mask is one more compare per element, and masked
+  // elements store -inf without the distance.
+  for (bool left_padding : {false, true}) {
+    const int64_t B = 2, H = 16, L = 1024;
+    auto logits = Random(B * H * L * L * 2, posenc::DType::kBFloat16);
+    std::vector<int64_t> starts = {0, 0};
+    if (left_padding) starts = {L / 4, L / 2};
+    posenc::BiasOptions o;
+    o.causal = true;
+    if (left_padding) o.k_starts = {posenc::DType::kInt64, {B}, starts.data(), starts.size() * 8};
+    const posenc::TensorView lv{
+        posenc::DType::kBFloat16, {B, H, L, L}, logits.data(), logits.size()};
+    auto plan = posenc::PlanAttentionBias(o, lv);
+    if (!plan.ok()) return 1;
+    results.push_back(bench.Measure(
+        std::string("alibi+causal bf16 logits [2,16,1024,1024]") +
+            (left_padding ? " k_starts" : ""),
+        logits.size(), [&] { (void)cpu->ApplyAttentionBias(*plan, logits.data(), {}); }));
+  }
+
   std::printf("posenc-bench-cpu: %d threads, median of %d interleaved runs\n", threads, reps);
   std::printf("%-44s %9s %8s %10s %10s %8s %8s\n", "operation", "MB moved", "GB/s", "memcpy",
               "in-place", "vs copy", "vs rmw");
