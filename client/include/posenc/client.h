@@ -73,9 +73,17 @@ struct ServerTensor {
   std::string backend;         // which backend built it ("cpu", "cuda:0")
 };
 
+namespace client_internal {
+class PendingCalls;
+}  // namespace client_internal
+
 class Client {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Client>> Create(const ClientOptions& options);
+  // Waits until every asynchronous call has finished and gRPC has let go of
+  // its state (each ends by its deadline), so no gRPC thread still works on
+  // a call of this client after it is gone.
+  ~Client();
 
   // RoPE in place on t.query (and t.key when present); positions from
   // t.positions and t.cu_seqlens.
@@ -142,6 +150,7 @@ class Client {
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::PositionalEncoding::Stub> stub_;
+  std::shared_ptr<client_internal::PendingCalls> pending_;
 };
 
 // Kept for callers of the earlier API: wire::SetTensor.
