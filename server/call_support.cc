@@ -2,7 +2,9 @@
 
 #include <atomic>
 
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "logging.h"
 #include "spdlog/spdlog.h"
 
 namespace posenc::server {
@@ -21,6 +23,13 @@ RunContext ContextOf(grpc::CallbackServerContext* ctx) {
   return rc;
 }
 
+std::string RequestIdOf(grpc::CallbackServerContext* ctx) {
+  const auto& md = ctx->client_metadata();
+  const auto it = md.find("x-request-id");
+  if (it == md.end()) return "";
+  return CleanRequestId(absl::string_view(it->second.data(), it->second.size()));
+}
+
 absl::Time DeadlineOf(grpc::CallbackServerContext* ctx) {
   const auto d = ctx->deadline();
   if (d == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
@@ -33,7 +42,7 @@ namespace {
 // first, then one line a second counting the rest.
 class RefusalLog {
  public:
-  void Note(const std::string& method, const absl::Status& s) {
+  void Note(const std::string& method, const absl::Status& s, const std::string& request_id) {
     const int64_t now = absl::GetCurrentTimeNanos();
     // On success the exchange leaves `last` holding the previous line's time.
     int64_t last = last_ns_.load(std::memory_order_relaxed);
@@ -41,13 +50,19 @@ class RefusalLog {
       suppressed_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
+    // The line names this call (its id); the count is of other calls.
     const int64_t more = suppressed_.exchange(0);
+    std::string line = absl::StrCat(method, " refused: ", s.message());
     if (more > 0) {
-      spdlog::warn("{} refused: {} (and {} more refusals in the last {:.1f}s)", method,
-                   std::string(s.message()), more, (now - last) / 1e9);
-    } else {
-      spdlog::warn("{} refused: {}", method, std::string(s.message()));
+      absl::StrAppend(&line, " (and ", more, " more refusals in the last ",
+                      absl::StrFormat("%.1f", (now - last) / 1e9), "s)");
     }
+    const std::string refused_more = more > 0 ? absl::StrCat(more) : "";
+    LogWithFields(spdlog::level::warn, line,
+                  {{"method", method},
+                   {"code", absl::StatusCodeToString(s.code())},
+                   {"request_id", request_id},
+                   {"refusals_suppressed", refused_more}});
   }
 
  private:
@@ -63,19 +78,22 @@ RefusalLog& Refusals() {
 
 }  // namespace
 
-void LogFailure(const std::string& method, const absl::Status& s) {
+void LogFailure(const std::string& method, const absl::Status& s, const std::string& request_id) {
   if (s.ok()) return;
+  const std::string code = absl::StatusCodeToString(s.code());
   switch (s.code()) {
     case absl::StatusCode::kInternal:
     case absl::StatusCode::kUnknown:
     case absl::StatusCode::kDataLoss:
-      spdlog::error("{} failed: {}", method, s.ToString());
+      LogWithFields(spdlog::level::err, absl::StrCat(method, " failed: ", s.ToString()),
+                    {{"method", method}, {"code", code}, {"request_id", request_id}});
       break;
     case absl::StatusCode::kResourceExhausted:
-      Refusals().Note(method, s);
+      Refusals().Note(method, s, request_id);
       break;
     default:
-      spdlog::debug("{} rejected: {}", method, s.ToString());
+      LogWithFields(spdlog::level::debug, absl::StrCat(method, " rejected: ", s.ToString()),
+                    {{"method", method}, {"code", code}, {"request_id", request_id}});
   }
 }
 
