@@ -38,31 +38,23 @@ absl::Time DeadlineOf(grpc::CallbackServerContext* ctx) {
 
 namespace {
 
-// Refusals under overload come by the thousand a second; the log gets the
-// first, then one line a second counting the rest.
-class RefusalLog {
+// Refusals (and slow calls) under overload come by the thousand a second;
+// the log gets the first, then one line a second counting the rest.
+class OncePerSecond {
  public:
-  void Note(const std::string& method, const absl::Status& s, const std::string& request_id) {
+  // Whether to write a line now; if so, `more` lines were skipped over the
+  // last `seconds`.
+  bool Admit(int64_t* more, double* seconds) {
     const int64_t now = absl::GetCurrentTimeNanos();
     // On success the exchange leaves `last` holding the previous line's time.
     int64_t last = last_ns_.load(std::memory_order_relaxed);
     if (now - last < kIntervalNs || !last_ns_.compare_exchange_strong(last, now)) {
       suppressed_.fetch_add(1, std::memory_order_relaxed);
-      return;
+      return false;
     }
-    // The line names this call (its id); the count is of other calls.
-    const int64_t more = suppressed_.exchange(0);
-    std::string line = absl::StrCat(method, " refused: ", s.message());
-    if (more > 0) {
-      absl::StrAppend(&line, " (and ", more, " more refusals in the last ",
-                      absl::StrFormat("%.1f", (now - last) / 1e9), "s)");
-    }
-    const std::string refused_more = more > 0 ? absl::StrCat(more) : "";
-    LogWithFields(spdlog::level::warn, line,
-                  {{"method", method},
-                   {"code", absl::StatusCodeToString(s.code())},
-                   {"request_id", request_id},
-                   {"refusals_suppressed", refused_more}});
+    *more = suppressed_.exchange(0);
+    *seconds = (now - last) / 1e9;
+    return true;
   }
 
  private:
@@ -71,10 +63,37 @@ class RefusalLog {
   std::atomic<int64_t> suppressed_{0};
 };
 
-RefusalLog& Refusals() {
-  static RefusalLog* log = new RefusalLog;
-  return *log;
+// One line about one call (named by its id), with a count of the calls
+// whose lines were skipped.
+void LogSummarised(OncePerSecond& limit, const std::string& line, const char* what,
+                   const std::string& method, absl::StatusCode code,
+                   const std::string& request_id) {
+  int64_t more = 0;
+  double seconds = 0;
+  if (!limit.Admit(&more, &seconds)) return;
+  std::string text = line;
+  if (more > 0) {
+    absl::StrAppend(&text, " (and ", more, " more ", what, " in the last ",
+                    absl::StrFormat("%.1f", seconds), "s)");
+  }
+  const std::string skipped = more > 0 ? absl::StrCat(more) : "";
+  LogWithFields(spdlog::level::warn, text,
+                {{"method", method},
+                 {"code", absl::StatusCodeToString(code)},
+                 {"request_id", request_id},
+                 {"skipped", skipped}});
 }
+
+OncePerSecond& Refusals() {
+  static OncePerSecond* limit = new OncePerSecond;
+  return *limit;
+}
+OncePerSecond& SlowCalls() {
+  static OncePerSecond* limit = new OncePerSecond;
+  return *limit;
+}
+
+std::atomic<int64_t> slow_call_ns{0};
 
 }  // namespace
 
@@ -89,12 +108,30 @@ void LogFailure(const std::string& method, const absl::Status& s, const std::str
                     {{"method", method}, {"code", code}, {"request_id", request_id}});
       break;
     case absl::StatusCode::kResourceExhausted:
-      Refusals().Note(method, s, request_id);
+      LogSummarised(Refusals(), absl::StrCat(method, " refused: ", s.message()), "refusals", method,
+                    s.code(), request_id);
       break;
     default:
       LogWithFields(spdlog::level::debug, absl::StrCat(method, " rejected: ", s.ToString()),
                     {{"method", method}, {"code", code}, {"request_id", request_id}});
   }
+}
+
+void SetSlowCallThreshold(absl::Duration d) {
+  slow_call_ns.store(d <= absl::ZeroDuration() ? 0 : absl::ToInt64Nanoseconds(d));
+}
+
+void LogIfSlow(const std::string& method, const absl::Status& s,
+               std::chrono::steady_clock::time_point start, const std::string& request_id) {
+  const int64_t limit = slow_call_ns.load(std::memory_order_relaxed);
+  if (limit == 0) return;
+  const auto took = std::chrono::steady_clock::now() - start;
+  if (std::chrono::duration_cast<std::chrono::nanoseconds>(took).count() < limit) return;
+  LogSummarised(SlowCalls(),
+                absl::StrCat(method, " was slow: ",
+                             absl::StrFormat("%.3f", std::chrono::duration<double>(took).count()),
+                             " s (over --slow_call_ms=", limit / 1000000, ")"),
+                "slow calls", method, s.code(), request_id);
 }
 
 void RecordCall(Metrics* metrics, const std::string& method, const absl::Status& s,

@@ -39,6 +39,12 @@ std::string RequestIdOf(grpc::CallbackServerContext* ctx);
 void LogFailure(const std::string& method, const absl::Status& s,
                 const std::string& request_id = "");
 
+// Calls taking longer than this (from arrival to answer) are logged as
+// slow, at most one line a second; zero or less: never.
+void SetSlowCallThreshold(absl::Duration d);
+void LogIfSlow(const std::string& method, const absl::Status& s,
+               std::chrono::steady_clock::time_point start, const std::string& request_id);
+
 // One finished call, when metrics are on.
 void RecordCall(Metrics* metrics, const std::string& method, const absl::Status& s,
                 std::chrono::steady_clock::time_point start, int64_t bytes_in, int64_t bytes_out,

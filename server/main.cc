@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "call_support.h"
 #include "logging.h"
 #include "operations.h"
 #include "posenc/backend.h"
@@ -67,6 +68,9 @@ ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, crit
 ABSL_FLAG(std::string, log_format, "text",
           "text (one line per event for people) or json (one JSON object per line: time, level, "
           "message and fields such as method, code and request_id).");
+ABSL_FLAG(int, slow_call_ms, 1000,
+          "Log a warning for calls taking longer than this from arrival to answer (at most one "
+          "line a second, with the call's request id); 0 = never.");
 ABSL_FLAG(std::string, port_file, "", "If set, write the bound port here once serving.");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9090",
           "Prometheus /metrics address (empty: no metrics endpoint).");
@@ -199,6 +203,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   posenc::server::SetLogFormat(*format);
+  if (absl::GetFlag(FLAGS_slow_call_ms) < 0) {
+    std::fprintf(stderr, "posenc-server: --slow_call_ms must be >= 0 (0: never), got %d\n",
+                 absl::GetFlag(FLAGS_slow_call_ms));
+    return 2;
+  }
+  posenc::server::SetSlowCallThreshold(absl::Milliseconds(absl::GetFlag(FLAGS_slow_call_ms)));
 
   // Block SIGTERM/SIGINT in every thread; one thread waits for them.
   sigset_t signals;

@@ -231,7 +231,9 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
  private:
   void Complete(const absl::Status& s) {
     const std::string name = method_.name;
-    LogFailure(name, s, CallRequestId(metadata_id_, message_id_));
+    const std::string id = CallRequestId(metadata_id_, message_id_);
+    LogFailure(name, s, id);
+    LogIfSlow(name, s, start_, id);
     RecordCall(o_.metrics, name, s, start_, bytes_in_, static_cast<int64_t>(answer_.Length()),
                backend_);
     if (s.ok()) {
@@ -266,8 +268,9 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
 // up. Each message holds its bytes until its answer has been written.
 //
 // A failed request is answered with its status in the response and the
-// stream goes on; draining, cancellation and deadlines end it, after the
-// answers ahead of the ending message.
+// stream goes on; draining and deadlines end it after the answers ahead of
+// the message that met them, cancellation at once (answers not yet written
+// are dropped once their computations return).
 //
 // Threads: gRPC's reactions, executor tasks and admission callbacks all
 // change state under mu_ (DecideLocked says what follows). Admission bytes
@@ -293,7 +296,7 @@ class RopeStreamCall final : public grpc::ServerGenericBidiReactor {
       std::lock_guard<std::mutex> lock(mu_);
       steps = DecideLocked();
     }
-    Perform(std::move(steps));
+    Perform(this, std::move(steps));
   }
 
   void OnCancel() override {
@@ -307,7 +310,7 @@ class RopeStreamCall final : public grpc::ServerGenericBidiReactor {
     }
     // Ends a wait for read bytes at once (its callback finishes the stream).
     if (reserving) read_bytes_->CancelWait(absl::CancelledError("the caller cancelled the call"));
-    Perform(std::move(steps));
+    Perform(this, std::move(steps));
   }
 
   void OnReadDone(bool ok) override {
@@ -323,7 +326,7 @@ class RopeStreamCall final : public grpc::ServerGenericBidiReactor {
         steps = DecideLocked();
       }
       slot.reset();  // a reaction: the stream outlives this function
-      Perform(std::move(steps));
+      Perform(this, std::move(steps));
       return;
     }
     auto m = std::make_unique<Message>();
@@ -362,7 +365,7 @@ class RopeStreamCall final : public grpc::ServerGenericBidiReactor {
       }
       steps = DecideLocked();
     }
-    Perform(std::move(steps));
+    Perform(this, std::move(steps));
   }
 
   void OnWriteDone(bool ok) override {
@@ -380,7 +383,7 @@ class RopeStreamCall final : public grpc::ServerGenericBidiReactor {
       if (!ok && !end_) end_ = absl::CancelledError("stream write failed: the caller left");
       steps = DecideLocked();
     }
-    Perform(std::move(steps));
+    Perform(this, std::move(steps));
   }
 
   void OnDone() override { delete this; }
@@ -412,16 +415,19 @@ class RopeStreamCall final : public grpc::ServerGenericBidiReactor {
     std::optional<grpc::Status> finish;
   };
 
-  void Perform(Steps steps) {
+  // Static, and `stream` used only for a finish or a reservation (which no
+  // other thread can also have chosen): once a thread has released mu_ with
+  // neither, another may finish the stream and gRPC delete it at once.
+  static void Perform(RopeStreamCall* stream, Steps steps) {
     steps.drop.clear();
     steps.spare_slot.reset();
     if (steps.finish) {
-      Finish(*steps.finish);  // the stream may be gone from here on
+      stream->Finish(*steps.finish);  // the stream may be gone from here on
       return;
     }
     if (steps.reserve) {
-      read_bytes_->Reserve(ReadReservation(o_), DeadlineOf(ctx_),
-                           [this](absl::Status s) { OnReserved(s); });
+      stream->read_bytes_->Reserve(ReadReservation(stream->o_), DeadlineOf(stream->ctx_),
+                                   [stream](absl::Status s) { stream->OnReserved(s); });
     }
   }
 
@@ -503,7 +509,7 @@ class RopeStreamCall final : public grpc::ServerGenericBidiReactor {
       }
       steps = DecideLocked();
     }
-    Perform(std::move(steps));
+    Perform(this, std::move(steps));
   }
 
   // On the executor: parse, compute and serialise one message, or make its
@@ -525,6 +531,7 @@ class RopeStreamCall final : public grpc::ServerGenericBidiReactor {
     const std::string id =
         req.request_id().empty() ? metadata_id_ : CleanRequestId(req.request_id());
     LogFailure("StreamRope", s, id);
+    LogIfSlow("StreamRope", s, m->start, id);
     RecordCall(o_.metrics, "StreamRope", s, m->start, m->bytes_in,
                static_cast<int64_t>(m->answer.Length()), backend);
     bool ends = false;
@@ -558,7 +565,7 @@ class RopeStreamCall final : public grpc::ServerGenericBidiReactor {
       --computing_;
       steps = DecideLocked();
     }
-    Perform(std::move(steps));
+    Perform(this, std::move(steps));
   }
 
   void NoteDepthLocked() {

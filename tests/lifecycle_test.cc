@@ -133,6 +133,7 @@ TEST(Lifecycle, BadFlagsRefuseToStartNamingTheFlag) {
            {{"--log_level=INFO2"}, "--log_level"},
            {{"--log_format=xml"}, "--log_format"},
            {{"--log_format="}, "--log_format"},
+           {{"--slow_call_ms=-1"}, "--slow_call_ms"},
            {{"--threads=-3"}, "--threads"},
            {{"--port_file=/proc/no/such/dir/port"}, "--port_file"},
            {{"--max_inflight_bytes=1000"}, "--max_inflight_bytes"},

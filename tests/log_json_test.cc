@@ -163,5 +163,33 @@ TEST(JsonLogs, TextLinesNameTheRequestIdToo) {
   EXPECT_EQ(text.find("{\"time\""), std::string::npos) << text;
 }
 
+// --slow_call_ms: a call over it is logged as slow, with its id.
+TEST(JsonLogs, SlowCallsAreLoggedWithTheirId) {
+  testing::ServerProcess server;
+  ASSERT_TRUE(server.Start(POSENC_SERVER_BINARY, {"--log_format=json", "--slow_call_ms=1"}))
+      << server.log_text();
+  auto stub = v1::PositionalEncoding::NewStub(server.channel());
+  // 8 MiB of float32 to rotate: well over a millisecond from arrival to answer.
+  v1::RopeRequest r = BadRope("");
+  r.clear_rotary_dim();
+  r.mutable_query()->clear_shape();
+  for (int64_t d : {1, 2048, 8, 128}) r.mutable_query()->add_shape(d);
+  r.set_query_data(std::string(size_t{2048} * 8 * 128 * 4, '\0'));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("x-request-id", "slow-8");
+  v1::RopeResponse resp;
+  const grpc::Status s = stub->ApplyRope(&ctx, r, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(kill(server.pid(), SIGTERM), 0);
+  ASSERT_TRUE(server.Exited(std::chrono::seconds(15)));
+  const std::string text = server.log_text();
+  const auto slow = LinesFor(ParseLines(text), "slow-8");
+  ASSERT_EQ(slow.size(), 1u) << text;
+  EXPECT_EQ(slow[0]["level"], "warning");
+  EXPECT_EQ(slow[0]["code"], "OK");
+  EXPECT_NE(slow[0]["message"].get<std::string>().find("ApplyRope was slow"), std::string::npos)
+      << text;
+}
+
 }  // namespace
 }  // namespace posenc
