@@ -201,15 +201,17 @@ TEST(StreamRope, AdmissionRefusesMidStreamWhenTheBudgetIsTaken) {
       << admission.bytes() << " bytes and " << admission.calls() << " calls still accounted";
 }
 
-// A caller that cancels with messages in flight, computing and unread:
-// the server finishes the stream and accounts nothing afterwards.
+// A caller that cancels with messages in flight, computing and unread, at
+// random moments: the server finishes the stream and accounts nothing
+// afterwards (no bytes, slots or busy calls left behind).
 TEST(StreamRope, CancelMidStreamLeavesNothingAccounted) {
   auto server = StartServer(8 << 20, int64_t{256} << 20, absl::Seconds(5));
   ASSERT_NE(server, nullptr);
   auto& admission = server->engine().admission();
   auto stub = StubFor(*server);
   std::uniform_int_distribution<int> tokens(256, 2048);
-  for (int round = 0; round < 4; ++round) {
+  std::uniform_int_distribution<int> pause_us(0, 3000);
+  for (int round = 0; round < 8; ++round) {
     auto ctx = std::make_unique<grpc::ClientContext>();
     auto stream = stub->StreamRope(ctx.get());
     std::atomic<bool> stop{false};
@@ -222,9 +224,11 @@ TEST(StreamRope, CancelMidStreamLeavesNothingAccounted) {
       }
     });
     v1::RopeResponse resp;
-    for (int i = 0; i < round; ++i) ASSERT_TRUE(stream->Read(&resp)) << round;
-    // Cancel while the server has messages in flight.
+    for (int i = 0; i < round % 4; ++i) ASSERT_TRUE(stream->Read(&resp)) << round;
+    // Cancel while the server has messages in flight, at a random moment of
+    // their reading, computing or writing.
     ASSERT_TRUE(Eventually([&] { return server->busy_calls() > 0; })) << round;
+    std::this_thread::sleep_for(std::chrono::microseconds(pause_us(testing::Rng())));
     ctx->TryCancel();
     stop = true;
     writer.join();
@@ -236,6 +240,41 @@ TEST(StreamRope, CancelMidStreamLeavesNothingAccounted) {
         << round << ": " << admission.bytes() << " bytes, " << admission.calls() << " calls, "
         << server->busy_calls() << " busy still accounted";
   }
+}
+
+// A stream whose deadline passes with messages in flight ends with
+// DEADLINE_EXCEEDED after answering in order what it answered, and leaves
+// nothing accounted.
+TEST(StreamRope, DeadlineMidStreamEndsItAndLeavesNothingAccounted) {
+  auto server = StartServer(8 << 20, int64_t{256} << 20, absl::Seconds(5));
+  ASSERT_NE(server, nullptr);
+  auto& admission = server->engine().admission();
+  auto stub = StubFor(*server);
+  std::vector<Case> cases;
+  for (int i = 0; i < 8; ++i) cases.push_back(MakeCase("d" + std::to_string(i), 2048, false));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+  auto stream = stub->StreamRope(&ctx);
+  std::thread writer([&] {
+    for (int i = 0; i < 1000; ++i) {
+      if (!stream->Write(cases[i % cases.size()].request)) return;
+    }
+  });
+  v1::RopeResponse resp;
+  int answered = 0;
+  for (; stream->Read(&resp); ++answered) {
+    ASSERT_EQ(resp.request_id(), cases[answered % cases.size()].request.request_id());
+  }
+  writer.join();
+  const grpc::Status s = stream->Finish();
+  std::printf("%d answers in order before the deadline\n", answered);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  EXPECT_LT(answered, 1000);
+  EXPECT_TRUE(Eventually([&] {
+    return admission.bytes() == 0 && admission.calls() == 0 && server->busy_calls() == 0;
+  })) << admission.bytes()
+      << " bytes, " << admission.calls() << " calls, " << server->busy_calls()
+      << " busy still accounted";
 }
 
 }  // namespace
