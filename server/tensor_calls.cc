@@ -146,7 +146,8 @@ absl::Status RunUnary(Engine* engine, grpc::ByteBuffer* in, grpc::ByteBuffer* ou
   Request req;
   const int64_t bytes = static_cast<int64_t>(in->Length());
   POSENC_RETURN_IF_ERROR(ParseRequest(in, &req));
-  *request_id = std::string(MessageRequestId(req));
+  // Only what a log line can show: the id may be as large as the message.
+  *request_id = std::string(MessageRequestId(req).substr(0, kMaxRequestIdBytes));
   admission.Shrink(admission.bytes() - bytes);  // parsed: held once
   Response resp;
   POSENC_RETURN_IF_ERROR(Op(*engine, &req, &resp, ctx, admission));

@@ -84,6 +84,12 @@ TEST(JsonLogs, EveryLineParsesAndCallLinesCarryTheirRequestId) {
     v1::RopeResponse resp;
     EXPECT_FALSE(stub->ApplyRope(&ctx, BadRope(""), &resp).ok());
   }
+  // And one in the message, a megabyte long.
+  {
+    grpc::ClientContext ctx;
+    v1::RopeResponse resp;
+    EXPECT_FALSE(stub->ApplyRope(&ctx, BadRope(std::string(1 << 20, 'M')), &resp).ok());
+  }
   // A stream: its bad message is logged with the message's id.
   {
     grpc::ClientContext ctx;
@@ -128,6 +134,7 @@ TEST(JsonLogs, EveryLineParsesAndCallLinesCarryTheirRequestId) {
 
   EXPECT_EQ(LinesFor(lines, "msg\\x0a\"2\"\\x01").size(), 1u);
   EXPECT_EQ(LinesFor(lines, std::string(128, 'L')).size(), 1u) << "ids are cut to 128 bytes";
+  EXPECT_EQ(LinesFor(lines, std::string(128, 'M')).size(), 1u) << "ids are cut to 128 bytes";
   const auto streamed = LinesFor(lines, "stream-msg-4");
   ASSERT_EQ(streamed.size(), 1u);
   EXPECT_EQ(streamed[0]["method"], "StreamRope");
