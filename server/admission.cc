@@ -31,7 +31,7 @@ absl::StatusOr<AdmissionControl::Ticket> AdmissionControl::Enter() {
   }
   ++calls_;
   last_entry_ = absl::Now();
-  return Ticket(this);
+  return Ticket(this, /*slot=*/true);
 }
 
 void AdmissionControl::StartDraining() {
@@ -131,6 +131,7 @@ AdmissionControl::Ticket& AdmissionControl::Ticket::operator=(Ticket&& o) noexce
     Reset();
     control_ = o.control_;
     bytes_ = o.bytes_;
+    slot_ = o.slot_;
     o.control_ = nullptr;
   }
   return *this;
@@ -150,6 +151,31 @@ absl::Status AdmissionControl::Ticket::TryGrow(int64_t bytes) {
   control_->bytes_ += bytes;
   bytes_ += bytes;
   return absl::OkStatus();
+}
+
+bool AdmissionControl::Ticket::TryReserve(int64_t bytes) {
+  if (bytes <= 0) return true;
+  std::lock_guard<std::mutex> lock(control_->mu_);
+  if (control_->draining_ || !control_->waiters_.empty() ||
+      bytes > control_->options_.max_bytes - control_->bytes_) {
+    return false;
+  }
+  control_->bytes_ += bytes;
+  bytes_ += bytes;
+  return true;
+}
+
+AdmissionControl::Ticket AdmissionControl::Ticket::BytesOnly() const {
+  return Ticket(control_, /*slot=*/false);
+}
+
+void AdmissionControl::Ticket::GiveBytes(int64_t bytes, Ticket* to) {
+  // Under the control's lock: a grant to either ticket writes its count there.
+  std::lock_guard<std::mutex> lock(control_->mu_);
+  bytes = std::min(bytes, bytes_);
+  if (bytes <= 0) return;
+  bytes_ -= bytes;
+  to->bytes_ += bytes;
 }
 
 void AdmissionControl::Ticket::Reserve(int64_t bytes, absl::Time deadline,
@@ -211,7 +237,7 @@ void AdmissionControl::Ticket::Reset() {
   if (control_ == nullptr) return;
   AdmissionControl* c = control_;
   control_ = nullptr;
-  c->Release(bytes_, /*slot=*/true);
+  c->Release(bytes_, slot_);
   bytes_ = 0;
 }
 

@@ -89,13 +89,19 @@ class AdmissionControl {
 class AdmissionControl::Ticket {
  public:
   Ticket() = default;
-  Ticket(Ticket&& o) noexcept : control_(o.control_), bytes_(o.bytes_) { o.control_ = nullptr; }
+  Ticket(Ticket&& o) noexcept : control_(o.control_), bytes_(o.bytes_), slot_(o.slot_) {
+    o.control_ = nullptr;
+  }
   Ticket& operator=(Ticket&& o) noexcept;
   ~Ticket() { Reset(); }
 
   // Holds `bytes` more now, or RESOURCE_EXHAUSTED (holding nothing more)
   // when that would exceed the budget. Never waits.
   [[nodiscard]] absl::Status TryGrow(int64_t bytes);
+  // Holds `bytes` more now if they fit and no reservation is waiting (a
+  // call reading ahead must not overtake calls queued for memory); returns
+  // whether it did. Never waits.
+  [[nodiscard]] bool TryReserve(int64_t bytes);
   // Holds `bytes` more as soon as they fit (see the file comment); `done`
   // runs exactly once, perhaps on this thread before Reserve returns,
   // perhaps on another. At most one Reserve may wait per ticket.
@@ -109,14 +115,23 @@ class AdmissionControl::Ticket {
   // Releases the slot and the bytes.
   void Reset();
 
+  // A ticket for more of this call's bytes that holds no slot of its own
+  // (one stream message of several in flight). REQUIRES: valid(); it is
+  // reset before this ticket is.
+  [[nodiscard]] Ticket BytesOnly() const;
+  // Moves `bytes` this ticket holds to `to` (same control) without
+  // releasing them to the budget, so no waiting call can take them between.
+  void GiveBytes(int64_t bytes, Ticket* to);
+
   int64_t bytes() const { return bytes_; }
   bool valid() const { return control_ != nullptr; }
 
  private:
   friend class AdmissionControl;
-  explicit Ticket(AdmissionControl* control) : control_(control) {}
+  Ticket(AdmissionControl* control, bool slot) : control_(control), slot_(slot) {}
   AdmissionControl* control_ = nullptr;
   int64_t bytes_ = 0;
+  bool slot_ = true;
 };
 
 }  // namespace posenc::server

@@ -185,5 +185,54 @@ TEST(Admission, ConcurrentCallsNeverExceedTheBudget) {
   EXPECT_EQ(a.calls(), 0);
 }
 
+// What a pipelined stream uses: reading ahead only into free bytes with no
+// one queued, tickets for more bytes under one slot, and bytes handed from
+// the read's ticket to a message's without passing through the budget.
+TEST(Admission, ReadAheadNeverOvertakesAQueuedCallAndBytesMoveWithoutRelease) {
+  AdmissionControl a(Options(3, 100));
+  auto stream = a.Enter();
+  ASSERT_TRUE(stream.ok());
+  Ticket read = stream->BytesOnly();
+  EXPECT_EQ(a.calls(), 1) << "a bytes-only ticket takes no slot";
+  EXPECT_TRUE(read.TryReserve(70));
+  EXPECT_FALSE(read.TryReserve(31)) << "over the budget";
+  EXPECT_EQ(read.bytes(), 70);
+
+  // Another call queues for 50: a read ahead that would fit must not jump it.
+  auto other = a.Enter();
+  ASSERT_TRUE(other.ok());
+  Event granted;
+  absl::Status other_status = absl::UnknownError("not called");
+  other->Reserve(50, absl::InfiniteFuture(), [&](absl::Status s) {
+    other_status = s;
+    granted.Notify();
+  });
+  EXPECT_EQ(a.waiting(), 1);
+  EXPECT_FALSE(read.TryReserve(10)) << "a call is queued";
+
+  // Moving the read's bytes to a message leaves nothing free for the waiter.
+  Ticket message = stream->BytesOnly();
+  read.GiveBytes(read.bytes(), &message);
+  EXPECT_EQ(read.bytes(), 0);
+  EXPECT_EQ(message.bytes(), 70);
+  EXPECT_EQ(a.bytes(), 70);
+  EXPECT_EQ(a.waiting(), 1);
+  message.Shrink(30);  // now 60 free: the waiter gets its 50
+  ASSERT_TRUE(granted.WaitFor(absl::Seconds(5)));
+  EXPECT_TRUE(other_status.ok()) << other_status;
+  EXPECT_EQ(a.bytes(), 90);
+  message.Reset();
+  EXPECT_EQ(a.calls(), 2) << "resetting a bytes-only ticket frees no slot";
+  EXPECT_EQ(a.bytes(), 50);
+  other->Reset();
+  read.Reset();
+  stream->Reset();
+  EXPECT_EQ(a.calls(), 0);
+  EXPECT_EQ(a.bytes(), 0);
+  a.StartDraining();
+  auto late = a.Enter();
+  EXPECT_FALSE(late.ok());
+}
+
 }  // namespace
 }  // namespace posenc::server

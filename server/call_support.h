@@ -29,10 +29,21 @@ RunContext ContextOf(grpc::CallbackServerContext* ctx);
 // The call's deadline as an absl::Time (InfiniteFuture when it has none).
 absl::Time DeadlineOf(grpc::CallbackServerContext* ctx);
 
+// The caller's x-request-id metadata, cleaned for logs (CleanRequestId);
+// empty when it sent none.
+std::string RequestIdOf(grpc::CallbackServerContext* ctx);
+
 // Client errors are the caller's business (debug); overload is a warning,
 // at most one line a second with a count of the refusals in between; server
-// faults are errors.
-void LogFailure(const std::string& method, const absl::Status& s);
+// faults are errors. `request_id` (cleaned, may be empty) goes with the line.
+void LogFailure(const std::string& method, const absl::Status& s,
+                const std::string& request_id = "");
+
+// Calls taking longer than this (from arrival to answer) are logged as
+// slow, at most one line a second; zero or less: never.
+void SetSlowCallThreshold(absl::Duration d);
+void LogIfSlow(const std::string& method, const absl::Status& s,
+               std::chrono::steady_clock::time_point start, const std::string& request_id);
 
 // One finished call, when metrics are on.
 void RecordCall(Metrics* metrics, const std::string& method, const absl::Status& s,

@@ -19,6 +19,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "call_support.h"
+#include "logging.h"
 #include "operations.h"
 #include "posenc/backend.h"
 #include "posenc/wire/enums.h"
@@ -63,6 +65,12 @@ ABSL_FLAG(int, drain_seconds, 20, "On SIGTERM, how long calls in flight may take
 ABSL_FLAG(int, max_connection_age_ms, 0,
           "Close client connections after this long so they re-resolve DNS (0: never).");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off.");
+ABSL_FLAG(std::string, log_format, "text",
+          "text (one line per event for people) or json (one JSON object per line: time, level, "
+          "message and fields such as method, code and request_id).");
+ABSL_FLAG(int, slow_call_ms, 1000,
+          "Log a warning for calls taking longer than this from arrival to answer (at most one "
+          "line a second, with the call's request id); 0 = never.");
 ABSL_FLAG(std::string, port_file, "", "If set, write the bound port here once serving.");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:8002",
           "Prometheus /metrics address (empty: no metrics endpoint).");
@@ -184,12 +192,23 @@ int main(int argc, char** argv) {
     return 2;
   }
   spdlog::set_level(*level);
+  const auto format = posenc::server::ParseLogFormat(absl::GetFlag(FLAGS_log_format));
+  if (!format.ok()) {
+    std::fprintf(stderr, "posenc-server: %s\n", std::string(format.status().message()).c_str());
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_threads) < 0) {
     std::fprintf(stderr, "posenc-server: --threads must be >= 0 (0: every usable CPU), got %d\n",
                  absl::GetFlag(FLAGS_threads));
     return 2;
   }
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e%z %^%l%$ posenc-server: %v");
+  posenc::server::SetLogFormat(*format);
+  if (absl::GetFlag(FLAGS_slow_call_ms) < 0) {
+    std::fprintf(stderr, "posenc-server: --slow_call_ms must be >= 0 (0: never), got %d\n",
+                 absl::GetFlag(FLAGS_slow_call_ms));
+    return 2;
+  }
+  posenc::server::SetSlowCallThreshold(absl::Milliseconds(absl::GetFlag(FLAGS_slow_call_ms)));
 
   // Block SIGTERM/SIGINT in every thread; one thread waits for them.
   sigset_t signals;

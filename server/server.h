@@ -69,6 +69,10 @@ class Server {
   void Shutdown(absl::Duration deadline);
   // Calls whose request has been read and whose answer is not yet sent.
   int busy_calls() const { return tensor_calls_ == nullptr ? 0 : tensor_calls_->busy(); }
+  // The most StreamRope messages one stream has had in flight at once.
+  int stream_depth_peak() const {
+    return tensor_calls_ == nullptr ? 0 : tensor_calls_->stream_depth_peak();
+  }
   void Wait() { server_->Wait(); }
 
  private:

@@ -18,7 +18,7 @@ grpc::ServerUnaryReactor* Answer(const char* method, Metrics* metrics,
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   absl::Status s = CheckCallAlive(ctx);
   if (s.ok()) s = NoThrow(fn);
-  LogFailure(method, s);
+  LogFailure(method, s, RequestIdOf(ctx));
   RecordCall(metrics, method, s, start, 0, static_cast<int64_t>(resp->ByteSizeLong()), "");
   reactor->Finish(ToGrpcStatus(s));
   return reactor;
@@ -55,7 +55,7 @@ grpc::ServerUnaryReactor* PositionalEncodingService::ReloadTables(grpc::Callback
                    resp->skipped_size());
       return absl::OkStatus();
     });
-    LogFailure("ReloadTables", s);
+    LogFailure("ReloadTables", s, RequestIdOf(ctx));
     RecordCall(metrics, "ReloadTables", s, start, 0, static_cast<int64_t>(resp->ByteSizeLong()),
                "");
     reactor->Finish(ToGrpcStatus(s));

@@ -1,6 +1,9 @@
 #include "tensor_calls.h"
 
 #include <chrono>
+#include <deque>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -11,6 +14,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/proto_buffer_writer.h"
+#include "logging.h"
 #include "operations.h"
 #include "posenc/status_macros.h"
 #include "posenc/v1/posenc.pb.h"
@@ -113,22 +117,37 @@ class BusyMark {
   std::atomic<int>* busy_;
 };
 
+// The request_id a message carries (for logs), where its type has one.
+absl::string_view MessageRequestId(const v1::RopeRequest& m) { return m.request_id(); }
+absl::string_view MessageRequestId(const v1::AbsoluteEncodingRequest& m) { return m.request_id(); }
+absl::string_view MessageRequestId(const v1::EncodingTableRequest&) { return ""; }
+absl::string_view MessageRequestId(const v1::AttentionBiasRequest&) { return ""; }
+
+// What a call's log lines name it by: the caller's x-request-id, else the
+// id inside its message.
+std::string CallRequestId(const std::string& from_metadata, absl::string_view in_message) {
+  return from_metadata.empty() ? CleanRequestId(in_message) : from_metadata;
+}
+
 // One unary tensor method: parse, run on the engine, serialise. The typed
 // messages live only inside Run, so the request's and the answer's memory
 // is back in a ByteBuffer (or gone) before the answer is written.
 struct UnaryMethod {
   const char* name;
   absl::Status (*run)(Engine*, grpc::ByteBuffer* in, grpc::ByteBuffer* out, const RunContext&,
-                      Admission&, std::string* backend);
+                      Admission&, std::string* backend, std::string* request_id);
 };
 
 template <typename Request, typename Response,
           absl::Status (*Op)(Engine&, Request*, Response*, const RunContext&, Admission&)>
 absl::Status RunUnary(Engine* engine, grpc::ByteBuffer* in, grpc::ByteBuffer* out,
-                      const RunContext& ctx, Admission& admission, std::string* backend) {
+                      const RunContext& ctx, Admission& admission, std::string* backend,
+                      std::string* request_id) {
   Request req;
   const int64_t bytes = static_cast<int64_t>(in->Length());
   POSENC_RETURN_IF_ERROR(ParseRequest(in, &req));
+  // Only what a log line can show: the id may be as large as the message.
+  *request_id = std::string(MessageRequestId(req).substr(0, kMaxRequestIdBytes));
   admission.Shrink(admission.bytes() - bytes);  // parsed: held once
   Response resp;
   POSENC_RETURN_IF_ERROR(Op(*engine, &req, &resp, ctx, admission));
@@ -152,7 +171,11 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
  public:
   UnaryCall(const UnaryMethod& method, const TensorCallOptions& o,
             grpc::GenericCallbackServerContext* ctx)
-      : method_(method), o_(o), ctx_(ctx), start_(std::chrono::steady_clock::now()) {
+      : method_(method),
+        o_(o),
+        ctx_(ctx),
+        start_(std::chrono::steady_clock::now()),
+        metadata_id_(RequestIdOf(ctx)) {
     absl::StatusOr<Admission> ticket = o_.engine->admission().Enter();
     if (!ticket.ok()) {
       Complete(ticket.status());
@@ -193,8 +216,8 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
         absl::Status r = CheckCallAlive(ctx_);
         if (r.ok()) {
           r = NoThrow([this] {
-            return method_.run(o_.engine, &request_, &answer_, ContextOf(ctx_), *ticket_,
-                               &backend_);
+            return method_.run(o_.engine, &request_, &answer_, ContextOf(ctx_), *ticket_, &backend_,
+                               &message_id_);
           });
         }
         Complete(r);
@@ -209,7 +232,9 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
  private:
   void Complete(const absl::Status& s) {
     const std::string name = method_.name;
-    LogFailure(name, s);
+    const std::string id = CallRequestId(metadata_id_, message_id_);
+    LogFailure(name, s, id);
+    LogIfSlow(name, s, start_, id);
     RecordCall(o_.metrics, name, s, start_, bytes_in_, static_cast<int64_t>(answer_.Length()),
                backend_);
     if (s.ok()) {
@@ -228,129 +253,347 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
   grpc::ByteBuffer request_, answer_;
   int64_t bytes_in_ = 0;
   std::string backend_;
+  const std::string metadata_id_;  // cleaned x-request-id
+  std::string message_id_;         // the request's own id, once parsed
 };
 
-// StreamRope: many RoPE requests on one call, answered in order. The stream
-// holds one slot for its life and reserves a message's worth of bytes before
-// each read. A failed request is answered with its status in the response
-// and the stream goes on; draining, cancellation and deadlines end it.
+// StreamRope: many RoPE requests on one call, answered in request order and
+// pipelined: while messages compute on the executor the next one is read,
+// up to TensorCallOptions::stream_window messages in flight.
+//
+// Admission: the stream holds one slot for its life. The first message in
+// flight reserves its read (the largest message, as a unary call) and may
+// wait for it; a message read ahead takes a slot of its own and its bytes
+// only if they are free now and no call waits for memory, so reading ahead
+// never overtakes other calls, and otherwise waits for the stream to catch
+// up. Each message holds its bytes until its answer has been written.
+//
+// A failed request is answered with its status in the response and the
+// stream goes on; draining and deadlines end it after the answers ahead of
+// the message that met them, cancellation at once (answers not yet written
+// are dropped once their computations return).
+//
+// Threads: gRPC's reactions, executor tasks and admission callbacks all
+// change state under mu_ (DecideLocked says what follows). Admission bytes
+// are released outside mu_ (a release may run another stream's callback),
+// and Finish is the last thing a thread does with the stream: it is chosen
+// only when no task runs, no write is out and no reservation waits, so
+// nothing else can touch the stream after it.
 class RopeStreamCall final : public grpc::ServerGenericBidiReactor {
  public:
   RopeStreamCall(const TensorCallOptions& o, grpc::GenericCallbackServerContext* ctx)
-      : o_(o), ctx_(ctx) {
+      : o_(o), ctx_(ctx), metadata_id_(RequestIdOf(ctx)) {
     absl::StatusOr<Admission> ticket = o_.engine->admission().Enter();
     if (!ticket.ok()) {
-      LogFailure("StreamRope", ticket.status());
+      LogFailure("StreamRope", ticket.status(), metadata_id_);
+      finishing_ = true;
       Finish(ToGrpcStatus(ticket.status()));
       return;
     }
-    ticket_.emplace(std::move(*ticket));
-    NextRead();
+    stream_slot_.emplace(std::move(*ticket));
+    read_bytes_.emplace(stream_slot_->BytesOnly());
+    Steps steps;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      steps = DecideLocked();
+    }
+    Perform(this, std::move(steps));
   }
 
   void OnCancel() override {
-    if (ticket_) ticket_->CancelWait(absl::CancelledError("the caller cancelled the call"));
+    Steps steps;
+    bool reserving;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!end_) end_ = absl::CancelledError("the caller cancelled the call");
+      reserving = read_state_ == ReadState::kReserving;
+      steps = DecideLocked();
+    }
+    // Ends a wait for read bytes at once (its callback finishes the stream).
+    if (reserving) read_bytes_->CancelWait(absl::CancelledError("the caller cancelled the call"));
+    Perform(this, std::move(steps));
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // the caller half-closed (or left)
-      ticket_->Shrink(ticket_->bytes());
-      Finish(grpc::Status::OK);
+      read_bytes_->Shrink(read_bytes_->bytes());
+      std::optional<Admission> slot;
+      Steps steps;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        read_state_ = ReadState::kIdle;
+        read_closed_ = true;
+        slot.swap(read_slot_);
+        steps = DecideLocked();
+      }
+      slot.reset();  // a reaction: the stream outlives this function
+      Perform(this, std::move(steps));
       return;
     }
-    busy_.emplace(o_.busy);
-    start_ = std::chrono::steady_clock::now();
-    bytes_in_ = static_cast<int64_t>(request_.Length());
-    backend_.clear();
-    absl::Status s = ticket_->Resize(2 * bytes_in_);
-    if (!s.ok()) {
-      request_.Clear();
-      Answer(s, v1::RopeRequest());
-      return;
+    auto m = std::make_unique<Message>();
+    m->start = std::chrono::steady_clock::now();
+    m->bytes_in = static_cast<int64_t>(read_buf_.Length());
+    m->request.Swap(&read_buf_);
+    m->busy.emplace(o_.busy);
+    // The read's bytes become the message's: on its own slot if it was read
+    // ahead, else under the stream's. Then it holds what it needs (the
+    // request twice while it is parsed, see ReadReservation).
+    m->ticket = read_slot_ ? std::move(*read_slot_) : stream_slot_->BytesOnly();
+    read_slot_.reset();
+    read_bytes_->GiveBytes(read_bytes_->bytes(), &m->ticket);
+    const absl::Status held = m->ticket.Resize(2 * m->bytes_in);
+    Message* message = m.get();
+    Steps steps;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      read_state_ = ReadState::kIdle;
+      if (end_) {
+        steps.drop.push_back(std::move(m));
+      } else {
+        inflight_.push_back(std::move(m));
+        NoteDepthLocked();
+        ++computing_;
+        const absl::Status submitted = NoThrow([&] {
+          o_.executor->Submit([this, message, held] { Run(message, held); });
+          return absl::OkStatus();
+        });
+        if (!submitted.ok()) {
+          --computing_;
+          message->status = submitted;
+          message->ends_stream = true;
+          message->computed = true;
+        }
+      }
+      steps = DecideLocked();
     }
-    s = NoThrow([this] {
-      o_.executor->Submit([this] { Run(); });
-      return absl::OkStatus();
-    });
-    if (!s.ok()) Answer(s, v1::RopeRequest());
+    Perform(this, std::move(steps));
   }
 
   void OnWriteDone(bool ok) override {
-    answer_.Clear();
-    busy_.reset();
-    ticket_->Shrink(ticket_->bytes());  // the answer is sent (or dropped)
-    if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed: the caller left"));
-      return;
+    std::unique_ptr<Message> written;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      written = std::move(inflight_.front());
+      inflight_.pop_front();
     }
-    NextRead();
+    written.reset();  // its bytes and slot go back before the next read ahead
+    Steps steps;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      writing_ = false;
+      if (!ok && !end_) end_ = absl::CancelledError("stream write failed: the caller left");
+      steps = DecideLocked();
+    }
+    Perform(this, std::move(steps));
   }
 
   void OnDone() override { delete this; }
 
  private:
-  void NextRead() {
-    ticket_->Reserve(ReadReservation(o_), DeadlineOf(ctx_), [this](absl::Status s) {
-      if (s.ok()) {
-        StartRead(&request_);
-      } else {
-        LogFailure("StreamRope", s);
-        Finish(ToGrpcStatus(s));
-      }
-    });
+  // One request of the stream, from its read until its answer is written.
+  struct Message {
+    Admission ticket;
+    grpc::ByteBuffer request, answer;
+    std::optional<BusyMark> busy;  // a drain waits for it
+    std::chrono::steady_clock::time_point start;
+    int64_t bytes_in = 0;
+    absl::Status status;
+    bool ends_stream = false;  // status ends the stream instead of answering
+    bool computed = false;     // status and answer are final
+  };
+
+  enum class ReadState {
+    kIdle,
+    kReserving,  // read_bytes_ waits for admission; its callback is due
+    kReading,    // a StartRead is out; OnReadDone is due
+  };
+
+  // What a thread does after deciding, outside mu_.
+  struct Steps {
+    std::vector<std::unique_ptr<Message>> drop;  // released to admission
+    std::optional<Admission> spare_slot;         // a read-ahead slot not used
+    bool reserve = false;                        // reserve the next read
+    std::optional<grpc::Status> finish;
+  };
+
+  // Static, and `stream` used only for a finish or a reservation (which no
+  // other thread can also have chosen): once a thread has released mu_ with
+  // neither, another may finish the stream and gRPC delete it at once.
+  static void Perform(RopeStreamCall* stream, Steps steps) {
+    steps.drop.clear();
+    steps.spare_slot.reset();
+    if (steps.finish) {
+      stream->Finish(*steps.finish);  // the stream may be gone from here on
+      return;
+    }
+    if (steps.reserve) {
+      stream->read_bytes_->Reserve(ReadReservation(stream->o_), DeadlineOf(stream->ctx_),
+                                   [stream](absl::Status s) { stream->OnReserved(s); });
+    }
   }
 
-  void Run() {
+  // Writes answers in order, reads ahead while the window has room, and
+  // finishes once nothing is out. Starts gRPC operations (their reactions
+  // run on other threads and wait for mu_).
+  Steps DecideLocked() {
+    Steps steps;
+    if (finishing_) return steps;
+    if (end_) {
+      // Answers not yet written are dropped; tasks still running finish first.
+      for (auto it = inflight_.begin(); it != inflight_.end();) {
+        const bool being_written = writing_ && it == inflight_.begin();
+        if ((*it)->computed && !being_written) {
+          steps.drop.push_back(std::move(*it));
+          it = inflight_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      // A read still out is fine: gRPC ends it when the call finishes.
+      if (!writing_ && computing_ == 0 && read_state_ != ReadState::kReserving) {
+        finishing_ = true;
+        steps.finish = ToGrpcStatus(*end_);
+      }
+      return steps;
+    }
+    if (!writing_ && !inflight_.empty() && inflight_.front()->computed) {
+      Message& next = *inflight_.front();
+      if (next.ends_stream) {
+        end_ = next.status;
+        return DecideLocked();
+      }
+      writing_ = true;
+      StartWrite(&next.answer);
+    }
+    if (read_state_ != ReadState::kIdle) return steps;
+    if (read_closed_) {
+      if (inflight_.empty()) {
+        finishing_ = true;
+        steps.finish = grpc::Status::OK;
+      }
+      return steps;
+    }
+    if (inflight_.empty()) {
+      read_state_ = ReadState::kReserving;
+      steps.reserve = true;
+    } else if (static_cast<int>(inflight_.size()) < o_.stream_window) {
+      absl::StatusOr<Admission> slot = o_.engine->admission().Enter();
+      if (slot.ok() && read_bytes_->TryReserve(ReadReservation(o_))) {
+        read_slot_.emplace(std::move(*slot));
+        read_state_ = ReadState::kReading;
+        StartRead(&read_buf_);
+      } else if (slot.ok()) {
+        steps.spare_slot.emplace(std::move(*slot));
+      }
+    }
+    return steps;
+  }
+
+  void OnReserved(const absl::Status& s) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (s.ok() && !end_) {
+        read_state_ = ReadState::kReading;
+        StartRead(&read_buf_);
+        return;
+      }
+    }
+    // Still kReserving, so the stream cannot finish under this thread.
+    read_bytes_->Shrink(read_bytes_->bytes());
+    Steps steps;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      read_state_ = ReadState::kIdle;
+      if (!s.ok() && !end_) {
+        LogFailure("StreamRope", s, metadata_id_);
+        end_ = s;
+      }
+      steps = DecideLocked();
+    }
+    Perform(this, std::move(steps));
+  }
+
+  // On the executor: parse, compute and serialise one message, or make its
+  // error answer.
+  void Run(Message* m, absl::Status s) {
     v1::RopeRequest req;
-    absl::Status s = CheckCallAlive(ctx_);
-    if (s.ok()) s = NoThrow([&] { return ParseRequest(&request_, &req); });
-    if (s.ok()) ticket_->Shrink(ticket_->bytes() - bytes_in_);  // parsed: held once
+    if (s.ok()) s = CheckCallAlive(ctx_);
+    if (s.ok()) s = NoThrow([&] { return ParseRequest(&m->request, &req); });
+    if (s.ok()) m->ticket.Shrink(m->ticket.bytes() - m->bytes_in);  // parsed: held once
     v1::RopeResponse resp;
+    std::string backend;
     if (s.ok()) {
-      s = NoThrow([&] { return ApplyRope(*o_.engine, &req, &resp, ContextOf(ctx_), *ticket_); });
+      s = NoThrow([&] { return ApplyRope(*o_.engine, &req, &resp, ContextOf(ctx_), m->ticket); });
     }
     if (s.ok()) {
-      backend_ = resp.backend();
-      s = NoThrow([&] { return SerializeAnswer(resp, &answer_); });
+      backend = resp.backend();
+      s = NoThrow([&] { return SerializeAnswer(resp, &m->answer); });
     }
-    Answer(s, req);
+    const std::string id =
+        req.request_id().empty() ? metadata_id_ : CleanRequestId(req.request_id());
+    LogFailure("StreamRope", s, id);
+    LogIfSlow("StreamRope", s, m->start, id);
+    RecordCall(o_.metrics, "StreamRope", s, m->start, m->bytes_in,
+               static_cast<int64_t>(m->answer.Length()), backend);
+    bool ends = false;
+    if (!s.ok()) {
+      // The caller left or ran out of time, or the server is draining (the
+      // caller should move to another replica): going on makes no sense.
+      ends = s.code() == absl::StatusCode::kCancelled ||
+             s.code() == absl::StatusCode::kDeadlineExceeded ||
+             (s.code() == absl::StatusCode::kUnavailable && o_.engine->draining());
+      if (!ends) {
+        m->answer.Clear();
+        const absl::Status e = NoThrow([&] {
+          v1::RopeResponse error;
+          error.set_request_id(req.request_id().substr(0, 256));
+          error.set_error_code(static_cast<int>(s.code()));
+          error.set_error_message(std::string(s.message()));
+          return SerializeAnswer(error, &m->answer);
+        });
+        if (!e.ok()) {
+          s = absl::InternalError("could not serialise an error answer");
+          ends = true;
+        }
+      }
+    }
+    Steps steps;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      m->status = s;
+      m->ends_stream = ends;
+      m->computed = true;
+      --computing_;
+      steps = DecideLocked();
+    }
+    Perform(this, std::move(steps));
   }
 
-  // Writes the answer for the current request, or ends the stream where
-  // going on makes no sense: the caller left or ran out of time, or the
-  // server is draining (the caller should move to another replica).
-  void Answer(const absl::Status& s, const v1::RopeRequest& req) {
-    LogFailure("StreamRope", s);
-    RecordCall(o_.metrics, "StreamRope", s, start_, bytes_in_,
-               static_cast<int64_t>(answer_.Length()), backend_);
-    if (!s.ok()) {
-      if (s.code() == absl::StatusCode::kCancelled ||
-          s.code() == absl::StatusCode::kDeadlineExceeded ||
-          (s.code() == absl::StatusCode::kUnavailable && o_.engine->draining())) {
-        Finish(ToGrpcStatus(s));
-        return;
-      }
-      v1::RopeResponse error;
-      error.set_request_id(req.request_id().substr(0, 256));
-      error.set_error_code(static_cast<int>(s.code()));
-      error.set_error_message(std::string(s.message()));
-      answer_.Clear();
-      if (!SerializeAnswer(error, &answer_).ok()) {
-        Finish(grpc::Status(grpc::StatusCode::INTERNAL, "could not serialise an error answer"));
-        return;
-      }
+  void NoteDepthLocked() {
+    const int depth = static_cast<int>(inflight_.size());
+    int seen = o_.stream_depth_peak->load();
+    while (depth > seen && !o_.stream_depth_peak->compare_exchange_weak(seen, depth)) {
     }
-    StartWrite(&answer_);
   }
 
   const TensorCallOptions& o_;
   grpc::GenericCallbackServerContext* ctx_;
-  std::optional<BusyMark> busy_;  // from a request read until its answer is sent
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
-  std::optional<Admission> ticket_;
-  grpc::ByteBuffer request_, answer_;
-  int64_t bytes_in_ = 0;
-  std::string backend_;
+  const std::string metadata_id_;         // cleaned x-request-id
+  std::optional<Admission> stream_slot_;  // the stream's slot, for its life
+  // Bytes reserved for the read in progress: kept apart from the messages'
+  // tickets so a cancellation can end its wait whatever they do.
+  std::optional<Admission> read_bytes_;
+  std::optional<Admission> read_slot_;  // the read in progress was read ahead
+  grpc::ByteBuffer read_buf_;
+
+  std::mutex mu_;
+  std::deque<std::unique_ptr<Message>> inflight_;  // request order
+  ReadState read_state_ = ReadState::kIdle;
+  bool read_closed_ = false;         // the caller half-closed
+  bool writing_ = false;             // inflight_.front() is being written
+  int computing_ = 0;                // executor tasks not yet done
+  std::optional<absl::Status> end_;  // the stream ends with this
+  bool finishing_ = false;           // Finish chosen
 };
 
 class Unimplemented final : public grpc::ServerGenericBidiReactor {
@@ -369,8 +612,9 @@ absl::Status RunTensorMethod(Engine* engine, absl::string_view method, grpc::Byt
                              Engine::Admission& admission) {
   for (const UnaryMethod& m : kUnaryMethods) {
     if (method == m.name) {
-      std::string backend;
-      return NoThrow([&] { return m.run(engine, request, answer, ctx, admission, &backend); });
+      std::string backend, request_id;
+      return NoThrow(
+          [&] { return m.run(engine, request, answer, ctx, admission, &backend, &request_id); });
     }
   }
   return absl::UnimplementedError(absl::StrCat("no tensor method ", method));
@@ -378,6 +622,7 @@ absl::Status RunTensorMethod(Engine* engine, absl::string_view method, grpc::Byt
 
 TensorCallService::TensorCallService(const TensorCallOptions& options) : options_(options) {
   options_.busy = &busy_;
+  options_.stream_depth_peak = &stream_depth_peak_;
 }
 
 grpc::ServerGenericBidiReactor* TensorCallService::CreateReactor(

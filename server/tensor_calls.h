@@ -30,7 +30,11 @@ struct TensorCallOptions {
   RequestExecutor* executor = nullptr;
   // The transport's receive limit: what a call reserves before it reads.
   int64_t max_message_bytes = 0;
-  std::atomic<int>* busy = nullptr;  // set by TensorCallService
+  // StreamRope messages in flight at once on one stream (read ahead while
+  // earlier ones compute or are written).
+  int stream_window = 4;
+  std::atomic<int>* busy = nullptr;               // set by TensorCallService
+  std::atomic<int>* stream_depth_peak = nullptr;  // set by TensorCallService
 };
 
 class TensorCallService final : public grpc::CallbackGenericService {
@@ -40,9 +44,12 @@ class TensorCallService final : public grpc::CallbackGenericService {
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override;
   // Calls whose request has been read and whose answer is not yet sent.
   int busy() const { return busy_.load(); }
+  // The most StreamRope messages one stream has had in flight at once.
+  int stream_depth_peak() const { return stream_depth_peak_.load(); }
 
  private:
   std::atomic<int> busy_{0};
+  std::atomic<int> stream_depth_peak_{0};
   TensorCallOptions options_;
 };
 

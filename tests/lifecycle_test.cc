@@ -131,6 +131,9 @@ TEST(Lifecycle, BadFlagsRefuseToStartNamingTheFlag) {
   for (const Bad& b : std::vector<Bad>{
            {{"--log_level=verbose"}, "--log_level"},
            {{"--log_level=INFO2"}, "--log_level"},
+           {{"--log_format=xml"}, "--log_format"},
+           {{"--log_format="}, "--log_format"},
+           {{"--slow_call_ms=-1"}, "--slow_call_ms"},
            {{"--threads=-3"}, "--threads"},
            {{"--port_file=/proc/no/such/dir/port"}, "--port_file"},
            {{"--max_inflight_bytes=1000"}, "--max_inflight_bytes"},
