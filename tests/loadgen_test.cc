@@ -312,7 +312,7 @@ TEST_F(Loadgen, OpenLoopConstantAndPoissonKeepTheRate) {
     c.open_loop = true;
     c.rate = 200;
     c.poisson = poisson;
-    c.measurement_interval_ms = 300;
+    c.measurement_interval_ms = 500;
     c.check = true;
     RunResult r = loadgen::Run(client->stub(), *mix, c);
     ExpectHealthy(r, poisson ? "poisson" : "constant");
@@ -435,6 +435,7 @@ TEST(LoadgenBinary, FlagErrorsExit2NamingTheFlag) {
            {"--measurement_interval_ms=0", "--measurement_interval_ms"},
            {"--max_trials=2", "--max_trials"},
            {"--stability_percentage=-5", "--stability_percentage"},
+           {"--rate_tolerance_percentage=101", "--rate_tolerance_percentage"},
            {"--mode=half-open", "--mode"},
            {"--arrival=bursty", "--arrival"},
            {"--dtype=fp8", "--dtype"},

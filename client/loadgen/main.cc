@@ -59,8 +59,10 @@ ABSL_FLAG(double, measurement_interval_ms, 2000, "Length of one measurement wind
 ABSL_FLAG(int, max_trials, 10,
           "Windows per point at most (>= 3); a point still unstable then is marked so.");
 ABSL_FLAG(double, stability_percentage, 10,
-          "Stable: the last 3 windows' throughput and p50 each within this % of their mean. "
-          "Also the open loop's tolerance: achieved below asked by more is not sustained.");
+          "Stable: the last 3 windows' throughput and p50 each within this % of their mean.");
+ABSL_FLAG(double, rate_tolerance_percentage, 10,
+          "Open loop: a point whose achieved rate falls short of the scheduled arrivals by more "
+          "than this % is not sustained.");
 ABSL_FLAG(double, timeout_s, 30, "Per-call deadline.");
 ABSL_FLAG(double, connect_timeout_s, 5,
           "How long to wait for the target's first answer (GetServerInfo) before giving up.");
@@ -221,6 +223,8 @@ int main(int argc, char** argv) {
       !InRange("max_trials", absl::GetFlag(FLAGS_max_trials), lg::kStableWindows, 1000, &error) ||
       !InRange("stability_percentage", absl::GetFlag(FLAGS_stability_percentage), 0, 1000,
                &error) ||
+      !InRange("rate_tolerance_percentage", absl::GetFlag(FLAGS_rate_tolerance_percentage), 0, 100,
+               &error) ||
       !InRange("timeout_s", absl::GetFlag(FLAGS_timeout_s), 0.001, 86400, &error) ||
       !InRange("connect_timeout_s", absl::GetFlag(FLAGS_connect_timeout_s), 0.001, 3600, &error) ||
       !InRange("max_outstanding", absl::GetFlag(FLAGS_max_outstanding), 1, 1 << 20, &error)) {
@@ -333,6 +337,7 @@ int main(int argc, char** argv) {
       c.measurement_interval_ms = absl::GetFlag(FLAGS_measurement_interval_ms);
       c.max_trials = absl::GetFlag(FLAGS_max_trials);
       c.stability_percentage = absl::GetFlag(FLAGS_stability_percentage);
+      c.rate_tolerance_percentage = absl::GetFlag(FLAGS_rate_tolerance_percentage);
       c.timeout_s = absl::GetFlag(FLAGS_timeout_s);
       c.max_outstanding = max_outstanding;
       c.check = absl::GetFlag(FLAGS_check) && t.name == "posenc";

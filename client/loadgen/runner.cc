@@ -385,7 +385,7 @@ RunResult Run(v1::PositionalEncoding::Stub& stub, const Mix& mix, const RunConfi
   if (c.open_loop) {
     result.sustained =
         result.dropped == 0 && result.sender_lag_ms <= c.measurement_interval_ms &&
-        result.requests_per_s >= result.asked_per_s * (1 - c.stability_percentage / 100);
+        result.requests_per_s >= result.asked_per_s * (1 - c.rate_tolerance_percentage / 100);
   }
   return result;
 }
