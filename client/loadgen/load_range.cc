@@ -26,8 +26,8 @@ absl::StatusOr<double> Point(absl::string_view flag, absl::string_view whole,
   if (!absl::SimpleAtod(absl::StripAsciiWhitespace(part), &v) || !std::isfinite(v)) {
     return Bad(flag, whole, absl::StrCat("'", absl::CHexEscape(part), "' is not a number"));
   }
-  if (integers && (v < 1 || v != std::floor(v) || v > 1e6)) {
-    return Bad(flag, whole, "callers are whole numbers in [1, 1000000]");
+  if (integers && (v < 1 || v != std::floor(v) || v > kMaxCallers)) {
+    return Bad(flag, whole, absl::StrCat("callers are whole numbers in [1, ", kMaxCallers, "]"));
   }
   if (!integers && !(v > 0 && v <= 1e9)) return Bad(flag, whole, "rates are in (0, 1e9] per s");
   return v;

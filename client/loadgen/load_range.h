@@ -17,9 +17,12 @@ namespace posenc::loadgen {
 // 0.001), refused rather than run for days.
 inline constexpr int kMaxLoadPoints = 1000;
 
+// Callers at most: each is a thread of this process.
+inline constexpr int kMaxCallers = 4096;
+
 // Points of `text` for the flag `flag` (named in errors). With `integers`
-// (callers) every value must be a whole number >= 1; otherwise (requests/s)
-// any finite value > 0. Errors are INVALID_ARGUMENT quoting the text.
+// (callers) every value must be a whole number in [1, kMaxCallers];
+// otherwise (requests/s) any value in (0, 1e9]. Errors are INVALID_ARGUMENT quoting the text.
 [[nodiscard]] absl::StatusOr<std::vector<double>> ExpandLoadRange(absl::string_view flag,
                                                                   absl::string_view text,
                                                                   bool integers);

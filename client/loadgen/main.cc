@@ -13,6 +13,7 @@
 // 0 otherwise.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -58,8 +59,10 @@ ABSL_FLAG(double, measurement_interval_ms, 2000, "Length of one measurement wind
 ABSL_FLAG(int, max_trials, 10,
           "Windows per point at most (>= 3); a point still unstable then is marked so.");
 ABSL_FLAG(double, stability_percentage, 10,
-          "Stable: the last 3 windows' throughput and p50 each within this % of their mean. "
-          "Also the open loop's tolerance: achieved below asked by more is not sustained.");
+          "Stable: the last 3 windows' throughput and p50 each within this % of their mean.");
+ABSL_FLAG(double, rate_tolerance_percentage, 10,
+          "Open loop: a point whose achieved rate falls short of the scheduled arrivals by more "
+          "than this % is not sustained.");
 ABSL_FLAG(double, timeout_s, 30, "Per-call deadline.");
 ABSL_FLAG(double, connect_timeout_s, 5,
           "How long to wait for the target's first answer (GetServerInfo) before giving up.");
@@ -178,7 +181,7 @@ void PrintRow(const lg::RunResult& r) {
               r.stable ? "stable" : "UNSTABLE", r.windows.size(), lg::ErrorCounts(r).c_str());
   if (r.config.open_loop) {
     std::printf(
-        "        asked %.1f/s (schedule %.1f/s), achieved %.1f/s, backlog %lld in flight, "
+        "        asked %.6g/s (schedule %.6g/s), achieved %.6g/s, backlog %lld in flight, "
         "%lld dropped, sender %.1f ms behind: %s\n",
         r.config.rate, r.asked_per_s, r.requests_per_s, static_cast<long long>(r.backlog),
         static_cast<long long>(r.dropped), r.sender_lag_ms,
@@ -220,9 +223,11 @@ int main(int argc, char** argv) {
       !InRange("max_trials", absl::GetFlag(FLAGS_max_trials), lg::kStableWindows, 1000, &error) ||
       !InRange("stability_percentage", absl::GetFlag(FLAGS_stability_percentage), 0, 1000,
                &error) ||
+      !InRange("rate_tolerance_percentage", absl::GetFlag(FLAGS_rate_tolerance_percentage), 0, 100,
+               &error) ||
       !InRange("timeout_s", absl::GetFlag(FLAGS_timeout_s), 0.001, 86400, &error) ||
       !InRange("connect_timeout_s", absl::GetFlag(FLAGS_connect_timeout_s), 0.001, 3600, &error) ||
-      !InRange("max_outstanding", absl::GetFlag(FLAGS_max_outstanding), 1, 1e6, &error)) {
+      !InRange("max_outstanding", absl::GetFlag(FLAGS_max_outstanding), 1, 1 << 20, &error)) {
     return Usage(error);
   }
   const bool open = mode == "open";
@@ -241,6 +246,19 @@ int main(int argc, char** argv) {
   }
   const auto mix = lg::ParseMix(absl::GetFlag(FLAGS_op), overrides, absl::GetFlag(FLAGS_check));
   if (!mix.ok()) return Usage(std::string(mix.status().message()));
+  // Open-loop responses in flight are bounded in bytes too.
+  constexpr int64_t kMaxBytesInFlight = int64_t{4} << 30;
+  int64_t largest = 1;
+  for (const lg::Op& op : mix->ops) largest = std::max(largest, op.response_bytes);
+  int max_outstanding = absl::GetFlag(FLAGS_max_outstanding);
+  if (open && static_cast<int64_t>(max_outstanding) * largest > kMaxBytesInFlight) {
+    max_outstanding = static_cast<int>(std::max<int64_t>(1, kMaxBytesInFlight / largest));
+    std::fprintf(stderr,
+                 "posenc-loadgen: --max_outstanding lowered to %d: answers of %lld bytes in flight "
+                 "stay under %lld bytes\n",
+                 max_outstanding, static_cast<long long>(largest),
+                 static_cast<long long>(kMaxBytesInFlight));
+  }
   const bool stream = api == "stream";
   if (stream && !mix->AllRope()) return Usage("--api=stream carries RoPE operations only");
 
@@ -275,9 +293,11 @@ int main(int argc, char** argv) {
   probe.timeout = absl::Seconds(absl::GetFlag(FLAGS_connect_timeout_s));
   const auto info = (*client)->GetServerInfo(probe);
   if (!info.ok()) {
-    std::fprintf(stderr, "posenc-loadgen: cannot reach --target=%s (no answer within %gs): %s\n",
-                 co.target.c_str(), absl::GetFlag(FLAGS_connect_timeout_s),
-                 info.status().ToString().c_str());
+    std::fprintf(
+        stderr,
+        "posenc-loadgen: cannot reach --target=%s (GetServerInfo, --connect_timeout_s=%g): %s\n",
+        co.target.c_str(), absl::GetFlag(FLAGS_connect_timeout_s),
+        info.status().ToString().c_str());
     return kExitUnreachable;
   }
   targets.push_back({"posenc", *std::move(client)});
@@ -317,8 +337,9 @@ int main(int argc, char** argv) {
       c.measurement_interval_ms = absl::GetFlag(FLAGS_measurement_interval_ms);
       c.max_trials = absl::GetFlag(FLAGS_max_trials);
       c.stability_percentage = absl::GetFlag(FLAGS_stability_percentage);
+      c.rate_tolerance_percentage = absl::GetFlag(FLAGS_rate_tolerance_percentage);
       c.timeout_s = absl::GetFlag(FLAGS_timeout_s);
-      c.max_outstanding = absl::GetFlag(FLAGS_max_outstanding);
+      c.max_outstanding = max_outstanding;
       c.check = absl::GetFlag(FLAGS_check) && t.name == "posenc";
       c.progress = absl::GetFlag(FLAGS_progress);
       lg::RunResult r = lg::Run(t.client->stub(), *mix, c);

@@ -261,7 +261,11 @@ class Sender {
       t += c_.poisson ? gap(rng) : 1.0 / c_.rate;
       const Clock::time_point when = start_ + Seconds(t);
       next_.store(when.time_since_epoch().count());
-      std::this_thread::sleep_until(when);
+      // In slices, so that a slow rate (one call a minute) cannot hold the
+      // end of the run.
+      while (!stop && Clock::now() < when) {
+        std::this_thread::sleep_until(std::min(when, Clock::now() + std::chrono::milliseconds(20)));
+      }
       if (stop) break;
       const bool drop = outstanding_ >= c_.max_outstanding;
       rec_.AddArrival(when, drop);
@@ -381,7 +385,7 @@ RunResult Run(v1::PositionalEncoding::Stub& stub, const Mix& mix, const RunConfi
   if (c.open_loop) {
     result.sustained =
         result.dropped == 0 && result.sender_lag_ms <= c.measurement_interval_ms &&
-        result.requests_per_s >= result.asked_per_s * (1 - c.stability_percentage / 100);
+        result.requests_per_s >= result.asked_per_s * (1 - c.rate_tolerance_percentage / 100);
   }
   return result;
 }

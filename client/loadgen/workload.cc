@@ -638,6 +638,10 @@ absl::StatusOr<Mix> ParseMix(const std::string& spec, const std::vector<Override
           absl::StrCat("--op: each entry is NAME or NAME:WEIGHT with a weight > 0; got '",
                        absl::CHexEscape(part), "'"));
     }
+    if (specs.size() == kMaxMixOps) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--op: at most ", kMaxMixOps, " operations in a mix"));
+    }
     POSENC_ASSIGN_OR_RETURN(OpSpec s, PresetOp(absl::StripAsciiWhitespace(nw[0])));
     specs.push_back(std::move(s));
     mix.weights.push_back(weight);
@@ -657,8 +661,15 @@ absl::StatusOr<Mix> ParseMix(const std::string& spec, const std::vector<Override
                                                      " (", absl::StrJoin(kinds, ", "), ")"));
     }
   }
+  int64_t bytes = 0;
   for (const OpSpec& s : specs) {
     POSENC_ASSIGN_OR_RETURN(Op op, BuildOp(s, with_expected));
+    bytes += op.request_bytes + (with_expected ? op.response_bytes : 0);
+    if (bytes > kMaxMixBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--op: the mix's tensors (requests and, with --check, answers) pass ",
+                       kMaxMixBytes, " bytes; use fewer or smaller operations (--shape)"));
+    }
     mix.ops.push_back(std::move(op));
   }
   return mix;

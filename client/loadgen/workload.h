@@ -87,6 +87,11 @@ struct Mix {
   std::string spec;
   bool AllRope() const;
 };
+// Operations in one mix at most, and the tensor bytes all of them may hold
+// together (requests and expected answers): the mix is built in memory.
+inline constexpr int kMaxMixOps = 16;
+inline constexpr int64_t kMaxMixBytes = int64_t{4} << 30;
+
 struct Override {
   std::string name, text;
 };
