@@ -310,7 +310,14 @@ TEST_F(Loadgen, OpenLoopConstantAndPoissonKeepTheRate) {
   for (bool poisson : {false, true}) {
     RunConfig c = Quick();
     c.open_loop = true;
+#ifdef POSENC_UNDER_SANITIZER
+    // An instrumented server on 2 shared cores fell behind 200/s poisson
+    // arrivals and refused 49 (RESOURCE_EXHAUSTED at --max_inflight): the
+    // sanitizer run is about memory safety, so it asks a rate it can serve.
+    c.rate = 50;
+#else
     c.rate = 200;
+#endif
     c.poisson = poisson;
     c.measurement_interval_ms = 500;
     c.check = true;
