@@ -192,5 +192,304 @@ TEST_F(ScaleOut, CallsSpreadOverReplicasWithIdenticalAnswers) {
   }
 }
 
+// Closed-loop callers through one client, recording every call, until
+// stopped; each answer is compared bitwise with `expected`.
+class Load {
+ public:
+  Load(Client& client, const v1::RopeRequest& request, std::string expected, int callers,
+       Clock::time_point epoch)
+      : epoch_(epoch) {
+    for (int c = 0; c < callers; ++c) {
+      threads_.emplace_back([this, &client, &request, expected] {
+        while (!stop_.load()) {
+          v1::RopeResponse response;
+          CallRecord r = testing::CallRope(client, request, &response, epoch_);
+          r.answer_matches = r.code != grpc::StatusCode::OK || response.query_data() == expected;
+          std::lock_guard<std::mutex> lock(mu_);
+          records_.push_back(r);
+        }
+      });
+    }
+  }
+  ~Load() { Stop(); }
+
+  std::vector<CallRecord> Stop() {
+    stop_ = true;
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+    std::lock_guard<std::mutex> lock(mu_);
+    return records_;
+  }
+
+  double Now() const { return std::chrono::duration<double>(Clock::now() - epoch_).count(); }
+
+  // Waits until `port` answers a call that started after `since`; the
+  // seconds that took from `since`, or -1 after `limit` seconds.
+  double WaitForTraffic(int port, double since, double limit) {
+    while (Now() < since + limit) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        double first = -1;
+        for (const CallRecord& r : records_) {
+          if (r.port == port && r.code == grpc::StatusCode::OK && r.start_s >= since &&
+              (first < 0 || r.start_s < first)) {
+            first = r.start_s;
+          }
+        }
+        if (first >= 0) return first - since;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return -1;
+  }
+
+ private:
+  Clock::time_point epoch_;
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::vector<CallRecord> records_;
+};
+
+// How a set of calls ended. A call is lost unless it ends OK, or
+// UNAVAILABLE after the client's retries (its budget: max_attempts with
+// backoff; tests count and bound those separately).
+struct Outcome {
+  int calls = 0, ok = 0, unavailable = 0, other_failures = 0, wrong_answers = 0;
+  std::map<int, int> codes;
+  std::vector<double> latencies;
+};
+
+Outcome Summarise(const std::vector<CallRecord>& records, double from = 0, double to = INFINITY) {
+  Outcome o;
+  for (const CallRecord& r : records) {
+    if (r.start_s < from || r.start_s >= to) continue;
+    ++o.calls;
+    ++o.codes[r.code];
+    o.latencies.push_back(r.latency_s);
+    if (!r.answer_matches) ++o.wrong_answers;
+    if (r.code == grpc::StatusCode::OK) {
+      ++o.ok;
+    } else if (r.code == grpc::StatusCode::UNAVAILABLE) {
+      ++o.unavailable;
+    } else {
+      ++o.other_failures;
+    }
+  }
+  return o;
+}
+
+std::string CodesString(const Outcome& o) {
+  std::string s;
+  for (const auto& [code, n] : o.codes)
+    s += " code" + std::to_string(code) + "=" + std::to_string(n);
+  return s;
+}
+
+// Writes the calls and events for scripts/scaleout-plot.py when
+// POSENC_SCALEOUT_OUT names a directory.
+void WriteTimeline(const std::vector<CallRecord>& records,
+                   const std::vector<std::pair<double, std::string>>& events,
+                   const std::map<int, int>& replica_of_port) {
+  const char* dir = std::getenv("POSENC_SCALEOUT_OUT");
+  if (dir == nullptr || *dir == 0) return;
+  std::ofstream calls(std::string(dir) + "/calls.csv");
+  calls << "start_s,latency_s,code,replica\n";
+  for (const CallRecord& r : records) {
+    auto it = replica_of_port.find(r.port);
+    calls << r.start_s << ',' << r.latency_s << ',' << r.code << ','
+          << (it == replica_of_port.end() ? -1 : it->second) << '\n';
+  }
+  std::ofstream ev(std::string(dir) + "/events.csv");
+  ev << "t_s,event\n";
+  for (const auto& [t, what] : events) ev << t << ',' << what << '\n';
+  std::printf("timeline written to %s\n", dir);
+}
+
+// A client that rides out replicas leaving: five attempts, short backoff.
+ClientOptions RetryingClient() {
+  ClientOptions o;
+  o.max_attempts = 5;
+  o.initial_backoff = absl::Milliseconds(20);
+  o.max_backoff = absl::Milliseconds(500);
+  return o;
+}
+
+// 2. A rolling restart under load, as a Deployment rollout does it: each
+// replica in turn gets SIGTERM, drains and exits 0, comes back at its
+// address, and takes traffic again before the next one goes. No call is
+// lost; the p99 across the rollout is printed against the steady one.
+TEST_F(ScaleOut, RollingRestartUnderLoadLosesNoCall) {
+  std::mt19937_64 rng(Seed());
+  ASSERT_TRUE(StartReplicas({"--threads=1", "--drain_seconds=5"}));
+  const ClientOptions options = RetryingClient();
+  std::unique_ptr<Client> client = NewClient(options);
+  ASSERT_NE(client, nullptr);
+  const RopeCase c = RandomRope(rng, 8);
+  ASSERT_TRUE(WaitUntilAllAnswer(*client, c.request));
+  v1::RopeResponse expected;
+  ASSERT_EQ(testing::CallRope(*client, c.request, &expected, Clock::now()).code,
+            grpc::StatusCode::OK);
+  ASSERT_LT(ErrorAgainstReference(c, expected.query_data()), 1e-5);
+
+  std::map<int, int> replica_of_port;
+  for (int i = 0; i < kReplicas; ++i) replica_of_port[replicas_[i]->port()] = i;
+  std::vector<std::pair<double, std::string>> events;
+  double refused_attempts = 0;  // answered UNAVAILABLE by draining replicas
+  const auto epoch = Clock::now();
+  Load load(*client, c.request, expected.query_data(), 4, epoch);
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const double rollout_start = load.Now();
+  events.emplace_back(rollout_start, "rollout starts");
+  for (int i = 0; i < kReplicas; ++i) {
+    events.emplace_back(load.Now(), "SIGTERM " + std::to_string(i));
+    const int code = replicas_[i]->Terminate(std::chrono::seconds(20));
+    events.emplace_back(load.Now(), "exited " + std::to_string(i));
+    ASSERT_EQ(code, 0) << "replica " << i << " did not drain and exit 0:\n"
+                       << replicas_[i]->process().log_text();
+    refused_attempts += replicas_[i]->refused_while_draining();
+    ASSERT_TRUE(replicas_[i]->Start()) << replicas_[i]->process().log_text();
+    const double up = load.Now();
+    events.emplace_back(up, "restarted " + std::to_string(i));
+    // A Deployment waits for readiness; the client's reconnection backoff
+    // decides when traffic comes back.
+    const double wait = load.WaitForTraffic(replicas_[i]->port(), up, 20);
+    ASSERT_GE(wait, 0) << "restarted replica " << i << " got no traffic in 20 s";
+    std::printf(
+        "replica %d: drained and exited in %.2f s (refused %.0f attempts meanwhile), traffic "
+        "%.2f s after it was back\n",
+        i, events[events.size() - 2].first - events[events.size() - 3].first,
+        replicas_[i]->refused_while_draining(), wait);
+  }
+  const double rollout_end = load.Now();
+  events.emplace_back(rollout_end, "rollout done");
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const std::vector<CallRecord> records = load.Stop();
+  WriteTimeline(records, events, replica_of_port);
+
+  const Outcome all = Summarise(records);
+  const Outcome steady = Summarise(records, 0, rollout_start);
+  const Outcome rollout = Summarise(records, rollout_start, rollout_end);
+  std::printf(
+      "%d calls (%d steady before, %d during the %.1f s rollout): %d OK, %d UNAVAILABLE after "
+      "up to %d attempts, %d other failures, %d wrong answers;%s; the draining replicas refused "
+      "%.0f attempts, all retried\n",
+      all.calls, steady.calls, rollout.calls, rollout_end - rollout_start, all.ok, all.unavailable,
+      options.max_attempts, all.other_failures, all.wrong_answers, CodesString(all).c_str(),
+      refused_attempts);
+  std::printf("p50/p99/max ms: steady %.2f/%.2f/%.2f, rollout %.2f/%.2f/%.2f\n",
+              1e3 * testing::Quantile(steady.latencies, 0.5),
+              1e3 * testing::Quantile(steady.latencies, 0.99),
+              1e3 * testing::Quantile(steady.latencies, 1.0),
+              1e3 * testing::Quantile(rollout.latencies, 0.5),
+              1e3 * testing::Quantile(rollout.latencies, 0.99),
+              1e3 * testing::Quantile(rollout.latencies, 1.0));
+  ASSERT_GT(steady.calls, 50) << "too little load to say anything";
+  ASSERT_GT(rollout.calls, 50);
+  EXPECT_GT(refused_attempts, 0) << "no drain refused a call: the retries were not exercised";
+  EXPECT_EQ(all.other_failures, 0) << "calls lost (not OK, not UNAVAILABLE after retries)";
+  EXPECT_EQ(all.wrong_answers, 0);
+  // Retries absorb the drains; a call failing after all of them needs five
+  // refusals in a row. Bound: 0.5% of the calls.
+  EXPECT_LE(all.unavailable * 200, all.calls);
+  // No call waits on a dead replica: the worst is the retry backoffs.
+  EXPECT_LT(testing::Quantile(rollout.latencies, 1.0), 5.0);
+}
+
+// 3. A node failure: SIGKILL. A call in flight on the killed replica (over
+// a connection to it alone) fails fast with UNAVAILABLE, not at its
+// deadline; the balanced callers go on with the survivors.
+TEST_F(ScaleOut, KilledReplicaFailsFastAndSurvivorsServe) {
+  std::mt19937_64 rng(Seed());
+  ASSERT_TRUE(StartReplicas({"--threads=1"}));
+  const ClientOptions options = RetryingClient();
+  std::unique_ptr<Client> client = NewClient(options);
+  ASSERT_NE(client, nullptr);
+  const RopeCase c = RandomRope(rng, 8);
+  ASSERT_TRUE(WaitUntilAllAnswer(*client, c.request));
+  v1::RopeResponse expected;
+  ASSERT_EQ(testing::CallRope(*client, c.request, &expected, Clock::now()).code,
+            grpc::StatusCode::OK);
+
+  // A caller of replica 0 alone, with a request big enough (16 MiB) that a
+  // call is almost always in flight, and a 30 s deadline to tell fast
+  // failure from a hang.
+  std::vector<float> big(64 * 128 * 4 * 128, 0.25f);
+  v1::RopeRequest big_request;
+  wire::SetRopeOptions(RopeOptions{}, &big_request);
+  wire::SetTensor(TensorView{DType::kFloat32, {4, 128, 64, 128}, big.data(), big.size() * 4},
+                  big_request.mutable_query(), big_request.mutable_query_data());
+  auto stub = v1::PositionalEncoding::NewStub(replicas_[0]->process().NewChannel(1));
+  // Until its first failure (after the kill) or 30 s.
+  std::atomic<int> direct_ok{0};
+  grpc::Status direct_failure;
+  Clock::time_point direct_failed_at, direct_failed_started;
+  std::thread direct([&] {
+    const auto give_up = Clock::now() + std::chrono::seconds(30);
+    while (Clock::now() < give_up) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      v1::RopeResponse response;
+      const auto start = Clock::now();
+      const grpc::Status s = stub->ApplyRope(&ctx, big_request, &response);
+      if (!s.ok()) {
+        direct_failure = s;
+        direct_failed_started = start;
+        direct_failed_at = Clock::now();
+        return;
+      }
+      ++direct_ok;
+    }
+  });
+
+  const auto epoch = Clock::now();
+  Load load(*client, c.request, expected.query_data(), 3, epoch);
+  for (int i = 0; i < 1000 && direct_ok < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GE(direct_ok, 2) << "the direct caller of replica 0 is not being answered";
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const Clock::time_point kill_time = Clock::now();
+  const double kill_s = load.Now();
+  const bool gone = replicas_[0]->Kill();
+  direct.join();
+  ASSERT_TRUE(gone);
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const std::vector<CallRecord> records = load.Stop();
+
+  const double fail_after = std::chrono::duration<double>(direct_failed_at - kill_time).count();
+  const bool in_flight = direct_failed_started < kill_time;
+  std::printf("direct call to the killed replica: %s after %.3f s (%s at the kill)\n",
+              direct_failure.ok() ? "OK" : direct_failure.error_message().c_str(), fail_after,
+              in_flight ? "in flight" : "started just after");
+  EXPECT_EQ(direct_failure.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_LT(fail_after, 5.0) << "the call waited on a dead replica";
+
+  const Outcome all = Summarise(records);
+  const Outcome around = Summarise(records, kill_s - 0.5, kill_s + 0.5);
+  std::map<int, int> after_by_replica;
+  int after = 0;
+  for (const CallRecord& r : records) {
+    if (r.start_s >= kill_s + 0.5 && r.code == grpc::StatusCode::OK) {
+      ++after_by_replica[IndexOf(r.port)];
+      ++after;
+    }
+  }
+  std::printf(
+      "balanced callers: %d calls, %d OK, %d UNAVAILABLE after retries, %d other; around the "
+      "kill max %.1f ms; after it replica 1 %d, replica 2 %d, killed %d\n",
+      all.calls, all.ok, all.unavailable, all.other_failures,
+      1e3 * testing::Quantile(around.latencies, 1.0), after_by_replica[1], after_by_replica[2],
+      after_by_replica[0]);
+  EXPECT_EQ(all.other_failures, 0);
+  EXPECT_EQ(all.wrong_answers, 0);
+  EXPECT_LE(all.unavailable * 200, all.calls);
+  EXPECT_LT(testing::Quantile(around.latencies, 1.0), 5.0);
+  ASSERT_GT(after, 30);
+  EXPECT_EQ(after_by_replica[0], 0);
+  EXPECT_GE(after_by_replica[1], after / 4);
+  EXPECT_GE(after_by_replica[2], after / 4);
+}
+
 }  // namespace
 }  // namespace posenc
