@@ -491,5 +491,57 @@ TEST_F(ScaleOut, KilledReplicaFailsFastAndSurvivorsServe) {
   EXPECT_GE(after_by_replica[2], after / 4);
 }
 
+// 4. A replica listed but down when the client starts, started mid-run,
+// while the others close connections every 1.5 s (--max_connection_age_ms).
+// With an ipv4: list the address is known from the start, so this shows
+// the client picking up a listed replica that comes up (its reconnection
+// backoff) and connection ageing under load costing no call; a DNS name
+// re-resolved on each GOAWAY would add new addresses the same way.
+TEST_F(ScaleOut, ReplicaStartedMidRunGetsTraffic) {
+  std::mt19937_64 rng(Seed());
+  const std::vector<std::string> flags = {"--threads=1", "--max_connection_age_ms=1500"};
+  ASSERT_TRUE(StartReplicas(flags, 2));
+  replicas_.push_back(
+      std::make_unique<Replica>(POSENC_SERVER_BINARY, flags, testing::UnusedPort()));
+  const ClientOptions options = RetryingClient();
+  std::unique_ptr<Client> client = NewClient(options);
+  ASSERT_NE(client, nullptr);
+  const RopeCase c = RandomRope(rng, 8);
+  v1::RopeResponse expected;
+  ASSERT_EQ(testing::CallRope(*client, c.request, &expected, Clock::now()).code,
+            grpc::StatusCode::OK);
+
+  const auto epoch = Clock::now();
+  Load load(*client, c.request, expected.query_data(), 3, epoch);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ASSERT_TRUE(replicas_[2]->Start()) << replicas_[2]->process().log_text();
+  const double up = load.Now();
+  const double wait = load.WaitForTraffic(replicas_[2]->port(), up, 20);
+  std::printf("new replica answered its first call %.2f s after it was serving\n", wait);
+  ASSERT_GE(wait, 0) << "the new replica got no traffic in 20 s";
+  EXPECT_LT(wait, 10.0);
+  std::this_thread::sleep_for(std::chrono::seconds(4));  // more than two connection ages
+  const double end = load.Now();
+  const std::vector<CallRecord> records = load.Stop();
+
+  const Outcome all = Summarise(records);
+  std::map<int, int> last_two_s;
+  int last_total = 0;
+  for (const CallRecord& r : records) {
+    if (r.start_s >= end - 2 && r.code == grpc::StatusCode::OK) {
+      ++last_two_s[IndexOf(r.port)];
+      ++last_total;
+    }
+  }
+  std::printf("%d calls, %d OK,%s; last 2 s: %d / %d / %d\n", all.calls, all.ok,
+              CodesString(all).c_str(), last_two_s[0], last_two_s[1], last_two_s[2]);
+  EXPECT_EQ(all.ok, all.calls) << "connection ageing or the new replica cost calls";
+  EXPECT_EQ(all.wrong_answers, 0);
+  ASSERT_GT(last_total, 30);
+  for (int i = 0; i < kReplicas; ++i) {
+    EXPECT_GE(last_two_s[i], last_total / 5) << "replica " << i << " after the new one joined";
+  }
+}
+
 }  // namespace
 }  // namespace posenc
