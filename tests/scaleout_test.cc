@@ -543,5 +543,68 @@ TEST_F(ScaleOut, ReplicaStartedMidRunGetsTraffic) {
   }
 }
 
+// 5. One replica saturated (one slot, no admission wait): it refuses with
+// RESOURCE_EXHAUSTED before reading the request. Without
+// retry_resource_exhausted the callers see those refusals; with it each is
+// retried after a backoff, and round_robin sends the retry to the next
+// replica.
+TEST_F(ScaleOut, OverloadedReplicaRefusalsAreRetriedOnOthers) {
+  std::mt19937_64 rng(Seed());
+  ASSERT_TRUE(StartReplicas({"--threads=1"}, 2));
+  replicas_.push_back(std::make_unique<Replica>(
+      POSENC_SERVER_BINARY,
+      std::vector<std::string>{"--threads=1", "--max_inflight=1", "--admission_wait_ms=0"}));
+  ASSERT_TRUE(replicas_.back()->Start()) << replicas_.back()->process().log_text();
+  // 512 KiB requests: long enough that callers overlap on the saturated one.
+  std::vector<float> q(256 * 8 * 64);
+  std::uniform_real_distribution<float> value(-1, 1);
+  for (float& v : q) v = value(rng);
+  v1::RopeRequest request;
+  wire::SetRopeOptions(RopeOptions{}, &request);
+  wire::SetTensor(TensorView{DType::kFloat32, {1, 256, 8, 64}, q.data(), q.size() * 4},
+                  request.mutable_query(), request.mutable_query_data());
+
+  auto run = [&](bool retry, int* refused, int* ok) {
+    ClientOptions o;
+    o.retry_resource_exhausted = retry;
+    o.max_attempts = 5;
+    o.initial_backoff = absl::Milliseconds(5);
+    o.max_backoff = absl::Milliseconds(80);
+    std::unique_ptr<Client> client = NewClient(o);
+    ASSERT_NE(client, nullptr);
+    ASSERT_TRUE(WaitUntilAllAnswer(*client, request));
+    std::atomic<int> r{0}, g{0};
+    std::vector<std::thread> callers;
+    for (int t = 0; t < 6; ++t) {
+      callers.emplace_back([&] {
+        for (int i = 0; i < 30; ++i) {
+          v1::RopeResponse response;
+          const CallRecord rec = testing::CallRope(*client, request, &response, Clock::now());
+          if (rec.code == grpc::StatusCode::RESOURCE_EXHAUSTED) ++r;
+          if (rec.code == grpc::StatusCode::OK) ++g;
+        }
+      });
+    }
+    for (std::thread& t : callers) t.join();
+    *refused = r;
+    *ok = g;
+  };
+  int refused_without = 0, ok_without = 0, refused_with = 0, ok_with = 0;
+  const double before = replicas_[2]->Requests("ApplyRope", "RESOURCE_EXHAUSTED");
+  run(false, &refused_without, &ok_without);
+  const double middle = replicas_[2]->Requests("ApplyRope", "RESOURCE_EXHAUSTED");
+  run(true, &refused_with, &ok_with);
+  const double after = replicas_[2]->Requests("ApplyRope", "RESOURCE_EXHAUSTED");
+  std::printf(
+      "180 calls each; without retry: %d refused to the caller (%d OK), the saturated replica "
+      "refused %.0f; with retry: %d refused to the caller (%d OK), the replica refused %.0f\n",
+      refused_without, ok_without, middle - before, refused_with, ok_with, after - middle);
+  ASSERT_GT(refused_without, 5) << "the replica was not saturated; nothing was tested";
+  EXPECT_GT(after - middle, 5) << "with retry the replica should still have refused";
+  // Five refusals in a row would be needed to surface one.
+  EXPECT_LE(refused_with * 20, refused_without);
+  EXPECT_GE(ok_with, 180 - 2);
+}
+
 }  // namespace
 }  // namespace posenc
