@@ -157,6 +157,7 @@ struct CallRecord {
   double latency_s = 0;  // until the final status, retries included
   int code = 0;          // grpc::StatusCode
   int port = 0;          // the replica that answered last (0: none reached)
+  std::string message;   // the status message when not OK
   bool answer_matches = true;
 };
 
@@ -185,6 +186,7 @@ inline CallRecord CallRope(Client& client, const v1::RopeRequest& request,
   r.latency_s = std::chrono::duration<double>(end - start).count();
   r.code = s.error_code();
   r.port = PortOfPeer(ctx.peer());
+  if (!s.ok()) r.message = s.error_message();
   return r;
 }
 

@@ -257,6 +257,7 @@ class Load {
 struct Outcome {
   int calls = 0, ok = 0, unavailable = 0, other_failures = 0, wrong_answers = 0;
   std::map<int, int> codes;
+  std::map<int, std::string> a_message;  // one message per failing code
   std::vector<double> latencies;
 };
 
@@ -266,6 +267,7 @@ Outcome Summarise(const std::vector<CallRecord>& records, double from = 0, doubl
     if (r.start_s < from || r.start_s >= to) continue;
     ++o.calls;
     ++o.codes[r.code];
+    if (r.code != grpc::StatusCode::OK) o.a_message.emplace(r.code, r.message);
     o.latencies.push_back(r.latency_s);
     if (!r.answer_matches) ++o.wrong_answers;
     if (r.code == grpc::StatusCode::OK) {
