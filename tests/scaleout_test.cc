@@ -7,6 +7,8 @@
 // Bounds are generous on purpose: the suite shares 2 cores with other work
 // and runs under AddressSanitizer in CI. What must hold exactly (no call lost,
 // bitwise-identical answers, every replica used) is asserted exactly.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -136,6 +138,8 @@ class ScaleOut : public ::testing::Test {
     }
     return seen.size() == replicas_.size();
   }
+
+  void RollingRestart(bool health_checking);
 
   std::vector<std::unique_ptr<Replica>> replicas_;
 };
@@ -290,22 +294,24 @@ std::string CodesString(const Outcome& o) {
 
 // Writes the calls and events for scripts/scaleout-plot.py when
 // POSENC_SCALEOUT_OUT names a directory.
-void WriteTimeline(const std::vector<CallRecord>& records,
+void WriteTimeline(const std::string& name, const std::vector<CallRecord>& records,
                    const std::vector<std::pair<double, std::string>>& events,
                    const std::map<int, int>& replica_of_port) {
-  const char* dir = std::getenv("POSENC_SCALEOUT_OUT");
-  if (dir == nullptr || *dir == 0) return;
-  std::ofstream calls(std::string(dir) + "/calls.csv");
+  const char* out = std::getenv("POSENC_SCALEOUT_OUT");
+  if (out == nullptr || *out == 0) return;
+  const std::string dir = std::string(out) + "/" + name;
+  mkdir(dir.c_str(), 0755);
+  std::ofstream calls(dir + "/calls.csv");
   calls << "start_s,latency_s,code,replica\n";
   for (const CallRecord& r : records) {
     auto it = replica_of_port.find(r.port);
     calls << r.start_s << ',' << r.latency_s << ',' << r.code << ','
           << (it == replica_of_port.end() ? -1 : it->second) << '\n';
   }
-  std::ofstream ev(std::string(dir) + "/events.csv");
+  std::ofstream ev(dir + "/events.csv");
   ev << "t_s,event\n";
   for (const auto& [t, what] : events) ev << t << ',' << what << '\n';
-  std::printf("timeline written to %s\n", dir);
+  std::printf("timeline written to %s\n", dir.c_str());
 }
 
 // A client that rides out replicas leaving: five attempts, short backoff.
@@ -320,11 +326,13 @@ ClientOptions RetryingClient() {
 // 2. A rolling restart under load, as a Deployment rollout does it: each
 // replica in turn gets SIGTERM, drains and exits 0, comes back at its
 // address, and takes traffic again before the next one goes. No call is
-// lost; the p99 across the rollout is printed against the steady one.
-TEST_F(ScaleOut, RollingRestartUnderLoadLosesNoCall) {
+// lost; the p99 across the rollout is printed against the steady one. Run
+// with the client's health checking (the default) and without it.
+void ScaleOut::RollingRestart(bool health_checking) {
   std::mt19937_64 rng(Seed());
   ASSERT_TRUE(StartReplicas({"--threads=1", "--drain_seconds=5"}));
-  const ClientOptions options = RetryingClient();
+  ClientOptions options = RetryingClient();
+  if (!health_checking) options.health_check_service.clear();
   std::unique_ptr<Client> client = NewClient(options);
   ASSERT_NE(client, nullptr);
   const RopeCase c = RandomRope(rng, 8);
@@ -367,7 +375,8 @@ TEST_F(ScaleOut, RollingRestartUnderLoadLosesNoCall) {
   events.emplace_back(rollout_end, "rollout done");
   std::this_thread::sleep_for(std::chrono::seconds(2));
   const std::vector<CallRecord> records = load.Stop();
-  WriteTimeline(records, events, replica_of_port);
+  WriteTimeline(health_checking ? "rollout" : "rollout_no_health_check", records, events,
+                replica_of_port);
 
   const Outcome all = Summarise(records);
   const Outcome steady = Summarise(records, 0, rollout_start);
@@ -375,10 +384,10 @@ TEST_F(ScaleOut, RollingRestartUnderLoadLosesNoCall) {
   std::printf(
       "%d calls (%d steady before, %d during the %.1f s rollout): %d OK, %d UNAVAILABLE after "
       "up to %d attempts, %d other failures, %d wrong answers;%s; the draining replicas refused "
-      "%.0f attempts, all retried\n",
+      "%.0f attempts, all retried (health checking %s)\n",
       all.calls, steady.calls, rollout.calls, rollout_end - rollout_start, all.ok, all.unavailable,
       options.max_attempts, all.other_failures, all.wrong_answers, CodesString(all).c_str(),
-      refused_attempts);
+      refused_attempts, health_checking ? "on" : "off");
   std::printf("p50/p99/max ms: steady %.2f/%.2f/%.2f, rollout %.2f/%.2f/%.2f\n",
               1e3 * testing::Quantile(steady.latencies, 0.5),
               1e3 * testing::Quantile(steady.latencies, 0.99),
@@ -388,7 +397,12 @@ TEST_F(ScaleOut, RollingRestartUnderLoadLosesNoCall) {
               1e3 * testing::Quantile(rollout.latencies, 1.0));
   ASSERT_GT(steady.calls, 50) << "too little load to say anything";
   ASSERT_GT(rollout.calls, 50);
-  EXPECT_GT(refused_attempts, 0) << "no drain refused a call: the retries were not exercised";
+  // Without health checking round_robin keeps picking a draining replica
+  // until it exits, and its refusals are retried: the retries are what
+  // saves those calls. With it the replica is dropped on NOT_SERVING.
+  if (!health_checking) {
+    EXPECT_GT(refused_attempts, 0) << "no drain refused a call: the retries were not exercised";
+  }
   EXPECT_EQ(all.other_failures, 0) << "calls lost (not OK, not UNAVAILABLE after retries)";
   EXPECT_EQ(all.wrong_answers, 0);
   // Retries absorb the drains; a call failing after all of them needs five
@@ -397,6 +411,10 @@ TEST_F(ScaleOut, RollingRestartUnderLoadLosesNoCall) {
   // No call waits on a dead replica: the worst is the retry backoffs.
   EXPECT_LT(testing::Quantile(rollout.latencies, 1.0), 5.0);
 }
+
+TEST_F(ScaleOut, RollingRestartUnderLoadLosesNoCall) { RollingRestart(true); }
+
+TEST_F(ScaleOut, RollingRestartWithoutHealthCheckingLosesNoCallEither) { RollingRestart(false); }
 
 // 3. A node failure: SIGKILL. A call in flight on the killed replica (over
 // a connection to it alone) fails fast with UNAVAILABLE, not at its
@@ -478,9 +496,9 @@ TEST_F(ScaleOut, KilledReplicaFailsFastAndSurvivorsServe) {
     }
   }
   std::printf(
-      "balanced callers: %d calls, %d OK, %d UNAVAILABLE after retries, %d other; around the "
+      "balanced callers: %d calls, %d OK, %d UNAVAILABLE after retries, %d other;%s; around the "
       "kill max %.1f ms; after it replica 1 %d, replica 2 %d, killed %d\n",
-      all.calls, all.ok, all.unavailable, all.other_failures,
+      all.calls, all.ok, all.unavailable, all.other_failures, CodesString(all).c_str(),
       1e3 * testing::Quantile(around.latencies, 1.0), after_by_replica[1], after_by_replica[2],
       after_by_replica[0]);
   EXPECT_EQ(all.other_failures, 0);
@@ -606,6 +624,25 @@ TEST_F(ScaleOut, OverloadedReplicaRefusalsAreRetriedOnOthers) {
   // Five refusals in a row would be needed to surface one.
   EXPECT_LE(refused_with * 20, refused_without);
   EXPECT_GE(ok_with, 180 - 2);
+}
+
+// The watched service name goes into the client's service config: anything
+// that could break out of it is refused, naming the option.
+TEST(ScaleOutClient, HealthCheckServiceNameIsValidated) {
+  for (const std::string& bad :
+       std::vector<std::string>{"posenc\"}],\"x\":{", "a b", std::string("a\0b", 3)}) {
+    ClientOptions o;
+    o.health_check_service = bad;
+    auto client = Client::Create(o);
+    ASSERT_FALSE(client.ok()) << bad;
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(client.status().message().find("ClientOptions.health_check_service"),
+              std::string::npos)
+        << client.status();
+  }
+  ClientOptions off;
+  off.health_check_service = "";
+  EXPECT_TRUE(Client::Create(off).ok());
 }
 
 }  // namespace
