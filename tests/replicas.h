@@ -67,13 +67,14 @@ inline std::string HttpGet(int port, const std::string& path) {
 // one) and keeps it, so a restart comes back at the same address.
 class Replica {
  public:
-  Replica(std::string binary, std::vector<std::string> flags, int port = 0)
-      : binary_(std::move(binary)), flags_(std::move(flags)), port_(port) {}
+  Replica(std::string binary, std::vector<std::string> flags, int port = 0,
+          std::string host = "127.0.0.1")
+      : binary_(std::move(binary)), flags_(std::move(flags)), host_(std::move(host)), port_(port) {}
 
   // Starts the process and waits until it serves gRPC and /metrics.
   bool Start() {
     process_ = std::make_unique<ServerProcess>();
-    std::vector<std::string> flags = {"--listen=127.0.0.1:" + std::to_string(port_),
+    std::vector<std::string> flags = {"--listen=" + host_ + ":" + std::to_string(port_),
                                       "--metrics_listen=127.0.0.1:0", "--log_level=info",
                                       "--enable_cuda=false"};
     flags.insert(flags.end(), flags_.begin(), flags_.end());
@@ -129,12 +130,13 @@ class Replica {
   }
 
   int port() const { return port_; }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  std::string address() const { return host_ + ":" + std::to_string(port_); }
   ServerProcess& process() { return *process_; }
 
  private:
   std::string binary_;
   std::vector<std::string> flags_;
+  std::string host_;
   int port_ = 0;
   int metrics_port_ = 0;
   double refused_while_draining_ = 0;
@@ -157,6 +159,7 @@ struct CallRecord {
   double latency_s = 0;  // until the final status, retries included
   int code = 0;          // grpc::StatusCode
   int port = 0;          // the replica that answered last (0: none reached)
+  std::string peer;      // and its address, "ipv4:127.0.0.2:50051"
   std::string message;   // the status message when not OK
   bool answer_matches = true;
 };
@@ -185,7 +188,8 @@ inline CallRecord CallRope(Client& client, const v1::RopeRequest& request,
   r.start_s = std::chrono::duration<double>(start - epoch).count();
   r.latency_s = std::chrono::duration<double>(end - start).count();
   r.code = s.error_code();
-  r.port = PortOfPeer(ctx.peer());
+  r.peer = ctx.peer();
+  r.port = PortOfPeer(r.peer);
   if (!s.ok()) r.message = s.error_message();
   return r;
 }

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "fake_dns.h"
 #include "gtest/gtest.h"
 #include "posenc/client.h"
 #include "posenc/wire/requests.h"
@@ -230,12 +231,22 @@ class Load {
   // Waits until `port` answers a call that started after `since`; the
   // seconds that took from `since`, or -1 after `limit` seconds.
   double WaitForTraffic(int port, double since, double limit) {
+    return WaitFor([port](const CallRecord& r) { return r.port == port; }, since, limit);
+  }
+  // The same for a peer address ("ipv4:127.0.0.4:50051").
+  double WaitForPeer(const std::string& peer, double since, double limit) {
+    return WaitFor([&peer](const CallRecord& r) { return r.peer == peer; }, since, limit);
+  }
+
+ private:
+  template <typename Match>
+  double WaitFor(Match match, double since, double limit) {
     while (Now() < since + limit) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         double first = -1;
         for (const CallRecord& r : records_) {
-          if (r.port == port && r.code == grpc::StatusCode::OK && r.start_s >= since &&
+          if (match(r) && r.code == grpc::StatusCode::OK && r.start_s >= since &&
               (first < 0 || r.start_s < first)) {
             first = r.start_s;
           }
@@ -247,7 +258,6 @@ class Load {
     return -1;
   }
 
- private:
   Clock::time_point epoch_;
   std::atomic<bool> stop_{false};
   std::vector<std::thread> threads_;
@@ -563,6 +573,71 @@ TEST_F(ScaleOut, ReplicaStartedMidRunGetsTraffic) {
   }
 }
 
+// 4b. The same through DNS, as a headless Service does it: the name first
+// resolves to two pods (127.0.0.2 and .3, one port); a third (127.0.0.4)
+// is added to the answer mid-run. The servers close connections every
+// 1.5 s (--max_connection_age_ms); each close makes the client re-resolve
+// (here allowed every 0.5 s; gRPC's default is 30 s), and the new address
+// gets traffic.
+TEST_F(ScaleOut, NewPodFoundWhenConnectionAgeingMakesTheClientReResolve) {
+  std::mt19937_64 rng(Seed());
+  const std::vector<std::string> flags = {"--threads=1", "--max_connection_age_ms=1500"};
+  replicas_.push_back(std::make_unique<Replica>(POSENC_SERVER_BINARY, flags, 0, "127.0.0.2"));
+  ASSERT_TRUE(replicas_[0]->Start()) << replicas_[0]->process().log_text();
+  const int port = replicas_[0]->port();
+  for (const char* host : {"127.0.0.3", "127.0.0.4"}) {
+    replicas_.push_back(std::make_unique<Replica>(POSENC_SERVER_BINARY, flags, port, host));
+    ASSERT_TRUE(replicas_.back()->Start()) << replicas_.back()->process().log_text();
+  }
+  testing::FakeDns dns;
+  ASSERT_GT(dns.port(), 0);
+  dns.SetAddresses({"127.0.0.2", "127.0.0.3"});
+  ClientOptions o = RetryingClient();
+  o.target = "dns://127.0.0.1:" + std::to_string(dns.port()) +
+             "/posenc-headless.test:" + std::to_string(port);
+  o.min_time_between_resolutions = absl::Milliseconds(500);
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const RopeCase c = RandomRope(rng, 8);
+  v1::RopeResponse expected;
+  ASSERT_EQ(testing::CallRope(**client, c.request, &expected, Clock::now()).code,
+            grpc::StatusCode::OK);
+
+  const std::string new_pod = "ipv4:127.0.0.4:" + std::to_string(port);
+  Load load(**client, c.request, expected.query_data(), 3, Clock::now());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  dns.SetAddresses({"127.0.0.2", "127.0.0.3", "127.0.0.4"});
+  const double changed = load.Now();
+  const double wait = load.WaitForPeer(new_pod, changed, 20);
+  std::printf("the new pod answered its first call %.2f s after DNS listed it (%d queries)\n", wait,
+              dns.queries());
+  ASSERT_GE(wait, 0) << "the new pod got no traffic in 20 s";
+  // One connection age until a GOAWAY, then the re-resolution and a
+  // connection; generous for a loaded machine.
+  EXPECT_LT(wait, 6.0);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const double end = load.Now();
+  const std::vector<CallRecord> records = load.Stop();
+
+  const Outcome all = Summarise(records);
+  std::map<std::string, int> last_s;
+  int last_total = 0, new_pod_before = 0;
+  for (const CallRecord& r : records) {
+    if (r.peer == new_pod && r.start_s + r.latency_s < changed) ++new_pod_before;
+    if (r.start_s >= end - 1 && r.code == grpc::StatusCode::OK) {
+      ++last_s[r.peer];
+      ++last_total;
+    }
+  }
+  std::printf("%d calls, %d OK,%s; last 1 s: %d calls, %d on the new pod\n", all.calls, all.ok,
+              CodesString(all).c_str(), last_total, last_s[new_pod]);
+  EXPECT_EQ(new_pod_before, 0) << "calls reached the pod before DNS listed it";
+  EXPECT_EQ(all.ok, all.calls) << "re-resolution or connection ageing cost calls";
+  EXPECT_EQ(all.wrong_answers, 0);
+  ASSERT_GT(last_total, 30);
+  EXPECT_GE(last_s[new_pod], last_total / 5);
+}
+
 // 5. One replica saturated (one slot, no admission wait): it refuses with
 // RESOURCE_EXHAUSTED before reading the request. Without
 // retry_resource_exhausted the callers see those refusals; with it each is
@@ -643,6 +718,19 @@ TEST(ScaleOutClient, HealthCheckServiceNameIsValidated) {
   ClientOptions off;
   off.health_check_service = "";
   EXPECT_TRUE(Client::Create(off).ok());
+}
+
+TEST(ScaleOutClient, ResolutionIntervalIsValidated) {
+  for (const absl::Duration bad : {absl::Milliseconds(-1), absl::Hours(25)}) {
+    ClientOptions o;
+    o.min_time_between_resolutions = bad;
+    auto client = Client::Create(o);
+    ASSERT_FALSE(client.ok()) << bad;
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(client.status().message().find("ClientOptions.min_time_between_resolutions"),
+              std::string::npos)
+        << client.status();
+  }
 }
 
 }  // namespace

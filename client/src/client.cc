@@ -126,6 +126,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
           absl::CHexEscape(options.health_check_service), "'"));
     }
   }
+  if (options.min_time_between_resolutions < absl::ZeroDuration() ||
+      options.min_time_between_resolutions > absl::Hours(24)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.min_time_between_resolutions must lie in [0, 24h]; got ",
+                     absl::FormatDuration(options.min_time_between_resolutions)));
+  }
   std::unique_ptr<Client> c(new Client());
   c->options_ = options;
   std::shared_ptr<grpc::ChannelCredentials> creds;
@@ -146,6 +152,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   // Retries buffer the request; allow it for tensor-sized messages.
   args.SetInt(GRPC_ARG_PER_RPC_RETRY_BUFFER_SIZE, options.max_message_bytes);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
+  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options.min_time_between_resolutions)));
   if (!options.tls_server_name.empty()) {
     args.SetSslTargetNameOverride(options.tls_server_name);
   }
