@@ -5,6 +5,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "grpcpp/create_channel.h"
@@ -28,13 +30,18 @@ absl::Status FromGrpc(const grpc::Status& s) {
 // overloaded replica's refusal lands on another one. The server refuses
 // before reading a request, so a refused call never ran.
 std::string ServiceConfig(const ClientOptions& o) {
+  // The name is checked in Client::Create (it cannot break out of the JSON).
+  const std::string health =
+      o.health_check_service.empty()
+          ? ""
+          : absl::StrFormat(R"("healthCheckConfig":{"serviceName":"%s"},)", o.health_check_service);
   return absl::StrFormat(
-      R"({"loadBalancingConfig":[{"%s":{}}],)"
+      R"({%s"loadBalancingConfig":[{"%s":{}}],)"
       R"("methodConfig":[{"name":[{"service":"posenc.v1.PositionalEncoding"}],)"
       R"("retryPolicy":{"maxAttempts":%d,"initialBackoff":"%.3fs","maxBackoff":"%.3fs",)"
       R"("backoffMultiplier":2,"retryableStatusCodes":["UNAVAILABLE"%s]}}]})",
-      o.load_balancing, std::clamp(o.max_attempts, 2, 5), absl::ToDoubleSeconds(o.initial_backoff),
-      absl::ToDoubleSeconds(o.max_backoff),
+      health, o.load_balancing, std::clamp(o.max_attempts, 2, 5),
+      absl::ToDoubleSeconds(o.initial_backoff), absl::ToDoubleSeconds(o.max_backoff),
       o.retry_resource_exhausted ? R"(,"RESOURCE_EXHAUSTED")" : "");
 }
 
@@ -112,6 +119,21 @@ absl::StatusOr<ServerTensor> TensorOf(absl::string_view field, const v1::TensorD
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
+  for (const char ch : options.health_check_service) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '_' &&
+        ch != '-' && ch != '/') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ClientOptions.health_check_service must be a gRPC service name (letters, digits, '.', "
+          "'_', '-', '/') or empty; got '",
+          absl::CHexEscape(options.health_check_service), "'"));
+    }
+  }
+  if (options.min_time_between_resolutions < absl::ZeroDuration() ||
+      options.min_time_between_resolutions > absl::Hours(24)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.min_time_between_resolutions must lie in [0, 24h]; got ",
+                     absl::FormatDuration(options.min_time_between_resolutions)));
+  }
   std::unique_ptr<Client> c(new Client());
   c->options_ = options;
   c->pending_ = std::make_shared<client_internal::PendingCalls>();
@@ -133,6 +155,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   // Retries buffer the request; allow it for tensor-sized messages.
   args.SetInt(GRPC_ARG_PER_RPC_RETRY_BUFFER_SIZE, options.max_message_bytes);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
+  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options.min_time_between_resolutions)));
   if (!options.tls_server_name.empty()) {
     args.SetSslTargetNameOverride(options.tls_server_name);
   }

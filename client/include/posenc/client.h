@@ -44,6 +44,16 @@ struct ClientOptions {
   // the retry goes to the next one), with the same attempts and backoff.
   // Off by default: a caller with its own queue may rather shed the work.
   bool retry_resource_exhausted = false;
+  // gRPC client-side health checking: each replica's readiness is watched
+  // (grpc.health.v1 Watch on this service name) and round_robin sends calls
+  // only to replicas that are SERVING. A replica turns NOT_SERVING the
+  // moment it starts draining, so a rollout stops receiving calls at once
+  // instead of refusing them into retries. Empty: every connected replica.
+  std::string health_check_service = "posenc.v1.PositionalEncoding";
+  // When a connection closes (a replica gone, or the server's
+  // --max_connection_age_ms), the client re-resolves a dns: target to find
+  // new replicas, at most this often (gRPC's default, 30 s).
+  absl::Duration min_time_between_resolutions = absl::Seconds(30);
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(2);
   int max_message_bytes = 1 << 30;
