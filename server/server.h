@@ -1,5 +1,6 @@
-// A running posenc gRPC server: the service, standard health checking and
-// server reflection on one port. Used by main and by end-to-end tests.
+// A running posenc gRPC server: the service, the KServe v2 front, standard
+// health checking and server reflection (v1alpha and v1) on one port. Used
+// by main and by end-to-end tests.
 #ifndef POSENC_SERVER_SERVER_H_
 #define POSENC_SERVER_SERVER_H_
 
@@ -13,6 +14,8 @@
 #include "absl/time/time.h"
 #include "engine.h"
 #include "grpcpp/server.h"
+#include "kserve_service.h"
+#include "reflection_v1.h"
 #include "service.h"
 #include "tensor_calls.h"
 
@@ -78,6 +81,8 @@ class Server {
   std::unique_ptr<RequestExecutor> executor_;
   std::unique_ptr<PositionalEncodingService> service_;
   std::unique_ptr<TensorCallService> tensor_calls_;
+  std::unique_ptr<KServeService> kserve_;
+  std::unique_ptr<ReflectionV1Service> reflection_v1_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool shut_down_ = false;
