@@ -10,6 +10,12 @@ shift 2
 "$root/scripts/install-kserve-tools.sh" "$venv" > /dev/null
 venv=$(cd "$venv" && pwd)
 cudart=$(dirname "$(find "$venv" -name 'libcudart.so.12' | head -1)")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# Our protocol files as descriptors, compared with tritonclient's own.
+protoc -I "$root/proto" --include_imports --descriptor_set_out="$work/kserve.desc" \
+  "$root/proto/kserve/grpc_service.proto"
+export POSENC_KSERVE_DESCRIPTORS=$work/kserve.desc
 export POSENC_SERVER=$server PERF_ANALYZER=$venv/bin/perf_analyzer
 export LD_LIBRARY_PATH=$cudart${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-exec "$venv/bin/python" -m pytest -q -s -p no:cacheprovider "$root/tests/kserve" "$@"
+"$venv/bin/python" -m pytest -q -s -p no:cacheprovider "$root/tests/kserve" "$@"

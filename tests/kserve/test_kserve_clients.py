@@ -22,7 +22,8 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as tc
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from google.protobuf import descriptor_pb2
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 SEED = int(os.environ.get("POSENC_SEED", random.SystemRandom().randrange(2**31)))
@@ -138,6 +139,72 @@ def input_of(name, array, datatype):
 
 
 NP_TYPE = {"FP32": np.float32, "FP16": np.float16, "BF16": np.float32}
+
+# --- the protocol itself ---------------------------------------------------
+
+
+def messages_of(file_protos):
+    """Every message (nested ones and map entries too) by full name."""
+    out = {}
+
+    def walk(prefix, types):
+        for m in types:
+            out[f"{prefix}.{m.name}"] = m
+            walk(f"{prefix}.{m.name}", m.nested_type)
+
+    for f in file_protos:
+        walk(f.package, f.message_type)
+    return out
+
+
+def test_our_proto_is_wire_compatible_with_tritonclients():
+    """Each message, field, enum value and method of proto/kserve exists in
+    the protocol tritonclient was generated from, with the same number,
+    type, label and message type (ours may leave fields out, never differ)."""
+    with open(os.environ["POSENC_KSERVE_DESCRIPTORS"], "rb") as f:
+        ours = [p for p in descriptor_pb2.FileDescriptorSet.FromString(f.read()).file
+                if p.package == "inference"]
+    theirs = []
+    for module in (service_pb2, model_config_pb2):
+        p = descriptor_pb2.FileDescriptorProto()
+        module.DESCRIPTOR.CopyToProto(p)
+        theirs.append(p)
+    our_messages, their_messages = messages_of(ours), messages_of(theirs)
+    assert len(our_messages) >= 35
+    for name, mine in our_messages.items():
+        assert name in their_messages, f"{name} is not in the protocol"
+        fields = {f.name: f for f in their_messages[name].field}
+        for f in mine.field:
+            t = fields.get(f.name)
+            assert t is not None, f"{name}.{f.name} is not in the protocol"
+            assert (f.number, f.type, f.label, f.type_name, f.oneof_index) == (
+                t.number, t.type, t.label, t.type_name, t.oneof_index), f"{name}.{f.name}"
+    our_enum = {v.name: v.number for p in ours for e in p.enum_type for v in e.value}
+    their_enum = {v.name: v.number for p in theirs for e in p.enum_type if e.name == "DataType"
+                  for v in e.value}
+    assert our_enum == their_enum
+    (service,) = [s for p in ours for s in p.service]
+    (their_service,) = [s for p in theirs for s in p.service]
+    assert service.name == their_service.name == "GRPCInferenceService"
+    methods = {m.name: m for m in their_service.method}
+    assert len(service.method) == 10
+    for m in service.method:
+        t = methods[m.name]
+        assert (m.input_type, m.output_type, m.client_streaming, m.server_streaming) == (
+            t.input_type, t.output_type, t.client_streaming, t.server_streaming), m.name
+
+
+def test_methods_not_served_are_unimplemented(server):
+    with grpc.insecure_channel(server["url"]) as ch:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.SystemSharedMemoryStatus(service_pb2.SystemSharedMemoryStatusRequest(), timeout=10)
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        with pytest.raises(grpc.RpcError) as e:
+            stub.RepositoryModelLoad(service_pb2.RepositoryModelLoadRequest(model_name="rope"),
+                                     timeout=10)
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
 
 # --- health, metadata, configuration -------------------------------------
 
@@ -347,6 +414,49 @@ def test_errors_name_the_field(client):
     code, _ = infer_error(client, "nope", [input_of("query", q, "FP32")])
     assert code == "StatusCode.NOT_FOUND"
     assert client.is_server_live()  # and the server goes on
+
+
+def test_malformed_requests_are_refused_by_name(server):
+    """What no well-behaved client sends: each refused with INVALID_ARGUMENT
+    naming what is wrong, and the server goes on."""
+    def call(req):
+        with grpc.insecure_channel(server["url"]) as ch:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
+            with pytest.raises(grpc.RpcError) as e:
+                stub.ModelInfer(req, timeout=10)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+        return e.value.details()
+
+    def rope(**kw):
+        req = service_pb2.ModelInferRequest(model_name="rope")
+        req.inputs.add(name="query", datatype="FP32", shape=kw.get("shape", [1, 2, 1, 4]))
+        return req
+
+    req = rope()
+    req.raw_input_contents.extend([b"\0" * 32, b"\0" * 32])  # two contents, one input
+    assert "raw_input_contents" in call(req)
+    req = rope()
+    req.inputs[0].contents.int64_contents.extend([1] * 8)  # wrong field for FP32
+    assert "fp32_contents" in call(req)
+    req = rope(shape=[1 << 40, 1 << 40, 1, 4])  # no memory for this, no overflow either
+    req.raw_input_contents.append(b"\0" * 32)
+    assert "query" in call(req)
+    req = rope(shape=[1, 2, 1, -4])
+    req.raw_input_contents.append(b"")
+    assert "query" in call(req)
+    req = rope()
+    req.raw_input_contents.append(b"\0" * 32)
+    req.inputs.add(name="query", datatype="FP32", shape=[1, 2, 1, 4])
+    req.raw_input_contents.append(b"\0" * 32)
+    assert "twice" in call(req)
+    req = rope()
+    req.raw_input_contents.append(b"\0" * 32)
+    req.parameters["base"].double_param = float("nan")
+    assert "base" in call(req)
+    req = rope()
+    req.raw_input_contents.append(b"\0" * 32)
+    req.outputs.add(name="query_out").parameters["classification"].int64_param = 3
+    assert "classification" in call(req)
 
 
 def test_statistics_count_requests(client):
