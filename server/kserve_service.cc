@@ -132,6 +132,8 @@ class StreamCall final
         Answer(s);
         return;
       }
+      busy_ = true;
+      shared_.busy.fetch_add(1);
       s = NoThrow([this] {
         shared_.executor->Submit([this] { Run(); });
         return absl::OkStatus();
@@ -141,6 +143,7 @@ class StreamCall final
   }
 
   void OnWriteDone(bool ok) override {
+    NotBusy();
     answer_.Clear();
     request_.Clear();
     ticket_->Shrink(ticket_->bytes());
@@ -151,9 +154,17 @@ class StreamCall final
     StartRead(&request_);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    NotBusy();
+    delete this;
+  }
 
  private:
+  void NotBusy() {
+    if (busy_) shared_.busy.fetch_sub(1);
+    busy_ = false;
+  }
+
   void Run() {
     backend_.clear();
     Answer(Infer(shared_, &request_, answer_.mutable_infer_response(), ctx_, *ticket_, start_,
@@ -188,6 +199,7 @@ class StreamCall final
   Clock::time_point start_ = Clock::now();
   int64_t bytes_in_ = 0;
   std::string backend_;
+  bool busy_ = false;  // from admission until the answer is written
 };
 
 }  // namespace
@@ -322,6 +334,7 @@ grpc::ServerUnaryReactor* KServeService::ModelInfer(grpc::CallbackServerContext*
       finish(s, "");
       return;
     }
+    shared->busy.fetch_add(1);
     s = NoThrow([=] {
       shared->executor->Submit([=] {
         std::string backend;
@@ -334,10 +347,14 @@ grpc::ServerUnaryReactor* KServeService::ModelInfer(grpc::CallbackServerContext*
         });
         finish(r, backend);
         ticket->Reset();
+        shared->busy.fetch_sub(1);
       });
       return absl::OkStatus();
     });
-    if (!s.ok()) finish(s, "");
+    if (!s.ok()) {
+      shared->busy.fetch_sub(1);
+      finish(s, "");
+    }
   });
   return reactor;
 }

@@ -14,6 +14,7 @@
 #ifndef POSENC_SERVER_KSERVE_SERVICE_H_
 #define POSENC_SERVER_KSERVE_SERVICE_H_
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,9 @@ class KServeService final : public KServeServiceBase {
   grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
   ModelStreamInfer(grpc::CallbackServerContext* ctx) override;
 
+  // Requests admitted and not yet answered (a drain waits for them).
+  int busy() const { return shared_.busy.load(); }
+
   // Shared with the calls (kserve_service.cc).
   struct Shared {
     Engine* engine;
@@ -70,6 +74,7 @@ class KServeService final : public KServeServiceBase {
     RequestExecutor* executor;
     kserve::ModelStatisticsTable statistics;
     std::vector<std::string> model_names;
+    std::atomic<int> busy{0};
   };
 
  private:

@@ -71,7 +71,10 @@ class Server {
   // passes (idle streams, stalled callers) are cancelled.
   void Shutdown(absl::Duration deadline);
   // Calls whose request has been read and whose answer is not yet sent.
-  int busy_calls() const { return tensor_calls_ == nullptr ? 0 : tensor_calls_->busy(); }
+  int busy_calls() const {
+    return (tensor_calls_ == nullptr ? 0 : tensor_calls_->busy()) +
+           (kserve_ == nullptr ? 0 : kserve_->busy());
+  }
   void Wait() { server_->Wait(); }
 
  private:
