@@ -517,7 +517,9 @@ def test_perf_analyzer_drives_rope(server, tmp_path):
     cmd = [os.environ["PERF_ANALYZER"], "-m", "rope", "-i", "grpc", "-u", server["url"],
            "--shape", "query:" + ",".join(map(str, shape)), f"--input-data={data}",
            "--concurrency-range=1:2", "--measurement-interval=1000",
-           "--stability-percentage=100", "--max-trials=3"]
+           # A check that it runs, not a measurement: windows up to ~10x apart
+           # count as stable, so a busy CI machine cannot fail it.
+           "--stability-percentage=999", "--max-trials=3"]
     print(" ".join(cmd))
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     print(run.stdout[-1500:], run.stderr[-2000:])
