@@ -74,17 +74,15 @@ absl::Status ParseRequest(const grpc::ByteBuffer& in, ModelInferRequest* req) {
 
 // Runs a parsed request on an admitted call; records statistics.
 absl::Status Infer(KServeService::Shared& shared, ModelInferRequest* req, ModelInferResponse* resp,
-                   grpc::CallbackServerContext* ctx, Engine::Admission& admission,
-                   Clock::time_point start, std::string* backend) {
+                   const RunContext& ctx, Engine::Admission& admission, Clock::time_point start,
+                   std::string* backend) {
   const auto compute_start = Clock::now();
   absl::StatusOr<const kserve::Model*> model =
       kserve::ModelOf(req->model_name(), req->model_version());
   absl::Status s = model.status();
-  if (s.ok()) s = CheckCallAlive(ctx);
   if (s.ok()) {
     s = NoThrow([&] {
-      return kserve::RunInfer(*shared.engine, **model, req, resp, ContextOf(ctx), admission,
-                              backend);
+      return kserve::RunInfer(*shared.engine, **model, req, resp, ctx, admission, backend);
     });
   }
   if (model.ok()) {
@@ -167,8 +165,12 @@ class StreamCall final
 
   void Run() {
     backend_.clear();
-    Answer(Infer(shared_, &request_, answer_.mutable_infer_response(), ctx_, *ticket_, start_,
-                 &backend_));
+    absl::Status s = CheckCallAlive(ctx_);
+    if (s.ok()) {
+      s = Infer(shared_, &request_, answer_.mutable_infer_response(), ContextOf(ctx_), *ticket_,
+                start_, &backend_);
+    }
+    Answer(s);
   }
 
   void Answer(const absl::Status& s) {
@@ -312,6 +314,7 @@ grpc::ServerUnaryReactor* KServeService::ModelInfer(grpc::CallbackServerContext*
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   const int64_t bytes_in = static_cast<int64_t>(request->Length());
   Shared* shared = &shared_;
+  KServeService* self = this;
   auto finish = [=](const absl::Status& s, const std::string& backend) {
     LogFailure("ModelInfer", s);
     RecordCall(shared->metrics, "ModelInfer", s, start, bytes_in,
@@ -338,13 +341,9 @@ grpc::ServerUnaryReactor* KServeService::ModelInfer(grpc::CallbackServerContext*
     s = NoThrow([=] {
       shared->executor->Submit([=] {
         std::string backend;
-        absl::Status r = NoThrow([&] {
-          ModelInferRequest req;
-          POSENC_RETURN_IF_ERROR(ParseRequest(*request, &req));
-          ModelInferResponse resp;
-          POSENC_RETURN_IF_ERROR(Infer(*shared, &req, &resp, ctx, *ticket, start, &backend));
-          return SerializeAnswer(resp, response);
-        });
+        absl::Status r = CheckCallAlive(ctx);
+        if (r.ok())
+          r = self->RunModelInfer(*request, response, ContextOf(ctx), *ticket, start, &backend);
         finish(r, backend);
         ticket->Reset();
         shared->busy.fetch_sub(1);
@@ -357,6 +356,18 @@ grpc::ServerUnaryReactor* KServeService::ModelInfer(grpc::CallbackServerContext*
     }
   });
   return reactor;
+}
+
+absl::Status KServeService::RunModelInfer(const grpc::ByteBuffer& request, grpc::ByteBuffer* answer,
+                                          const RunContext& ctx, Engine::Admission& admission,
+                                          Clock::time_point arrived, std::string* backend) {
+  return NoThrow([&] {
+    ModelInferRequest req;
+    POSENC_RETURN_IF_ERROR(ParseRequest(request, &req));
+    ModelInferResponse resp;
+    POSENC_RETURN_IF_ERROR(Infer(shared_, &req, &resp, ctx, admission, arrived, backend));
+    return SerializeAnswer(resp, answer);
+  });
 }
 
 grpc::ServerBidiReactor<ModelInferRequest, ModelStreamInferResponse>*

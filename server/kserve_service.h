@@ -15,6 +15,7 @@
 #define POSENC_SERVER_KSERVE_SERVICE_H_
 
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,17 @@ class KServeService final : public KServeServiceBase {
                                        grpc::ByteBuffer* response) override;
   grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
   ModelStreamInfer(grpc::CallbackServerContext* ctx) override;
+
+  // One serialised ModelInferRequest run as ModelInfer runs it on an
+  // admitted call: parse, compute, serialise into `answer` (raw outputs
+  // without a copy). `admission` must hold the request's bytes twice. For
+  // benchmarks and tests; ModelInfer uses it too. `arrived` (when the call
+  // came) splits its time into queueing and computing in the statistics.
+  [[nodiscard]] absl::Status RunModelInfer(const grpc::ByteBuffer& request,
+                                           grpc::ByteBuffer* answer, const RunContext& ctx,
+                                           Engine::Admission& admission,
+                                           std::chrono::steady_clock::time_point arrived,
+                                           std::string* backend);
 
   // Requests admitted and not yet answered (a drain waits for them).
   int busy() const { return shared_.busy.load(); }
