@@ -28,6 +28,7 @@ echo "| --- | --- | --- | --- | --- | --- |"
 for h in "${harnesses[@]}"; do
   bin=$(find "$build" -type f -name "$h" -perm -u+x | head -1)
   work="$build/fuzz/$h"
+  mkdir -p "$work"
   if tests/fuzz/run_fuzzer.sh "$bin" "tests/fuzz/$h" "tests/fuzz/$h.dict" "$seconds" "$work" \
        >"$work.out" 2>&1; then crashed=0; else crashed=1; fi
   runs=$(awk '/stat::number_of_executed_units/ {print $2}' "$work/stats")

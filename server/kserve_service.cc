@@ -204,6 +204,80 @@ class StreamCall final
   bool busy_ = false;  // from admission until the answer is written
 };
 
+// ModelInfer: admitted on arrival (a slot, then the request's bytes
+// twice: the request gRPC holds and its parsed copy, whose buffers become
+// the answer's), run on the executor, answered; the slot and bytes are
+// released, and the call stops counting as busy, once the answer is sent.
+class InferCall final : public grpc::ServerUnaryReactor {
+ public:
+  InferCall(KServeService* service, KServeService::Shared* shared, grpc::CallbackServerContext* ctx,
+            const grpc::ByteBuffer* request, grpc::ByteBuffer* response)
+      : service_(service),
+        shared_(shared),
+        ctx_(ctx),
+        request_(request),
+        response_(response),
+        bytes_in_(static_cast<int64_t>(request->Length())) {
+    absl::Status alive = CheckCallAlive(ctx_);
+    absl::StatusOr<Engine::Admission> entered = alive.ok()
+                                                    ? shared_->engine->admission().Enter()
+                                                    : absl::StatusOr<Engine::Admission>(alive);
+    if (!entered.ok()) {
+      Complete(entered.status());
+      return;
+    }
+    ticket_.emplace(std::move(*entered));
+    ticket_->Reserve(2 * bytes_in_, DeadlineOf(ctx_), [this](absl::Status s) {
+      if (!s.ok()) {
+        Complete(s);
+        return;
+      }
+      busy_ = true;
+      shared_->busy.fetch_add(1);
+      s = NoThrow([this] {
+        shared_->executor->Submit([this] {
+          absl::Status r = CheckCallAlive(ctx_);
+          if (r.ok()) {
+            r = service_->RunModelInfer(*request_, response_, ContextOf(ctx_), *ticket_, start_,
+                                        &backend_);
+          }
+          Complete(r);
+        });
+        return absl::OkStatus();
+      });
+      if (!s.ok()) Complete(s);
+    });
+  }
+
+  void OnCancel() override {
+    if (ticket_) ticket_->CancelWait(absl::CancelledError("the caller cancelled the call"));
+  }
+
+  void OnDone() override {
+    if (busy_) shared_->busy.fetch_sub(1);
+    delete this;  // releases the slot and bytes
+  }
+
+ private:
+  void Complete(const absl::Status& s) {
+    LogFailure("ModelInfer", s);
+    RecordCall(shared_->metrics, "ModelInfer", s, start_, bytes_in_,
+               static_cast<int64_t>(response_->Length()), backend_);
+    Finish(ToGrpcStatus(s));
+  }
+
+  KServeService* service_;
+  KServeService::Shared* shared_;
+  grpc::CallbackServerContext* ctx_;
+  const grpc::ByteBuffer* request_;
+  grpc::ByteBuffer* response_;
+  const int64_t bytes_in_;
+  const Clock::time_point start_ = Clock::now();
+  std::optional<Engine::Admission> ticket_;
+  std::string backend_;
+  bool busy_ = false;
+};
+
 }  // namespace
 
 KServeService::KServeService(Engine* engine, Metrics* metrics, RequestExecutor* executor)
@@ -310,52 +384,7 @@ grpc::ServerUnaryReactor* KServeService::RepositoryIndex(
 grpc::ServerUnaryReactor* KServeService::ModelInfer(grpc::CallbackServerContext* ctx,
                                                     const grpc::ByteBuffer* request,
                                                     grpc::ByteBuffer* response) {
-  const auto start = Clock::now();
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  const int64_t bytes_in = static_cast<int64_t>(request->Length());
-  Shared* shared = &shared_;
-  KServeService* self = this;
-  auto finish = [=](const absl::Status& s, const std::string& backend) {
-    LogFailure("ModelInfer", s);
-    RecordCall(shared->metrics, "ModelInfer", s, start, bytes_in,
-               static_cast<int64_t>(response->Length()), backend);
-    reactor->Finish(ToGrpcStatus(s));
-  };
-  absl::Status alive = CheckCallAlive(ctx);
-  absl::StatusOr<Engine::Admission> entered =
-      alive.ok() ? shared->engine->admission().Enter() : absl::StatusOr<Engine::Admission>(alive);
-  if (!entered.ok()) {
-    finish(entered.status(), "");
-    return reactor;
-  }
-  // The ticket lives until the answer is written: the request gRPC holds,
-  // its parsed copy (whose buffers become the answer's) and the serialised
-  // answer's head.
-  auto ticket = std::make_shared<Engine::Admission>(std::move(*entered));
-  ticket->Reserve(2 * bytes_in, DeadlineOf(ctx), [=](absl::Status s) {
-    if (!s.ok()) {
-      finish(s, "");
-      return;
-    }
-    shared->busy.fetch_add(1);
-    s = NoThrow([=] {
-      shared->executor->Submit([=] {
-        std::string backend;
-        absl::Status r = CheckCallAlive(ctx);
-        if (r.ok())
-          r = self->RunModelInfer(*request, response, ContextOf(ctx), *ticket, start, &backend);
-        finish(r, backend);
-        ticket->Reset();
-        shared->busy.fetch_sub(1);
-      });
-      return absl::OkStatus();
-    });
-    if (!s.ok()) {
-      shared->busy.fetch_sub(1);
-      finish(s, "");
-    }
-  });
-  return reactor;
+  return new InferCall(this, &shared_, ctx, request, response);
 }
 
 absl::Status KServeService::RunModelInfer(const grpc::ByteBuffer& request, grpc::ByteBuffer* answer,
