@@ -34,8 +34,11 @@ grep -q '"error_code": 5' <<< "$missing" || fail "unknown symbol not answered NO
 echo "v1 file_containing_symbol: descriptor, and NOT_FOUND for an unknown symbol"
 
 # grpcurl's own list and describe (its reflection client) see the new services.
-"$grpcurl" -plaintext "$addr" list | grep -qx inference.GRPCInferenceService ||
-  fail "grpcurl list lacks inference.GRPCInferenceService"
-"$grpcurl" -plaintext "$addr" describe inference.GRPCInferenceService.ModelInfer |
-  grep -q "rpc ModelInfer" || fail "grpcurl cannot describe ModelInfer"
+# (Output captured first: grep -q closing a pipe early would fail the
+# pipeline under pipefail.)
+services=$("$grpcurl" -plaintext "$addr" list)
+grep -qx inference.GRPCInferenceService <<< "$services" ||
+  fail "grpcurl list lacks inference.GRPCInferenceService: $services"
+described=$("$grpcurl" -plaintext "$addr" describe inference.GRPCInferenceService.ModelInfer)
+grep -q "rpc ModelInfer" <<< "$described" || fail "grpcurl cannot describe ModelInfer: $described"
 echo "grpcurl list/describe: ok"
