@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-600}
 shift || true
 harnesses=("$@")
-[ ${#harnesses[@]} -gt 0 ] || harnesses=(request_fuzz safetensors_fuzz npy_fuzz)
+[ ${#harnesses[@]} -gt 0 ] || harnesses=(request_fuzz kserve_request_fuzz safetensors_fuzz npy_fuzz)
 build=${POSENC_ASAN_DIR:-build-asan}
 scripts/install-deps.sh
 scripts/install-deps.sh clang libclang-rt-14-dev llvm-14
@@ -28,6 +28,7 @@ echo "| --- | --- | --- | --- | --- | --- |"
 for h in "${harnesses[@]}"; do
   bin=$(find "$build" -type f -name "$h" -perm -u+x | head -1)
   work="$build/fuzz/$h"
+  mkdir -p "$work"
   if tests/fuzz/run_fuzzer.sh "$bin" "tests/fuzz/$h" "tests/fuzz/$h.dict" "$seconds" "$work" \
        >"$work.out" 2>&1; then crashed=0; else crashed=1; fi
   runs=$(awk '/stat::number_of_executed_units/ {print $2}' "$work/stats")

@@ -10,6 +10,7 @@ packages=(
   libabsl-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libpng-dev zlib1g-dev prometheus-cpp-dev openssl libssl-dev
+  libb64-0d
 )
 
 if [ $# -gt 0 ]; then packages=("$@"); fi

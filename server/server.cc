@@ -37,6 +37,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                             s->executor_.get());
   s->tensor_calls_ = std::make_unique<TensorCallService>(TensorCallOptions{
       s->engine_.get(), s->metrics_.get(), s->executor_.get(), options.max_message_bytes});
+  s->kserve_ =
+      std::make_unique<KServeService>(s->engine_.get(), s->metrics_.get(), s->executor_.get());
+  s->reflection_v1_ = std::make_unique<ReflectionV1Service>();
 
   grpc::EnableDefaultHealthCheckService(true);
   // gRPC's built-in health service carries no descriptor, so reflection
@@ -77,12 +80,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, 30000);
   }
   builder.RegisterService(s->service_.get());
+  builder.RegisterService(s->kserve_.get());
+  builder.RegisterService(s->reflection_v1_.get());
   builder.RegisterCallbackGenericService(s->tensor_calls_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("could not listen on ", options.listen_address,
                                                ": the address is in use or not local"));
   }
+  s->reflection_v1_->Attach(s->server_.get());
   grpc::HealthCheckServiceInterface* health = s->server_->GetHealthCheckService();
   health->SetServingStatus(kLivenessService, true);
   health->SetServingStatus(kReadinessService, true);

@@ -1,5 +1,6 @@
-// A running posenc gRPC server: the service, standard health checking and
-// server reflection on one port. Used by main and by end-to-end tests.
+// A running posenc gRPC server: the service, the KServe v2 front, standard
+// health checking and server reflection (v1alpha and v1) on one port. Used
+// by main and by end-to-end tests.
 #ifndef POSENC_SERVER_SERVER_H_
 #define POSENC_SERVER_SERVER_H_
 
@@ -13,6 +14,8 @@
 #include "absl/time/time.h"
 #include "engine.h"
 #include "grpcpp/server.h"
+#include "kserve_service.h"
+#include "reflection_v1.h"
 #include "service.h"
 #include "tensor_calls.h"
 
@@ -68,7 +71,10 @@ class Server {
   // passes (idle streams, stalled callers) are cancelled.
   void Shutdown(absl::Duration deadline);
   // Calls whose request has been read and whose answer is not yet sent.
-  int busy_calls() const { return tensor_calls_ == nullptr ? 0 : tensor_calls_->busy(); }
+  int busy_calls() const {
+    return (tensor_calls_ == nullptr ? 0 : tensor_calls_->busy()) +
+           (kserve_ == nullptr ? 0 : kserve_->busy());
+  }
   // The most StreamRope messages one stream has had in flight at once.
   int stream_depth_peak() const {
     return tensor_calls_ == nullptr ? 0 : tensor_calls_->stream_depth_peak();
@@ -82,6 +88,8 @@ class Server {
   std::unique_ptr<RequestExecutor> executor_;
   std::unique_ptr<PositionalEncodingService> service_;
   std::unique_ptr<TensorCallService> tensor_calls_;
+  std::unique_ptr<KServeService> kserve_;
+  std::unique_ptr<ReflectionV1Service> reflection_v1_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool shut_down_ = false;

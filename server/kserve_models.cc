@@ -1,0 +1,112 @@
+#include "kserve_models.h"
+
+namespace posenc::server::kserve {
+namespace {
+
+// Positions shared by RoPE and the absolute encodings (SPEC: padded
+// position_ids [batch, seq] or [1, seq], per-sequence offsets, cu_seqlens
+// for packed [tokens, ...] tensors).
+std::vector<TensorSpec> WithPositions(std::vector<TensorSpec> inputs) {
+  inputs.push_back({"position_ids", "INT64", {-1, -1}, true});
+  inputs.push_back({"offsets", "INT64", {-1}, true});
+  inputs.push_back({"cu_seqlens", "INT64", {-1}, true});
+  return inputs;
+}
+
+const std::vector<Model>& Models() {
+  static const auto* models = new std::vector<Model>{
+      {"rope",
+       ModelKind::kRope,
+       WithPositions(
+           {{"query", "FP32", {-1, -1, -1, -1}, false}, {"key", "FP32", {-1, -1, -1, -1}, true}}),
+       {{"query_out", "FP32", {-1, -1, -1, -1}, false},
+        {"key_out", "FP32", {-1, -1, -1, -1}, true}}},
+      {"sinusoidal",
+       ModelKind::kSinusoidal,
+       WithPositions({{"x", "FP32", {-1, -1, -1}, false}}),
+       {{"y", "FP32", {-1, -1, -1}, false}}},
+      {"learned",
+       ModelKind::kLearned,
+       WithPositions({{"x", "FP32", {-1, -1, -1}, false}}),
+       {{"y", "FP32", {-1, -1, -1}, false}}},
+      {"attention_bias",
+       ModelKind::kAttentionBias,
+       {{"logits", "FP32", {-1, -1, -1, -1}, true},
+        {"k_lens", "INT64", {-1}, true},
+        {"k_starts", "INT64", {-1}, true}},
+       {{"bias", "FP32", {-1, -1, -1, -1}, false}, {"slopes", "FP64", {-1}, false}}},
+  };
+  return *models;
+}
+
+inference::DataType ConfigType(const char* datatype) {
+  const absl::string_view d = datatype;
+  if (d == "FP32") return inference::TYPE_FP32;
+  if (d == "FP64") return inference::TYPE_FP64;
+  if (d == "INT64") return inference::TYPE_INT64;
+  return inference::TYPE_INVALID;
+}
+
+}  // namespace
+
+absl::Span<const Model> BuiltInModels() { return Models(); }
+
+const Model* FindModel(absl::string_view name) {
+  for (const Model& m : Models()) {
+    if (name == m.name) return &m;
+  }
+  return nullptr;
+}
+
+const TensorSpec* FindInput(const Model& model, absl::string_view name) {
+  for (const TensorSpec& t : model.inputs) {
+    if (name == t.name) return &t;
+  }
+  return nullptr;
+}
+
+const TensorSpec* FindOutput(const Model& model, absl::string_view name) {
+  for (const TensorSpec& t : model.outputs) {
+    if (name == t.name) return &t;
+  }
+  return nullptr;
+}
+
+inference::ModelMetadataResponse MetadataOf(const Model& model) {
+  inference::ModelMetadataResponse r;
+  r.set_name(model.name);
+  r.add_versions(kModelVersion);
+  r.set_platform("posenc");
+  auto add = [](const TensorSpec& t, inference::ModelMetadataResponse::TensorMetadata* m) {
+    m->set_name(t.name);
+    m->set_datatype(t.datatype);
+    for (int64_t d : t.dims) m->add_shape(d);
+  };
+  for (const TensorSpec& t : model.inputs) add(t, r.add_inputs());
+  for (const TensorSpec& t : model.outputs) add(t, r.add_outputs());
+  return r;
+}
+
+inference::ModelConfig ConfigOf(const Model& model) {
+  inference::ModelConfig c;
+  c.set_name(model.name);
+  c.set_platform("posenc");
+  c.set_backend("posenc");
+  c.set_max_batch_size(0);  // shapes are taken as given, batch included
+  for (const TensorSpec& t : model.inputs) {
+    inference::ModelInput* in = c.add_input();
+    in->set_name(t.name);
+    in->set_data_type(ConfigType(t.datatype));
+    for (int64_t d : t.dims) in->add_dims(d);
+    in->set_optional(t.optional);
+  }
+  for (const TensorSpec& t : model.outputs) {
+    inference::ModelOutput* out = c.add_output();
+    out->set_name(t.name);
+    out->set_data_type(ConfigType(t.datatype));
+    for (int64_t d : t.dims) out->add_dims(d);
+  }
+  return c;
+}
+
+}  // namespace posenc::server::kserve

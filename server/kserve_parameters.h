@@ -1,0 +1,69 @@
+// The options of the KServe v2 models, read from a ModelInferRequest's
+// `parameters` (InferParameter map) into the kernel library's option types.
+// Enum names go through wire::Parse, so "gptj", "BHSD", "dynamic_ntk" mean
+// what they mean to posenc.v1 clients and posenc-cli. Every name a model
+// does not know is INVALID_ARGUMENT (a misspelt "rotary_dm" must not rotate
+// silently with the default), as is a value of the wrong kind.
+#ifndef POSENC_SERVER_KSERVE_PARAMETERS_H_
+#define POSENC_SERVER_KSERVE_PARAMETERS_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kserve/grpc_service.pb.h"
+#include "posenc/absolute.h"
+#include "posenc/attention_bias.h"
+#include "posenc/backend.h"
+#include "posenc/rope.h"
+
+namespace posenc::server::kserve {
+
+using Parameters = google::protobuf::Map<std::string, inference::InferParameter>;
+
+// Reads named parameters of one request, remembering which were read, so
+// that Finish can refuse the rest. Errors name the parameter, what it must
+// be and what came.
+class ParameterReader {
+ public:
+  explicit ParameterReader(const Parameters& parameters) : parameters_(parameters) {}
+
+  // Each leaves *out alone when the parameter is absent. Numbers may come
+  // as int64, uint64, double or string parameters ("1e6": tritonclient
+  // before 2.41 sends no doubles); integers must be whole.
+  [[nodiscard]] absl::Status Double(absl::string_view name, double* out);
+  [[nodiscard]] absl::Status Double(absl::string_view name, std::optional<double>* out);
+  [[nodiscard]] absl::Status Int(absl::string_view name, int64_t* out);
+  [[nodiscard]] absl::Status Int(absl::string_view name, std::optional<int64_t>* out);
+  [[nodiscard]] absl::Status Bool(absl::string_view name, bool* out);
+  [[nodiscard]] absl::Status String(absl::string_view name, std::string* out);
+  // A list of numbers as a string "0.5,1,2" (InferParameter has no lists).
+  [[nodiscard]] absl::Status Doubles(absl::string_view name, std::vector<double>* out);
+  // An enum by name, through wire::Parse.
+  template <typename Enum>
+  [[nodiscard]] absl::Status Enum(absl::string_view name, Enum* out);
+
+  // INVALID_ARGUMENT naming the first parameter never read (Triton's
+  // reserved scheduling parameters, which mean nothing here, are ignored).
+  [[nodiscard]] absl::Status Finish(absl::string_view model) const;
+
+ private:
+  const inference::InferParameter* Find(absl::string_view name);
+  const Parameters& parameters_;
+  std::vector<std::string> read_;
+};
+
+// What each model reads (the names are listed in README "Triton / KServe v2
+// clients"). `backend` is the "backend" parameter (default: the server's).
+[[nodiscard]] absl::Status ReadRopeOptions(ParameterReader& p, RopeOptions* o,
+                                           BackendChoice* backend);
+[[nodiscard]] absl::Status ReadAbsoluteOptions(ParameterReader& p, bool learned, AbsoluteOptions* o,
+                                               BackendChoice* backend);
+// Everything but the k_lens / k_starts tensors, which are inputs.
+[[nodiscard]] absl::Status ReadBiasOptions(ParameterReader& p, BiasOptions* o,
+                                           BackendChoice* backend);
+
+}  // namespace posenc::server::kserve
+
+#endif  // POSENC_SERVER_KSERVE_PARAMETERS_H_
