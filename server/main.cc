@@ -203,6 +203,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   posenc::server::SetLogFormat(*format);
+  if (absl::GetFlag(FLAGS_max_memory_bytes) < 0) {
+    // gRPC would take a negative quota as no cap at all.
+    std::fprintf(stderr, "posenc-server: --max_memory_bytes must be >= 0 (0: no cap), got %lld\n",
+                 static_cast<long long>(absl::GetFlag(FLAGS_max_memory_bytes)));
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_slow_call_ms) < 0) {
     std::fprintf(stderr, "posenc-server: --slow_call_ms must be >= 0 (0: never), got %d\n",
                  absl::GetFlag(FLAGS_slow_call_ms));

@@ -137,6 +137,7 @@ TEST(Lifecycle, BadFlagsRefuseToStartNamingTheFlag) {
            {{"--threads=-3"}, "--threads"},
            {{"--port_file=/proc/no/such/dir/port"}, "--port_file"},
            {{"--max_inflight_bytes=1000"}, "--max_inflight_bytes"},
+           {{"--max_memory_bytes=-1"}, "--max_memory_bytes"},
        }) {
     testing::ServerProcess server;
     // The fixture's own --port_file comes first; a later one wins.
@@ -149,6 +150,40 @@ TEST(Lifecycle, BadFlagsRefuseToStartNamingTheFlag) {
   // Case does not matter where it is natural.
   testing::ServerProcess upper;
   EXPECT_TRUE(upper.Start(POSENC_SERVER_BINARY, {"--log_level=WARNING"})) << upper.log_text();
+}
+
+// Every flag comes from POSENC_<FLAG> when the command line does not set it
+// (Abseil's flag reflection; a hand-written list used to skip
+// POSENC_MAX_INFLIGHT_BYTES and POSENC_MAX_MEMORY_BYTES): a value the server
+// must refuse proves the variable was read, and a malformed one names it.
+TEST(Lifecycle, EnvironmentSetsEveryFlag) {
+  struct Case {
+    const char* var;
+    const char* value;
+    std::string named;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"POSENC_MAX_INFLIGHT_BYTES", "1024", "--max_inflight_bytes (1024)"},
+           {"POSENC_MAX_INFLIGHT_BYTES", "banana", "POSENC_MAX_INFLIGHT_BYTES=banana"},
+           {"POSENC_MAX_MEMORY_BYTES", "-5", "--max_memory_bytes must be >= 0"},
+           {"POSENC_LOG_FORMAT", "xml", "--log_format"},
+       }) {
+    ASSERT_EQ(setenv(c.var, c.value, 1), 0);
+    testing::ServerProcess server;
+    const bool started = server.Start(POSENC_SERVER_BINARY, {});
+    unsetenv(c.var);
+    EXPECT_FALSE(started) << c.var << "=" << c.value << " was ignored";
+    ASSERT_TRUE(server.Exited(std::chrono::seconds(10))) << c.var;
+    EXPECT_NE(server.exit_code(), 0) << c.var;
+    EXPECT_NE(server.log_text().find(c.named), std::string::npos)
+        << "the refusal should name " << c.named << ": " << server.log_text();
+  }
+  // The command line wins over the environment.
+  ASSERT_EQ(setenv("POSENC_MAX_INFLIGHT_BYTES", "1024", 1), 0);
+  testing::ServerProcess server;
+  const bool started = server.Start(POSENC_SERVER_BINARY, {"--max_inflight_bytes=1073741824"});
+  unsetenv("POSENC_MAX_INFLIGHT_BYTES");
+  EXPECT_TRUE(started) << server.log_text();
 }
 
 // gRPC sets SO_REUSEPORT by default: a second server on a taken port would
