@@ -100,14 +100,7 @@ absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(const std::string& name)
 }
 
 std::string VersionString() {
-  return absl::StrCat("posenc-server ", POSENC_VERSION, "\n",
-#ifdef NDEBUG
-                      "release build",
-#else
-                      "debug build",
-#endif
-                      ", ", posenc::BuiltWithCuda() ? "with CUDA" : "without CUDA", ", compiler ",
-                      __VERSION__, "\n");
+  return absl::StrCat("posenc-server ", POSENC_VERSION, "\n", posenc::BuildDescription(), "\n");
 }
 
 // POSENC_<NAME> environment variables set flag defaults.

@@ -4,7 +4,10 @@
 #ifndef POSENC_TESTS_SERVER_PROCESS_H_
 #define POSENC_TESTS_SERVER_PROCESS_H_
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +24,27 @@
 #include "grpcpp/create_channel.h"
 
 namespace posenc::testing {
+
+// An HTTP/1.0 GET on 127.0.0.1 (a server's /metrics); the whole answer, or
+// "" if nothing listens.
+inline std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) out.append(buf, n);
+  close(fd);
+  return out;
+}
 
 // A status line of /proc/<pid>/status ("VmHWM", "VmRSS"), in bytes; -1 if gone.
 inline int64_t ProcStatusBytes(pid_t pid, const std::string& key) {

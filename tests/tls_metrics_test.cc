@@ -1,9 +1,6 @@
 // TLS, mutual TLS and the Prometheus endpoint of a real server, with
 // certificates this test generates (openssl) and a scrape over a socket.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdlib.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -15,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "posenc/client.h"
+#include "server_process.h"
 #include "server.h"
 #include "test_tensors.h"
 
@@ -111,25 +109,6 @@ TEST_F(Certificates, MutualTlsRequiresAClientCertificateFromTheCa) {
   EXPECT_TRUE(Call(server->port(), o).ok());
 }
 
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    close(fd);
-    return "";
-  }
-  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
-  (void)!write(fd, req.data(), req.size());
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) out.append(buf, n);
-  close(fd);
-  return out;
-}
-
 double Sample(const std::string& text, const std::string& pattern) {
   std::smatch m;
   if (!std::regex_search(text, m, std::regex(pattern + R"(\s+([0-9.e+-]+))"))) return -1;
@@ -161,7 +140,7 @@ TEST_F(Certificates, MetricsCountCallsByMethodCodeAndBackend) {
   // after the client has it: wait for in-flight to return to zero.
   std::string text;
   for (int i = 0; i < 100; ++i) {
-    text = HttpGet(server->metrics_port(), "/metrics");
+    text = testing::HttpGet(server->metrics_port(), "/metrics");
     if (Sample(text, R"(posenc_inflight_requests)") == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

@@ -135,14 +135,7 @@ constexpr int kExitUnsustained = 5;
 constexpr int kExitUnstable = 6;
 
 std::string VersionString() {
-  return absl::StrCat("posenc-loadgen ", POSENC_VERSION, "\n",
-#ifdef NDEBUG
-                      "release build",
-#else
-                      "debug build",
-#endif
-                      ", ", posenc::BuiltWithCuda() ? "with CUDA" : "without CUDA", ", compiler ",
-                      __VERSION__, "\n");
+  return absl::StrCat("posenc-loadgen ", POSENC_VERSION, "\n", posenc::BuildDescription(), "\n");
 }
 
 int Usage(const std::string& message) {

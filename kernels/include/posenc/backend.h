@@ -75,6 +75,21 @@ std::unique_ptr<Backend> CreateCpuBackend(int num_threads);
 // True when this library was compiled with the CUDA backend.
 bool BuiltWithCuda();
 
+// "release build, with CUDA, compiler 12.2.0": the line --version prints
+// under a binary's name and version. Inline, so the build type is the
+// calling binary's own.
+inline std::string BuildDescription() {
+#ifdef NDEBUG
+  std::string s = "release build";
+#else
+  std::string s = "debug build";
+#endif
+  s += BuiltWithCuda() ? ", with CUDA" : ", without CUDA";
+  s += ", compiler ";
+  s += __VERSION__;
+  return s;
+}
+
 }  // namespace posenc
 
 #endif  // POSENC_BACKEND_H_
