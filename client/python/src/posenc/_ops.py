@@ -1,0 +1,230 @@
+"""Each posenc.v1 operation as (method, request, parse): the sync and asyncio
+clients share these and differ only in how they wait for the answer.
+
+Options take the proto's enum names without their prefix, case-insensitive
+("bshd", "gptj", "yarn"), or the enum's number; None leaves the field unset
+(the server's default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from posenc import _tensors as T
+from posenc._proto.posenc.v1 import posenc_pb2 as pb
+from posenc.errors import PosencError, invalid
+
+
+@dataclass
+class RopeResult:
+    """Rotated query and key (None when no key was sent), as the inputs came
+    (numpy or torch, same dtype); where it ran; and, for StreamRope only, the
+    error of a message that failed while the stream went on."""
+
+    query: Any
+    key: Any
+    backend: str = ""
+    request_id: str = ""
+    error: PosencError | None = None
+
+
+@dataclass
+class BiasResult:
+    """The bias [batch, heads, q_len, k_len] (or the logits with it added) and
+    the per-head slopes used (flash-attn's alibi_slopes)."""
+
+    bias: Any
+    slopes: list[float]
+    backend: str = ""
+
+
+Op = tuple[str, Any, Callable[[Any], Any]]
+
+
+def enum_value(enum, prefix: str, value, field: str) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        raise invalid(f"{field}: expected a name or number, got {value!r}")
+    if isinstance(value, int):
+        if value in enum.values():
+            return value
+    elif isinstance(value, str):
+        name = prefix + value.strip().upper()
+        if name in enum.keys():
+            return enum.Value(name)
+    choices = ", ".join(k[len(prefix):].lower() for k in enum.keys() if not k.endswith("UNSPECIFIED"))
+    raise invalid(f"{field}: {value!r} is not one of {choices}")
+
+
+def _backend(value) -> int:
+    return enum_value(pb.Backend, "BACKEND_", value, "backend")
+
+
+_SCALING_ENUMS = {"type": (pb.ScalingType, "SCALING_TYPE_"),
+                  "longrope_mode": (pb.LongRopeMode, "LONGROPE_MODE_")}
+
+
+def scaling_message(scaling) -> pb.RopeScaling:
+    """A RopeScaling from a dict of its fields ({"type": "yarn", "factor": 4,
+    "original_max_position": 4096}) or the message itself."""
+    if isinstance(scaling, pb.RopeScaling):
+        return scaling
+    if not isinstance(scaling, Mapping):
+        raise invalid(f"scaling: expected a dict of RopeScaling fields, got {type(scaling).__name__}")
+    out = pb.RopeScaling()
+    fields = out.DESCRIPTOR.fields_by_name
+    for key, value in scaling.items():
+        if key not in fields:
+            raise invalid(f"scaling.{key}: no such field; expected one of {', '.join(fields)}")
+        if value is None:
+            continue
+        if key in _SCALING_ENUMS:
+            value = enum_value(*_SCALING_ENUMS[key], value, f"scaling.{key}")
+        try:
+            if fields[key].is_repeated:
+                getattr(out, key).extend(float(v) for v in value)
+            else:
+                setattr(out, key, value)
+        except (TypeError, ValueError) as e:
+            raise invalid(f"scaling.{key}: {e}") from e
+    return out
+
+
+def _positions(request, position_ids, offsets, cu_seqlens) -> None:
+    if position_ids is not None:
+        request.position_ids.CopyFrom(T.small_tensor(T.positions(position_ids, "position_ids")))
+    if offsets is not None:
+        request.offsets.CopyFrom(T.small_tensor(T.positions(offsets, "offsets")))
+    if cu_seqlens is not None:
+        request.cu_seqlens.CopyFrom(T.small_tensor(T.positions(cu_seqlens, "cu_seqlens")))
+
+
+def rope_request(query, key=None, *, layout=None, position_ids=None, offsets=None,
+                 cu_seqlens=None, style=None, rotary_dim: int = 0, base: float | None = None,
+                 inverse: bool = False, scaling=None, axis_mode=None,
+                 axis_dims: Sequence[int] = (), sections: Sequence[int] = (), backend=None,
+                 request_id: str = "") -> tuple[pb.RopeRequest, T.Origin, T.Origin | None]:
+    q, q_origin = T.as_array(query, "query", T.FLOATS)
+    r = pb.RopeRequest(
+        layout=enum_value(pb.RopeLayout, "ROPE_LAYOUT_", layout, "layout"),
+        style=enum_value(pb.RopeStyle, "ROPE_STYLE_", style, "style"),
+        rotary_dim=int(rotary_dim), inverse=bool(inverse),
+        axis_mode=enum_value(pb.AxisMode, "AXIS_MODE_", axis_mode, "axis_mode"),
+        axis_dims=[int(d) for d in axis_dims], sections=[int(s) for s in sections],
+        backend=_backend(backend), request_id=request_id)
+    r.query_data = T.set_desc(q, r.query)
+    k_origin = None
+    if key is not None:
+        k, k_origin = T.as_array(key, "key", T.FLOATS)
+        r.key_data = T.set_desc(k, r.key)
+    _positions(r, position_ids, offsets, cu_seqlens)
+    if base is not None:
+        r.base = float(base)
+    if scaling is not None:
+        r.scaling.CopyFrom(scaling_message(scaling))
+    return r, q_origin, k_origin
+
+
+def rope_result(resp: pb.RopeResponse, q_origin: T.Origin, k_origin: T.Origin | None) -> RopeResult:
+    if resp.error_code != 0:
+        return RopeResult(None, None, resp.backend, resp.request_id,
+                          PosencError.from_status(resp.error_code, resp.error_message))
+    query = q_origin.restore(T.from_desc(resp.query, resp.query_data, "query"))
+    key = None
+    if k_origin is not None:
+        key = k_origin.restore(T.from_desc(resp.key, resp.key_data, "key"))
+    return RopeResult(query, key, resp.backend, resp.request_id)
+
+
+def apply_rope(query, key=None, **options) -> Op:
+    r, qo, ko = rope_request(query, key, **options)
+    return "ApplyRope", r, lambda resp: rope_result(resp, qo, ko)
+
+
+def _encoding(request, sinusoidal: bool, table: str | None, layout, base) -> None:
+    if table is not None:
+        if layout is not None or base is not None:
+            raise invalid("layout and base apply to sinusoidal encodings, not a learned table")
+        request.learned.table_name = table
+        return
+    request.sinusoidal.layout = enum_value(pb.SinusoidalLayout, "SINUSOIDAL_LAYOUT_", layout,
+                                           "sinusoidal.layout")
+    if base is not None:
+        request.sinusoidal.base = float(base)
+
+
+def add_absolute(x, *, table: str | None = None, layout=None, base=None, position_ids=None,
+                 offsets=None, cu_seqlens=None, x_scale: float | None = None, backend=None,
+                 request_id: str = "") -> Op:
+    a, origin = T.as_array(x, "x", T.FLOATS)
+    r = pb.AbsoluteEncodingRequest(backend=_backend(backend), request_id=request_id)
+    r.x_data = T.set_desc(a, r.x)
+    _encoding(r, table is None, table, layout, base)
+    _positions(r, position_ids, offsets, cu_seqlens)
+    if x_scale is not None:
+        r.x_scale = float(x_scale)
+    return ("AddAbsoluteEncoding", r,
+            lambda resp: origin.restore(T.from_desc(resp.y, resp.y_data, "y")))
+
+
+def encoding_table(*, table: str | None = None, dim: int = 0, count: int = 0, positions=None,
+                   layout=None, base=None, dtype="float32", backend=None) -> Op:
+    r = pb.EncodingTableRequest(dim=int(dim), count=int(count),
+                                dtype=T.dtype_proto(dtype, "dtype"), backend=_backend(backend))
+    _encoding(r, table is None, table, layout, base)
+    if positions is not None:
+        r.positions.CopyFrom(T.small_tensor(T.positions(positions, "positions")))
+    return ("GetEncodingTable", r,
+            lambda resp: T.from_desc(resp.table, resp.table_data, "table"))
+
+
+def attention_bias(*, num_heads: int = 0, q_len: int = 0, k_len: int = 0, form=None,
+                   slopes: Sequence[float] | None = None, batch: int = 0,
+                   q_offset: int | None = None, causal: bool = False, window: int = 0,
+                   k_lens=None, k_starts=None, dtype="float32", logits=None,
+                   backend=None) -> Op:
+    r = pb.AttentionBiasRequest(
+        form=enum_value(pb.BiasForm, "BIAS_FORM_", form, "form"),
+        slopes=[float(s) for s in (slopes or ())], batch=int(batch), num_heads=int(num_heads),
+        q_len=int(q_len), k_len=int(k_len), causal=bool(causal), window=int(window),
+        dtype=T.dtype_proto(dtype, "dtype"), backend=_backend(backend))
+    if q_offset is not None:
+        r.q_offset = int(q_offset)
+    if k_lens is not None:
+        r.k_lens.CopyFrom(T.small_tensor(T.positions(k_lens, "k_lens")))
+    if k_starts is not None:
+        r.k_starts.CopyFrom(T.small_tensor(T.positions(k_starts, "k_starts")))
+    origin = T.Origin()
+    if logits is not None:
+        a, origin = T.as_array(logits, "logits", T.FLOATS)
+        r.logits_data = T.set_desc(a, r.logits)
+
+    def parse(resp):
+        bias = origin.restore(T.from_desc(resp.bias, resp.bias_data, "bias"))
+        return BiasResult(bias, list(resp.slopes), resp.backend)
+
+    return "AttentionBias", r, parse
+
+
+def control(method: str) -> Op:
+    requests = {"ListTables": pb.ListTablesRequest, "ReloadTables": pb.ReloadTablesRequest,
+                "GetServerInfo": pb.GetServerInfoRequest}
+    return method, requests[method](), lambda resp: resp
+
+
+def stream_item(item) -> tuple[pb.RopeRequest, T.Origin, T.Origin | None]:
+    """One StreamRope message: a dict of apply_rope's arguments, or a RopeRequest."""
+    if isinstance(item, pb.RopeRequest):
+        return item, T.Origin(), (T.Origin() if item.HasField("key") else None)
+    if isinstance(item, Mapping):
+        item = dict(item)
+        if "query" not in item:
+            raise invalid("stream_rope: each item needs a 'query'")
+        return rope_request(item.pop("query"), item.pop("key", None), **item)
+    raise invalid(f"stream_rope: expected dicts of apply_rope arguments or RopeRequest messages, "
+                  f"got {type(item).__name__}")

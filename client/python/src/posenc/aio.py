@@ -1,0 +1,118 @@
+"""The asyncio client: AsyncClient has Client's methods as coroutines
+(stream_rope is an async generator) on a grpc.aio channel."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import AsyncIterator
+
+import grpc
+import grpc.aio
+
+from posenc import _ops
+from posenc._channel import ChannelConfig
+from posenc._proto.posenc.v1 import posenc_pb2 as pb
+from posenc._proto.posenc.v1 import posenc_pb2_grpc as pb_grpc
+from posenc.client import _metadata
+from posenc.errors import PosencError
+
+
+class AsyncClient:
+    """AsyncClient("host:port", **ChannelConfig fields); use `async with` or
+    `await close()`."""
+
+    def __init__(self, target: str = "localhost:50051", **config):
+        self.config = ChannelConfig(target=target, **config)
+        self.config.validate()
+        creds = self.config.credentials()
+        opts = self.config.options()
+        self._channel = (grpc.aio.secure_channel(target, creds, opts) if creds
+                         else grpc.aio.insecure_channel(target, opts))
+        self._stub = pb_grpc.PositionalEncodingStub(self._channel)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    def _timeout(self, timeout):
+        return self.config.timeout if timeout is None else timeout
+
+    async def _run(self, op: _ops.Op, timeout, request_id: str = ""):
+        method, request, parse = op
+        try:
+            response = await getattr(self._stub, method)(
+                request, timeout=self._timeout(timeout), metadata=_metadata(request_id))
+        except grpc.RpcError as e:
+            raise PosencError.from_rpc_error(e) from None
+        return parse(response)
+
+    async def apply_rope(self, query, key=None, *, timeout=None, request_id: str = "",
+                         **options) -> _ops.RopeResult:
+        op = _ops.apply_rope(query, key, request_id=request_id, **options)
+        return await self._run(op, timeout, request_id)
+
+    async def stream_rope(self, items, *, timeout=None,
+                          request_id: str = "") -> AsyncIterator[_ops.RopeResult]:
+        """items: an iterable or async iterable of apply_rope argument dicts
+        (or RopeRequests)."""
+        origins = collections.deque()
+
+        async def requests():
+            if hasattr(items, "__aiter__"):
+                async for item in items:
+                    request, qo, ko = _ops.stream_item(item)
+                    origins.append((qo, ko))
+                    yield request
+            else:
+                for item in items:
+                    request, qo, ko = _ops.stream_item(item)
+                    origins.append((qo, ko))
+                    yield request
+
+        call = self._stub.StreamRope(requests(), timeout=self._timeout(timeout),
+                                     metadata=_metadata(request_id))
+        try:
+            async for response in call:
+                yield _ops.rope_result(response, *origins.popleft())
+        except grpc.RpcError as e:
+            raise PosencError.from_rpc_error(e) from None
+        finally:
+            call.cancel()
+
+    async def add_sinusoidal(self, x, *, layout=None, base=None, timeout=None,
+                             request_id: str = "", **options):
+        op = _ops.add_absolute(x, layout=layout, base=base, request_id=request_id, **options)
+        return await self._run(op, timeout, request_id)
+
+    async def add_learned(self, x, table: str, *, timeout=None, request_id: str = "", **options):
+        op = _ops.add_absolute(x, table=table, request_id=request_id, **options)
+        return await self._run(op, timeout, request_id)
+
+    async def sinusoidal_table(self, dim: int, count: int = 0, *, positions=None, layout=None,
+                               base=None, dtype="float32", backend=None, timeout=None):
+        op = _ops.encoding_table(dim=dim, count=count, positions=positions, layout=layout,
+                                 base=base, dtype=dtype, backend=backend)
+        return await self._run(op, timeout)
+
+    async def learned_table(self, table: str, *, positions=None, count: int = 0, dim: int = 0,
+                            dtype="float32", backend=None, timeout=None):
+        op = _ops.encoding_table(table=table, dim=dim, count=count, positions=positions,
+                                 dtype=dtype, backend=backend)
+        return await self._run(op, timeout)
+
+    async def attention_bias(self, *, timeout=None, **options) -> _ops.BiasResult:
+        return await self._run(_ops.attention_bias(**options), timeout)
+
+    async def list_tables(self, *, timeout=None) -> pb.ListTablesResponse:
+        return await self._run(_ops.control("ListTables"), timeout)
+
+    async def reload_tables(self, *, timeout=None) -> pb.ListTablesResponse:
+        return await self._run(_ops.control("ReloadTables"), timeout)
+
+    async def server_info(self, *, timeout=None) -> pb.ServerInfo:
+        return await self._run(_ops.control("GetServerInfo"), timeout)

@@ -1,0 +1,139 @@
+"""The synchronous client. Every method takes `timeout` (seconds; default the
+client's) and `request_id` (sent as x-request-id, so the server's log lines
+about the call carry it) and raises PosencError on failure."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Iterator
+
+import grpc
+
+from posenc import _ops
+from posenc._channel import ChannelConfig
+from posenc._proto.posenc.v1 import posenc_pb2 as pb
+from posenc._proto.posenc.v1 import posenc_pb2_grpc as pb_grpc
+from posenc.errors import PosencError
+
+
+def _metadata(request_id: str):
+    return (("x-request-id", request_id),) if request_id else None
+
+
+class Client:
+    """Client("host:port") or Client("dns:///name:port") for every replica a
+    name resolves to; keyword arguments are ChannelConfig's fields."""
+
+    def __init__(self, target: str = "localhost:50051", **config):
+        self.config = ChannelConfig(target=target, **config)
+        self.config.validate()
+        creds = self.config.credentials()
+        opts = self.config.options()
+        self._channel = (grpc.secure_channel(target, creds, opts) if creds
+                         else grpc.insecure_channel(target, opts))
+        self._stub = pb_grpc.PositionalEncodingStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def channel(self) -> grpc.Channel:
+        return self._channel
+
+    def _timeout(self, timeout):
+        return self.config.timeout if timeout is None else timeout
+
+    def _run(self, op: _ops.Op, timeout, request_id: str = ""):
+        method, request, parse = op
+        try:
+            response = getattr(self._stub, method)(request, timeout=self._timeout(timeout),
+                                                   metadata=_metadata(request_id))
+        except grpc.RpcError as e:
+            raise PosencError.from_rpc_error(e) from None
+        return parse(response)
+
+    # ------------------------------------------------------------ RoPE ----
+
+    def apply_rope(self, query, key=None, *, timeout=None, request_id: str = "",
+                   **options) -> _ops.RopeResult:
+        """Rotates query (and key). Options are RopeRequest's fields: layout,
+        position_ids, offsets, cu_seqlens, style, rotary_dim, base, inverse,
+        scaling (a dict of RopeScaling fields), axis_mode, axis_dims,
+        sections, backend."""
+        op = _ops.apply_rope(query, key, request_id=request_id, **options)
+        return self._run(op, timeout, request_id)
+
+    def stream_rope(self, items: Iterable, *, timeout=None,
+                    request_id: str = "") -> Iterator[_ops.RopeResult]:
+        """Many RoPE batches on one call, answers in order. Each item is a
+        dict of apply_rope's arguments (or a RopeRequest); a failed item
+        yields a RopeResult whose `error` is set while the stream goes on."""
+        origins = collections.deque()
+
+        def requests():
+            for item in items:
+                request, qo, ko = _ops.stream_item(item)
+                origins.append((qo, ko))
+                yield request
+
+        call = self._stub.StreamRope(requests(), timeout=self._timeout(timeout),
+                                     metadata=_metadata(request_id))
+        try:
+            for response in call:
+                yield _ops.rope_result(response, *origins.popleft())
+        except grpc.RpcError as e:
+            raise PosencError.from_rpc_error(e) from None
+        finally:
+            call.cancel()
+
+    # --------------------------------------------- absolute encodings ----
+
+    def add_sinusoidal(self, x, *, layout=None, base=None, timeout=None, request_id: str = "",
+                       **options):
+        """x * x_scale + PE[pos] with the sinusoidal table; options:
+        position_ids, offsets, cu_seqlens, x_scale, backend."""
+        op = _ops.add_absolute(x, layout=layout, base=base, request_id=request_id, **options)
+        return self._run(op, timeout, request_id)
+
+    def add_learned(self, x, table: str, *, timeout=None, request_id: str = "", **options):
+        """x * x_scale + PE[pos] with a learned table (see list_tables)."""
+        op = _ops.add_absolute(x, table=table, request_id=request_id, **options)
+        return self._run(op, timeout, request_id)
+
+    def sinusoidal_table(self, dim: int, count: int = 0, *, positions=None, layout=None,
+                         base=None, dtype="float32", backend=None, timeout=None):
+        """PE rows [n, dim] for `positions`, or for 0 .. count - 1."""
+        op = _ops.encoding_table(dim=dim, count=count, positions=positions, layout=layout,
+                                 base=base, dtype=dtype, backend=backend)
+        return self._run(op, timeout)
+
+    def learned_table(self, table: str, *, positions=None, count: int = 0, dim: int = 0,
+                      dtype="float32", backend=None, timeout=None):
+        """Rows of a learned table; count 0 without positions: all of it."""
+        op = _ops.encoding_table(table=table, dim=dim, count=count, positions=positions,
+                                 dtype=dtype, backend=backend)
+        return self._run(op, timeout)
+
+    # ------------------------------------------------- attention bias ----
+
+    def attention_bias(self, *, timeout=None, **options) -> _ops.BiasResult:
+        """ALiBi-style bias [batch, heads, q_len, k_len], or logits + bias when
+        `logits` is given. Options are AttentionBiasRequest's fields."""
+        return self._run(_ops.attention_bias(**options), timeout)
+
+    # -------------------------------------------------- control plane ----
+
+    def list_tables(self, *, timeout=None) -> pb.ListTablesResponse:
+        return self._run(_ops.control("ListTables"), timeout)
+
+    def reload_tables(self, *, timeout=None) -> pb.ListTablesResponse:
+        return self._run(_ops.control("ReloadTables"), timeout)
+
+    def server_info(self, *, timeout=None) -> pb.ServerInfo:
+        return self._run(_ops.control("GetServerInfo"), timeout)
