@@ -83,3 +83,18 @@ def test_errors_and_deadlines(server):
     invalid, late = run(main())
     assert invalid.code == grpc.StatusCode.INVALID_ARGUMENT and "rotary_dim" in invalid.message
     assert late.code == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_a_stream_item_the_client_refuses(server):
+    items = [{"query": np.ones((1, 2, 1, 8), np.float32)}, {"query": np.ones((1, 2, 1, 8))}]
+
+    async def main():
+        async with posenc.AsyncClient(server.target, timeout=10) as client:
+            try:
+                return [r async for r in client.stream_rope(items)]
+            except posenc.PosencError as e:
+                return e
+
+    error = run(main())
+    assert isinstance(error, posenc.PosencError), error
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "float64" in error.message

@@ -74,3 +74,12 @@ def test_deadline_exceeded(client):
         with expect_error(grpc.StatusCode.DEADLINE_EXCEEDED):
             hasty.apply_rope(q)
     assert client.apply_rope(q[:1, :8], timeout=5).query.shape == (1, 8, 8, 128)
+
+
+def test_a_stream_item_the_client_refuses_ends_the_stream_with_its_error(client):
+    items = [{"query": np.ones((1, 2, 1, 8), np.float32)}, {"query": np.ones((1, 2, 1, 8))},
+             {"query": np.ones((1, 2, 1, 8), np.float32)}]
+    with expect_error(grpc.StatusCode.INVALID_ARGUMENT, "query", "float64"):
+        list(client.stream_rope(items))
+    with expect_error(grpc.StatusCode.INVALID_ARGUMENT, "stream_rope", "bogus"):
+        list(client.stream_rope([{"query": items[0]["query"], "bogus": 1}]))

@@ -12,8 +12,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from posenc import _tensors as T
 from posenc._proto.posenc.v1 import posenc_pb2 as pb
 from posenc.errors import PosencError, invalid
@@ -146,7 +144,7 @@ def apply_rope(query, key=None, **options) -> Op:
     return "ApplyRope", r, lambda resp: rope_result(resp, qo, ko)
 
 
-def _encoding(request, sinusoidal: bool, table: str | None, layout, base) -> None:
+def _encoding(request, table: str | None, layout, base) -> None:
     if table is not None:
         if layout is not None or base is not None:
             raise invalid("layout and base apply to sinusoidal encodings, not a learned table")
@@ -164,7 +162,7 @@ def add_absolute(x, *, table: str | None = None, layout=None, base=None, positio
     a, origin = T.as_array(x, "x", T.FLOATS)
     r = pb.AbsoluteEncodingRequest(backend=_backend(backend), request_id=request_id)
     r.x_data = T.set_desc(a, r.x)
-    _encoding(r, table is None, table, layout, base)
+    _encoding(r, table, layout, base)
     _positions(r, position_ids, offsets, cu_seqlens)
     if x_scale is not None:
         r.x_scale = float(x_scale)
@@ -176,7 +174,7 @@ def encoding_table(*, table: str | None = None, dim: int = 0, count: int = 0, po
                    layout=None, base=None, dtype="float32", backend=None) -> Op:
     r = pb.EncodingTableRequest(dim=int(dim), count=int(count),
                                 dtype=T.dtype_proto(dtype, "dtype"), backend=_backend(backend))
-    _encoding(r, table is None, table, layout, base)
+    _encoding(r, table, layout, base)
     if positions is not None:
         r.positions.CopyFrom(T.small_tensor(T.positions(positions, "positions")))
     return ("GetEncodingTable", r,
@@ -225,6 +223,9 @@ def stream_item(item) -> tuple[pb.RopeRequest, T.Origin, T.Origin | None]:
         item = dict(item)
         if "query" not in item:
             raise invalid("stream_rope: each item needs a 'query'")
-        return rope_request(item.pop("query"), item.pop("key", None), **item)
+        try:
+            return rope_request(item.pop("query"), item.pop("key", None), **item)
+        except TypeError as e:  # an argument apply_rope does not take
+            raise invalid(f"stream_rope: {e}") from e
     raise invalid(f"stream_rope: expected dicts of apply_rope arguments or RopeRequest messages, "
                   f"got {type(item).__name__}")

@@ -13,13 +13,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import ml_dtypes
 import numpy as np
 
 from posenc._proto.posenc.v1 import posenc_pb2 as pb
 from posenc.errors import PosencError, invalid
-
-import grpc
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -89,9 +88,13 @@ def _name(d: np.dtype) -> str:
 
 
 def positions(x, field: str) -> np.ndarray:
-    """Integer positions; a Python list becomes int64."""
-    a, _ = as_array(x if _is_torch(x) or isinstance(x, np.ndarray) else np.asarray(x, np.int64),
-                    field, INTEGERS)
+    """Integer positions (a list of Python ints is int64; floats are refused,
+    never truncated)."""
+    if not _is_torch(x) and not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+        if x.size == 0:
+            x = x.astype(np.int64)
+    a, _ = as_array(x, field, INTEGERS)
     return a
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import collections
 from collections.abc import AsyncIterator
 
@@ -61,26 +62,40 @@ class AsyncClient:
         """items: an iterable or async iterable of apply_rope argument dicts
         (or RopeRequests)."""
         origins = collections.deque()
+        refused = []  # an item the client could not send ends the call; say why
 
-        async def requests():
+        async def each():
             if hasattr(items, "__aiter__"):
                 async for item in items:
-                    request, qo, ko = _ops.stream_item(item)
-                    origins.append((qo, ko))
-                    yield request
+                    yield item
             else:
                 for item in items:
+                    yield item
+
+        async def requests():
+            try:
+                async for item in each():
                     request, qo, ko = _ops.stream_item(item)
                     origins.append((qo, ko))
                     yield request
+            except PosencError as e:
+                refused.append(e)
+                raise
 
         call = self._stub.StreamRope(requests(), timeout=self._timeout(timeout),
                                      metadata=_metadata(request_id))
         try:
             async for response in call:
                 yield _ops.rope_result(response, *origins.popleft())
+            if refused:
+                raise refused[0]
         except grpc.RpcError as e:
-            raise PosencError.from_rpc_error(e) from None
+            raise (refused[0] if refused else PosencError.from_rpc_error(e)) from None
+        except asyncio.CancelledError:
+            # grpc.aio cancels the call when the request iterator raises.
+            if refused:
+                raise refused[0] from None
+            raise
         finally:
             call.cancel()
 

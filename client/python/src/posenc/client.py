@@ -75,20 +75,27 @@ class Client:
         dict of apply_rope's arguments (or a RopeRequest); a failed item
         yields a RopeResult whose `error` is set while the stream goes on."""
         origins = collections.deque()
+        refused = []  # an item the client could not send ends the call; say why
 
         def requests():
-            for item in items:
-                request, qo, ko = _ops.stream_item(item)
-                origins.append((qo, ko))
-                yield request
+            try:
+                for item in items:
+                    request, qo, ko = _ops.stream_item(item)
+                    origins.append((qo, ko))
+                    yield request
+            except PosencError as e:
+                refused.append(e)
+                raise
 
         call = self._stub.StreamRope(requests(), timeout=self._timeout(timeout),
                                      metadata=_metadata(request_id))
         try:
             for response in call:
                 yield _ops.rope_result(response, *origins.popleft())
+            if refused:
+                raise refused[0]
         except grpc.RpcError as e:
-            raise PosencError.from_rpc_error(e) from None
+            raise (refused[0] if refused else PosencError.from_rpc_error(e)) from None
         finally:
             call.cancel()
 
