@@ -30,6 +30,9 @@ def test_retry_policy_matches_the_cpp_client():
     _, policy = retry_policy(retry_resource_exhausted=True, max_attempts=9)
     assert policy["retryableStatusCodes"] == ["UNAVAILABLE", "RESOURCE_EXHAUSTED"]
     assert policy["maxAttempts"] == 5  # gRPC's ceiling, clamped as in C++
+    opts = dict(posenc.ChannelConfig(channel_options=(("grpc.max_receive_message_length", 7),))
+                .options())
+    assert opts["grpc.enable_retries"] == 1 and opts["grpc.max_receive_message_length"] == 7
     cfg, _ = retry_policy(health_check_service="", load_balancing="pick_first")
     assert "healthCheckConfig" not in cfg and cfg["loadBalancingConfig"] == [{"pick_first": {}}]
 

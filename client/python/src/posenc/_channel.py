@@ -42,6 +42,9 @@ class ChannelConfig:
     private_key: bytes | None = None
     certificate_chain: bytes | None = None
     tls_server_name: str = ""
+    # Further gRPC channel arguments, appended (later ones win), e.g.
+    # (("grpc.min_reconnect_backoff_ms", 100),).
+    channel_options: tuple = ()
 
     def validate(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9._/-]*", self.health_check_service):
@@ -94,7 +97,7 @@ class ChannelConfig:
         ]
         if self.tls_server_name:
             opts.append(("grpc.ssl_target_name_override", self.tls_server_name))
-        return opts
+        return opts + [tuple(o) for o in self.channel_options]
 
     def credentials(self) -> grpc.ChannelCredentials | None:
         if not (self.use_tls or self.root_certificates):
