@@ -90,3 +90,18 @@ def test_resource_exhausted_is_retried_only_when_asked():
     assert without > 8, "the server was not overloaded; nothing was tested"
     assert with_retry * 4 < without, "retries should absorb most refusals"
     assert ok_with > ok_without
+
+
+def test_health_checking_reaches_grpc(server):
+    """Calls go only to replicas SERVING the checked name: one the server
+    does not serve leaves no healthy backend (proof the setting is live)."""
+    q = np.ones((1, 2, 1, 8), np.float32)
+    with posenc.Client(server.target, timeout=5) as checked:
+        assert checked.apply_rope(q).query.shape == q.shape
+    with posenc.Client(server.target, health_check_service="posenc.v1.NoSuchService",
+                       max_attempts=2, timeout=5) as wrong:
+        try:
+            wrong.apply_rope(q)
+            raise AssertionError("a call went to a replica not SERVING the checked name")
+        except posenc.PosencError as e:
+            assert e.code == grpc.StatusCode.UNAVAILABLE and "unhealthy" in e.message, e
