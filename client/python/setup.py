@@ -8,6 +8,7 @@ place) or, in an sdist, from the copy the sdist command put beside this file.
 """
 
 import pathlib
+import re
 import shutil
 import sys
 
@@ -32,19 +33,30 @@ class BuildPyWithStubs(build_py):
         from grpc_tools import protoc  # a build requirement (pyproject.toml)
         import grpc_tools
 
-        # Staged as posenc/_proto/posenc/v1/posenc.proto so the generated
-        # imports read "from posenc._proto.posenc.v1 import posenc_pb2".
-        stage = HERE / "build" / "proto-stage"
-        target = stage / "posenc" / "_proto" / PROTO
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(proto_root() / PROTO, target)
-        out = pathlib.Path(self.build_lib)
+        # Compiled under its own name, posenc/v1/posenc.proto (the name the
+        # server's reflection gives, so a caller's own copy of the same file
+        # registers without a clash), then moved under posenc._proto with
+        # the one import of the generated service module rewritten.
+        stage = HERE / "build" / "proto-out"
+        shutil.rmtree(stage, ignore_errors=True)
+        stage.mkdir(parents=True)
         well_known = pathlib.Path(grpc_tools.__file__).parent / "_proto"
-        args = ["protoc", f"-I{stage}", f"-I{well_known}", f"--python_out={out}",
-                f"--pyi_out={out}", f"--grpc_python_out={out}",
-                str(pathlib.Path("posenc") / "_proto" / PROTO)]
+        args = ["protoc", f"-I{proto_root()}", f"-I{well_known}", f"--python_out={stage}",
+                f"--pyi_out={stage}", f"--grpc_python_out={stage}", str(PROTO)]
         if protoc.main(args) != 0:
-            sys.exit("posenc: protoc failed on " + str(target))
+            sys.exit(f"posenc: protoc failed on {proto_root() / PROTO}")
+        out = pathlib.Path(self.build_lib)
+        dest = out / "posenc" / "_proto" / "posenc" / "v1"
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in ("posenc_pb2.py", "posenc_pb2.pyi", "posenc_pb2_grpc.py"):
+            text = (stage / "posenc" / "v1" / name).read_text()
+            if name == "posenc_pb2_grpc.py":
+                text, n = re.subn(r"^from posenc\.v1 import posenc_pb2 ",
+                                  "from posenc._proto.posenc.v1 import posenc_pb2 ", text,
+                                  flags=re.M)
+                if n != 1:
+                    sys.exit(f"posenc: expected one import of posenc_pb2 in {name}; found {n}")
+            (dest / name).write_text(text)
         for pkg in ("posenc/_proto", "posenc/_proto/posenc", "posenc/_proto/posenc/v1"):
             init = out / pkg / "__init__.py"
             if not init.exists():
