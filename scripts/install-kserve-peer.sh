@@ -4,16 +4,14 @@
 # virtual environment (default build/kserve-peer-venv). Its own, because
 # kserve 0.21 needs protobuf >= 6 and grpcio >= 1.73 while tritonclient
 # 2.40 (perf_analyzer's wheel, build/kserve-venv) wants protobuf 3.
-# The pins are what pip resolved for kserve==0.21.0 on 2026-11-25 (Python
-# 3.11); the server imports only kserve, numpy and grpcio directly.
+# Every package is pinned: bench/peers/kserve_numpy/requirements.txt is the
+# pip freeze of what kserve==0.21.0 resolved to (Python 3.11, 2026-11-25).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-build/kserve-peer-venv}
-pins=(
-  kserve==0.21.0
-)
 if ! "$venv/bin/python" -c "import kserve, numpy, grpc" 2>/dev/null; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check "${pins[@]}"
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps \
+    -r bench/peers/kserve_numpy/requirements.txt
 fi
 echo "kserve peer in $venv"

@@ -3,7 +3,7 @@
   python check.py POSENC_ADDR PEER_ADDR [--seed N]   (tritonclient's venv)
 
 Each case is sent to both servers with tritonclient.grpc and both answers are
-compared with a float64 numpy reference (NEOX pairing, base 10000, exact
+compared with a float64 numpy reference and with each other (NEOX pairing, base 10000, exact
 theta^(-2i/R)); then a few bad requests must be refused by both with
 INVALID_ARGUMENT. Exits non-zero, saying what differed, on any failure.
 """
@@ -85,8 +85,9 @@ def main():
         want = {k + "_out": reference(v, positions, params.get("rotary_dim", 0),
                                       style=params.get("style", "NEOX"))
                 for k, v in tensors.items() if k in ("query", "key")}
+        answers = {}
         for server, client in servers.items():
-            got = infer(client, tensors, params or None)
+            got = answers[server] = infer(client, tensors, params or None)
             for out, ref in want.items():
                 if out not in got or got[out].shape != ref.shape or got[out].dtype != np.float32:
                     failures.append(f"{server} {name}: {out} missing or misshapen")
@@ -95,6 +96,13 @@ def main():
                 print(f"  {server:12s} {name:40s} {out:9s} max |err| vs float64 {err:.2e}")
                 if not err <= TOLERANCE:
                     failures.append(f"{server} {name}: {out} max |err| {err:.2e} > {TOLERANCE}")
+        a, b = answers["posenc"], answers["kserve peer"]
+        for out in want:
+            if out in a and out in b and a[out].shape == b[out].shape:
+                diff = float(np.max(np.abs(a[out] - b[out]))) if a[out].size else 0.0
+                print(f"  posenc vs peer {name:38s} {out:9s} max |diff| {diff:.2e}")
+                if not diff <= 2 * TOLERANCE:
+                    failures.append(f"posenc and peer differ on {name} {out}: {diff:.2e}")
     bad = [
         ("unknown parameter", {"query": np.zeros([1, 2, 1, 8], np.float32)}, {"nope": 1}),
         ("odd rotary_dim", {"query": np.zeros([1, 2, 1, 8], np.float32)}, {"rotary_dim": 3}),
