@@ -9,7 +9,9 @@
 # Prints one CSV line per server, workload, round and concurrency, then the
 # ratios posenc / peer (throughput: > 1 means posenc is ahead; p50 and p99
 # latency: < 1 means posenc is ahead), as ranges over the rounds.
-#   bench/kserve_peer.sh [ROUNDS]   (default 1)
+#   bench/kserve_peer.sh [ROUNDS [FIRST]]   (default 1 round, numbered from 1;
+#                                            e.g. "1 2" runs round 2 alone,
+#                                            so rounds can be separate lock holds)
 #   bench/kserve_peer.sh --check    (start both, check.py, stop)
 # Needs scripts/build.sh; installs scripts/install-kserve-tools.sh and
 # scripts/install-kserve-peer.sh's venvs if missing. Not a ctest test.
@@ -17,6 +19,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 check_only=0
 rounds=1
+first=${2:-1}
 case "${1:-}" in
   --check) check_only=1 ;;
   "") ;;
@@ -71,13 +74,13 @@ PY
 "$tools/bin/python" "$root/bench/peers/kserve_numpy/check.py" "$posenc" "$peer"
 [ "$check_only" = 1 ] && exit 0
 
-echo "kserve $("$peer_venv/bin/python" -c 'import kserve, numpy, grpc; print(kserve.__version__ if hasattr(kserve, "__version__") else "", "numpy", numpy.__version__, "grpcio", grpc.__version__)'); perf_analyzer from tritonclient 2.40.0; CPUs $cpus of $(nproc); $(lscpu | sed -n 's/^Model name: *//p')" >&2
+echo "kserve $("$peer_venv/bin/python" -c 'import importlib.metadata as m, sys; print(*[m.version(p) for p in ("kserve", "numpy", "grpcio", "protobuf")], "python", sys.version.split()[0])'); posenc $(git -C "$root" rev-parse --short HEAD); perf_analyzer from tritonclient 2.40.0; CPUs $cpus of $(nproc); $(lscpu | sed -n 's/^Model name: *//p')" >&2
 
 # name | query shape | key heads (0: none)
 workloads=("prefill_1mib|1,128,16,128|0" "decode_32x1|32,1,32,128|8")
 csv=$work/all.csv
 echo "server,workload,round,concurrency,throughput_per_s,p50_us,p99_us" | tee "$csv"
-for round in $(seq "$rounds"); do
+for round in $(seq "$first" $((first + rounds - 1))); do
   for w in "${workloads[@]}"; do
     IFS='|' read -r name shape key_heads <<< "$w"
     "$tools/bin/python" - "$shape" "$key_heads" "$work/$name.json" <<'PY'
