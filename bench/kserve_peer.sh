@@ -74,7 +74,7 @@ PY
 "$tools/bin/python" "$root/bench/peers/kserve_numpy/check.py" "$posenc" "$peer"
 [ "$check_only" = 1 ] && exit 0
 
-echo "kserve $("$peer_venv/bin/python" -c 'import importlib.metadata as m, sys; print(*[m.version(p) for p in ("kserve", "numpy", "grpcio", "protobuf")], "python", sys.version.split()[0])'); posenc $(git -C "$root" rev-parse --short HEAD); perf_analyzer from tritonclient 2.40.0; CPUs $cpus of $(nproc); $(lscpu | sed -n 's/^Model name: *//p')" >&2
+echo "peer: $("$peer_venv/bin/python" -c 'import importlib.metadata as m, sys; print(*[p + " " + m.version(p) for p in ("kserve", "numpy", "grpcio", "protobuf")], "python", sys.version.split()[0], sep=", ")'); posenc $(git -C "$root" rev-parse --short HEAD); perf_analyzer from tritonclient 2.40.0; CPUs $cpus of $(nproc); $(lscpu | sed -n 's/^Model name: *//p')" >&2
 
 # name | query shape | key heads (0: none)
 workloads=("prefill_1mib|1,128,16,128|0" "decode_32x1|32,1,32,128|8")

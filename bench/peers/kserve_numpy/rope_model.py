@@ -92,6 +92,9 @@ def _tensor(inp, dtype, rank):
     if raw is not None and len(raw) != want:
         raise InvalidInput(f'input "{inp.name}" of shape {shape} needs {want} bytes, '
                            f"got {len(raw)}")
+    if raw is None and len(inp.data or []) != want // (4 if dtype == "FP32" else 8):
+        raise InvalidInput(f'input "{inp.name}" of shape {shape} needs {want} bytes '
+                           "in raw_input_contents (or as many typed contents)")
     return inp.as_numpy()
 
 
