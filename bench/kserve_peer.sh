@@ -74,7 +74,7 @@ PY
 "$tools/bin/python" "$root/bench/peers/kserve_numpy/check.py" "$posenc" "$peer"
 [ "$check_only" = 1 ] && exit 0
 
-echo "peer: $("$peer_venv/bin/python" -c 'import importlib.metadata as m, sys; print(*[p + " " + m.version(p) for p in ("kserve", "numpy", "grpcio", "protobuf")], "python", sys.version.split()[0], sep=", ")'); posenc $(git -C "$root" rev-parse --short HEAD); perf_analyzer from tritonclient 2.40.0; CPUs $cpus of $(nproc); $(lscpu | sed -n 's/^Model name: *//p')" >&2
+echo "peer: $("$peer_venv/bin/python" -c 'import importlib.metadata as m, sys; print(*[p + " " + m.version(p) for p in ("kserve", "numpy", "grpcio", "protobuf")], "python " + sys.version.split()[0], sep=", ")'); posenc $(git -C "$root" rev-parse --short HEAD); perf_analyzer from tritonclient 2.40.0; CPUs $cpus of $(nproc); $(lscpu | sed -n 's/^Model name: *//p')" >&2
 
 # name | query shape | key heads (0: none)
 workloads=("prefill_1mib|1,128,16,128|0" "decode_32x1|32,1,32,128|8")
@@ -104,13 +104,16 @@ PY
     for entry in "${order[@]}"; do
       read -r server addr <<< "$entry"
       for c in 1 4 16; do
+        rm -f "$work/pa.csv"
         "$tools/bin/perf_analyzer" -m rope -i grpc -u "$addr" "${pa_shapes[@]}" \
           --input-data="$work/$name.json" --concurrency-range="$c:$c" \
           --measurement-interval=2000 --stability-percentage=15 --max-trials=6 \
           -f "$work/pa.csv" > "$work/pa.log" 2>&1 || {
-          # Unstable after max trials still writes the last window; anything else is fatal.
+          # No stable point within --max-trials: said, and the point left out.
           grep -q "Failed to obtain stable measurement" "$work/pa.log" ||
             { cat "$work/pa.log"; exit 1; }
+          echo "$server $name round $round: no stable point at $c callers" >&2
+          continue
         }
         "$tools/bin/python" - "$work/pa.csv" "$server" "$name" "$round" <<'PY' | tee -a "$csv"
 import csv, sys
