@@ -13,6 +13,10 @@
 #                                            e.g. "1 2" runs round 2 alone,
 #                                            so rounds can be separate lock holds)
 #   bench/kserve_peer.sh --check    (start both, check.py, stop)
+# Variants (environment): POSENC_PEER_ARGS, more server.py flags (e.g.
+# --predict_in_threads); POSENC_PEER_MODEL, the peer model perf_analyzer
+# drives (default rope; rope_echo answers its inputs unrotated);
+# POSENC_PEER_SERVERS, which to measure (default "posenc peer").
 # Needs scripts/build.sh; installs scripts/install-kserve-tools.sh and
 # scripts/install-kserve-peer.sh's venvs if missing. Not a ctest test.
 set -euo pipefail
@@ -26,6 +30,8 @@ case "${1:-}" in
   *) rounds=$1 ;;
 esac
 cpus=${POSENC_PEER_CPUS:-0-1}
+peer_model=${POSENC_PEER_MODEL:-rope}
+measure=${POSENC_PEER_SERVERS:-posenc peer}
 "$root/scripts/install-kserve-tools.sh" > /dev/null
 "$root/scripts/install-kserve-peer.sh" > /dev/null
 tools=$root/build/kserve-venv
@@ -51,7 +57,7 @@ for x in s: x.bind(("127.0.0.1", 0))
 print(*[x.getsockname()[1] for x in s])')
 taskset -c "$cpus" "$peer_venv/bin/python" "$root/bench/peers/kserve_numpy/server.py" \
   --grpc_port="$grpc_port" --http_port="$http_port" --enable_latency_logging=false \
-  > "$work/peer.log" 2>&1 &
+  ${POSENC_PEER_ARGS:-} > "$work/peer.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 300); do [ -s "$work/port" ] && break; sleep 0.1; done
 posenc=127.0.0.1:$(cat "$work/port")
@@ -74,7 +80,7 @@ PY
 "$tools/bin/python" "$root/bench/peers/kserve_numpy/check.py" "$posenc" "$peer"
 [ "$check_only" = 1 ] && exit 0
 
-echo "peer: $("$peer_venv/bin/python" -c 'import importlib.metadata as m, sys; print(*[p + " " + m.version(p) for p in ("kserve", "numpy", "grpcio", "protobuf")], "python " + sys.version.split()[0], sep=", ")'); posenc $(git -C "$root" rev-parse --short HEAD); perf_analyzer from tritonclient 2.40.0; CPUs $cpus of $(nproc); $(lscpu | sed -n 's/^Model name: *//p')" >&2
+echo "peer: $("$peer_venv/bin/python" -c 'import importlib.metadata as m, sys; print(*[p + " " + m.version(p) for p in ("kserve", "numpy", "grpcio", "protobuf")], "python " + sys.version.split()[0], sep=", ")'); peer model $peer_model ${POSENC_PEER_ARGS:-}; posenc $(git -C "$root" rev-parse --short HEAD); perf_analyzer from tritonclient 2.40.0; CPUs $cpus of $(nproc); $(lscpu | sed -n 's/^Model name: *//p')" >&2
 
 # name | query shape | key heads (0: none)
 workloads=("prefill_1mib|1,128,16,128|0" "decode_32x1|32,1,32,128|8")
@@ -103,9 +109,12 @@ PY
     [ $((round % 2)) = 0 ] && order=("peer $peer" "posenc $posenc")
     for entry in "${order[@]}"; do
       read -r server addr <<< "$entry"
+      [[ " $measure " == *" $server "* ]] || continue
+      model=rope
+      [ "$server" = peer ] && model=$peer_model
       for c in 1 4 16; do
         rm -f "$work/pa.csv"
-        "$tools/bin/perf_analyzer" -m rope -i grpc -u "$addr" "${pa_shapes[@]}" \
+        "$tools/bin/perf_analyzer" -m "$model" -i grpc -u "$addr" "${pa_shapes[@]}" \
           --input-data="$work/$name.json" --concurrency-range="$c:$c" \
           --measurement-interval=2000 --stability-percentage=15 --max-trials=6 \
           -f "$work/pa.csv" > "$work/pa.log" 2>&1 || {

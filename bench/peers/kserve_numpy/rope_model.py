@@ -16,6 +16,7 @@ cast once to float32; the rotation itself in float32 numpy, as HF's
 q * cos + rotate_half(q) * sin does it. predict() is synchronous, as KServe's
 examples write it, so it runs on the server's event loop.
 """
+import asyncio
 import math
 
 import numpy as np
@@ -182,5 +183,35 @@ class RopeModel(Model):
             out = InferOutput(name=name, shape=list(x.shape), datatype="FP32")
             out.set_data_from_numpy(rotate(x, cos, sin, o), binary_data=True)
             outputs.append(out)
+        return InferResponse(response_id=payload.id, model_name=self.name,
+                             infer_outputs=outputs, use_binary_outputs=True)
+
+
+class ThreadedRopeModel(RopeModel):
+    """The same model with predict() moved off the event loop onto kserve's
+    thread pool (asyncio.to_thread): numpy's arithmetic drops the GIL, so
+    with two cores one request's rotation can overlap the next one's
+    transport. The tuned variant (server.py --predict_in_threads)."""
+
+    async def predict(self, payload, headers=None):
+        return await asyncio.to_thread(RopeModel.predict, self, payload, headers)
+
+
+class EchoModel(RopeModel):
+    """"rope_echo": rope's interface and input checks, answering query (and
+    key) unchanged: kserve's own cost per call, without the numpy RoPE."""
+
+    def __init__(self, name="rope_echo"):
+        super().__init__(name)
+
+    def predict(self, payload, headers=None):
+        read_options(payload.parameters)
+        outputs = []
+        for inp in payload.inputs:
+            if inp.name in ("query", "key"):
+                x = _tensor(inp, "FP32", 4)
+                out = InferOutput(name=inp.name + "_out", shape=list(x.shape), datatype="FP32")
+                out.set_data_from_numpy(x, binary_data=True)
+                outputs.append(out)
         return InferResponse(response_id=payload.id, model_name=self.name,
                              infer_outputs=outputs, use_binary_outputs=True)

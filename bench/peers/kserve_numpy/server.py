@@ -1,7 +1,12 @@
 """Serves RopeModel with kserve's own ModelServer (v2 gRPC + REST).
 
   python server.py --grpc_port=P --http_port=Q [--log_level=warning]
-                   [--enable_latency_logging=false]   (kserve's own flags)
+                   [--predict_in_threads] [--enable_latency_logging=false] ...
+                   (kserve's own flags pass through)
+
+Models: "rope" (RopeModel, or ThreadedRopeModel with --predict_in_threads)
+and "rope_echo" (EchoModel: the same interface answering its inputs, for
+kserve's own cost per call).
 
 kserve's gRPC server is used as it is (servicer, interceptors, thread pool,
 message limits), with one addition: the Triton ModelConfig and
@@ -26,7 +31,7 @@ from kserve.protocol.grpc.interceptors import (  # noqa: E402
 from kserve.protocol.grpc.servicer import InferenceServicer  # noqa: E402
 
 import triton_extensions  # noqa: E402
-from rope_model import RopeModel  # noqa: E402
+from rope_model import EchoModel, RopeModel, ThreadedRopeModel  # noqa: E402
 
 OPTIONAL = {"key", "position_ids", "offsets"}
 
@@ -56,9 +61,12 @@ class PeerGRPCServer(grpc_server.GRPCServer):
 if __name__ == "__main__":
     ours = argparse.ArgumentParser(parents=[kserve.model_server.parser])
     ours.add_argument("--log_level", default="warning")
+    ours.add_argument("--predict_in_threads", action="store_true",
+                      help="rope's predict on kserve's thread pool, not the event loop")
     args, _ = ours.parse_known_args()
     kserve.model_server.GRPCServer = PeerGRPCServer
     server = kserve.ModelServer()
     for name in ("kserve", "kserve.trace", "uvicorn", "uvicorn.access", "uvicorn.error"):
         logging.getLogger(name).setLevel(args.log_level.upper())
-    server.start([RopeModel()])
+    rope = ThreadedRopeModel() if args.predict_in_threads else RopeModel()
+    server.start([rope, EchoModel()])
