@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "kserve_infer.h"
@@ -123,7 +124,8 @@ TEST(ModelFileTest, HfConfigIsMarkedNotSupportedYet) {
 
 TEST(ModelFileTest, NamesAreRestricted) {
   EXPECT_EQ(ErrorOf(R"({"operation": "rope"})", "llama-3.1_8b"), "loaded");
-  for (const std::string bad : {"", ".hidden", "-x", "a b", "a/b", "ä", std::string(65, 'a')}) {
+  for (const std::string& bad : std::vector<std::string>{"", ".hidden", "-x", "a b", "a/b", "ä",
+                                                          std::string(65, 'a')}) {
     EXPECT_NE(ErrorOf(R"({"operation": "rope"})", bad).find("model name"), std::string::npos)
         << bad;
   }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "kserve_model_file.h"
 
 namespace posenc::server::kserve {
 namespace {
