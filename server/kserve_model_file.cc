@@ -241,7 +241,19 @@ absl::Status ParseInto(const Struct& top, Model* model) {
       POSENC_ASSIGN_OR_RETURN(model->fixed[key], ToParameter(key, value));
     }
   }
-  return CheckParameters(*model);
+  POSENC_RETURN_IF_ERROR(CheckParameters(*model));
+  // Several position axes (M-RoPE sections, axial dims): padded
+  // position_ids are [batch, seq, axes]; the metadata says so.
+  for (const char* list : {"sections", "axis_dims"}) {
+    auto it = model->fixed.find(list);
+    if (kind != ModelKind::kRope || it == model->fixed.end()) continue;
+    const std::string& text = it->second.string_param();
+    const int64_t axes = 1 + std::count(text.begin(), text.end(), ',');
+    for (TensorSpec& t : model->inputs) {
+      if (absl::string_view(t.name) == "position_ids") t.dims = {-1, -1, axes};
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace

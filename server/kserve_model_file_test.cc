@@ -62,6 +62,7 @@ TEST(ModelFileTest, ExamplesLoad) {
       ParseModelFile("q", ReadDeployed("qwen2-vl-7b-mrope.json"));
   ASSERT_TRUE(q.ok());
   EXPECT_EQ(q->fixed.at("sections").string_param(), "16,24,24");
+  EXPECT_EQ(FindInput(*q, "position_ids")->dims, (std::vector<int64_t>{-1, -1, 3}));
 }
 
 TEST(ModelFileTest, NumbersKeepTheirValues) {
