@@ -111,17 +111,17 @@ absl::Status CheckHeadDim(const Model& model, InputSet& in) {
   for (const char* name : {"query", "key"}) {
     const Input* t = in.Find(name);
     if (t != nullptr && (t->shape.empty() || t->shape.back() != model.head_dim)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "input \"", name, "\": model ", model.name, " has head_dim ", model.head_dim,
-          " (the last dimension), got shape [", absl::StrJoin(t->shape, ", "), "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("input \"", name, "\": model ", model.name, " has head_dim ", model.head_dim,
+                       " (the last dimension), got shape [", absl::StrJoin(t->shape, ", "), "]"));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params, InputSet& in, const OutputSet& want,
-                     const CallEnv& env_in, inference::ModelInferResponse* resp,
-                     std::string* backend_out) {
+absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params, InputSet& in,
+                     const OutputSet& want, const CallEnv& env_in,
+                     inference::ModelInferResponse* resp, std::string* backend_out) {
   RopeOptions options;
   CallEnv env = env_in;
   POSENC_RETURN_IF_ERROR(ReadRopeOptions(params, &options, &env.backend));
@@ -163,9 +163,9 @@ absl::Status RunAbsolute(Engine& engine, const Model& model, ParameterReader& pa
   return absl::OkStatus();
 }
 
-absl::Status RunBias(Engine& engine, const Model& model, ParameterReader& params, InputSet& in, const OutputSet& want,
-                     const CallEnv& env_in, inference::ModelInferResponse* resp,
-                     std::string* backend_out) {
+absl::Status RunBias(Engine& engine, const Model& model, ParameterReader& params, InputSet& in,
+                     const OutputSet& want, const CallEnv& env_in,
+                     inference::ModelInferResponse* resp, std::string* backend_out) {
   BiasOptions options;
   CallEnv env = env_in;
   POSENC_RETURN_IF_ERROR(ReadBiasOptions(params, &options, &env.backend));
@@ -190,21 +190,6 @@ absl::Status RunBias(Engine& engine, const Model& model, ParameterReader& params
 
 }  // namespace
 
-absl::StatusOr<const Parameters*> ParametersFor(const Model& model, const Parameters& request,
-                                                Parameters* merged) {
-  if (model.fixed.empty()) return &request;
-  *merged = model.fixed;
-  for (const auto& [name, value] : request) {
-    if (auto it = model.fixed.find(name); it != model.fixed.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter \"", name, "\" is fixed by model ", model.name, " (", ParameterText(it->second),
-          "); a request may give only the parameters its model file leaves open"));
-    }
-    (*merged)[name] = value;
-  }
-  return merged;
-}
-
 absl::Status RunInfer(Engine& engine, const Model& model, inference::ModelInferRequest* req,
                       inference::ModelInferResponse* resp, const RunContext& ctx,
                       Engine::Admission& admission, std::string* backend) {
@@ -213,7 +198,8 @@ absl::Status RunInfer(Engine& engine, const Model& model, inference::ModelInferR
   POSENC_ASSIGN_OR_RETURN(std::vector<Input> inputs, TakeInputs(req));
   POSENC_ASSIGN_OR_RETURN(InputSet in, InputSet::Of(model, std::move(inputs)));
   Parameters merged;
-  POSENC_ASSIGN_OR_RETURN(const Parameters* given, ParametersFor(model, req->parameters(), &merged));
+  POSENC_ASSIGN_OR_RETURN(const Parameters* given,
+                          ParametersFor(model, req->parameters(), &merged));
   ParameterReader params(*given);
   const CallEnv env{ctx, admission, BackendChoice::kDefault, Overhead(*req)};
   resp->set_model_name(model.name);

@@ -13,7 +13,6 @@
 #include "engine.h"
 #include "kserve/grpc_service.pb.h"
 #include "kserve_models.h"
-#include "kserve_parameters.h"
 
 namespace posenc::server::kserve {
 
@@ -23,14 +22,6 @@ namespace posenc::server::kserve {
                                     inference::ModelInferRequest* req,
                                     inference::ModelInferResponse* resp, const RunContext& ctx,
                                     Engine::Admission& admission, std::string* backend);
-
-// The parameters a request to `model` is read with: its own plus those the
-// model fixes. INVALID_ARGUMENT naming a fixed parameter the request gives
-// again (it would be ambiguous which one wins). *merged is only filled for
-// models fixing something; the answer points at it or at the request's.
-[[nodiscard]] absl::StatusOr<const Parameters*> ParametersFor(const Model& model,
-                                                              const Parameters& request,
-                                                              Parameters* merged);
 
 }  // namespace posenc::server::kserve
 

@@ -74,9 +74,8 @@ absl::StatusOr<inference::InferParameter> NumberParameter(absl::string_view key,
 
 absl::StatusOr<inference::InferParameter> ToParameter(const std::string& key, const Value& v) {
   const std::string field = absl::StrCat("parameters.", key);
-  const bool list_key =
-      std::find(std::begin(kListParameters), std::end(kListParameters), key) !=
-      std::end(kListParameters);
+  const bool list_key = std::find(std::begin(kListParameters), std::end(kListParameters), key) !=
+                        std::end(kListParameters);
   inference::InferParameter p;
   switch (v.kind_case()) {
     case Value::kNumberValue:
@@ -93,8 +92,10 @@ absl::StatusOr<inference::InferParameter> ToParameter(const std::string& key, co
       return p;
     case Value::kListValue: {
       if (!list_key) {
-        return Invalid(field, "a single value (lists: short_factor, long_factor, slopes, "
-                       "axis_dims, sections)", "a list");
+        return Invalid(field,
+                       "a single value (lists: short_factor, long_factor, slopes, "
+                       "axis_dims, sections)",
+                       "a list");
       }
       const auto& items = v.list_value().values();
       if (items.size() > kMaxListItems) {
@@ -122,8 +123,8 @@ absl::StatusOr<inference::InferParameter> ToParameter(const std::string& key, co
 absl::StatusOr<ModelKind> KindFrom(const Value& v) {
   const std::string want = "one of \"rope\", \"sinusoidal\", \"learned\", \"attention_bias\"";
   if (v.kind_case() != Value::kStringValue) return Invalid("operation", want, KindOf(v));
-  for (ModelKind k : {ModelKind::kRope, ModelKind::kSinusoidal, ModelKind::kLearned,
-                      ModelKind::kAttentionBias}) {
+  for (ModelKind k :
+       {ModelKind::kRope, ModelKind::kSinusoidal, ModelKind::kLearned, ModelKind::kAttentionBias}) {
     if (v.string_value() == KindName(k)) return k;
   }
   return Invalid("operation", want, KindOf(v));
@@ -164,9 +165,9 @@ absl::Status CheckParameters(const Model& model) {
   // a file fixing one would refuse every such request, so none may.
   for (const auto& [key, value] : fixed) {
     if (!reader.WasRead(key)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameters.", Shorten(key), " is not an option of ", KindName(model.kind),
-          " (a scheduling parameter of the protocol, which a model file cannot fix)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameters.", Shorten(key), " is not an option of ", KindName(model.kind),
+                       " (a scheduling parameter of the protocol, which a model file cannot fix)"));
     }
   }
   return absl::OkStatus();
@@ -175,9 +176,8 @@ absl::Status CheckParameters(const Model& model) {
 absl::Status ParseInto(const Struct& top, Model* model) {
   for (const auto& [key, value] : top.fields()) {
     if (std::find(std::begin(kTopKeys), std::end(kTopKeys), key) == std::end(kTopKeys)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown key \"", Shorten(key), "\"; a model file has ",
-                       absl::StrJoin(kTopKeys, ", ")));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown key \"", Shorten(key), "\"; a model file has ", absl::StrJoin(kTopKeys, ", ")));
     }
   }
   // HF config.json resolution (ResolveHfRope in wire/) is to be connected
@@ -200,11 +200,10 @@ absl::Status ParseInto(const Struct& top, Model* model) {
     const Value& v = d->second;
     if (v.kind_case() != Value::kStringValue || v.string_value().size() > kMaxStringBytes ||
         !IsPrintableUtf8(v.string_value())) {
-      return Invalid("description",
-                     absl::StrCat("printable text of at most ", kMaxStringBytes, " bytes"),
-                     v.kind_case() == Value::kStringValue
-                         ? absl::StrCat(v.string_value().size(), " bytes")
-                         : KindOf(v));
+      return Invalid(
+          "description", absl::StrCat("printable text of at most ", kMaxStringBytes, " bytes"),
+          v.kind_case() == Value::kStringValue ? absl::StrCat(v.string_value().size(), " bytes")
+                                               : KindOf(v));
     }
   }
   if (auto h = top.fields().find("head_dim"); h != top.fields().end()) {
@@ -235,8 +234,8 @@ absl::Status ParseInto(const Struct& top, Model* model) {
     }
     for (const auto& [key, value] : p->second.struct_value().fields()) {
       if (key.size() > kMaxModelNameBytes || !IsPrintableUtf8(key)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "parameter names are printable and at most ", kMaxModelNameBytes, " bytes"));
+        return absl::InvalidArgumentError(absl::StrCat("parameter names are printable and at most ",
+                                                       kMaxModelNameBytes, " bytes"));
       }
       POSENC_ASSIGN_OR_RETURN(model->fixed[key], ToParameter(key, value));
     }
@@ -265,9 +264,9 @@ absl::Status CheckModelName(absl::string_view name) {
   if (name.empty() || name.size() > kMaxModelNameBytes ||
       !absl::ascii_isalnum(static_cast<unsigned char>(name[0])) ||
       !std::all_of(name.begin(), name.end(), allowed)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the model name (the file name without .json) must be 1 to ", kMaxModelNameBytes,
-        " of A-Z a-z 0-9 . _ -, starting with a letter or digit"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model name (the file name without .json) must be 1 to ",
+                     kMaxModelNameBytes, " of A-Z a-z 0-9 . _ -, starting with a letter or digit"));
   }
   return absl::OkStatus();
 }
@@ -275,15 +274,13 @@ absl::Status CheckModelName(absl::string_view name) {
 absl::StatusOr<Model> ParseModelFile(absl::string_view name, absl::string_view json) {
   POSENC_RETURN_IF_ERROR(CheckModelName(name));
   if (static_cast<int64_t>(json.size()) > kMaxModelFileBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("the file is ", json.size(),
-                                                   " bytes, over the limit of ",
-                                                   kMaxModelFileBytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the file is ", json.size(), " bytes, over the limit of ", kMaxModelFileBytes));
   }
   Struct top;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
-  const auto parsed =
-      google::protobuf::util::JsonStringToMessage(std::string(json), &top, options);
+  const auto parsed = google::protobuf::util::JsonStringToMessage(std::string(json), &top, options);
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("not a JSON object: ", Shorten(std::string(parsed.message()))));

@@ -34,7 +34,8 @@ void ExpectRefused(const std::string& json, const std::string& mentions) {
 }
 
 TEST(ModelFileTest, LlamaExampleFixesItsRopeParameters) {
-  absl::StatusOr<Model> m = ParseModelFile("llama-3.1-8b-rope", ReadDeployed("llama-3.1-8b-rope.json"));
+  absl::StatusOr<Model> m =
+      ParseModelFile("llama-3.1-8b-rope", ReadDeployed("llama-3.1-8b-rope.json"));
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->name, "llama-3.1-8b-rope");
   EXPECT_EQ(m->kind, ModelKind::kRope);
@@ -58,16 +59,15 @@ TEST(ModelFileTest, ExamplesLoad) {
     absl::StatusOr<Model> m = ParseModelFile(f, ReadDeployed(std::string(f) + ".json"));
     EXPECT_TRUE(m.ok()) << f << ": " << m.status();
   }
-  absl::StatusOr<Model> q =
-      ParseModelFile("q", ReadDeployed("qwen2-vl-7b-mrope.json"));
+  absl::StatusOr<Model> q = ParseModelFile("q", ReadDeployed("qwen2-vl-7b-mrope.json"));
   ASSERT_TRUE(q.ok());
   EXPECT_EQ(q->fixed.at("sections").string_param(), "16,24,24");
   EXPECT_EQ(FindInput(*q, "position_ids")->dims, (std::vector<int64_t>{-1, -1, 3}));
 }
 
 TEST(ModelFileTest, NumbersKeepTheirValues) {
-  absl::StatusOr<Model> m = ParseModelFile(
-      "m", R"({"operation": "rope", "parameters": {"base": 10000.5, "factor": 0.1,
+  absl::StatusOr<Model> m =
+      ParseModelFile("m", R"({"operation": "rope", "parameters": {"base": 10000.5, "factor": 0.1,
                "short_factor": [1, 1.5, 0.1, 1e-300]}})");
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->fixed.at("base").double_param(), 10000.5);
@@ -99,8 +99,7 @@ TEST(ModelFileTest, HostileFilesAreRefusedByName) {
   ExpectRefused(R"({"operation": "rope", "parameters": {"short_factor": [1, "a"]}})",
                 "parameters.short_factor[1]");
   ExpectRefused(R"({"operation": "rope", "parameters": {"short_factor": []}})", "empty");
-  ExpectRefused(R"({"operation": "rope", "parameters": {"priority": 1}})",
-                "scheduling parameter");
+  ExpectRefused(R"({"operation": "rope", "parameters": {"priority": 1}})", "scheduling parameter");
   ExpectRefused(R"({"operation": "rope", "parameters": 5})", "\"parameters\" must be an object");
   ExpectRefused(R"({"operation": "rope", "head_dim": 127})", "head_dim");
   ExpectRefused(R"({"operation": "rope", "head_dim": 1e9})", "head_dim");
@@ -125,8 +124,8 @@ TEST(ModelFileTest, HfConfigIsMarkedNotSupportedYet) {
 
 TEST(ModelFileTest, NamesAreRestricted) {
   EXPECT_EQ(ErrorOf(R"({"operation": "rope"})", "llama-3.1_8b"), "loaded");
-  for (const std::string& bad : std::vector<std::string>{"", ".hidden", "-x", "a b", "a/b", "ä",
-                                                          std::string(65, 'a')}) {
+  for (const std::string& bad :
+       std::vector<std::string>{"", ".hidden", "-x", "a b", "a/b", "ä", std::string(65, 'a')}) {
     EXPECT_NE(ErrorOf(R"({"operation": "rope"})", bad).find("model name"), std::string::npos)
         << bad;
   }
@@ -134,8 +133,7 @@ TEST(ModelFileTest, NamesAreRestricted) {
 
 TEST(ModelFileTest, LearnedMayLeaveTheTableToRequests) {
   EXPECT_EQ(ErrorOf(R"({"operation": "learned"})"), "loaded");
-  EXPECT_EQ(ErrorOf(R"({"operation": "learned", "parameters": {"table": "gpt2/wpe"}})"),
-            "loaded");
+  EXPECT_EQ(ErrorOf(R"({"operation": "learned", "parameters": {"table": "gpt2/wpe"}})"), "loaded");
 }
 
 TEST(ModelFileTest, RequestsMayGiveOnlyWhatTheFileLeavesOpen) {

@@ -71,8 +71,8 @@ TEST_F(ModelRegistryTest, BadFilesAreSkippedWithTheirReasonWhileGoodOnesLoad) {
   ModelRegistry r(Options());
   ASSERT_TRUE(r.Reload());
   std::shared_ptr<const ModelSet> set = r.Snapshot();
-  EXPECT_EQ(Names(*set), (std::vector<std::string>{"rope", "sinusoidal", "learned",
-                                                   "attention_bias", "good"}));
+  EXPECT_EQ(Names(*set),
+            (std::vector<std::string>{"rope", "sinusoidal", "learned", "attention_bias", "good"}));
   EXPECT_NE(Reason(*set, "typo").find("no parameter \"bsae\""), std::string::npos);
   EXPECT_NE(Reason(*set, "typo").find("typo.json"), std::string::npos);
   EXPECT_NE(Reason(*set, "broken").find("not a JSON object"), std::string::npos);
@@ -145,8 +145,7 @@ TEST_F(ModelRegistryTest, MissingDirectoryIsReported) {
   ModelRegistry r(o);
   ASSERT_TRUE(r.Reload());
   ASSERT_EQ(r.Snapshot()->skipped().size(), 1u);
-  EXPECT_NE(r.Snapshot()->skipped()[0].reason.find("cannot resolve directory"),
-            std::string::npos);
+  EXPECT_NE(r.Snapshot()->skipped()[0].reason.find("cannot resolve directory"), std::string::npos);
   EXPECT_EQ(r.Snapshot()->models().size(), BuiltInModels().size());
 }
 

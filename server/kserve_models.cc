@@ -1,7 +1,7 @@
 #include "kserve_models.h"
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace posenc::server::kserve {
@@ -119,6 +119,22 @@ const TensorSpec* FindOutput(const Model& model, absl::string_view name) {
     if (name == t.name) return &t;
   }
   return nullptr;
+}
+
+absl::StatusOr<const Parameters*> ParametersFor(const Model& model, const Parameters& request,
+                                                Parameters* merged) {
+  if (model.fixed.empty()) return &request;
+  *merged = model.fixed;
+  for (const auto& [name, value] : request) {
+    if (auto it = model.fixed.find(name); it != model.fixed.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter \"", name, "\" is fixed by model ", model.name, " (",
+                       ParameterText(it->second),
+                       "); a request may give only the parameters its model file leaves open"));
+    }
+    (*merged)[name] = value;
+  }
+  return merged;
 }
 
 inference::ModelMetadataResponse MetadataOf(const Model& model) {

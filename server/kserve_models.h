@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kserve/grpc_service.pb.h"
 
@@ -28,6 +29,9 @@ struct TensorSpec {
   bool optional;
 };
 
+// A request's parameters (kserve_parameters.h reads them).
+using Parameters = google::protobuf::Map<std::string, inference::InferParameter>;
+
 struct Model {
   std::string name;
   ModelKind kind;
@@ -35,7 +39,7 @@ struct Model {
   std::vector<TensorSpec> outputs;
   // Parameters the model fixes: a request may not give them again
   // (kserve_infer.cc). Empty for built-in models.
-  google::protobuf::Map<std::string, inference::InferParameter> fixed;
+  Parameters fixed;
   // RoPE: the head size query and key must have (0: any). Announced in the
   // metadata and checked per request, so a tensor of another model cannot
   // be rotated with this one's frequencies.
@@ -58,6 +62,14 @@ const TensorSpec* FindOutput(const Model& model, absl::string_view name);
 std::string NumberText(double d);
 // A parameter's value as text ("500000", "llama3", "true").
 std::string ParameterText(const inference::InferParameter& p);
+
+// The parameters a request to `model` is read with: its own plus those the
+// model fixes. INVALID_ARGUMENT naming a fixed parameter the request gives
+// again (it would be ambiguous which one wins). *merged is only filled for
+// models fixing something; the answer points at it or at the request's.
+[[nodiscard]] absl::StatusOr<const Parameters*> ParametersFor(const Model& model,
+                                                              const Parameters& request,
+                                                              Parameters* merged);
 
 inference::ModelMetadataResponse MetadataOf(const Model& model);
 inference::ModelConfig ConfigOf(const Model& model);

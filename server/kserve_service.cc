@@ -370,7 +370,7 @@ grpc::ServerUnaryReactor* KServeService::ModelStatistics(
   return Answer("ModelStatistics", shared_.metrics, ctx, resp, [&]() -> absl::Status {
     if (!req->name().empty()) {
       absl::StatusOr<std::shared_ptr<const kserve::Model>> model =
-        shared_.models.Snapshot()->Find(req->name(), req->version());
+          shared_.models.Snapshot()->Find(req->name(), req->version());
       if (!model.ok()) return model.status();
     }
     std::vector<std::string> names;
@@ -385,9 +385,9 @@ grpc::ServerUnaryReactor* KServeService::RepositoryIndex(
     inference::RepositoryIndexResponse* resp) {
   return Answer("RepositoryIndex", shared_.metrics, ctx, resp, [&]() -> absl::Status {
     if (!req->repository_name().empty()) {
-      return absl::NotFoundError(
-          absl::StrCat("no repository \"", absl::string_view(req->repository_name()).substr(0, 64),
-                       "\"; posenc has one (repository_name \"\"): built-in models and --model_dir"));
+      return absl::NotFoundError(absl::StrCat(
+          "no repository \"", absl::string_view(req->repository_name()).substr(0, 64),
+          "\"; posenc has one (repository_name \"\"): built-in models and --model_dir"));
     }
     std::shared_ptr<const kserve::ModelSet> set = shared_.models.Snapshot();
     for (const auto& model : set->models()) {

@@ -64,9 +64,9 @@ class KServeService final : public KServeServiceBase {
                                             inference::RepositoryIndexResponse* resp) override;
   // Rescans --model_dir on the executor (file I/O stays off gRPC's
   // threads); OK when the named model is ready afterwards.
-  grpc::ServerUnaryReactor* RepositoryModelLoad(grpc::CallbackServerContext* ctx,
-                                                const inference::RepositoryModelLoadRequest* req,
-                                                inference::RepositoryModelLoadResponse* resp) override;
+  grpc::ServerUnaryReactor* RepositoryModelLoad(
+      grpc::CallbackServerContext* ctx, const inference::RepositoryModelLoadRequest* req,
+      inference::RepositoryModelLoadResponse* resp) override;
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* ctx,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;

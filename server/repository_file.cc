@@ -146,7 +146,8 @@ absl::StatusOr<std::string> ReadExactly(int fd, int64_t size,
 // Reads a regular file without ever blocking on open: the type is checked
 // before opening (opening a device can have side effects) and again on the
 // descriptor, which closes the race with the entry being replaced meanwhile.
-absl::StatusOr<std::string> ReadRegularFile(const fs::path& path, const RepositoryFileLimits& limits,
+absl::StatusOr<std::string> ReadRegularFile(const fs::path& path,
+                                            const RepositoryFileLimits& limits,
                                             const std::function<bool()>& cancelled) {
   struct stat expected {};
   absl::StatusOr<fs::path> target = Resolve(path, limits, &expected);

@@ -117,7 +117,8 @@ bool Scan::LoadFileOrThrow(const fs::path& path) {
     return true;
   }
   absl::StatusOr<std::string> bytes = ReadRepositoryFile(
-      path, {canonical_dir_, options_.allow_external_symlinks, options_.max_file_bytes}, cancelled_);
+      path, {canonical_dir_, options_.allow_external_symlinks, options_.max_file_bytes},
+      cancelled_);
   if (absl::IsCancelled(bytes.status())) return false;
   if (!bytes.ok()) {
     skipped.push_back(absl::StrCat(where, ": ", bytes.status().message()));
