@@ -3,9 +3,12 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "kserve_model_file.h"
@@ -110,6 +113,42 @@ TEST_F(ModelRegistryTest, ReloadSwapsWhileHeldModelsStay) {
   EXPECT_EQ((*held)->fixed.at("base").int64_param(), 500000);
   EXPECT_TRUE(before->Find("a", "").ok());
   EXPECT_FALSE(before->Find("b", "").ok());
+}
+
+TEST_F(ModelRegistryTest, LookupsDuringReloadsSeeOneWholeSet) {
+  Write(dir_ / "a.json", kRope);
+  Write(dir_ / "b.json", kRope);
+  ModelRegistry r(Options());
+  ASSERT_TRUE(r.Reload());
+  std::atomic<bool> stop{false};
+  std::atomic<int> lookups{0}, torn{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 2; ++t) {
+    readers.emplace_back([&] {
+      while (!stop.load()) {
+        std::shared_ptr<const ModelSet> set = r.Snapshot();
+        // Both files are rewritten together between reloads: a set has both
+        // or neither changed, never one of each.
+        auto a = set->Find("a", ""), b = set->Find("b", "");
+        if (!a.ok() || !b.ok() ||
+            (*a)->fixed.at("base").int64_param() != (*b)->fixed.at("base").int64_param()) {
+          torn.fetch_add(1);
+        }
+        lookups.fetch_add(1);
+      }
+    });
+  }
+  for (int i = 0; i < 50; ++i) {
+    const std::string json =
+        R"({"operation": "rope", "parameters": {"base": )" + std::to_string(1000 + i) + "}}";
+    Write(dir_ / "a.json", json);
+    Write(dir_ / "b.json", json);
+    ASSERT_TRUE(r.Reload());
+  }
+  stop = true;
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(torn.load(), 0) << "of " << lookups.load() << " lookups";
+  EXPECT_EQ(r.Snapshot()->Find("a", "").value()->fixed.at("base").int64_param(), 1049);
 }
 
 TEST_F(ModelRegistryTest, CancelledReloadKeepsTheOldSet) {

@@ -319,8 +319,15 @@ grpc::ServerUnaryReactor* KServeService::ModelReady(grpc::CallbackServerContext*
                                                     const inference::ModelReadyRequest* req,
                                                     inference::ModelReadyResponse* resp) {
   return Answer("ModelReady", shared_.metrics, ctx, resp, [&]() -> absl::Status {
+    std::shared_ptr<const kserve::ModelSet> set = shared_.models.Snapshot();
     absl::StatusOr<std::shared_ptr<const kserve::Model>> model =
-        shared_.models.Snapshot()->Find(req->name(), req->version());
+        set->Find(req->name(), req->version());
+    // A model whose file did not load is known but not ready (as Triton
+    // answers for an UNAVAILABLE model); RepositoryIndex gives the reason.
+    if (absl::IsNotFound(model.status()) && set->FindSkipped(req->name()) != nullptr) {
+      resp->set_ready(false);
+      return absl::OkStatus();
+    }
     if (!model.ok()) return model.status();
     resp->set_ready(ServerReadyNow(*shared_.engine));
     return absl::OkStatus();

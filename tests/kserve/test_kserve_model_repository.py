@@ -85,7 +85,11 @@ def test_index_lists_repository_models_and_the_bad_file(repo):
         assert c.is_model_ready(name)
     assert index["typo"]["state"] == "UNAVAILABLE"
     assert 'no parameter "bsae"' in index["typo"]["reason"], index["typo"]
-    assert _ready_or_none(c, "typo") is None  # NOT_FOUND, saying why
+    assert not c.is_model_ready("typo")  # known, not ready (as Triton's UNAVAILABLE)
+    with pytest.raises(InferenceServerException) as e:
+        c.get_model_metadata("typo")
+    assert e.value.status() == "StatusCode.NOT_FOUND"
+    assert "bsae" in e.value.message()  # says why the file did not load
     # The model's own description: head size in the metadata, fixed values in the config.
     meta = c.get_model_metadata("llama-3.1-8b-rope", as_json=True)
     assert {t["name"]: t["shape"] for t in meta["inputs"]}["query"] == ["-1", "-1", "-1", "128"]
@@ -93,15 +97,6 @@ def test_index_lists_repository_models_and_the_bad_file(repo):
     fixed = {k: v["string_value"] for k, v in config["parameters"].items()}
     assert fixed["base"] == "500000" and fixed["scaling"] == "llama3"
     assert fixed["factor"] == "8" and fixed["original_max_position"] == "8192"
-
-
-def _ready_or_none(c, name):
-    try:
-        return c.is_model_ready(name)
-    except InferenceServerException as e:
-        assert e.status() == "StatusCode.NOT_FOUND"
-        assert "bsae" in e.message()  # says why the file did not load
-        return None
 
 
 # --- inference against the reference --------------------------------------------
