@@ -33,6 +33,6 @@ cmake -S . -B "$tsan" "${common[@]}" -DPOSENC_SANITIZE=thread
 cmake --build "$tsan" -j "$jobs" --target kernels_test server_test engine_test
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 "$tsan"/kernels/kernels_test --gtest_filter='ThreadPool*'
-"$tsan"/server/server_test --gtest_filter='Admission*'
+"$tsan"/server/server_test --gtest_filter='Admission*:ModelRegistry*'
 "$tsan"/tests/engine_test
 echo "sanitize: ASan+UBSan, fuzzers and TSan all passed"

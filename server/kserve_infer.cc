@@ -105,13 +105,28 @@ void AddOutput(absl::string_view name, const char* datatype, const std::vector<i
   resp->add_raw_output_contents()->swap(*data);
 }
 
-absl::Status RunRope(Engine& engine, ParameterReader& params, InputSet& in, const OutputSet& want,
-                     const CallEnv& env_in, inference::ModelInferResponse* resp,
-                     std::string* backend_out) {
+// A model fixing head_dim rotates only tensors of that head size.
+absl::Status CheckHeadDim(const Model& model, InputSet& in) {
+  if (model.head_dim == 0) return absl::OkStatus();
+  for (const char* name : {"query", "key"}) {
+    const Input* t = in.Find(name);
+    if (t != nullptr && (t->shape.empty() || t->shape.back() != model.head_dim)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input \"", name, "\": model ", model.name, " has head_dim ", model.head_dim,
+                       " (the last dimension), got shape [", absl::StrJoin(t->shape, ", "), "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params, InputSet& in,
+                     const OutputSet& want, const CallEnv& env_in,
+                     inference::ModelInferResponse* resp, std::string* backend_out) {
   RopeOptions options;
   CallEnv env = env_in;
   POSENC_RETURN_IF_ERROR(ReadRopeOptions(params, &options, &env.backend));
-  POSENC_RETURN_IF_ERROR(params.Finish("rope"));
+  POSENC_RETURN_IF_ERROR(params.Finish(model.name));
+  POSENC_RETURN_IF_ERROR(CheckHeadDim(model, in));
   RopeTensors t;
   t.query = in.Mutable("query");
   t.key = in.Mutable("key");
@@ -148,13 +163,13 @@ absl::Status RunAbsolute(Engine& engine, const Model& model, ParameterReader& pa
   return absl::OkStatus();
 }
 
-absl::Status RunBias(Engine& engine, ParameterReader& params, InputSet& in, const OutputSet& want,
-                     const CallEnv& env_in, inference::ModelInferResponse* resp,
-                     std::string* backend_out) {
+absl::Status RunBias(Engine& engine, const Model& model, ParameterReader& params, InputSet& in,
+                     const OutputSet& want, const CallEnv& env_in,
+                     inference::ModelInferResponse* resp, std::string* backend_out) {
   BiasOptions options;
   CallEnv env = env_in;
   POSENC_RETURN_IF_ERROR(ReadBiasOptions(params, &options, &env.backend));
-  POSENC_RETURN_IF_ERROR(params.Finish("attention_bias"));
+  POSENC_RETURN_IF_ERROR(params.Finish(model.name));
   options.k_lens = in.View("k_lens");
   options.k_starts = in.View("k_starts");
   MutableTensor logits = in.Mutable("logits");
@@ -175,22 +190,6 @@ absl::Status RunBias(Engine& engine, ParameterReader& params, InputSet& in, cons
 
 }  // namespace
 
-absl::StatusOr<const Model*> ModelOf(absl::string_view name, absl::string_view version) {
-  const Model* model = FindModel(name);
-  if (model == nullptr) {
-    std::vector<std::string> names;
-    for (const Model& m : BuiltInModels()) names.push_back(m.name);
-    return absl::NotFoundError(absl::StrCat("no model \"", name.substr(0, 64),
-                                            "\"; the models are ", absl::StrJoin(names, ", ")));
-  }
-  if (!version.empty() && version != kModelVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("model ", name, " has only version ",
-                                                   kModelVersion, ", got version \"",
-                                                   version.substr(0, 32), "\""));
-  }
-  return model;
-}
-
 absl::Status RunInfer(Engine& engine, const Model& model, inference::ModelInferRequest* req,
                       inference::ModelInferResponse* resp, const RunContext& ctx,
                       Engine::Admission& admission, std::string* backend) {
@@ -198,19 +197,22 @@ absl::Status RunInfer(Engine& engine, const Model& model, inference::ModelInferR
   POSENC_ASSIGN_OR_RETURN(OutputSet want, OutputSet::Of(model, *req));
   POSENC_ASSIGN_OR_RETURN(std::vector<Input> inputs, TakeInputs(req));
   POSENC_ASSIGN_OR_RETURN(InputSet in, InputSet::Of(model, std::move(inputs)));
-  ParameterReader params(req->parameters());
+  Parameters merged;
+  POSENC_ASSIGN_OR_RETURN(const Parameters* given,
+                          ParametersFor(model, req->parameters(), &merged));
+  ParameterReader params(*given);
   const CallEnv env{ctx, admission, BackendChoice::kDefault, Overhead(*req)};
   resp->set_model_name(model.name);
   resp->set_model_version(kModelVersion);
   resp->set_id(req->id());
   switch (model.kind) {
     case ModelKind::kRope:
-      return RunRope(engine, params, in, want, env, resp, backend);
+      return RunRope(engine, model, params, in, want, env, resp, backend);
     case ModelKind::kSinusoidal:
     case ModelKind::kLearned:
       return RunAbsolute(engine, model, params, in, env, resp, backend);
     case ModelKind::kAttentionBias:
-      return RunBias(engine, params, in, want, env, resp, backend);
+      return RunBias(engine, model, params, in, want, env, resp, backend);
   }
   return absl::InternalError("unknown model kind");
 }

@@ -23,11 +23,6 @@ namespace posenc::server::kserve {
                                     inference::ModelInferResponse* resp, const RunContext& ctx,
                                     Engine::Admission& admission, std::string* backend);
 
-// The model a request names, or NOT_FOUND (with the models served), or
-// INVALID_ARGUMENT for a version other than "" or "1".
-[[nodiscard]] absl::StatusOr<const Model*> ModelOf(absl::string_view name,
-                                                   absl::string_view version);
-
 }  // namespace posenc::server::kserve
 
 #endif  // POSENC_SERVER_KSERVE_INFER_H_

@@ -1,5 +1,9 @@
 #include "kserve_models.h"
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
 namespace posenc::server::kserve {
 namespace {
 
@@ -13,8 +17,8 @@ std::vector<TensorSpec> WithPositions(std::vector<TensorSpec> inputs) {
   return inputs;
 }
 
-const std::vector<Model>& Models() {
-  static const auto* models = new std::vector<Model>{
+std::vector<Model> Models() {
+  return std::vector<Model>{
       {"rope",
        ModelKind::kRope,
        WithPositions(
@@ -36,7 +40,6 @@ const std::vector<Model>& Models() {
         {"k_starts", "INT64", {-1}, true}},
        {{"bias", "FP32", {-1, -1, -1, -1}, false}, {"slopes", "FP64", {-1}, false}}},
   };
-  return *models;
 }
 
 inference::DataType ConfigType(const char* datatype) {
@@ -49,13 +52,59 @@ inference::DataType ConfigType(const char* datatype) {
 
 }  // namespace
 
-absl::Span<const Model> BuiltInModels() { return Models(); }
+std::string NumberText(double d) {
+  std::string text = absl::StrFormat("%.15g", d);
+  double back = 0;
+  if (absl::SimpleAtod(text, &back) && back == d) return text;
+  return absl::StrFormat("%.17g", d);  // always reads back exactly
+}
 
-const Model* FindModel(absl::string_view name) {
-  for (const Model& m : Models()) {
-    if (name == m.name) return &m;
+std::string ParameterText(const inference::InferParameter& p) {
+  switch (p.parameter_choice_case()) {
+    case inference::InferParameter::kBoolParam:
+      return p.bool_param() ? "true" : "false";
+    case inference::InferParameter::kInt64Param:
+      return absl::StrCat(p.int64_param());
+    case inference::InferParameter::kUint64Param:
+      return absl::StrCat(p.uint64_param());
+    case inference::InferParameter::kDoubleParam:
+      return NumberText(p.double_param());
+    case inference::InferParameter::kStringParam:
+      return p.string_param();
+    case inference::InferParameter::PARAMETER_CHOICE_NOT_SET:
+      break;
   }
-  return nullptr;
+  return "";
+}
+
+const std::vector<std::shared_ptr<const Model>>& BuiltInModels() {
+  static const auto* models = [] {
+    auto* v = new std::vector<std::shared_ptr<const Model>>;
+    for (Model& m : Models()) v->push_back(std::make_shared<const Model>(std::move(m)));
+    return v;
+  }();
+  return *models;
+}
+
+const Model& BuiltInModel(ModelKind kind) {
+  for (const auto& m : BuiltInModels()) {
+    if (m->kind == kind) return *m;
+  }
+  return *BuiltInModels().front();  // unreachable: every kind has one
+}
+
+const char* KindName(ModelKind kind) {
+  switch (kind) {
+    case ModelKind::kRope:
+      return "rope";
+    case ModelKind::kSinusoidal:
+      return "sinusoidal";
+    case ModelKind::kLearned:
+      return "learned";
+    case ModelKind::kAttentionBias:
+      return "attention_bias";
+  }
+  return "unknown";
 }
 
 const TensorSpec* FindInput(const Model& model, absl::string_view name) {
@@ -70,6 +119,22 @@ const TensorSpec* FindOutput(const Model& model, absl::string_view name) {
     if (name == t.name) return &t;
   }
   return nullptr;
+}
+
+absl::StatusOr<const Parameters*> ParametersFor(const Model& model, const Parameters& request,
+                                                Parameters* merged) {
+  if (model.fixed.empty()) return &request;
+  *merged = model.fixed;
+  for (const auto& [name, value] : request) {
+    if (auto it = model.fixed.find(name); it != model.fixed.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter \"", name, "\" is fixed by model ", model.name, " (",
+                       ParameterText(it->second),
+                       "); a request may give only the parameters its model file leaves open"));
+    }
+    (*merged)[name] = value;
+  }
+  return merged;
 }
 
 inference::ModelMetadataResponse MetadataOf(const Model& model) {
@@ -105,6 +170,10 @@ inference::ModelConfig ConfigOf(const Model& model) {
     out->set_name(t.name);
     out->set_data_type(ConfigType(t.datatype));
     for (int64_t d : t.dims) out->add_dims(d);
+  }
+  // What a repository model fixes, as Triton shows a model's parameters.
+  for (const auto& [name, value] : model.fixed) {
+    (*c.mutable_parameters())[name].set_string_value(ParameterText(value));
   }
   return c;
 }

@@ -157,6 +157,27 @@ absl::Status ParameterReader::Doubles(absl::string_view name, std::vector<double
   return absl::OkStatus();
 }
 
+absl::Status ParameterReader::Ints(absl::string_view name, std::vector<int64_t>* out) {
+  std::string text;
+  POSENC_RETURN_IF_ERROR(String(name, &text));
+  if (text.empty()) return absl::OkStatus();
+  out->clear();
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(item), &v)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter \"", name, "\" must be integers separated by commas, got the item \"",
+          item.substr(0, 64), "\""));
+    }
+    out->push_back(v);
+  }
+  return absl::OkStatus();
+}
+
+bool ParameterReader::WasRead(absl::string_view name) const {
+  return std::find(read_.begin(), read_.end(), name) != read_.end();
+}
+
 template <typename E>
 absl::Status ParameterReader::Enum(absl::string_view name, E* out) {
   std::string text;
@@ -202,6 +223,10 @@ absl::Status ReadRopeOptions(ParameterReader& p, RopeOptions* o, BackendChoice* 
   POSENC_RETURN_IF_ERROR(p.Doubles("short_factor", &s.short_factor));
   POSENC_RETURN_IF_ERROR(p.Doubles("long_factor", &s.long_factor));
   POSENC_RETURN_IF_ERROR(p.Enum("longrope_mode", &s.longrope_mode));
+  // Several position axes (Qwen2-VL M-RoPE: position_ids [axes, batch, seq]).
+  POSENC_RETURN_IF_ERROR(p.Enum("axis_mode", &o->axis_mode));
+  POSENC_RETURN_IF_ERROR(p.Ints("axis_dims", &o->axis_dims));
+  POSENC_RETURN_IF_ERROR(p.Ints("sections", &o->sections));
   return absl::OkStatus();
 }
 

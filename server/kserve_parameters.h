@@ -40,6 +40,8 @@ class ParameterReader {
   [[nodiscard]] absl::Status String(absl::string_view name, std::string* out);
   // A list of numbers as a string "0.5,1,2" (InferParameter has no lists).
   [[nodiscard]] absl::Status Doubles(absl::string_view name, std::vector<double>* out);
+  // A list of integers as a string "16,24,24".
+  [[nodiscard]] absl::Status Ints(absl::string_view name, std::vector<int64_t>* out);
   // An enum by name, through wire::Parse.
   template <typename Enum>
   [[nodiscard]] absl::Status Enum(absl::string_view name, Enum* out);
@@ -47,6 +49,8 @@ class ParameterReader {
   // INVALID_ARGUMENT naming the first parameter never read (Triton's
   // reserved scheduling parameters, which mean nothing here, are ignored).
   [[nodiscard]] absl::Status Finish(absl::string_view model) const;
+  // Whether `name` was asked for.
+  bool WasRead(absl::string_view name) const;
 
  private:
   const inference::InferParameter* Find(absl::string_view name);

@@ -10,6 +10,7 @@
 #include "kserve_infer.h"
 #include "kserve_models.h"
 #include "posenc/status_macros.h"
+#include "spdlog/spdlog.h"
 #include "tensor_wire.h"
 
 #ifndef POSENC_VERSION
@@ -77,8 +78,9 @@ absl::Status Infer(KServeService::Shared& shared, ModelInferRequest* req, ModelI
                    const RunContext& ctx, Engine::Admission& admission, Clock::time_point start,
                    std::string* backend) {
   const auto compute_start = Clock::now();
-  absl::StatusOr<const kserve::Model*> model =
-      kserve::ModelOf(req->model_name(), req->model_version());
+  // The model as of now; a reload meanwhile does not change this call's.
+  absl::StatusOr<std::shared_ptr<const kserve::Model>> model =
+      shared.models.Snapshot()->Find(req->model_name(), req->model_version());
   absl::Status s = model.status();
   if (s.ok()) {
     s = NoThrow([&] {
@@ -280,9 +282,19 @@ class InferCall final : public grpc::ServerUnaryReactor {
 
 }  // namespace
 
-KServeService::KServeService(Engine* engine, Metrics* metrics, RequestExecutor* executor)
-    : shared_{engine, metrics, executor, {}, {}} {
-  for (const kserve::Model& m : kserve::BuiltInModels()) shared_.model_names.push_back(m.name);
+KServeService::KServeService(Engine* engine, Metrics* metrics, RequestExecutor* executor,
+                             kserve::ModelRepositoryOptions models)
+    : shared_{engine, metrics, executor, {}, kserve::ModelRegistry(std::move(models))} {
+  ReloadModels();
+}
+
+void KServeService::ReloadModels() {
+  if (!shared_.models.Reload([this] { return shared_.engine->draining(); })) return;
+  std::shared_ptr<const kserve::ModelSet> set = shared_.models.Snapshot();
+  if (set->dir().empty()) return;
+  spdlog::info("model_dir '{}': {} models loaded, {} skipped", set->dir(),
+               set->models().size() - kserve::BuiltInModels().size(), set->skipped().size());
+  for (const kserve::SkippedModel& m : set->skipped()) spdlog::warn("model skipped: {}", m.reason);
 }
 
 grpc::ServerUnaryReactor* KServeService::ServerLive(grpc::CallbackServerContext* ctx,
@@ -307,7 +319,15 @@ grpc::ServerUnaryReactor* KServeService::ModelReady(grpc::CallbackServerContext*
                                                     const inference::ModelReadyRequest* req,
                                                     inference::ModelReadyResponse* resp) {
   return Answer("ModelReady", shared_.metrics, ctx, resp, [&]() -> absl::Status {
-    absl::StatusOr<const kserve::Model*> model = kserve::ModelOf(req->name(), req->version());
+    std::shared_ptr<const kserve::ModelSet> set = shared_.models.Snapshot();
+    absl::StatusOr<std::shared_ptr<const kserve::Model>> model =
+        set->Find(req->name(), req->version());
+    // A model whose file did not load is known but not ready (as Triton
+    // answers for an UNAVAILABLE model); RepositoryIndex gives the reason.
+    if (absl::IsNotFound(model.status()) && set->FindSkipped(req->name()) != nullptr) {
+      resp->set_ready(false);
+      return absl::OkStatus();
+    }
     if (!model.ok()) return model.status();
     resp->set_ready(ServerReadyNow(*shared_.engine));
     return absl::OkStatus();
@@ -320,7 +340,7 @@ grpc::ServerUnaryReactor* KServeService::ServerMetadata(grpc::CallbackServerCont
   return Answer("ServerMetadata", shared_.metrics, ctx, resp, [&] {
     resp->set_name("posenc");
     resp->set_version(POSENC_VERSION);
-    for (const char* e : {"model_configuration", "statistics", "parameters"}) {
+    for (const char* e : {"model_configuration", "model_repository", "statistics", "parameters"}) {
       resp->add_extensions(e);
     }
     return absl::OkStatus();
@@ -331,7 +351,8 @@ grpc::ServerUnaryReactor* KServeService::ModelMetadata(grpc::CallbackServerConte
                                                        const inference::ModelMetadataRequest* req,
                                                        inference::ModelMetadataResponse* resp) {
   return Answer("ModelMetadata", shared_.metrics, ctx, resp, [&]() -> absl::Status {
-    absl::StatusOr<const kserve::Model*> model = kserve::ModelOf(req->name(), req->version());
+    absl::StatusOr<std::shared_ptr<const kserve::Model>> model =
+        shared_.models.Snapshot()->Find(req->name(), req->version());
     if (!model.ok()) return model.status();
     *resp = kserve::MetadataOf(**model);
     return absl::OkStatus();
@@ -342,7 +363,8 @@ grpc::ServerUnaryReactor* KServeService::ModelConfig(grpc::CallbackServerContext
                                                      const inference::ModelConfigRequest* req,
                                                      inference::ModelConfigResponse* resp) {
   return Answer("ModelConfig", shared_.metrics, ctx, resp, [&]() -> absl::Status {
-    absl::StatusOr<const kserve::Model*> model = kserve::ModelOf(req->name(), req->version());
+    absl::StatusOr<std::shared_ptr<const kserve::Model>> model =
+        shared_.models.Snapshot()->Find(req->name(), req->version());
     if (!model.ok()) return model.status();
     *resp->mutable_config() = kserve::ConfigOf(**model);
     return absl::OkStatus();
@@ -354,10 +376,13 @@ grpc::ServerUnaryReactor* KServeService::ModelStatistics(
     inference::ModelStatisticsResponse* resp) {
   return Answer("ModelStatistics", shared_.metrics, ctx, resp, [&]() -> absl::Status {
     if (!req->name().empty()) {
-      absl::StatusOr<const kserve::Model*> model = kserve::ModelOf(req->name(), req->version());
+      absl::StatusOr<std::shared_ptr<const kserve::Model>> model =
+          shared_.models.Snapshot()->Find(req->name(), req->version());
       if (!model.ok()) return model.status();
     }
-    shared_.statistics.Fill(req->name(), shared_.model_names, resp);
+    std::vector<std::string> names;
+    for (const auto& m : shared_.models.Snapshot()->models()) names.push_back(m->name);
+    shared_.statistics.Fill(req->name(), names, resp);
     return absl::OkStatus();
   });
 }
@@ -367,18 +392,72 @@ grpc::ServerUnaryReactor* KServeService::RepositoryIndex(
     inference::RepositoryIndexResponse* resp) {
   return Answer("RepositoryIndex", shared_.metrics, ctx, resp, [&]() -> absl::Status {
     if (!req->repository_name().empty()) {
-      return absl::NotFoundError(
-          absl::StrCat("no repository \"", absl::string_view(req->repository_name()).substr(0, 64),
-                       "\"; posenc's models are built in (repository_name \"\")"));
+      return absl::NotFoundError(absl::StrCat(
+          "no repository \"", absl::string_view(req->repository_name()).substr(0, 64),
+          "\"; posenc has one (repository_name \"\"): built-in models and --model_dir"));
     }
-    for (const std::string& name : shared_.model_names) {
+    std::shared_ptr<const kserve::ModelSet> set = shared_.models.Snapshot();
+    for (const auto& model : set->models()) {
       inference::RepositoryIndexResponse::ModelIndex* m = resp->add_models();
-      m->set_name(name);
+      m->set_name(model->name);
       m->set_version(kserve::kModelVersion);
       m->set_state("READY");
     }
+    if (req->ready()) return absl::OkStatus();  // only the ready ones
+    for (const kserve::SkippedModel& skipped : set->skipped()) {
+      inference::RepositoryIndexResponse::ModelIndex* m = resp->add_models();
+      m->set_name(skipped.name);
+      m->set_state("UNAVAILABLE");
+      m->set_reason(skipped.reason);
+    }
     return absl::OkStatus();
   });
+}
+
+grpc::ServerUnaryReactor* KServeService::RepositoryModelLoad(
+    grpc::CallbackServerContext* ctx, const inference::RepositoryModelLoadRequest* req,
+    inference::RepositoryModelLoadResponse* resp) {
+  const auto start = Clock::now();
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto finish = [this, reactor, start, resp](const absl::Status& s) {
+    LogFailure("RepositoryModelLoad", s);
+    RecordCall(shared_.metrics, "RepositoryModelLoad", s, start, 0,
+               static_cast<int64_t>(resp->ByteSizeLong()), "");
+    reactor->Finish(ToGrpcStatus(s));
+  };
+  absl::Status s = CheckCallAlive(ctx);
+  if (s.ok() && !req->repository_name().empty()) {
+    s = absl::NotFoundError(absl::StrCat(
+        "no repository \"", absl::string_view(req->repository_name()).substr(0, 64), "\""));
+  }
+  if (s.ok() && !req->parameters().empty()) {
+    s = absl::InvalidArgumentError(absl::StrCat(
+        "parameter \"", absl::string_view(req->parameters().begin()->first).substr(0, 64),
+        "\": posenc loads models only from the files of --model_dir (no config or file "
+        "overrides)"));
+  }
+  if (!s.ok()) {
+    finish(s);
+    return reactor;
+  }
+  const std::string name = req->model_name();
+  s = NoThrow([&] {
+    shared_.executor->Submit([this, name, finish] {
+      absl::Status r = NoThrow([&]() -> absl::Status {
+        ReloadModels();
+        std::shared_ptr<const kserve::ModelSet> set = shared_.models.Snapshot();
+        if (const kserve::SkippedModel* skipped = set->FindSkipped(name); skipped != nullptr) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("model ", name, " did not load: ", skipped->reason));
+        }
+        return set->Find(name, "").status();
+      });
+      finish(r);
+    });
+    return absl::OkStatus();
+  });
+  if (!s.ok()) finish(s);
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* KServeService::ModelInfer(grpc::CallbackServerContext* ctx,

@@ -21,6 +21,7 @@
 
 #include "engine.h"
 #include "kserve/grpc_service.grpc.pb.h"
+#include "kserve_model_registry.h"
 #include "kserve_statistics.h"
 #include "metrics.h"
 #include "request_executor.h"
@@ -32,8 +33,10 @@ using KServeServiceBase = inference::GRPCInferenceService::WithRawCallbackMethod
 
 class KServeService final : public KServeServiceBase {
  public:
-  // `metrics` may be null (no metrics endpoint).
-  KServeService(Engine* engine, Metrics* metrics, RequestExecutor* executor);
+  // `metrics` may be null (no metrics endpoint). Loads the model
+  // repository (logging what it skipped) before returning.
+  KServeService(Engine* engine, Metrics* metrics, RequestExecutor* executor,
+                kserve::ModelRepositoryOptions models = {});
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* ctx,
                                        const inference::ServerLiveRequest* req,
@@ -59,6 +62,11 @@ class KServeService final : public KServeServiceBase {
   grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* ctx,
                                             const inference::RepositoryIndexRequest* req,
                                             inference::RepositoryIndexResponse* resp) override;
+  // Rescans --model_dir on the executor (file I/O stays off gRPC's
+  // threads); OK when the named model is ready afterwards.
+  grpc::ServerUnaryReactor* RepositoryModelLoad(
+      grpc::CallbackServerContext* ctx, const inference::RepositoryModelLoadRequest* req,
+      inference::RepositoryModelLoadResponse* resp) override;
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* ctx,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
@@ -76,6 +84,10 @@ class KServeService final : public KServeServiceBase {
                                            std::chrono::steady_clock::time_point arrived,
                                            std::string* backend);
 
+  // Rescans --model_dir and logs the result (a drain abandons it).
+  void ReloadModels();
+  const kserve::ModelRegistry& models() const { return shared_.models; }
+
   // Requests admitted and not yet answered (a drain waits for them).
   int busy() const { return shared_.busy.load(); }
 
@@ -85,7 +97,7 @@ class KServeService final : public KServeServiceBase {
     Metrics* metrics;
     RequestExecutor* executor;
     kserve::ModelStatisticsTable statistics;
-    std::vector<std::string> model_names;
+    kserve::ModelRegistry models;
     std::atomic<int> busy{0};
   };
 

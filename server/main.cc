@@ -51,6 +51,9 @@ ABSL_FLAG(int, admission_wait_ms, 1000,
 ABSL_FLAG(int64_t, max_memory_bytes, 0,
           "Memory gRPC may use for calls in transit (ResourceQuota); 0 = no cap.");
 ABSL_FLAG(std::string, table_dir, "", "Directory of .safetensors learned tables (empty: none).");
+ABSL_FLAG(std::string, model_dir, "",
+          "Directory of KServe v2 model files, one <name>.json per model (empty: built-in models "
+          "only); RepositoryModelLoad rescans it.");
 ABSL_FLAG(bool, table_dir_allow_external_symlinks, false,
           "Follow symlinks in --table_dir whose targets lie outside it.");
 ABSL_FLAG(int64_t, max_table_bytes, int64_t{2} << 30,
@@ -228,6 +231,7 @@ int main(int argc, char** argv) {
   o.engine.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   o.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
   o.engine.table_dir = absl::GetFlag(FLAGS_table_dir);
+  o.models.dir = absl::GetFlag(FLAGS_model_dir);
   o.engine.table_dir_allow_external_symlinks =
       absl::GetFlag(FLAGS_table_dir_allow_external_symlinks);
   o.engine.max_table_bytes = absl::GetFlag(FLAGS_max_table_bytes);

@@ -50,6 +50,9 @@ struct ServerOptions {
   int64_t max_memory_bytes = 0;
   // Prometheus /metrics address ("" = none; port 0 picks one).
   std::string metrics_listen;
+  // The KServe v2 model repository (kserve_model_registry.h): one JSON file
+  // per model; empty: built-in models only.
+  kserve::ModelRepositoryOptions models;
   EngineOptions engine;
 };
 
@@ -61,6 +64,7 @@ class Server {
   int port() const { return port_; }
   int metrics_port() const { return metrics_ == nullptr ? 0 : metrics_->port(); }
   Engine& engine() { return *engine_; }
+  KServeService& kserve() { return *kserve_; }
 
   // Graceful drain: readiness turns NOT_SERVING and new calls (and calls
   // still waiting for admission) get UNAVAILABLE; returns once no accepted

@@ -7,6 +7,7 @@ Reads the server's health-service names from server/server.h and the image's
 user and ports from the Dockerfile, so manifests and code cannot drift apart.
 Exits non-zero listing every broken invariant.
 """
+import json
 import pathlib
 import re
 import sys
@@ -55,10 +56,25 @@ def main():
             errors.append(msg)
 
     (deploy,) = by_kind["Deployment"]
-    (config,) = by_kind["ConfigMap"]
+    configs = {c["metadata"]["name"].rsplit("-", 1)[0]: c for c in by_kind["ConfigMap"]}
+    config = configs["posenc-config"]
     env = config["data"]
     pod = deploy["spec"]["template"]["spec"]
     (container,) = pod["containers"]
+
+    # The KServe model repository: the posenc-models ConfigMap mounted at
+    # POSENC_MODEL_DIR, each key a <name>.json object naming an operation.
+    models = configs.get("posenc-models")
+    check(models is not None, "the posenc-models ConfigMap must exist")
+    if models is not None:
+        for key, text in models.get("data", {}).items():
+            check(key.endswith(".json") and "operation" in json.loads(text),
+                  f"posenc-models key {key} must be <name>.json naming an operation")
+        vols = [v for v in pod.get("volumes", [])
+                if v.get("configMap", {}).get("name") == models["metadata"]["name"]]
+        mounted = {m["name"]: m for m in container.get("volumeMounts", [])}
+        check(len(vols) == 1 and mounted.get(vols[0]["name"], {}).get("mountPath")
+              == env.get("POSENC_MODEL_DIR"), "posenc-models must be mounted at POSENC_MODEL_DIR")
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     liveness_name, readiness_name = server_constants()
 

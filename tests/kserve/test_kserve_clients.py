@@ -187,7 +187,7 @@ def test_our_proto_is_wire_compatible_with_tritonclients():
     (their_service,) = [s for p in theirs for s in p.service]
     assert service.name == their_service.name == "GRPCInferenceService"
     methods = {m.name: m for m in their_service.method}
-    assert len(service.method) == 10
+    assert len(service.method) == 11
     for m in service.method:
         t = methods[m.name]
         assert (m.input_type, m.output_type, m.client_streaming, m.server_streaming) == (
@@ -201,8 +201,8 @@ def test_methods_not_served_are_unimplemented(server):
             stub.SystemSharedMemoryStatus(service_pb2.SystemSharedMemoryStatusRequest(), timeout=10)
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
         with pytest.raises(grpc.RpcError) as e:
-            stub.RepositoryModelLoad(service_pb2.RepositoryModelLoadRequest(model_name="rope"),
-                                     timeout=10)
+            stub.RepositoryModelUnload(service_pb2.RepositoryModelUnloadRequest(model_name="rope"),
+                                       timeout=10)
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
