@@ -21,9 +21,11 @@
 
 #include "engine.h"
 #include "kserve/grpc_service.grpc.pb.h"
+#include "kserve_infer.h"
 #include "kserve_statistics.h"
 #include "metrics.h"
 #include "request_executor.h"
+#include "shared_memory.h"
 
 namespace posenc::server {
 
@@ -32,8 +34,11 @@ using KServeServiceBase = inference::GRPCInferenceService::WithRawCallbackMethod
 
 class KServeService final : public KServeServiceBase {
  public:
-  // `metrics` may be null (no metrics endpoint).
-  KServeService(Engine* engine, Metrics* metrics, RequestExecutor* executor);
+  // `metrics` may be null (no metrics endpoint). `shared_memory` says
+  // whether (and within which caps) the system shared-memory extension is
+  // served.
+  KServeService(Engine* engine, Metrics* metrics, RequestExecutor* executor,
+                const SharedMemoryOptions& shared_memory = {});
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* ctx,
                                        const inference::ServerLiveRequest* req,
@@ -59,6 +64,15 @@ class KServeService final : public KServeServiceBase {
   grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* ctx,
                                             const inference::RepositoryIndexRequest* req,
                                             inference::RepositoryIndexResponse* resp) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryStatus(
+      grpc::CallbackServerContext* ctx, const inference::SystemSharedMemoryStatusRequest* req,
+      inference::SystemSharedMemoryStatusResponse* resp) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryRegister(
+      grpc::CallbackServerContext* ctx, const inference::SystemSharedMemoryRegisterRequest* req,
+      inference::SystemSharedMemoryRegisterResponse* resp) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryUnregister(
+      grpc::CallbackServerContext* ctx, const inference::SystemSharedMemoryUnregisterRequest* req,
+      inference::SystemSharedMemoryUnregisterResponse* resp) override;
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* ctx,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
@@ -70,11 +84,16 @@ class KServeService final : public KServeServiceBase {
   // without a copy). `admission` must hold the request's bytes twice. For
   // benchmarks and tests; ModelInfer uses it too. `arrived` (when the call
   // came) splits its time into queueing and computing in the statistics.
+  // *shm_bytes (may be null) gets the tensor bytes moved through shared
+  // memory, in and out.
   [[nodiscard]] absl::Status RunModelInfer(const grpc::ByteBuffer& request,
                                            grpc::ByteBuffer* answer, const RunContext& ctx,
                                            Engine::Admission& admission,
                                            std::chrono::steady_clock::time_point arrived,
-                                           std::string* backend);
+                                           std::string* backend,
+                                           kserve::ShmTraffic* shm_bytes = nullptr);
+
+  SharedMemoryRegistry& shared_memory() { return shared_.shared_memory; }
 
   // Requests admitted and not yet answered (a drain waits for them).
   int busy() const { return shared_.busy.load(); }
@@ -87,6 +106,7 @@ class KServeService final : public KServeServiceBase {
     kserve::ModelStatisticsTable statistics;
     std::vector<std::string> model_names;
     std::atomic<int> busy{0};
+    SharedMemoryRegistry shared_memory;
   };
 
  private:

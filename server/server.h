@@ -17,6 +17,7 @@
 #include "kserve_service.h"
 #include "reflection_v1.h"
 #include "service.h"
+#include "shared_memory.h"
 #include "tensor_calls.h"
 
 namespace posenc::server {
@@ -50,6 +51,8 @@ struct ServerOptions {
   int64_t max_memory_bytes = 0;
   // Prometheus /metrics address ("" = none; port 0 picks one).
   std::string metrics_listen;
+  // The KServe v2 system shared-memory extension (off by default).
+  SharedMemoryOptions shared_memory;
   EngineOptions engine;
 };
 

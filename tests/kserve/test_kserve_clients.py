@@ -187,7 +187,7 @@ def test_our_proto_is_wire_compatible_with_tritonclients():
     (their_service,) = [s for p in theirs for s in p.service]
     assert service.name == their_service.name == "GRPCInferenceService"
     methods = {m.name: m for m in their_service.method}
-    assert len(service.method) == 10
+    assert len(service.method) == 13
     for m in service.method:
         t = methods[m.name]
         assert (m.input_type, m.output_type, m.client_streaming, m.server_streaming) == (
@@ -198,12 +198,30 @@ def test_methods_not_served_are_unimplemented(server):
     with grpc.insecure_channel(server["url"]) as ch:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
         with pytest.raises(grpc.RpcError) as e:
-            stub.SystemSharedMemoryStatus(service_pb2.SystemSharedMemoryStatusRequest(), timeout=10)
+            stub.CudaSharedMemoryStatus(service_pb2.CudaSharedMemoryStatusRequest(), timeout=10)
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
         with pytest.raises(grpc.RpcError) as e:
             stub.RepositoryModelLoad(service_pb2.RepositoryModelLoadRequest(model_name="rope"),
                                      timeout=10)
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_system_shared_memory_is_off_unless_enabled(client):
+    # Served (test_kserve_shared_memory.py) only with --enable_system_shared_memory.
+    for call in (lambda: client.get_system_shared_memory_status(),
+                 lambda: client.register_system_shared_memory("r", "/posenc_r", 64),
+                 lambda: client.unregister_system_shared_memory()):
+        with pytest.raises(InferenceServerException) as e:
+            call()
+        assert e.value.status() == "StatusCode.FAILED_PRECONDITION"
+        assert "--enable_system_shared_memory" in e.value.message()
+    assert "system_shared_memory" not in client.get_server_metadata().extensions
+    q = tc.InferInput("query", [1, 2, 1, 4], "FP32")
+    q.set_shared_memory("r", 32)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("rope", [q])
+    assert e.value.status() == "StatusCode.FAILED_PRECONDITION"
+    assert "--enable_system_shared_memory" in e.value.message()
 
 
 # --- health, metadata, configuration -------------------------------------
