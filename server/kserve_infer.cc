@@ -108,22 +108,19 @@ class OutputSet {
     }
     POSENC_RETURN_IF_ERROR(ref.region->Write(field, ref.offset, *data));
     shm_bytes_ += size;
-    inference::ModelInferResponse::InferOutputTensor& out = in_shm_.emplace_back();
-    Describe(name, datatype, shape, &out);
-    auto& p = *out.mutable_parameters();
+    inference::ModelInferResponse::InferOutputTensor* out = resp->add_outputs();
+    Describe(name, datatype, shape, out);
+    auto& p = *out->mutable_parameters();
     p[kShmRegion].set_string_param(ref.region->name());
     p[kShmByteSize].set_int64_param(size);
     p[kShmOffset].set_int64_param(ref.offset);
+    // An empty entry keeps raw_output_contents one per output: clients pair
+    // them by position (tritonclient's C++ reads entry i for output i
+    // unchecked, as Triton always sends one).
+    resp->add_raw_output_contents();
     return absl::OkStatus();
   }
 
-  // Appends the outputs written to shared memory after those in the
-  // answer: they have no raw contents, and clients pair raw_output_contents
-  // with outputs by position.
-  void Finish(inference::ModelInferResponse* resp) {
-    for (auto& out : in_shm_) *resp->add_outputs() = std::move(out);
-    in_shm_.clear();
-  }
   int64_t shm_bytes() const { return shm_bytes_; }
 
  private:
@@ -146,7 +143,6 @@ class OutputSet {
   }
 
   std::vector<Wanted> wanted_;
-  std::vector<inference::ModelInferResponse::InferOutputTensor> in_shm_;
   int64_t shm_bytes_ = 0;
 };
 
@@ -272,7 +268,6 @@ absl::Status RunInfer(Engine& engine, const Model& model, inference::ModelInferR
       s = RunBias(engine, params, in, want, env, resp, backend);
       break;
   }
-  want.Finish(resp);
   if (traffic != nullptr) {
     traffic->in = shm_in;
     traffic->out = want.shm_bytes();

@@ -46,7 +46,9 @@ bool ServerReadyNow(const Engine& engine) { return !engine.draining() && engine.
 
 // Serialises an answer, handing its raw outputs to gRPC without a copy
 // (the answer is left without them). Empty outputs keep their place only
-// through protobuf's own encoding, so an answer with one goes whole.
+// through protobuf's own encoding, so an answer with one goes whole (as
+// does one mixing outputs in shared memory, whose entries are empty, with
+// outputs in the answer: a copy of the latter).
 absl::Status SerializeAnswer(ModelInferResponse& resp, grpc::ByteBuffer* out) {
   bool all_nonempty = true;
   for (const std::string& raw : resp.raw_output_contents()) all_nonempty &= !raw.empty();

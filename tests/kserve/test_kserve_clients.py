@@ -235,7 +235,7 @@ def test_server_live_ready_and_metadata(client):
     assert "model_configuration" in meta["extensions"]
     index = client.get_model_repository_index(as_json=True)
     names = sorted(m["name"] for m in index["models"])
-    assert names == ["attention_bias", "learned", "rope", "sinusoidal"]
+    assert names == ["attention_bias", "learned", "rope", "rope_qk", "sinusoidal"]
     for name in names:
         assert client.is_model_ready(name)
         assert client.is_model_ready(name, "1")
@@ -487,7 +487,7 @@ def test_statistics_count_requests(client):
     assert count(after, "success") == count(before, "success") + 1
     assert count(after, "fail") == count(before, "fail") + 1
     everything = client.get_inference_statistics(as_json=True)["model_stats"]
-    assert len(everything) == 4
+    assert len(everything) == 5
 
 
 # --- the stream ---------------------------------------------------------------

@@ -10,8 +10,6 @@ Seeded (the seed is printed; POSENC_SEED replays).
 Environment: as test_kserve_clients.py (run_kserve_tests.sh sets it).
 """
 
-import base64
-import json
 import os
 import re
 import subprocess
@@ -140,7 +138,9 @@ def test_rope_in_and_out_of_shared_memory(client, regions, datatype):
                               shm_output("key_out", "out", k.nbytes, q.nbytes)],
                      parameters={"base": "10000", "style": "gptj"})
     resp = r.get_response()
-    assert len(resp.raw_output_contents) == 0
+    # One raw entry per output, empty for those in shared memory (the C++
+    # client reads entry i for output i).
+    assert list(resp.raw_output_contents) == [b"", b""]
     for o, x, off in ((resp.outputs[0], q, 0), (resp.outputs[1], k, q.nbytes)):
         assert list(o.shape) == list(x.shape) and o.datatype == datatype
         assert o.parameters["shared_memory_region"].string_param == "out"
@@ -166,14 +166,16 @@ def test_shared_memory_mixed_with_the_socket(client, regions):
     client.register_system_shared_memory("min", inp.key, inp.size)
     client.register_system_shared_memory("mout", out.key, out.size)
     # key from shared memory between two inputs on the socket; query_out to
-    # shared memory, key_out on the socket (raw contents pair by position).
+    # shared memory, key_out on the socket.
     r = client.infer("rope",
                      [input_of("query", q, "FP32"), shm_input("key", k, "FP32", "min"),
                       input_of("position_ids", pos, "INT64")],
                      outputs=[shm_output("query_out", "mout", q.nbytes),
                               tc.InferRequestedOutput("key_out")],
                      parameters={"base": "500"})
-    assert [o.name for o in r.get_response().outputs] == ["key_out", "query_out"]
+    resp = r.get_response()
+    assert [o.name for o in resp.outputs] == ["query_out", "key_out"]
+    assert resp.raw_output_contents[0] == b"" and len(resp.raw_output_contents[1]) == k.nbytes
     p = pos.astype(np.float64)
     assert_close(r.as_numpy("key_out").astype(np.float64),
                  rope_reference(k.astype(np.float64), p, 500.0, 16, "neox"), "FP32", "key_out")
@@ -326,18 +328,14 @@ def test_metrics_count_shared_memory_bytes(client, regions, shm_server):
     assert bytes_in() - before >= q.nbytes
 
 
-def test_perf_analyzer_with_system_shared_memory(shm_server, tmp_path, client):
-    # Only query in --input-data: perf_analyzer leaves the optional inputs
-    # out (it would fill position_ids with random, invalid, values).
-    shape = [1, 128, 8, 64]
-    data = tmp_path / "query.json"
-    nbytes = int(np.prod(shape)) * 4
-    q = np.random.default_rng([SEED, 24]).standard_normal(shape).astype("<f4")
-    data.write_text(json.dumps({"data": [{"query": {
-        "b64": base64.b64encode(q.tobytes()).decode(), "shape": shape}}]}))
-    cmd = [os.environ["PERF_ANALYZER"], "-m", "rope", "-i", "grpc", "-u", shm_server["url"],
-           "--shape", "query:" + ",".join(map(str, shape)), f"--input-data={data}",
-           "--shared-memory=system", f"--output-shared-memory-size={nbytes}",
+def test_perf_analyzer_with_system_shared_memory(shm_server, client):
+    # perf_analyzer refuses shared memory for models with optional inputs,
+    # so it drives rope_qk (query and key, both required; random data).
+    q_shape, k_shape = [1, 128, 8, 64], [1, 128, 2, 64]
+    cmd = [os.environ["PERF_ANALYZER"], "-m", "rope_qk", "-i", "grpc", "-u", shm_server["url"],
+           "--shape", "query:" + ",".join(map(str, q_shape)),
+           "--shape", "key:" + ",".join(map(str, k_shape)),
+           "--shared-memory=system", f"--output-shared-memory-size={int(np.prod(q_shape)) * 4}",
            "--concurrency-range=1:2", "--measurement-interval=1000",
            "--stability-percentage=999", "--max-trials=3"]
     print(" ".join(cmd))
@@ -348,3 +346,6 @@ def test_perf_analyzer_with_system_shared_memory(shm_server, tmp_path, client):
                                           run.stdout)]
     assert len(rates) == 2 and min(rates) > 0, run.stdout
     assert re.search(r"Successful request count: [1-9]", run.stdout), run.stdout
+    # Its requests went through shared memory: what it registered was
+    # unregistered again, and the server counted the tensor bytes.
+    assert len(client.get_system_shared_memory_status().regions) == 0
