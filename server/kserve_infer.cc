@@ -62,10 +62,12 @@ class InputSet {
   std::vector<Input> inputs_;
 };
 
-// The outputs the caller asked for (all the model gives when none).
+// The outputs the caller asked for (all the model gives when none), and
+// where each goes: the answer's raw contents, or a shared-memory region.
 class OutputSet {
  public:
-  static absl::StatusOr<OutputSet> Of(const Model& model, const inference::ModelInferRequest& req) {
+  static absl::StatusOr<OutputSet> Of(const Model& model, const inference::ModelInferRequest& req,
+                                      const SharedMemoryRegistry* registry) {
     OutputSet s;
     for (const auto& out : req.outputs()) {
       const std::string field =
@@ -76,34 +78,73 @@ class OutputSet {
         return absl::InvalidArgumentError(absl::StrCat(
             field, ": model ", model.name, " has outputs ", absl::StrJoin(names, ", ")));
       }
-      if (!out.parameters().empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            field, " has parameters (e.g. classification); posenc's outputs take none"));
-      }
-      s.names_.push_back(out.name());
+      POSENC_ASSIGN_OR_RETURN(std::optional<ShmRef> ref,
+                              ShmRefOf(field, out.parameters(), registry, /*only_shm=*/true));
+      s.wanted_.push_back({out.name(), std::move(ref)});
     }
     return s;
   }
-  bool Wants(absl::string_view name) const {
-    if (names_.empty()) return true;
-    for (const std::string& n : names_) {
-      if (n == name) return true;
+  bool Wants(absl::string_view name) const { return wanted_.empty() || Find(name) != nullptr; }
+
+  // Adds an output: its raw contents move into the answer, or its bytes go
+  // to the shared-memory slice the caller named (which must hold them).
+  absl::Status Add(absl::string_view name, const char* datatype,
+                   const std::vector<int64_t>& shape, std::string* data,
+                   inference::ModelInferResponse* resp) {
+    const Wanted* w = Find(name);
+    if (w == nullptr || !w->shm.has_value()) {
+      inference::ModelInferResponse::InferOutputTensor* out = resp->add_outputs();
+      Describe(name, datatype, shape, out);
+      resp->add_raw_output_contents()->swap(*data);
+      return absl::OkStatus();
     }
-    return false;
+    const ShmRef& ref = *w->shm;
+    const std::string field = absl::StrCat("requested output \"", name, "\"");
+    const int64_t size = static_cast<int64_t>(data->size());
+    if (size > ref.byte_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " has ", size, " bytes; its shared_memory_byte_size is ",
+                       ref.byte_size));
+    }
+    POSENC_RETURN_IF_ERROR(ref.region->Write(field, ref.offset, *data));
+    shm_bytes_ += size;
+    inference::ModelInferResponse::InferOutputTensor* out = resp->add_outputs();
+    Describe(name, datatype, shape, out);
+    auto& p = *out->mutable_parameters();
+    p[kShmRegion].set_string_param(ref.region->name());
+    p[kShmByteSize].set_int64_param(size);
+    p[kShmOffset].set_int64_param(ref.offset);
+    // An empty entry keeps raw_output_contents one per output: clients pair
+    // them by position (tritonclient's C++ reads entry i for output i
+    // unchecked, as Triton always sends one).
+    resp->add_raw_output_contents();
+    return absl::OkStatus();
   }
 
- private:
-  std::vector<std::string> names_;
-};
+  int64_t shm_bytes() const { return shm_bytes_; }
 
-void AddOutput(absl::string_view name, const char* datatype, const std::vector<int64_t>& shape,
-               std::string* data, inference::ModelInferResponse* resp) {
-  inference::ModelInferResponse::InferOutputTensor* out = resp->add_outputs();
-  out->set_name(std::string(name));
-  out->set_datatype(datatype);
-  for (int64_t d : shape) out->add_shape(d);
-  resp->add_raw_output_contents()->swap(*data);
-}
+ private:
+  struct Wanted {
+    std::string name;
+    std::optional<ShmRef> shm;
+  };
+  const Wanted* Find(absl::string_view name) const {
+    for (const Wanted& w : wanted_) {
+      if (w.name == name) return &w;
+    }
+    return nullptr;
+  }
+  static void Describe(absl::string_view name, const char* datatype,
+                       const std::vector<int64_t>& shape,
+                       inference::ModelInferResponse::InferOutputTensor* out) {
+    out->set_name(std::string(name));
+    out->set_datatype(datatype);
+    for (int64_t d : shape) out->add_shape(d);
+  }
+
+  std::vector<Wanted> wanted_;
+  int64_t shm_bytes_ = 0;
+};
 
 // A model fixing head_dim rotates only tensors of that head size.
 absl::Status CheckHeadDim(const Model& model, InputSet& in) {
@@ -120,7 +161,7 @@ absl::Status CheckHeadDim(const Model& model, InputSet& in) {
 }
 
 absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params, InputSet& in,
-                     const OutputSet& want, const CallEnv& env_in,
+                     OutputSet& want, const CallEnv& env_in,
                      inference::ModelInferResponse* resp, std::string* backend_out) {
   RopeOptions options;
   CallEnv env = env_in;
@@ -136,16 +177,17 @@ absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params
   POSENC_ASSIGN_OR_RETURN(*backend_out, engine.ApplyRope(options, t, env));
   if (want.Wants("query_out")) {
     Input* q = in.Find("query");
-    AddOutput("query_out", DatatypeOf(q->dtype), q->shape, &q->data, resp);
+    POSENC_RETURN_IF_ERROR(
+        want.Add("query_out", DatatypeOf(q->dtype), q->shape, &q->data, resp));
   }
   if (Input* k = in.Find("key"); k != nullptr && want.Wants("key_out")) {
-    AddOutput("key_out", DatatypeOf(k->dtype), k->shape, &k->data, resp);
+    POSENC_RETURN_IF_ERROR(want.Add("key_out", DatatypeOf(k->dtype), k->shape, &k->data, resp));
   }
   return absl::OkStatus();
 }
 
 absl::Status RunAbsolute(Engine& engine, const Model& model, ParameterReader& params, InputSet& in,
-                         const CallEnv& env_in, inference::ModelInferResponse* resp,
+                         OutputSet& want, const CallEnv& env_in, inference::ModelInferResponse* resp,
                          std::string* backend_out) {
   AbsoluteOptions options;
   CallEnv env = env_in;
@@ -159,12 +201,11 @@ absl::Status RunAbsolute(Engine& engine, const Model& model, ParameterReader& pa
   t.cu_seqlens = in.View("cu_seqlens");
   POSENC_ASSIGN_OR_RETURN(*backend_out, engine.AddAbsolute(std::move(options), t, env));
   Input* x = in.Find("x");
-  AddOutput("y", DatatypeOf(x->dtype), x->shape, &x->data, resp);
-  return absl::OkStatus();
+  return want.Add("y", DatatypeOf(x->dtype), x->shape, &x->data, resp);
 }
 
 absl::Status RunBias(Engine& engine, const Model& model, ParameterReader& params, InputSet& in,
-                     const OutputSet& want, const CallEnv& env_in,
+                     OutputSet& want, const CallEnv& env_in,
                      inference::ModelInferResponse* resp, std::string* backend_out) {
   BiasOptions options;
   CallEnv env = env_in;
@@ -178,12 +219,14 @@ absl::Status RunBias(Engine& engine, const Model& model, ParameterReader& params
   *backend_out = bias.backend;
   if (want.Wants("bias")) {
     Input* l = in.Find("logits");
-    AddOutput("bias", DatatypeOf(bias.dtype), bias.shape, l != nullptr ? &l->data : &built, resp);
+    POSENC_RETURN_IF_ERROR(want.Add("bias", DatatypeOf(bias.dtype), bias.shape,
+                                    l != nullptr ? &l->data : &built, resp));
   }
   if (want.Wants("slopes")) {
     std::string slopes(bias.slopes.size() * sizeof(double), '\0');
     if (!slopes.empty()) std::memcpy(slopes.data(), bias.slopes.data(), slopes.size());
-    AddOutput("slopes", "FP64", {static_cast<int64_t>(bias.slopes.size())}, &slopes, resp);
+    POSENC_RETURN_IF_ERROR(
+        want.Add("slopes", "FP64", {static_cast<int64_t>(bias.slopes.size())}, &slopes, resp));
   }
   return absl::OkStatus();
 }
@@ -192,10 +235,19 @@ absl::Status RunBias(Engine& engine, const Model& model, ParameterReader& params
 
 absl::Status RunInfer(Engine& engine, const Model& model, inference::ModelInferRequest* req,
                       inference::ModelInferResponse* resp, const RunContext& ctx,
-                      Engine::Admission& admission, std::string* backend) {
-  POSENC_RETURN_IF_ERROR(engine.CheckRequestSize(TensorBytes(*req)));
-  POSENC_ASSIGN_OR_RETURN(OutputSet want, OutputSet::Of(model, *req));
-  POSENC_ASSIGN_OR_RETURN(std::vector<Input> inputs, TakeInputs(req));
+                      Engine::Admission& admission, std::string* backend,
+                      const SharedMemoryRegistry* shm, ShmTraffic* traffic) {
+  int64_t shm_in = 0;
+  POSENC_ASSIGN_OR_RETURN(ShmInputs shm_inputs, ShmInputsOf(*req, shm, &shm_in));
+  const int64_t message_bytes = TensorBytes(*req);
+  POSENC_RETURN_IF_ERROR(engine.CheckRequestSize(
+      shm_in > INT64_MAX - message_bytes ? INT64_MAX : message_bytes + shm_in));
+  // Inputs read from shared memory come into memory the call owns: admitted
+  // before they are read (the message's bytes were admitted on arrival).
+  POSENC_RETURN_IF_ERROR(admission.TryGrow(shm_in));
+  POSENC_ASSIGN_OR_RETURN(OutputSet want, OutputSet::Of(model, *req, shm));
+  POSENC_ASSIGN_OR_RETURN(std::vector<Input> inputs, TakeInputs(req, &shm_inputs));
+  shm_inputs.clear();  // the regions stay held by `want` where outputs go there
   POSENC_ASSIGN_OR_RETURN(InputSet in, InputSet::Of(model, std::move(inputs)));
   Parameters merged;
   POSENC_ASSIGN_OR_RETURN(const Parameters* given,
@@ -205,16 +257,24 @@ absl::Status RunInfer(Engine& engine, const Model& model, inference::ModelInferR
   resp->set_model_name(model.name);
   resp->set_model_version(kModelVersion);
   resp->set_id(req->id());
+  absl::Status s = absl::InternalError("unknown model kind");
   switch (model.kind) {
     case ModelKind::kRope:
-      return RunRope(engine, model, params, in, want, env, resp, backend);
+      s = RunRope(engine, model, params, in, want, env, resp, backend);
+      break;
     case ModelKind::kSinusoidal:
     case ModelKind::kLearned:
-      return RunAbsolute(engine, model, params, in, env, resp, backend);
+      s = RunAbsolute(engine, model, params, in, want, env, resp, backend);
+      break;
     case ModelKind::kAttentionBias:
-      return RunBias(engine, model, params, in, want, env, resp, backend);
+      s = RunBias(engine, model, params, in, want, env, resp, backend);
+      break;
   }
-  return absl::InternalError("unknown model kind");
+  if (traffic != nullptr) {
+    traffic->in = shm_in;
+    traffic->out = want.shm_bytes();
+  }
+  return s;
 }
 
 }  // namespace posenc::server::kserve

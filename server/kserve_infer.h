@@ -13,15 +13,27 @@
 #include "engine.h"
 #include "kserve/grpc_service.pb.h"
 #include "kserve_models.h"
+#include "shared_memory.h"
 
 namespace posenc::server::kserve {
 
-// On an admitted call (`admission` holds the request). `req` is left
-// without its tensors. *backend gets the backend that ran it.
+// Tensor bytes a request moved through shared memory.
+struct ShmTraffic {
+  int64_t in = 0;
+  int64_t out = 0;
+};
+
+// On an admitted call (`admission` holds the request; it grows by inputs
+// read from shared memory before they are read). `req` is left without
+// its tensors. *backend gets the backend that ran it. `shm` (null: the
+// extension is off) resolves shared-memory tensors; *traffic (may be null)
+// gets their bytes.
 [[nodiscard]] absl::Status RunInfer(Engine& engine, const Model& model,
                                     inference::ModelInferRequest* req,
                                     inference::ModelInferResponse* resp, const RunContext& ctx,
-                                    Engine::Admission& admission, std::string* backend);
+                                    Engine::Admission& admission, std::string* backend,
+                                    const SharedMemoryRegistry* shm = nullptr,
+                                    ShmTraffic* traffic = nullptr);
 
 }  // namespace posenc::server::kserve
 

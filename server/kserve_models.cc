@@ -25,6 +25,14 @@ std::vector<Model> Models() {
            {{"query", "FP32", {-1, -1, -1, -1}, false}, {"key", "FP32", {-1, -1, -1, -1}, true}}),
        {{"query_out", "FP32", {-1, -1, -1, -1}, false},
         {"key_out", "FP32", {-1, -1, -1, -1}, true}}},
+      // RoPE with exactly two inputs, both required, positions 0..seq-1 per
+      // sequence: for clients that cannot leave optional inputs out, as
+      // perf_analyzer cannot with --shared-memory=system.
+      {"rope_qk",
+       ModelKind::kRope,
+       {{"query", "FP32", {-1, -1, -1, -1}, false}, {"key", "FP32", {-1, -1, -1, -1}, false}},
+       {{"query_out", "FP32", {-1, -1, -1, -1}, false},
+        {"key_out", "FP32", {-1, -1, -1, -1}, false}}},
       {"sinusoidal",
        ModelKind::kSinusoidal,
        WithPositions({{"x", "FP32", {-1, -1, -1}, false}}),

@@ -2,8 +2,15 @@
 // ModelInfer runs (KServeService::RunModelInfer on an admitted call). A
 // finding is a crash, a sanitizer report, an INTERNAL/UNKNOWN status (a
 // server fault where a client error was due), an answer that does not parse,
-// an answer with a different number of outputs and raw contents, or
-// admission holding more than its budget.
+// an answer with a different number of outputs and raw contents (those in
+// shared memory empty), or admission holding more than its budget.
+//
+// System shared memory is on, with one region "f" (4 KiB of a /dev/shm
+// object, unlinked at once: the registry holds its descriptor), so inputs
+// and outputs naming it go through the read and write paths.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -37,8 +44,23 @@ Harness& TheHarness() {
       std::abort();
     }
     auto* harness = new Harness{std::move(*e), nullptr};
-    harness->service =
-        std::make_unique<posenc::server::KServeService>(harness->engine.get(), nullptr, nullptr);
+    posenc::server::SharedMemoryOptions shm;
+    shm.enabled = true;
+    harness->service = std::make_unique<posenc::server::KServeService>(
+        harness->engine.get(), nullptr, nullptr, shm);
+    const std::string key = "/posenc-fuzz-" + std::to_string(::getpid());
+    const int fd = ::open(("/dev/shm" + key).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0 || ::ftruncate(fd, 4096) != 0) {
+      std::fprintf(stderr, "cannot make /dev/shm%s\n", key.c_str());
+      std::abort();
+    }
+    ::close(fd);
+    const absl::Status registered = harness->service->shared_memory().Register("f", key, 0, 4096);
+    ::unlink(("/dev/shm" + key).c_str());
+    if (!registered.ok()) {
+      std::fprintf(stderr, "register: %s\n", registered.ToString().c_str());
+      std::abort();
+    }
     return harness;
   }();
   return *h;
@@ -66,6 +88,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         !r.ParseFromArray(joined.begin(), static_cast<int>(joined.size())) ||
         r.outputs_size() != r.raw_output_contents_size()) {
       std::abort();
+    }
+    // Outputs written to shared memory have empty raw contents.
+    for (int i = 0; i < r.outputs_size(); ++i) {
+      if (r.outputs(i).parameters().contains("shared_memory_region") &&
+          !r.raw_output_contents(i).empty()) {
+        std::abort();
+      }
     }
   } else if (s.code() == absl::StatusCode::kInternal || s.code() == absl::StatusCode::kUnknown) {
     std::fprintf(stderr, "server fault on fuzzed input: %s\n", s.ToString().c_str());

@@ -47,7 +47,9 @@ bool ServerReadyNow(const Engine& engine) { return !engine.draining() && engine.
 
 // Serialises an answer, handing its raw outputs to gRPC without a copy
 // (the answer is left without them). Empty outputs keep their place only
-// through protobuf's own encoding, so an answer with one goes whole.
+// through protobuf's own encoding, so an answer with one goes whole (as
+// does one mixing outputs in shared memory, whose entries are empty, with
+// outputs in the answer: a copy of the latter).
 absl::Status SerializeAnswer(ModelInferResponse& resp, grpc::ByteBuffer* out) {
   bool all_nonempty = true;
   for (const std::string& raw : resp.raw_output_contents()) all_nonempty &= !raw.empty();
@@ -76,7 +78,7 @@ absl::Status ParseRequest(const grpc::ByteBuffer& in, ModelInferRequest* req) {
 // Runs a parsed request on an admitted call; records statistics.
 absl::Status Infer(KServeService::Shared& shared, ModelInferRequest* req, ModelInferResponse* resp,
                    const RunContext& ctx, Engine::Admission& admission, Clock::time_point start,
-                   std::string* backend) {
+                   std::string* backend, kserve::ShmTraffic* shm_bytes) {
   const auto compute_start = Clock::now();
   // The model as of now; a reload meanwhile does not change this call's.
   absl::StatusOr<std::shared_ptr<const kserve::Model>> model =
@@ -84,7 +86,8 @@ absl::Status Infer(KServeService::Shared& shared, ModelInferRequest* req, ModelI
   absl::Status s = model.status();
   if (s.ok()) {
     s = NoThrow([&] {
-      return kserve::RunInfer(*shared.engine, **model, req, resp, ctx, admission, backend);
+      return kserve::RunInfer(*shared.engine, **model, req, resp, ctx, admission, backend,
+                              &shared.shared_memory, shm_bytes);
     });
   }
   if (model.ok()) {
@@ -126,6 +129,7 @@ class StreamCall final
     }
     start_ = Clock::now();
     bytes_in_ = static_cast<int64_t>(request_.ByteSizeLong());
+    shm_bytes_ = {};
     // The parsed request, and its answer's serialised copy.
     ticket_->Reserve(2 * bytes_in_, DeadlineOf(ctx_), [this](absl::Status s) {
       if (!s.ok()) {
@@ -169,16 +173,19 @@ class StreamCall final
     backend_.clear();
     absl::Status s = CheckCallAlive(ctx_);
     if (s.ok()) {
+      kserve::ShmTraffic shm;
       s = Infer(shared_, &request_, answer_.mutable_infer_response(), ContextOf(ctx_), *ticket_,
-                start_, &backend_);
+                start_, &backend_, &shm);
+      shm_bytes_ = shm;
     }
     Answer(s);
   }
 
   void Answer(const absl::Status& s) {
     LogFailure("ModelStreamInfer", s);
-    RecordCall(shared_.metrics, "ModelStreamInfer", s, start_, bytes_in_,
-               static_cast<int64_t>(answer_.ByteSizeLong()), backend_);
+    // Tensor bytes through shared memory count as the socket's would.
+    RecordCall(shared_.metrics, "ModelStreamInfer", s, start_, bytes_in_ + shm_bytes_.in,
+               static_cast<int64_t>(answer_.ByteSizeLong()) + shm_bytes_.out, backend_);
     if (!s.ok()) {
       if (s.code() == absl::StatusCode::kCancelled ||
           s.code() == absl::StatusCode::kDeadlineExceeded ||
@@ -202,6 +209,7 @@ class StreamCall final
   ModelStreamInferResponse answer_;
   Clock::time_point start_ = Clock::now();
   int64_t bytes_in_ = 0;
+  kserve::ShmTraffic shm_bytes_;
   std::string backend_;
   bool busy_ = false;  // from admission until the answer is written
 };
@@ -241,7 +249,7 @@ class InferCall final : public grpc::ServerUnaryReactor {
           absl::Status r = CheckCallAlive(ctx_);
           if (r.ok()) {
             r = service_->RunModelInfer(*request_, response_, ContextOf(ctx_), *ticket_, start_,
-                                        &backend_);
+                                        &backend_, &shm_bytes_);
           }
           Complete(r);
         });
@@ -263,8 +271,9 @@ class InferCall final : public grpc::ServerUnaryReactor {
  private:
   void Complete(const absl::Status& s) {
     LogFailure("ModelInfer", s);
-    RecordCall(shared_->metrics, "ModelInfer", s, start_, bytes_in_,
-               static_cast<int64_t>(response_->Length()), backend_);
+    // Tensor bytes through shared memory count as the socket's would.
+    RecordCall(shared_->metrics, "ModelInfer", s, start_, bytes_in_ + shm_bytes_.in,
+               static_cast<int64_t>(response_->Length()) + shm_bytes_.out, backend_);
     Finish(ToGrpcStatus(s));
   }
 
@@ -277,14 +286,22 @@ class InferCall final : public grpc::ServerUnaryReactor {
   const Clock::time_point start_ = Clock::now();
   std::optional<Engine::Admission> ticket_;
   std::string backend_;
+  kserve::ShmTraffic shm_bytes_;
   bool busy_ = false;
 };
 
 }  // namespace
 
 KServeService::KServeService(Engine* engine, Metrics* metrics, RequestExecutor* executor,
-                             kserve::ModelRepositoryOptions models)
-    : shared_{engine, metrics, executor, {}, kserve::ModelRegistry(std::move(models))} {
+                             kserve::ModelRepositoryOptions models,
+                             const SharedMemoryOptions& shared_memory)
+    : shared_{engine,
+              metrics,
+              executor,
+              {},
+              kserve::ModelRegistry(std::move(models)),
+              {0},
+              SharedMemoryRegistry(shared_memory)} {
   ReloadModels();
 }
 
@@ -343,6 +360,7 @@ grpc::ServerUnaryReactor* KServeService::ServerMetadata(grpc::CallbackServerCont
     for (const char* e : {"model_configuration", "model_repository", "statistics", "parameters"}) {
       resp->add_extensions(e);
     }
+    if (shared_.shared_memory.enabled()) resp->add_extensions("system_shared_memory");
     return absl::OkStatus();
   });
 }
@@ -466,14 +484,48 @@ grpc::ServerUnaryReactor* KServeService::ModelInfer(grpc::CallbackServerContext*
   return new InferCall(this, &shared_, ctx, request, response);
 }
 
+grpc::ServerUnaryReactor* KServeService::SystemSharedMemoryStatus(
+    grpc::CallbackServerContext* ctx, const inference::SystemSharedMemoryStatusRequest* req,
+    inference::SystemSharedMemoryStatusResponse* resp) {
+  return Answer("SystemSharedMemoryStatus", shared_.metrics, ctx, resp, [&]() -> absl::Status {
+    POSENC_ASSIGN_OR_RETURN(auto regions, shared_.shared_memory.Status(req->name()));
+    for (const auto& r : regions) {
+      auto& status = (*resp->mutable_regions())[r->name()];
+      status.set_name(r->name());
+      status.set_key(r->key());
+      status.set_offset(static_cast<uint64_t>(r->offset()));
+      status.set_byte_size(static_cast<uint64_t>(r->byte_size()));
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* KServeService::SystemSharedMemoryRegister(
+    grpc::CallbackServerContext* ctx, const inference::SystemSharedMemoryRegisterRequest* req,
+    inference::SystemSharedMemoryRegisterResponse* resp) {
+  return Answer("SystemSharedMemoryRegister", shared_.metrics, ctx, resp, [&] {
+    return shared_.shared_memory.Register(req->name(), req->key(), req->offset(),
+                                          req->byte_size());
+  });
+}
+
+grpc::ServerUnaryReactor* KServeService::SystemSharedMemoryUnregister(
+    grpc::CallbackServerContext* ctx, const inference::SystemSharedMemoryUnregisterRequest* req,
+    inference::SystemSharedMemoryUnregisterResponse* resp) {
+  return Answer("SystemSharedMemoryUnregister", shared_.metrics, ctx, resp,
+                [&] { return shared_.shared_memory.Unregister(req->name()); });
+}
+
 absl::Status KServeService::RunModelInfer(const grpc::ByteBuffer& request, grpc::ByteBuffer* answer,
                                           const RunContext& ctx, Engine::Admission& admission,
-                                          Clock::time_point arrived, std::string* backend) {
+                                          Clock::time_point arrived, std::string* backend,
+                                          kserve::ShmTraffic* shm_bytes) {
   return NoThrow([&] {
     ModelInferRequest req;
     POSENC_RETURN_IF_ERROR(ParseRequest(request, &req));
     ModelInferResponse resp;
-    POSENC_RETURN_IF_ERROR(Infer(shared_, &req, &resp, ctx, admission, arrived, backend));
+    POSENC_RETURN_IF_ERROR(
+        Infer(shared_, &req, &resp, ctx, admission, arrived, backend, shm_bytes));
     return SerializeAnswer(resp, answer);
   });
 }

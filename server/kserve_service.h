@@ -22,9 +22,11 @@
 #include "engine.h"
 #include "kserve/grpc_service.grpc.pb.h"
 #include "kserve_model_registry.h"
+#include "kserve_infer.h"
 #include "kserve_statistics.h"
 #include "metrics.h"
 #include "request_executor.h"
+#include "shared_memory.h"
 
 namespace posenc::server {
 
@@ -34,9 +36,12 @@ using KServeServiceBase = inference::GRPCInferenceService::WithRawCallbackMethod
 class KServeService final : public KServeServiceBase {
  public:
   // `metrics` may be null (no metrics endpoint). Loads the model
-  // repository (logging what it skipped) before returning.
+  // repository (logging what it skipped) before returning. `shared_memory`
+  // says whether (and within which caps) the system shared-memory extension
+  // is served.
   KServeService(Engine* engine, Metrics* metrics, RequestExecutor* executor,
-                kserve::ModelRepositoryOptions models = {});
+                kserve::ModelRepositoryOptions models = {},
+                const SharedMemoryOptions& shared_memory = {});
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* ctx,
                                        const inference::ServerLiveRequest* req,
@@ -67,6 +72,15 @@ class KServeService final : public KServeServiceBase {
   grpc::ServerUnaryReactor* RepositoryModelLoad(
       grpc::CallbackServerContext* ctx, const inference::RepositoryModelLoadRequest* req,
       inference::RepositoryModelLoadResponse* resp) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryStatus(
+      grpc::CallbackServerContext* ctx, const inference::SystemSharedMemoryStatusRequest* req,
+      inference::SystemSharedMemoryStatusResponse* resp) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryRegister(
+      grpc::CallbackServerContext* ctx, const inference::SystemSharedMemoryRegisterRequest* req,
+      inference::SystemSharedMemoryRegisterResponse* resp) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryUnregister(
+      grpc::CallbackServerContext* ctx, const inference::SystemSharedMemoryUnregisterRequest* req,
+      inference::SystemSharedMemoryUnregisterResponse* resp) override;
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* ctx,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
@@ -78,11 +92,16 @@ class KServeService final : public KServeServiceBase {
   // without a copy). `admission` must hold the request's bytes twice. For
   // benchmarks and tests; ModelInfer uses it too. `arrived` (when the call
   // came) splits its time into queueing and computing in the statistics.
+  // *shm_bytes (may be null) gets the tensor bytes moved through shared
+  // memory, in and out.
   [[nodiscard]] absl::Status RunModelInfer(const grpc::ByteBuffer& request,
                                            grpc::ByteBuffer* answer, const RunContext& ctx,
                                            Engine::Admission& admission,
                                            std::chrono::steady_clock::time_point arrived,
-                                           std::string* backend);
+                                           std::string* backend,
+                                           kserve::ShmTraffic* shm_bytes = nullptr);
+
+  SharedMemoryRegistry& shared_memory() { return shared_.shared_memory; }
 
   // Rescans --model_dir and logs the result (a drain abandons it).
   void ReloadModels();
@@ -99,6 +118,7 @@ class KServeService final : public KServeServiceBase {
     kserve::ModelStatisticsTable statistics;
     kserve::ModelRegistry models;
     std::atomic<int> busy{0};
+    SharedMemoryRegistry shared_memory;
   };
 
  private:

@@ -90,15 +90,40 @@ int64_t TensorBytes(const inference::ModelInferRequest& req) {
   return bytes;
 }
 
-absl::StatusOr<std::vector<Input>> TakeInputs(inference::ModelInferRequest* req) {
+absl::StatusOr<ShmInputs> ShmInputsOf(const inference::ModelInferRequest& req,
+                                      const SharedMemoryRegistry* registry, int64_t* bytes) {
+  ShmInputs refs;
+  *bytes = 0;
+  for (int i = 0; i < req.inputs_size(); ++i) {
+    const auto& in = req.inputs(i);
+    const std::string field =
+        absl::StrCat("input ", i, " (\"", absl::string_view(in.name()).substr(0, 64), "\")");
+    POSENC_ASSIGN_OR_RETURN(std::optional<ShmRef> ref,
+                            ShmRefOf(field, in.parameters(), registry, /*only_shm=*/false));
+    // Each lies within a region of at most 2^63-1 bytes; saturate the sum.
+    if (ref) *bytes = ref->byte_size > INT64_MAX - *bytes ? INT64_MAX : *bytes + ref->byte_size;
+    refs.push_back(std::move(ref));
+  }
+  return refs;
+}
+
+absl::StatusOr<std::vector<Input>> TakeInputs(inference::ModelInferRequest* req,
+                                              const ShmInputs* shm) {
+  const auto in_shm = [&](int i) { return shm != nullptr && (*shm)[i].has_value(); };
+  if (shm != nullptr && static_cast<int>(shm->size()) != req->inputs_size()) {
+    return absl::InternalError("shared memory references do not match the inputs");
+  }
+  int in_message = 0;
+  for (int i = 0; i < req->inputs_size(); ++i) in_message += in_shm(i) ? 0 : 1;
   const bool raw = req->raw_input_contents_size() > 0;
-  if (raw && req->raw_input_contents_size() != req->inputs_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("raw_input_contents must hold one entry per input (", req->inputs_size(),
-                     " inputs), got ", req->raw_input_contents_size()));
+  if (raw && req->raw_input_contents_size() != in_message) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "raw_input_contents must hold one entry per input not in shared memory (", in_message,
+        " of ", req->inputs_size(), " inputs), got ", req->raw_input_contents_size()));
   }
   std::vector<Input> inputs;
   inputs.reserve(req->inputs_size());
+  int raw_index = 0;
   for (int i = 0; i < req->inputs_size(); ++i) {
     inference::ModelInferRequest::InferInputTensor* in = req->mutable_inputs(i);
     const std::string field =
@@ -113,12 +138,22 @@ absl::StatusOr<std::vector<Input>> TakeInputs(inference::ModelInferRequest* req)
     t.name = in->name();
     POSENC_ASSIGN_OR_RETURN(t.dtype, DTypeOf(field, in->datatype()));
     t.shape.assign(in->shape().begin(), in->shape().end());
-    if (raw) {
-      if (in->has_contents() && in->contents().ByteSizeLong() > 0) {
+    const bool has_typed = in->has_contents() && in->contents().ByteSizeLong() > 0;
+    if (in_shm(i)) {
+      if (has_typed) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, " has typed contents and a shared_memory_region"));
+      }
+      const ShmRef& ref = *(*shm)[i];
+      // The size must match the shape before anything is read.
+      POSENC_RETURN_IF_ERROR(ValidateTensorBytes(field, t.dtype, t.shape, ref.byte_size));
+      POSENC_RETURN_IF_ERROR(ref.region->Read(field, ref.offset, ref.byte_size, &t.data));
+    } else if (raw) {
+      if (has_typed) {
         return absl::InvalidArgumentError(
             absl::StrCat(field, " has typed contents while the request uses raw_input_contents"));
       }
-      t.data.swap(*req->mutable_raw_input_contents(i));
+      t.data.swap(*req->mutable_raw_input_contents(raw_index++));
     } else {
       POSENC_ASSIGN_OR_RETURN(t.data, TypedContents(field, t.dtype, in->contents()));
       in->clear_contents();

@@ -8,12 +8,14 @@
 #define POSENC_SERVER_KSERVE_TENSORS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kserve/grpc_service.pb.h"
+#include "kserve_shared_memory.h"
 #include "posenc/tensor.h"
 
 namespace posenc::server::kserve {
@@ -39,10 +41,23 @@ struct Input {
 // limit count): raw contents plus typed contents at their element size.
 int64_t TensorBytes(const inference::ModelInferRequest& req);
 
+// Where each input's bytes are in shared memory (nullopt: in the message),
+// one entry per input of the request, in order.
+using ShmInputs = std::vector<std::optional<ShmRef>>;
+
+// Resolves the inputs' shared-memory parameters (ShmRefOf); *bytes gets
+// their total. Other input parameters are ignored, as before the extension.
+[[nodiscard]] absl::StatusOr<ShmInputs> ShmInputsOf(const inference::ModelInferRequest& req,
+                                                    const SharedMemoryRegistry* registry,
+                                                    int64_t* bytes);
+
 // Takes every input out of `req` (its raw contents are left empty): names
 // unique and non-empty, datatype known, raw contents either for every
-// input or for none, bytes matching the shape (ValidateTensorBytes).
-[[nodiscard]] absl::StatusOr<std::vector<Input>> TakeInputs(inference::ModelInferRequest* req);
+// input not in shared memory or for none (Triton's rule), bytes matching the
+// shape (ValidateTensorBytes). Inputs in `shm` (null: none) are read from
+// their regions; the caller has admitted their bytes.
+[[nodiscard]] absl::StatusOr<std::vector<Input>> TakeInputs(inference::ModelInferRequest* req,
+                                                            const ShmInputs* shm = nullptr);
 
 }  // namespace posenc::server::kserve
 

@@ -77,6 +77,15 @@ ABSL_FLAG(int, slow_call_ms, 1000,
 ABSL_FLAG(std::string, port_file, "", "If set, write the bound port here once serving.");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:8002",
           "Prometheus /metrics address (empty: no metrics endpoint).");
+ABSL_FLAG(bool, enable_system_shared_memory, false,
+          "Serve the KServe v2 system shared-memory extension: callers on this node (same IPC "
+          "namespace, /dev/shm) register POSIX shared-memory objects and pass tensors in them. "
+          "Off: its RPCs and tensor parameters are FAILED_PRECONDITION.");
+ABSL_FLAG(int, max_shared_memory_regions, 64,
+          "Shared-memory regions registered at once (each holds a file descriptor).");
+ABSL_FLAG(int64_t, max_shared_memory_bytes, int64_t{64} << 30,
+          "Sum of the registered shared-memory regions' sizes (nothing is mapped; this bounds "
+          "what callers may point the server at).");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain file; serves TLS when set.");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key file for --tls_cert.");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -210,6 +219,15 @@ int main(int argc, char** argv) {
                  absl::GetFlag(FLAGS_slow_call_ms));
     return 2;
   }
+  if (absl::GetFlag(FLAGS_max_shared_memory_regions) < 0 ||
+      absl::GetFlag(FLAGS_max_shared_memory_bytes) < 0) {
+    std::fprintf(stderr,
+                 "posenc-server: --max_shared_memory_regions and --max_shared_memory_bytes must "
+                 "be >= 0, got %d and %lld\n",
+                 absl::GetFlag(FLAGS_max_shared_memory_regions),
+                 static_cast<long long>(absl::GetFlag(FLAGS_max_shared_memory_bytes)));
+    return 2;
+  }
   posenc::server::SetSlowCallThreshold(absl::Milliseconds(absl::GetFlag(FLAGS_slow_call_ms)));
 
   // Block SIGTERM/SIGINT in every thread; one thread waits for them.
@@ -232,6 +250,9 @@ int main(int argc, char** argv) {
   o.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
   o.engine.table_dir = absl::GetFlag(FLAGS_table_dir);
   o.models.dir = absl::GetFlag(FLAGS_model_dir);
+  o.shared_memory.enabled = absl::GetFlag(FLAGS_enable_system_shared_memory);
+  o.shared_memory.max_regions = absl::GetFlag(FLAGS_max_shared_memory_regions);
+  o.shared_memory.max_total_bytes = absl::GetFlag(FLAGS_max_shared_memory_bytes);
   o.engine.table_dir_allow_external_symlinks =
       absl::GetFlag(FLAGS_table_dir_allow_external_symlinks);
   o.engine.max_table_bytes = absl::GetFlag(FLAGS_max_table_bytes);

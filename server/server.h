@@ -17,6 +17,7 @@
 #include "kserve_service.h"
 #include "reflection_v1.h"
 #include "service.h"
+#include "shared_memory.h"
 #include "tensor_calls.h"
 
 namespace posenc::server {
@@ -53,6 +54,8 @@ struct ServerOptions {
   // The KServe v2 model repository (kserve_model_registry.h): one JSON file
   // per model; empty: built-in models only.
   kserve::ModelRepositoryOptions models;
+  // The KServe v2 system shared-memory extension (off by default).
+  SharedMemoryOptions shared_memory;
   EngineOptions engine;
 };
 

@@ -187,7 +187,7 @@ def test_our_proto_is_wire_compatible_with_tritonclients():
     (their_service,) = [s for p in theirs for s in p.service]
     assert service.name == their_service.name == "GRPCInferenceService"
     methods = {m.name: m for m in their_service.method}
-    assert len(service.method) == 11
+    assert len(service.method) == 14
     for m in service.method:
         t = methods[m.name]
         assert (m.input_type, m.output_type, m.client_streaming, m.server_streaming) == (
@@ -198,12 +198,30 @@ def test_methods_not_served_are_unimplemented(server):
     with grpc.insecure_channel(server["url"]) as ch:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
         with pytest.raises(grpc.RpcError) as e:
-            stub.SystemSharedMemoryStatus(service_pb2.SystemSharedMemoryStatusRequest(), timeout=10)
+            stub.CudaSharedMemoryStatus(service_pb2.CudaSharedMemoryStatusRequest(), timeout=10)
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
         with pytest.raises(grpc.RpcError) as e:
             stub.RepositoryModelUnload(service_pb2.RepositoryModelUnloadRequest(model_name="rope"),
                                        timeout=10)
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_system_shared_memory_is_off_unless_enabled(client):
+    # Served (test_kserve_shared_memory.py) only with --enable_system_shared_memory.
+    for call in (lambda: client.get_system_shared_memory_status(),
+                 lambda: client.register_system_shared_memory("r", "/posenc_r", 64),
+                 lambda: client.unregister_system_shared_memory()):
+        with pytest.raises(InferenceServerException) as e:
+            call()
+        assert e.value.status() == "StatusCode.FAILED_PRECONDITION"
+        assert "--enable_system_shared_memory" in e.value.message()
+    assert "system_shared_memory" not in client.get_server_metadata().extensions
+    q = tc.InferInput("query", [1, 2, 1, 4], "FP32")
+    q.set_shared_memory("r", 32)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("rope", [q])
+    assert e.value.status() == "StatusCode.FAILED_PRECONDITION"
+    assert "--enable_system_shared_memory" in e.value.message()
 
 
 # --- health, metadata, configuration -------------------------------------
@@ -217,7 +235,7 @@ def test_server_live_ready_and_metadata(client):
     assert "model_configuration" in meta["extensions"]
     index = client.get_model_repository_index(as_json=True)
     names = sorted(m["name"] for m in index["models"])
-    assert names == ["attention_bias", "learned", "rope", "sinusoidal"]
+    assert names == ["attention_bias", "learned", "rope", "rope_qk", "sinusoidal"]
     for name in names:
         assert client.is_model_ready(name)
         assert client.is_model_ready(name, "1")
@@ -469,7 +487,7 @@ def test_statistics_count_requests(client):
     assert count(after, "success") == count(before, "success") + 1
     assert count(after, "fail") == count(before, "fail") + 1
     everything = client.get_inference_statistics(as_json=True)["model_stats"]
-    assert len(everything) == 4
+    assert len(everything) == 5
 
 
 # --- the stream ---------------------------------------------------------------

@@ -1,0 +1,351 @@
+"""The system shared-memory extension driven by the real Triton client
+(tritonclient 2.40.0 and its tritonclient.utils.shared_memory) and by
+perf_analyzer --shared-memory=system, against a posenc-server started with
+--enable_system_shared_memory: tensors in and out of /dev/shm checked
+against the float64 reference, mixed with the socket, the registry's
+status, hostile registrations and references, a caller truncating its
+object after registering it, and unregistering while requests use a region.
+Seeded (the seed is printed; POSENC_SEED replays).
+
+Environment: as test_kserve_clients.py (run_kserve_tests.sh sets it).
+"""
+
+import os
+import re
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as tc
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from test_kserve_clients import SEED, assert_close, input_of, quantize, rope_reference
+
+PREFIX = f"posenc_shm_{os.getpid()}"
+
+
+@pytest.fixture(scope="module")
+def shm_server():
+    work = tempfile.mkdtemp(prefix="posenc-kserve-shm-")
+    port_file = os.path.join(work, "port")
+    log = open(os.path.join(work, "server.log"), "w+")
+    proc = subprocess.Popen(
+        [os.environ["POSENC_SERVER"], "--listen=127.0.0.1:0", f"--port_file={port_file}",
+         "--metrics_listen=127.0.0.1:0", "--log_level=info", "--threads=2",
+         "--enable_system_shared_memory", "--max_shared_memory_regions=16"],
+        stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 30
+    while not (os.path.exists(port_file) and open(port_file).read().strip()):
+        assert proc.poll() is None, "posenc-server exited at start-up"
+        assert time.time() < deadline, "posenc-server did not start in 30 s"
+        time.sleep(0.05)
+    metrics_port = None
+    while metrics_port is None and time.time() < deadline:
+        log.seek(0)
+        m = re.search(r"metrics on port (\d+)", log.read())
+        metrics_port = m and m.group(1)
+        time.sleep(0.05)
+    yield {"url": "127.0.0.1:" + open(port_file).read().strip(),
+           "metrics": f"http://127.0.0.1:{metrics_port}/metrics"}
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0
+
+
+@pytest.fixture
+def client(shm_server):
+    c = tc.InferenceServerClient(url=shm_server["url"])
+    c.unregister_system_shared_memory()
+    yield c
+    c.unregister_system_shared_memory()
+    c.close()
+
+
+class Region:
+    """A /dev/shm object made with tritonclient's own helper; removed after."""
+
+    def __init__(self, name, size):
+        self.name, self.key, self.size = name, f"/{PREFIX}_{name}", size
+        self.handle = shm.create_shared_memory_region(name, self.key, size)
+
+    def put(self, arrays, offset=0):
+        shm.set_shared_memory_region(self.handle, arrays, offset)
+
+    def get(self, dtype, shape, offset=0):
+        return shm.get_contents_as_numpy(self.handle, dtype, shape, offset).copy()
+
+    def close(self):
+        shm.destroy_shared_memory_region(self.handle)
+
+
+@pytest.fixture
+def regions():
+    made = []
+
+    def make(name, size):
+        made.append(Region(name, size))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.close()
+
+
+def shm_input(name, array, datatype, region, offset=0):
+    t = tc.InferInput(name, list(array.shape), datatype)
+    t.set_shared_memory(region, array.nbytes, offset)
+    return t
+
+
+def shm_output(name, region, size, offset=0):
+    o = tc.InferRequestedOutput(name)
+    o.set_shared_memory(region, size, offset)
+    return o
+
+
+def infer_error(client, *args, **kw):
+    with pytest.raises(InferenceServerException) as e:
+        client.infer(*args, **kw)
+    return e.value.status(), e.value.message()
+
+
+def test_server_advertises_the_extension(client):
+    assert "system_shared_memory" in client.get_server_metadata().extensions
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP16"])
+def test_rope_in_and_out_of_shared_memory(client, regions, datatype):
+    rng = np.random.default_rng([SEED, 20, len(datatype)])
+    np_type = {"FP32": np.float32, "FP16": np.float16}[datatype]
+    q = quantize(rng.standard_normal((2, 33, 4, 64)), datatype).astype(np_type)
+    k = quantize(rng.standard_normal((2, 33, 2, 64)), datatype).astype(np_type)
+    # Both inputs in one region (key after query, at an offset), both
+    # outputs in another, which starts as poison.
+    inp = regions("in", q.nbytes + k.nbytes + 128)
+    inp.put([q, k], 128)
+    out = regions("out", q.nbytes + k.nbytes)
+    out.put([np.full(q.size + k.size, np.nan, np_type)])
+    client.register_system_shared_memory("in", inp.key, inp.size)
+    client.register_system_shared_memory("out", out.key, out.size)
+    r = client.infer("rope",
+                     [shm_input("query", q, datatype, "in", 128),
+                      shm_input("key", k, datatype, "in", 128 + q.nbytes)],
+                     outputs=[shm_output("query_out", "out", q.nbytes),
+                              shm_output("key_out", "out", k.nbytes, q.nbytes)],
+                     parameters={"base": "10000", "style": "gptj"})
+    resp = r.get_response()
+    # One raw entry per output, empty for those in shared memory (the C++
+    # client reads entry i for output i).
+    assert list(resp.raw_output_contents) == [b"", b""]
+    for o, x, off in ((resp.outputs[0], q, 0), (resp.outputs[1], k, q.nbytes)):
+        assert list(o.shape) == list(x.shape) and o.datatype == datatype
+        assert o.parameters["shared_memory_region"].string_param == "out"
+        assert o.parameters["shared_memory_byte_size"].int64_param == x.nbytes
+        assert o.parameters["shared_memory_offset"].int64_param == off
+    pos = np.broadcast_to(np.arange(33, dtype=np.float64), (2, 33))
+    for name, x, off in (("query_out", q, 0), ("key_out", k, q.nbytes)):
+        got = out.get(np_type, x.shape, off).astype(np.float64)
+        want = rope_reference(x.astype(np.float64), pos, 10000.0, 64, "gptj")
+        assert_close(got, want, datatype, f"shared memory {name}")
+    # The inputs are the caller's: left as they were.
+    np.testing.assert_array_equal(inp.get(np_type, q.shape, 128), q)
+
+
+def test_shared_memory_mixed_with_the_socket(client, regions):
+    rng = np.random.default_rng([SEED, 21])
+    q = rng.standard_normal((1, 9, 2, 16)).astype(np.float32)
+    k = rng.standard_normal((1, 9, 1, 16)).astype(np.float32)
+    pos = rng.integers(0, 1000, (1, 9)).astype(np.int64)
+    inp = regions("min", k.nbytes)
+    inp.put([k])
+    out = regions("mout", q.nbytes)
+    client.register_system_shared_memory("min", inp.key, inp.size)
+    client.register_system_shared_memory("mout", out.key, out.size)
+    # key from shared memory between two inputs on the socket; query_out to
+    # shared memory, key_out on the socket.
+    r = client.infer("rope",
+                     [input_of("query", q, "FP32"), shm_input("key", k, "FP32", "min"),
+                      input_of("position_ids", pos, "INT64")],
+                     outputs=[shm_output("query_out", "mout", q.nbytes),
+                              tc.InferRequestedOutput("key_out")],
+                     parameters={"base": "500"})
+    resp = r.get_response()
+    assert [o.name for o in resp.outputs] == ["query_out", "key_out"]
+    assert resp.raw_output_contents[0] == b"" and len(resp.raw_output_contents[1]) == k.nbytes
+    p = pos.astype(np.float64)
+    assert_close(r.as_numpy("key_out").astype(np.float64),
+                 rope_reference(k.astype(np.float64), p, 500.0, 16, "neox"), "FP32", "key_out")
+    assert_close(out.get(np.float32, q.shape).astype(np.float64),
+                 rope_reference(q.astype(np.float64), p, 500.0, 16, "neox"), "FP32", "query_out")
+
+
+def test_status_and_unregister(client, regions):
+    a, b = regions("sa", 4096), regions("sb", 1024)
+    client.register_system_shared_memory("sa", a.key, 1000, offset=96)
+    client.register_system_shared_memory("sb", b.key, 1024)
+    status = client.get_system_shared_memory_status()
+    assert sorted(status.regions) == ["sa", "sb"]
+    s = status.regions["sa"]
+    assert (s.name, s.key, s.offset, s.byte_size) == ("sa", a.key, 96, 1000)
+    assert list(client.get_system_shared_memory_status("sb").regions) == ["sb"]
+    client.unregister_system_shared_memory("sa")
+    client.unregister_system_shared_memory("sa")  # again: not an error
+    assert list(client.get_system_shared_memory_status().regions) == ["sb"]
+    with pytest.raises(InferenceServerException) as e:
+        client.get_system_shared_memory_status("sa")
+    assert e.value.status() == "StatusCode.NOT_FOUND"
+    client.unregister_system_shared_memory()
+    assert len(client.get_system_shared_memory_status().regions) == 0
+
+
+def test_hostile_registrations_are_refused(client, regions):
+    r = regions("h", 4096)
+
+    def register(name, key, size, offset=0):
+        with pytest.raises(InferenceServerException) as e:
+            client.register_system_shared_memory(name, key, size, offset=offset)
+        return e.value.status(), e.value.message()
+
+    for key in ["/../etc/passwd", "/a/b", "..", "/", "/dev/shm" + r.key, "/x y"]:
+        code, msg = register("bad", key, 1)
+        assert code == "StatusCode.INVALID_ARGUMENT", (key, msg)
+        assert "/dev/shm" in msg, msg
+    assert register("bad", f"/{PREFIX}_nothing_here", 1)[0] == "StatusCode.NOT_FOUND"
+    assert register("big", r.key, 4097)[0] == "StatusCode.INVALID_ARGUMENT"
+    assert register("big", r.key, 1, offset=4096)[0] == "StatusCode.INVALID_ARGUMENT"
+    assert register("big", r.key, 2**63, offset=2**63)[0] == "StatusCode.INVALID_ARGUMENT"
+    client.register_system_shared_memory("h", r.key, 4096)
+    assert register("h", r.key, 16)[0] == "StatusCode.ALREADY_EXISTS"
+    # The cap on regions (--max_shared_memory_regions=16).
+    for i in range(15):
+        client.register_system_shared_memory(f"h{i}", r.key, 16)
+    code, msg = register("h15", r.key, 16)
+    assert code == "StatusCode.RESOURCE_EXHAUSTED" and "--max_shared_memory_regions" in msg
+    assert len(client.get_system_shared_memory_status().regions) == 16
+
+
+def test_hostile_references_are_refused(client, regions):
+    q = np.ones((1, 4, 2, 8), np.float32)
+    r = regions("ref", q.nbytes)
+    r.put([q])
+    client.register_system_shared_memory("ref", r.key, q.nbytes)
+    half = tc.InferInput("query", list(q.shape), "FP32")
+    half.set_shared_memory("ref", q.nbytes // 2)
+    cases = [
+        ([shm_input("query", q, "FP32", "nobody")], None, "NOT_FOUND", "nobody"),
+        # A slice beyond the region, and a size that does not match the shape.
+        ([shm_input("query", q, "FP32", "ref", 4)], None, "INVALID_ARGUMENT", "within"),
+        ([half], None, "INVALID_ARGUMENT", "query"),
+        ([shm_input("query", q, "FP32", "ref")], [shm_output("query_out", "ref", q.nbytes - 4)],
+         "INVALID_ARGUMENT", "shared_memory_byte_size"),
+        ([shm_input("query", q, "FP32", "ref")], [shm_output("query_out", "ref", 8, q.nbytes)],
+         "INVALID_ARGUMENT", "within"),
+    ]
+    for inputs, outputs, code, word in cases:
+        got, msg = infer_error(client, "rope", inputs, outputs=outputs)
+        assert got == f"StatusCode.{code}" and word in msg, (code, got, msg)
+    # Raw contents must then cover exactly the inputs on the socket.
+    bad = tc.InferInput("query", list(q.shape), "FP32")
+    bad.set_shared_memory("ref", q.nbytes)
+    bad._raw_content = q.tobytes()  # both ways at once
+    code, msg = infer_error(client, "rope", [bad])
+    assert code == "StatusCode.INVALID_ARGUMENT" and "raw_input_contents" in msg, msg
+
+
+def test_truncated_after_registering(client, regions):
+    rng = np.random.default_rng([SEED, 22])
+    q = rng.standard_normal((1, 64, 4, 64)).astype(np.float32)
+    r = regions("trunc", q.nbytes)
+    r.put([q])
+    client.register_system_shared_memory("trunc", r.key, q.nbytes)
+    os.truncate("/dev/shm" + r.key, 4096)
+    code, msg = infer_error(client, "rope", [shm_input("query", q, "FP32", "trunc")],
+                            outputs=[shm_output("query_out", "trunc", q.nbytes)])
+    assert code == "StatusCode.INVALID_ARGUMENT" and "truncated" in msg, msg
+    # Outputs too: the input read from the socket, the output region shrunk.
+    code, msg = infer_error(client, "rope", [input_of("query", q, "FP32")],
+                            outputs=[shm_output("query_out", "trunc", q.nbytes)])
+    assert code == "StatusCode.INVALID_ARGUMENT" and "truncated" in msg, msg
+    assert os.stat("/dev/shm" + r.key).st_size == 4096  # not grown back
+    assert client.is_server_live()
+
+
+def test_unregister_while_requests_use_the_region(client, regions, shm_server):
+    rng = np.random.default_rng([SEED, 23])
+    q = rng.standard_normal((1, 256, 8, 64)).astype(np.float32)
+    r = regions("busy", 2 * q.nbytes)
+    r.put([q])
+    want = rope_reference(q.astype(np.float64),
+                          np.arange(256, dtype=np.float64)[None, :], 10000.0, 64, "neox")
+    outcomes = []
+
+    def caller():
+        c = tc.InferenceServerClient(url=shm_server["url"])
+        for _ in range(30):
+            try:
+                c.infer("rope", [shm_input("query", q, "FP32", "busy")],
+                        outputs=[shm_output("query_out", "busy", q.nbytes, q.nbytes)])
+                outcomes.append("OK")
+            except InferenceServerException as e:
+                outcomes.append(e.status())
+        c.close()
+
+    callers = [threading.Thread(target=caller) for _ in range(3)]
+    for t in callers:
+        t.start()
+    for _ in range(60):
+        client.register_system_shared_memory("busy", r.key, r.size)
+        time.sleep(0.002)
+        client.unregister_system_shared_memory("busy")
+    for t in callers:
+        t.join(timeout=60)
+    assert set(outcomes) <= {"OK", "StatusCode.NOT_FOUND"}, outcomes
+    assert len(outcomes) == 90
+    if "OK" in outcomes:
+        assert_close(r.get(np.float32, q.shape, q.nbytes).astype(np.float64), want, "FP32",
+                     "rope through a region unregistered meanwhile")
+    assert client.is_server_live()
+
+
+def test_metrics_count_shared_memory_bytes(client, regions, shm_server):
+    def bytes_in():
+        text = urllib.request.urlopen(shm_server["metrics"], timeout=10).read().decode()
+        return sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith("posenc_bytes_total{")
+                   and 'method="ModelInfer"' in line and 'direction="in"' in line)
+
+    q = np.ones((1, 128, 8, 64), np.float32)
+    r = regions("met", q.nbytes)
+    r.put([q])
+    client.register_system_shared_memory("met", r.key, q.nbytes)
+    before = bytes_in()
+    client.infer("rope", [shm_input("query", q, "FP32", "met")],
+                 outputs=[shm_output("query_out", "met", q.nbytes)])
+    assert bytes_in() - before >= q.nbytes
+
+
+def test_perf_analyzer_with_system_shared_memory(shm_server, client):
+    # perf_analyzer refuses shared memory for models with optional inputs,
+    # so it drives rope_qk (query and key, both required; random data).
+    q_shape, k_shape = [1, 128, 8, 64], [1, 128, 2, 64]
+    cmd = [os.environ["PERF_ANALYZER"], "-m", "rope_qk", "-i", "grpc", "-u", shm_server["url"],
+           "--shape", "query:" + ",".join(map(str, q_shape)),
+           "--shape", "key:" + ",".join(map(str, k_shape)),
+           "--shared-memory=system", f"--output-shared-memory-size={int(np.prod(q_shape)) * 4}",
+           "--concurrency-range=1:2", "--measurement-interval=1000",
+           "--stability-percentage=999", "--max-trials=3"]
+    print(" ".join(cmd))
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    print(run.stdout[-1500:], run.stderr[-2000:])
+    assert run.returncode == 0, run.stdout[-1500:] + run.stderr
+    rates = [float(x) for x in re.findall(r"Concurrency: \d+, throughput: ([\d.]+) infer/sec",
+                                          run.stdout)]
+    assert len(rates) == 2 and min(rates) > 0, run.stdout
+    assert re.search(r"Successful request count: [1-9]", run.stdout), run.stdout
+    # Its requests went through shared memory: what it registered was
+    # unregistered again, and the server counted the tensor bytes.
+    assert len(client.get_system_shared_memory_status().regions) == 0
