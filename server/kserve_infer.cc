@@ -110,7 +110,11 @@ absl::Status RunRope(Engine& engine, ParameterReader& params, InputSet& in, cons
                      std::string* backend_out) {
   RopeOptions options;
   CallEnv env = env_in;
-  POSENC_RETURN_IF_ERROR(ReadRopeOptions(params, &options, &env.backend));
+  const Input* query = in.Find("query");
+  POSENC_RETURN_IF_ERROR(ReadRopeOptions(params, &options, &env.backend,
+                                         query != nullptr && !query->shape.empty()
+                                             ? query->shape.back()
+                                             : 0));
   POSENC_RETURN_IF_ERROR(params.Finish("rope"));
   RopeTensors t;
   t.query = in.Mutable("query");
