@@ -108,19 +108,22 @@ absl::StatusOr<int64_t> HeadDim(const Fields& cfg, absl::string_view model_type)
 
 absl::StatusOr<double> Theta(const Fields& cfg, const Fields& rope, absl::string_view model_type) {
   POSENC_ASSIGN_OR_RETURN(std::optional<double> theta, rope.Number("rope_theta"));
+  std::string path = rope.Path("rope_theta");
   // GPT-J hard-codes 10000 (create_sinusoidal_positions).
   if (model_type == "gptj") return 10000.0;
   // GPTNeoXConfig: rope_theta from rotary_emb_base.
   if (!theta && model_type == "gpt_neox") {
     POSENC_ASSIGN_OR_RETURN(theta, cfg.Number("rotary_emb_base"));
+    path = cfg.Path("rotary_emb_base");
   }
   if (!theta) {
     POSENC_ASSIGN_OR_RETURN(theta, cfg.Number("rope_theta"));
+    path = cfg.Path("rope_theta");
   }
-  const double base = theta.value_or(DefaultTheta(model_type));
-  POSENC_RETURN_IF_ERROR(InRange(theta ? rope.Path("rope_theta") : "hf_config rope_theta", base,
-                                 1.0, kMaxBase));
-  return base;
+  if (!theta) return DefaultTheta(model_type);
+  // > 1: base 1 makes every frequency 1 and YaRN divide by ln(1) = 0.
+  POSENC_RETURN_IF_ERROR(InRange(path, *theta, 1.0, kMaxBase));
+  return *theta;
 }
 
 // Families whose own default RoPE (compute_default_rope_parameters) rotates
