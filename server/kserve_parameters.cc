@@ -207,7 +207,7 @@ absl::Status ReadRopeOptions(ParameterReader& p, RopeOptions* o, BackendChoice* 
   std::string hf_config;
   POSENC_RETURN_IF_ERROR(p.String("hf_config", &hf_config));
   if (!hf_config.empty()) {
-    POSENC_ASSIGN_OR_RETURN(const wire::HfRope hf, wire::ResolveHfRope(hf_config));
+    POSENC_ASSIGN_OR_RETURN(const wire::HfRope hf, wire::ResolveHfRopeCached(hf_config));
     wire::ExplicitRopeFields given;
     given.style = p.Has("style");
     given.rotary_dim = p.Has("rotary_dim");

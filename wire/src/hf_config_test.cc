@@ -201,6 +201,35 @@ TEST(HfConfig, OddRotaryDimensionIsRefused) {
               HasSubstr("rotary dimension 25"));
 }
 
+TEST(HfConfigCache, HitsAnswerAsTheParserAndErrorsStayErrors) {
+  const std::string llama = R"({"head_dim": 64, "rope_theta": 500000, "rope_scaling":
+    {"rope_type": "llama3", "factor": 32, "low_freq_factor": 1, "high_freq_factor": 4,
+     "original_max_position_embeddings": 8192}})";
+  for (int i = 0; i < 3; ++i) {  // a miss, then hits
+    absl::StatusOr<HfRope> r = ResolveHfRopeCached(llama);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->options.base, 500000.0);
+    EXPECT_EQ(r->options.scaling.factor, 32.0);
+    EXPECT_EQ(r->options.scaling.original_max_position, 8192);
+  }
+  // More distinct configs than entries: each still resolves to its own.
+  for (int d = 2; d <= 2 * static_cast<int>(kHfCacheEntries) + 2; d += 2) {
+    absl::StatusOr<HfRope> r = ResolveHfRopeCached(absl::StrCat(R"({"head_dim": )", d, "}"));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->options.rotary_dim, d);
+  }
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(ResolveHfRopeCached(R"({"head_dim": "x"})").status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  // Over the per-entry size: resolved, not cached.
+  const std::string big = absl::StrCat(R"({"head_dim": 32, "pad": ")",
+                                       std::string(kHfCacheMaxBytes, 'x'), R"("})");
+  absl::StatusOr<HfRope> r = ResolveHfRopeCached(big);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->head_dim, 32);
+}
+
 v1::RopeRequest RequestWith(const std::string& config) {
   v1::RopeRequest req;
   req.set_hf_config(config);

@@ -75,7 +75,7 @@ absl::StatusOr<RopeOptions> RopeOptionsOf(const v1::RopeRequest& req) {
   r.inv_freq.assign(s.inv_freq().begin(), s.inv_freq().end());
   POSENC_ASSIGN_OR_RETURN(r.longrope_mode, FromProto("scaling.longrope_mode", s.longrope_mode()));
   if (!req.hf_config().empty()) {
-    POSENC_ASSIGN_OR_RETURN(const HfRope hf, ResolveHfRope(req.hf_config()));
+    POSENC_ASSIGN_OR_RETURN(const HfRope hf, ResolveHfRopeCached(req.hf_config()));
     ExplicitRopeFields given;
     given.style = req.style() != v1::ROPE_STYLE_UNSPECIFIED;
     given.rotary_dim = req.rotary_dim() != 0;

@@ -50,6 +50,15 @@ struct HfRope {
 // ones are inferred, is documented in README "HF configs".
 [[nodiscard]] absl::StatusOr<HfRope> ResolveHfRope(absl::string_view config_json);
 
+// ResolveHfRope through a small process-wide cache of the last resolved
+// configs (kHfCacheEntries, each at most kHfCacheMaxBytes of JSON; errors are
+// not cached). Callers resend the same config with every request, and
+// protobuf's JSON parser costs 20-100 us per config (bench/HF_CONFIG.md); a
+// hit costs a string compare. Thread-safe. RopeOptionsOf uses it.
+inline constexpr size_t kHfCacheEntries = 32;
+inline constexpr size_t kHfCacheMaxBytes = size_t{64} << 10;
+[[nodiscard]] absl::StatusOr<HfRope> ResolveHfRopeCached(absl::string_view config_json);
+
 // Which RoPE options a request set itself, beside an hf_config.
 struct ExplicitRopeFields {
   bool style = false, rotary_dim = false, base = false, scaling = false, axis_mode = false,
