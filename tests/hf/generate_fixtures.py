@@ -232,6 +232,25 @@ def conventions():
                       "query": tolist(q), "expected": tolist(out)})
     except (ImportError, AttributeError) as e:
         print(f"skipping qwen3-vl: {e}", file=sys.stderr)
+
+    # DeepSeek-V3 rope_interleave: HF rotates the interleaved pairs (2i, 2i+1)
+    # and writes the results de-interleaved (evens, then odds), the same for
+    # q and k, so q.k is GPT-J's. Re-interleaved, HF's output is posenc GPTJ's.
+    try:
+        from transformers.models.deepseek_v3 import modeling_deepseek_v3
+        B, H, S, D = 1, 2, 5, 64
+        inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+        pos = torch.randint(0, 3000, (B, S))
+        cos, sin = cos_sin(inv, pos)
+        q = rand(B, H, S, D)
+        out, _ = modeling_deepseek_v3.apply_rotary_pos_emb_interleave(q, q, cos, sin)
+        interleaved = out.view(B, H, S, 2, D // 2).transpose(-1, -2).reshape(B, H, S, D)
+        cases.append({"name": "deepseek-v3-interleave", "layout": "BHSD", "style": "GPTJ",
+                      "shape": [B, H, S, D], "rotary_dim": D, "position_ids": tolist(pos),
+                      "position_shape": [B, S], "query": tolist(q),
+                      "expected": tolist(interleaved)})
+    except (ImportError, AttributeError) as e:
+        print(f"skipping deepseek-v3 interleave: {e}", file=sys.stderr)
     return cases
 
 
