@@ -165,7 +165,11 @@ absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params
                      inference::ModelInferResponse* resp, std::string* backend_out) {
   RopeOptions options;
   CallEnv env = env_in;
-  POSENC_RETURN_IF_ERROR(ReadRopeOptions(params, &options, &env.backend));
+  const Input* query = in.Find("query");
+  POSENC_RETURN_IF_ERROR(ReadRopeOptions(params, &options, &env.backend,
+                                         query != nullptr && !query->shape.empty()
+                                             ? query->shape.back()
+                                             : 0));
   POSENC_RETURN_IF_ERROR(params.Finish(model.name));
   POSENC_RETURN_IF_ERROR(CheckHeadDim(model, in));
   RopeTensors t;

@@ -10,6 +10,7 @@
 #include "absl/strings/strip.h"
 #include "posenc/status_macros.h"
 #include "posenc/wire/enums.h"
+#include "posenc/wire/hf_config.h"
 
 namespace posenc::server::kserve {
 namespace {
@@ -201,7 +202,8 @@ absl::Status ParameterReader::Finish(absl::string_view model) const {
   return absl::OkStatus();
 }
 
-absl::Status ReadRopeOptions(ParameterReader& p, RopeOptions* o, BackendChoice* backend) {
+absl::Status ReadRopeOptions(ParameterReader& p, RopeOptions* o, BackendChoice* backend,
+                             int64_t query_head_dim) {
   POSENC_RETURN_IF_ERROR(p.Enum("backend", backend));
   POSENC_RETURN_IF_ERROR(p.Enum("layout", &o->layout));
   POSENC_RETURN_IF_ERROR(p.Enum("style", &o->style));
@@ -227,6 +229,25 @@ absl::Status ReadRopeOptions(ParameterReader& p, RopeOptions* o, BackendChoice* 
   POSENC_RETURN_IF_ERROR(p.Enum("axis_mode", &o->axis_mode));
   POSENC_RETURN_IF_ERROR(p.Ints("axis_dims", &o->axis_dims));
   POSENC_RETURN_IF_ERROR(p.Ints("sections", &o->sections));
+  std::string hf_config;
+  POSENC_RETURN_IF_ERROR(p.String("hf_config", &hf_config));
+  if (!hf_config.empty()) {
+    POSENC_ASSIGN_OR_RETURN(const wire::HfRope hf, wire::ResolveHfRopeCached(hf_config));
+    wire::ExplicitRopeFields given;
+    given.style = p.Has("style");
+    given.rotary_dim = p.Has("rotary_dim");
+    given.base = p.Has("base");
+    given.axis_mode = p.Has("axis_mode");
+    given.sections = p.Has("sections");
+    // Every scaling parameter counts: the config determines them all.
+    for (const char* name : {"scaling", "factor", "original_max_position", "beta_fast", "beta_slow",
+                             "mscale", "mscale_all_dim", "attention_factor", "truncate",
+                             "low_freq_factor", "high_freq_factor", "short_factor", "long_factor",
+                             "longrope_mode"}) {
+      given.scaling = given.scaling || p.Has(name);
+    }
+    POSENC_RETURN_IF_ERROR(wire::MergeHfRope(hf, given, query_head_dim, o));
+  }
   return absl::OkStatus();
 }
 

@@ -52,6 +52,9 @@ class ParameterReader {
   // Whether `name` was asked for.
   bool WasRead(absl::string_view name) const;
 
+  // Whether the request carries the parameter (read or not).
+  bool Has(absl::string_view name) const { return parameters_.contains(std::string(name)); }
+
  private:
   const inference::InferParameter* Find(absl::string_view name);
   const Parameters& parameters_;
@@ -60,8 +63,12 @@ class ParameterReader {
 
 // What each model reads (the names are listed in README "Triton / KServe v2
 // clients"). `backend` is the "backend" parameter (default: the server's).
+// The rope model's "hf_config" (a model's HF config.json as a string) is
+// resolved by wire::ResolveHfRope and merged as for posenc.v1's hf_config
+// (wire::MergeHfRope); `query_head_dim` (> 0: the query's last dimension)
+// must then be the config's head_dim.
 [[nodiscard]] absl::Status ReadRopeOptions(ParameterReader& p, RopeOptions* o,
-                                           BackendChoice* backend);
+                                           BackendChoice* backend, int64_t query_head_dim = 0);
 [[nodiscard]] absl::Status ReadAbsoluteOptions(ParameterReader& p, bool learned, AbsoluteOptions* o,
                                                BackendChoice* backend);
 // Everything but the k_lens / k_starts tensors, which are inputs.

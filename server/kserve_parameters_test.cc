@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <tuple>
 
 #include "gtest/gtest.h"
 #include "kserve_tensors.h"
@@ -39,6 +40,46 @@ TEST(KServeParameters, NumbersComeAsAnyNumericKindOrString) {
   EXPECT_EQ(backend, BackendChoice::kDefault);
 }
 
+constexpr char kQwenYarn[] = R"({"model_type": "qwen2", "hidden_size": 3584,
+  "num_attention_heads": 28, "max_position_embeddings": 131072, "rope_theta": 1000000.0,
+  "rope_scaling": {"factor": null, "original_max_position_embeddings": 32768, "type": "yarn"}})";
+
+TEST(KServeParameters, HfConfigResolvesAndMergesWithExplicitParameters) {
+  ModelInferRequest req;
+  (*req.mutable_parameters())["hf_config"].set_string_param(kQwenYarn);
+  (*req.mutable_parameters())["layout"].set_string_param("bhsd");
+  (*req.mutable_parameters())["rotary_dim"].set_int64_param(128);  // agrees
+  ParameterReader p(req.parameters());
+  RopeOptions o;
+  BackendChoice backend = BackendChoice::kDefault;
+  absl::Status read = ReadRopeOptions(p, &o, &backend, /*query_head_dim=*/128);
+  ASSERT_TRUE(read.ok()) << read;
+  ASSERT_TRUE(p.Finish("rope").ok());
+  EXPECT_EQ(o.layout, RopeLayout::kBHSD);
+  EXPECT_EQ(o.base, 1000000.0);
+  EXPECT_EQ(o.scaling.type, ScalingType::kYarn);
+  EXPECT_EQ(o.scaling.factor, 4.0);  // inferred: 131072 / 32768
+  EXPECT_EQ(o.scaling.original_max_position, 32768);
+
+  // Conflicts name both sides; any scaling parameter beside the config is one.
+  for (auto [name, value, expect] :
+       {std::tuple{"base", "10000", "base is 10000 but hf_config gives 1e+06"},
+        {"rotary_dim", "64", "rotary_dim is 64 but hf_config gives 128"},
+        {"factor", "8", "scaling and hf_config are both set"}}) {
+    ModelInferRequest bad = req;
+    (*bad.mutable_parameters())[name].set_string_param(value);
+    ParameterReader q(bad.parameters());
+    absl::Status s = ReadRopeOptions(q, &o, &backend, 128);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_NE(s.message().find(expect), std::string::npos) << s;
+  }
+  ParameterReader q(req.parameters());
+  absl::Status s = ReadRopeOptions(q, &o, &backend, /*query_head_dim=*/64);
+  EXPECT_NE(s.message().find("the query's head_dim is 64 but hf_config gives 128"),
+            std::string::npos)
+      << s;
+}
+
 TEST(KServeParameters, WrongKindsAndUnknownNamesAreRefusedByName) {
   struct Case {
     const char* name;
@@ -58,6 +99,9 @@ TEST(KServeParameters, WrongKindsAndUnknownNamesAreRefusedByName) {
       {"rotary_dim", param([](auto& p) { p.set_uint64_param(~uint64_t{0}); }), "rotary_dim"},
       {"inverse", param([](auto& p) { p.set_int64_param(1); }), "a bool"},
       {"style", param([](auto& p) { p.set_string_param("sideways"); }), "sideways"},
+      {"hf_config", param([](auto& p) { p.set_string_param("{\"head_dim\": \"x\"}"); }),
+       "hf_config.head_dim must be an integer, got a string"},
+      {"hf_config", param([](auto& p) { p.set_int64_param(1); }), "hf_config"},
       {"short_factor", param([](auto& p) { p.set_string_param("1,x,3"); }), "\"x\""},
       {"rotary_dm", param([](auto& p) { p.set_int64_param(4); }), "rotary_dim"},
   };

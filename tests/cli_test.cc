@@ -78,6 +78,27 @@ TEST_F(Cli, EnumFlagsMeanWhatTheySayInAnyCase) {
   EXPECT_NE(Rotated("--scaling=linear --factor=2"), neox);
 }
 
+TEST_F(Cli, HfConfigRotatesAsTheFlagsItStandsFor) {
+  // YaRN with the factor unset: transformers infers 65536 / 4096 = 16.
+  const std::string config = dir_ + "/config.json";
+  std::FILE* f = std::fopen(config.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs(R"({"model_type": "qwen2", "head_dim": 16, "rope_theta": 500000,
+                 "max_position_embeddings": 65536, "rope_scaling": {"rope_type": "yarn",
+                 "factor": null, "original_max_position_embeddings": 4096}})",
+             f);
+  std::fclose(f);
+  const std::string from_config = Rotated("--hf_config=" + config + " --offset=20000");
+  EXPECT_EQ(from_config, Rotated("--base=500000 --scaling=yarn --factor=16 "
+                                 "--original_max_position=4096 --offset=20000"));
+  EXPECT_NE(from_config, Rotated("--base=500000 --offset=20000"));
+  EXPECT_EQ(Rotated("--hf_config=" + config + " --offset=20000 --base=500000"), from_config);
+  const Result r = Run("rope --input=" + dir_ + "/q.npy --hf_config=" + config + " --base=20000");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("base is 20000 but hf_config gives 500000"), std::string::npos)
+      << r.output;
+}
+
 TEST_F(Cli, UnknownValuesAreRefusedNamingTheFlag) {
   for (const auto& [args, flag] : std::vector<std::pair<std::string, std::string>>{
            {"bias --form=alibi", "--form"},

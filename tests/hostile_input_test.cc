@@ -88,6 +88,40 @@ using Stub = v1::PositionalEncoding::Stub;
 std::vector<Case> Cases() {
   const int64_t big = int64_t{1} << 62;
   return {
+      // HF configs: JSON parsed on the server (wire::ResolveHfRope).
+      {"hf_config_deep_nesting", StatusCode::INVALID_ARGUMENT, "hf_config must nest",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::RopeRequest r = Rope();
+         r.set_hf_config(std::string(1 << 20, '['));  // would recurse a million deep
+         return CallRope(s, c, r);
+       }},
+      {"hf_config_over_1mib", StatusCode::INVALID_ARGUMENT, "hf_config must be at most",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::RopeRequest r = Rope();
+         r.set_hf_config("{\"head_dim\": 8, \"pad\": \"" + std::string(2 << 20, 'x') + "\"}");
+         return CallRope(s, c, r);
+       }},
+      {"hf_config_wrong_type", StatusCode::INVALID_ARGUMENT,
+       "hf_config.rope_scaling.factor must be a number, got a string",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::RopeRequest r = Rope();
+         r.set_hf_config(R"({"head_dim": 8, "rope_scaling": {"type": "linear", "factor": "8"}})");
+         return CallRope(s, c, r);
+       }},
+      {"hf_config_absurd_factor", StatusCode::INVALID_ARGUMENT, "hf_config.rope_scaling.factor",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::RopeRequest r = Rope();
+         r.set_hf_config(R"({"head_dim": 8, "rope_scaling": {"type": "linear", "factor": 1e308}})");
+         return CallRope(s, c, r);
+       }},
+      {"hf_config_conflicts_with_base", StatusCode::INVALID_ARGUMENT,
+       "base is 10000 but hf_config gives 500000",
+       [](Stub& s, grpc::ClientContext& c) {
+         v1::RopeRequest r = Rope();
+         r.set_base(10000);
+         r.set_hf_config(R"({"head_dim": 8, "rope_theta": 500000})");
+         return CallRope(s, c, r);
+       }},
       // Sums that wrap to R passed validation and wrote past slot_axis.
       {"axial_dims_sum_wraps", StatusCode::INVALID_ARGUMENT, "axis_dims[0]",
        [](Stub& s, grpc::ClientContext& c) {
@@ -472,6 +506,42 @@ TEST_F(HostileInput, EveryClassIsRefusedByNameAndTheServerKeepsServing) {
 #ifndef POSENC_UNDER_SANITIZER  // shadow memory and quarantine are not ours
   EXPECT_LT(peak, kMaxInflight + 128 * kMiB);
 #endif
+}
+
+// The positive path: a Llama 3.1 config.json rotates exactly as the same
+// options sent field by field.
+TEST_F(HostileInput, HfConfigRotatesAsItsExplicitOptions) {
+  testing::Bytes q = testing::RandomTensor(DType::kFloat32, 2 * 3 * 4 * 128);
+  auto call = [&](v1::RopeRequest req) {
+    SetTensor(TensorView{DType::kFloat32, {2, 3, 4, 128}, q.data(), q.size()},
+              req.mutable_query(), req.mutable_query_data());
+    SetInts(req.mutable_offsets(), {2}, {9000, 5});
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::RopeResponse resp;
+    const grpc::Status s = v1::PositionalEncoding::NewStub(server_->channel())
+                               ->ApplyRope(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp.query_data();
+  };
+  v1::RopeRequest from_config;
+  from_config.set_hf_config(R"({"model_type": "llama", "hidden_size": 4096,
+    "num_attention_heads": 32, "max_position_embeddings": 131072, "rope_theta": 500000.0,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"}})");
+  v1::RopeRequest explicit_fields;
+  explicit_fields.set_base(500000.0);
+  explicit_fields.set_rotary_dim(128);
+  v1::RopeScaling* sc = explicit_fields.mutable_scaling();
+  sc->set_type(v1::SCALING_TYPE_LLAMA3);
+  sc->set_factor(8);
+  sc->set_low_freq_factor(1);
+  sc->set_high_freq_factor(4);
+  sc->set_original_max_position(8192);
+  const std::string a = call(from_config), b = call(explicit_fields);
+  EXPECT_EQ(a.size(), q.size());
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, std::string(q.begin(), q.end())) << "the query must have been rotated";
 }
 
 // An answer one message long plus the backend name the server adds: refused

@@ -10,6 +10,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
@@ -27,6 +28,7 @@
 #include "posenc/client.h"
 #include "posenc/status_macros.h"
 #include "posenc/wire/enums.h"
+#include "posenc/wire/hf_config.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051", "Server address, or dns:///name:port.");
 ABSL_FLAG(double, timeout_s, 30, "Call deadline in seconds.");
@@ -47,6 +49,10 @@ ABSL_FLAG(std::string, scaling, "none",
           "rope: none, linear, dynamic_ntk (dynamic), yarn, llama3, longrope, explicit.");
 ABSL_FLAG(double, factor, 0, "rope scaling factor (0 = the type's default).");
 ABSL_FLAG(int64_t, original_max_position, 0, "rope scaling original context (0 = default).");
+ABSL_FLAG(std::string, hf_config, "",
+          "rope: a model's HF config.json; base, rotary_dim, scaling (and style / sections "
+          "where the family implies them) as transformers resolves them. --base, --rotary_dim "
+          "and --style off their defaults must agree; scaling flags are refused.");
 ABSL_FLAG(int64_t, offset, 0, "rope/absolute: position of each sequence's first token.");
 ABSL_FLAG(std::string, encoding, "sinusoidal", "absolute/table: sinusoidal or learned.");
 ABSL_FLAG(std::string, table_name, "", "absolute/table: learned table name (see `tables`).");
@@ -245,6 +251,24 @@ absl::Status Rope(Client& client, const CallOptions& call) {
   }
   POSENC_ASSIGN_OR_RETURN(std::vector<int64_t> shape, ParseShape());
   POSENC_ASSIGN_OR_RETURN(std::string q, InputData(dtype, &shape));
+  if (const std::string path = absl::GetFlag(FLAGS_hf_config); !path.empty()) {
+    // Resolved here, with the same code the server runs for hf_config.
+    POSENC_ASSIGN_OR_RETURN(const std::string json, ReadFile(path));
+    POSENC_ASSIGN_OR_RETURN(const wire::HfRope hf, wire::ResolveHfRope(json));
+    // A flag off its default counts as given (this abseil keeps "specified
+    // on the command line" private).
+    auto given = [](const char* name) {
+      const absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);
+      return f != nullptr && f->CurrentValue() != f->DefaultValue();
+    };
+    wire::ExplicitRopeFields fields;
+    fields.style = given("style");
+    fields.rotary_dim = given("rotary_dim");
+    fields.base = given("base");
+    fields.scaling = given("scaling") || given("factor") || given("original_max_position");
+    POSENC_RETURN_IF_ERROR(
+        wire::MergeHfRope(hf, fields, shape.empty() ? 0 : shape.back(), &o));
+  }
   const size_t rank = o.layout == RopeLayout::kTHD ? 3 : 4;
   if (shape.size() != rank) {
     return absl::InvalidArgumentError(

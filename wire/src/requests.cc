@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "posenc/status_macros.h"
 #include "posenc/wire/enums.h"
+#include "posenc/wire/hf_config.h"
 #include "posenc/wire/tensors.h"
 
 namespace posenc::wire {
@@ -73,6 +74,18 @@ absl::StatusOr<RopeOptions> RopeOptionsOf(const v1::RopeRequest& req) {
   r.long_factor.assign(s.long_factor().begin(), s.long_factor().end());
   r.inv_freq.assign(s.inv_freq().begin(), s.inv_freq().end());
   POSENC_ASSIGN_OR_RETURN(r.longrope_mode, FromProto("scaling.longrope_mode", s.longrope_mode()));
+  if (!req.hf_config().empty()) {
+    POSENC_ASSIGN_OR_RETURN(const HfRope hf, ResolveHfRopeCached(req.hf_config()));
+    ExplicitRopeFields given;
+    given.style = req.style() != v1::ROPE_STYLE_UNSPECIFIED;
+    given.rotary_dim = req.rotary_dim() != 0;
+    given.base = req.has_base();
+    given.scaling = req.has_scaling();
+    given.axis_mode = req.axis_mode() != v1::AXIS_MODE_UNSPECIFIED;
+    given.sections = !req.sections().empty();
+    const auto& dims = req.query().shape();
+    POSENC_RETURN_IF_ERROR(MergeHfRope(hf, given, dims.empty() ? 0 : dims[dims.size() - 1], &o));
+  }
   return o;
 }
 
