@@ -6,7 +6,8 @@
 //    second buffer): the fair limit, and the one the targets are set against.
 // Repetitions interleave kernel, memcpy and read-modify-write, so drift in
 // the machine's speed hits all three alike; medians are reported.
-// Prints a table, and JSON with --json=PATH.
+// Prints a table, and JSON with --json=PATH. --only=rope|sinusoidal|alibi|small
+// runs one section (the others are skipped).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -130,18 +131,21 @@ std::function<void()> RopeKernel(posenc::Backend& cpu, posenc::DType dtype, pose
 int main(int argc, char** argv) {
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   int reps = 15;
-  std::string json;
+  std::string json, only;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--threads=", 0) == 0) threads = std::stoi(a.substr(10));
     if (a.rfind("--reps=", 0) == 0) reps = std::stoi(a.substr(7));
     if (a.rfind("--json=", 0) == 0) json = a.substr(7);
+    if (a.rfind("--only=", 0) == 0) only = a.substr(7);
   }
+  auto wanted = [&](const char* section) { return only.empty() || only == section; };
   auto cpu = posenc::CreateCpuBackend(threads);
   Bench bench(threads, reps);
   std::vector<Result> results;
 
   for (posenc::DType dtype : {posenc::DType::kFloat32, posenc::DType::kBFloat16}) {
+    if (!wanted("rope")) break;
     for (posenc::RopeLayout layout : {posenc::RopeLayout::kBSHD, posenc::RopeLayout::kBHSD}) {
       for (posenc::RopeStyle style : {posenc::RopeStyle::kNeox, posenc::RopeStyle::kGptj}) {
         std::vector<uint8_t> q, k;
@@ -156,6 +160,7 @@ int main(int argc, char** argv) {
     }
   }
   for (posenc::DType dtype : {posenc::DType::kFloat32, posenc::DType::kBFloat16}) {
+    if (!wanted("sinusoidal")) break;
     const int64_t T = 4096, d = 4096;
     auto x = Random(T * d * posenc::SizeOf(dtype), dtype);
     posenc::AbsoluteOptions o;
@@ -172,6 +177,7 @@ int main(int argc, char** argv) {
   // (k_starts): the mask is one more compare per element, and masked
   // elements store -inf without the distance.
   for (bool left_padding : {false, true}) {
+    if (!wanted("alibi")) break;
     const int64_t B = 2, H = 16, L = 1024;
     auto logits = Random(B * H * L * L * 2, posenc::DType::kBFloat16);
     std::vector<int64_t> starts = {0, 0};
@@ -199,7 +205,7 @@ int main(int argc, char** argv) {
   }
 
   // Small requests must not get slower from being split across threads.
-  if (threads > 1) {
+  if (threads > 1 && wanted("small")) {
     auto one = posenc::CreateCpuBackend(1);
     std::printf("\nsmall requests, 1 thread vs %d (median us; must not be slower on more)\n",
                 threads);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuda_kernels.h"
+#include "math/phase.h"
 
 namespace {
 
@@ -197,12 +198,21 @@ int main(int argc, char** argv) {
     const size_t bytes = static_cast<size_t>(T) * d * (dtype == DType::kFloat32 ? 4 : 2);
     std::vector<int64_t> pos(T);
     for (int64_t t = 0; t < T; ++t) pos[t] = t;
-    std::vector<double> omega(d / 2);
-    for (int64_t i = 0; i < d / 2; ++i) omega[i] = std::pow(10000.0, -2.0 * i / d);
+    const int64_t F = d / 2;
+    std::vector<double> omega(F);
+    std::vector<uint64_t> step(F);
+    std::vector<float> offset_sin(posenc::internal::kPhaseAnchorStride * F);
+    std::vector<float> offset_cos(offset_sin.size());
+    for (int64_t i = 0; i < F; ++i) {
+      omega[i] = std::pow(10000.0, -2.0 * i / d);
+      step[i] = posenc::internal::PhaseStepOf(omega[i]);
+    }
+    posenc::internal::BuildOffsetTable(omega.data(), F, offset_sin.data(), offset_cos.data());
     posenc::cuda::AbsoluteParams p{};
     p.x = RandomDevice(bytes);
     p.positions = DeviceArray(pos);
-    p.omega = DeviceArray(omega);
+    p.sinusoidal = {DeviceArray(omega), DeviceArray(step), DeviceArray(offset_sin),
+                    DeviceArray(offset_cos), F};
     p.num_tokens = T;
     p.dim = d;
     p.dtype = dtype;

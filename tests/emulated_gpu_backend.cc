@@ -85,8 +85,11 @@ class EmulatedGpuBackend final : public Backend {
   absl::Status ApplyAbsolute(const AbsolutePlan& plan, void* x, const RunContext&) override {
     if (plan.empty()) return absl::OkStatus();
     const bool learned = plan.options.kind == AbsoluteOptions::Kind::kLearned;
+    const cuda::SinusoidalTables tables{plan.omega.data(), plan.phase_step.data(),
+                                        plan.offset_sin.data(), plan.offset_cos.data(),
+                                        static_cast<int64_t>(plan.omega.size())};
     cuda::AbsoluteParams p =
-        cuda::MakeAbsoluteParams(plan, x, plan.positions.values.data(), plan.omega.data(),
+        cuda::MakeAbsoluteParams(plan, x, plan.positions.values.data(), tables,
                                  learned ? plan.options.table->values.data() : nullptr);
     const LaunchShape shape = cuda::PlanAbsoluteLaunch(&p);
     if (shape.empty()) return absl::OkStatus();

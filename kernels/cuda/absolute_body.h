@@ -11,6 +11,7 @@
 
 #include "kernel_params.h"
 #include "math/absolute_math.h"
+#include "math/phase.h"
 #include "packet.h"
 
 namespace posenc::cuda {
@@ -51,7 +52,6 @@ POSENC_HOST_DEVICE void AbsoluteBody(const AbsoluteParams& p, Coord block, Coord
       double precise_pe;
       bool have_precise = false;
       internal::SinusoidalChannel ch{0, false, false};
-      double angle = 0;
       if (p.table != nullptr) {
         pe = p.table[pos * p.dim + e];
         precise_pe = pe;
@@ -63,15 +63,16 @@ POSENC_HOST_DEVICE void AbsoluteBody(const AbsoluteParams& p, Coord block, Coord
           precise_pe = 0.0;
           have_precise = true;
         } else {
+          const SinusoidalTables& st = p.sinusoidal;
           float s, c;
-          angle = static_cast<double>(pos) * p.omega[ch.frequency];
-          internal::SinCos(angle, &s, &c);
+          internal::SinusoidalSinCos(pos, st.phase_step[ch.frequency], st.offset_sin,
+                                     st.offset_cos, st.frequencies, ch.frequency, &s, &c);
           pe = ch.is_sin ? s : c;
         }
       }
       auto precise = [&]() -> double {
         if (have_precise) return precise_pe;
-        return internal::SinusoidalPrecise(pos, p.omega[ch.frequency], ch.is_sin);
+        return internal::SinusoidalPrecise(pos, p.sinusoidal.omega[ch.frequency], ch.is_sin);
       };
       if (p.has_input) {
         internal::AddEncoding(&v[j], pe, p.x_scale, precise);

@@ -193,6 +193,10 @@ class CudaBackend final : public Backend {
     const size_t x_at = l.Add(x_bytes);
     const size_t pos_at = l.Add(plan.positions.values.size() * 8);
     const size_t omega_at = l.Add(plan.omega.size() * 8);
+    const size_t step_at = l.Add(plan.phase_step.size() * 8);
+    const size_t offsets_bytes = plan.offset_sin.size() * 4;
+    const size_t offset_sin_at = l.Add(offsets_bytes);
+    const size_t offset_cos_at = l.Add(offsets_bytes);
     return WithWorker(l.size(), [&](Worker& w) -> absl::Status {
       const float* table = nullptr;
       if (learned) {
@@ -202,10 +206,19 @@ class CudaBackend final : public Backend {
       if (plan.has_input) std::memcpy(h + x_at, x, x_bytes);
       std::memcpy(h + pos_at, plan.positions.values.data(), plan.positions.values.size() * 8);
       std::memcpy(h + omega_at, plan.omega.data(), plan.omega.size() * 8);
+      std::memcpy(h + step_at, plan.phase_step.data(), plan.phase_step.size() * 8);
+      std::memcpy(h + offset_sin_at, plan.offset_sin.data(), offsets_bytes);
+      std::memcpy(h + offset_cos_at, plan.offset_cos.data(), offsets_bytes);
       POSENC_CUDA(cudaMemcpyAsync(w.device, h, l.size(), cudaMemcpyHostToDevice, w.stream));
+      const cuda::SinusoidalTables tables{
+          reinterpret_cast<const double*>(w.device + omega_at),
+          reinterpret_cast<const uint64_t*>(w.device + step_at),
+          reinterpret_cast<const float*>(w.device + offset_sin_at),
+          reinterpret_cast<const float*>(w.device + offset_cos_at),
+          static_cast<int64_t>(plan.omega.size())};
       const cuda::AbsoluteParams p = cuda::MakeAbsoluteParams(
-          plan, w.device + x_at, reinterpret_cast<const int64_t*>(w.device + pos_at),
-          reinterpret_cast<const double*>(w.device + omega_at), table);
+          plan, w.device + x_at, reinterpret_cast<const int64_t*>(w.device + pos_at), tables,
+          table);
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(cuda::LaunchAbsolute(p, w.stream),
                                    "launching the absolute encoding kernel", CudaCall::kLaunch));

@@ -56,11 +56,20 @@ struct RopeParams {
   int threads_per_token, tokens_per_block, heads_per_group;
 };
 
+// A sinusoidal plan's per-frequency arrays (AbsolutePlan; math/phase.h).
+struct SinusoidalTables {
+  const double* omega;          // [frequencies]
+  const uint64_t* phase_step;   // [frequencies]
+  const float* offset_sin;      // [16, frequencies]
+  const float* offset_cos;      // [16, frequencies]
+  int64_t frequencies;
+};
+
 struct AbsoluteParams {
-  void* x;                   // [num_tokens, dim], updated in place (or written)
-  const int64_t* positions;  // [num_tokens]
-  const double* omega;       // sinusoidal: [dim / 2]; nullptr for learned
-  const float* table;        // learned: [rows, dim]; nullptr for sinusoidal
+  void* x;                     // [num_tokens, dim], updated in place (or written)
+  const int64_t* positions;    // [num_tokens]
+  SinusoidalTables sinusoidal;  // all null for learned
+  const float* table;          // learned: [rows, dim]; nullptr for sinusoidal
   int64_t num_tokens, dim;
   DType dtype;
   bool interleaved, has_input;

@@ -62,14 +62,15 @@ inline RopeParams MakeRopeParams(const RopePlan& plan, const RopeArrays& a) {
 }
 
 // `x` holds the tensor (or receives the table); `table` is the learned
-// table's float32 values, or nullptr for sinusoidal.
+// table's float32 values, or nullptr for sinusoidal (then `sinusoidal` holds
+// the plan's arrays, with frequencies = plan.omega.size()).
 inline AbsoluteParams MakeAbsoluteParams(const AbsolutePlan& plan, void* x,
-                                         const int64_t* positions, const double* omega,
-                                         const float* table) {
+                                         const int64_t* positions,
+                                         const SinusoidalTables& sinusoidal, const float* table) {
   AbsoluteParams p{};
   p.x = x;
   p.positions = positions;
-  p.omega = table != nullptr ? nullptr : omega;
+  if (table == nullptr) p.sinusoidal = sinusoidal;
   p.table = table;
   p.num_tokens = plan.num_tokens;
   p.dim = plan.dim;

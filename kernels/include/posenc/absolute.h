@@ -50,7 +50,13 @@ struct AbsolutePlan {
   int64_t dim = 0;
   ResolvedPositions positions;
   bool has_input = true;      // false: write PE (x treated as zero, x_scale ignored)
-  std::vector<double> omega;  // sinusoidal: [dim / 2] angular frequencies
+  std::vector<double> omega;  // sinusoidal: [(d + 1) / 2 or d / 2] angular frequencies
+  // sinusoidal: omega[i] / (2 pi) as a 64-bit fraction of a turn, so that
+  // pos * phase_step[i] mod 2^64 is the phase of pos * omega[i] in turns.
+  std::vector<uint64_t> phase_step;
+  // sinusoidal: sin(k omega[i]) and cos(k omega[i]) for k in [0, 16),
+  // [k][i]: the offsets from each position's anchor (kernels' math/phase.h).
+  std::vector<float> offset_sin, offset_cos;
 
   bool empty() const { return num_tokens == 0 || dim == 0; }
 };

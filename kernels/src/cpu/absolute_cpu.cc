@@ -1,13 +1,15 @@
-// Absolute encodings on the CPU: for each token, its PE row in float32 (one
-// SinCos per frequency), then y = x * x_scale + PE over the row. The element
-// arithmetic is math/absolute_math.h, the same as the CUDA kernel's; 16-bit
-// rows take two passes (float32 for all, double for the flagged few) so the
-// first vectorises.
+// Absolute encodings on the CPU: for each token, its PE row in float32 (a
+// rotation per frequency of its anchor's sine and cosine, math/phase.h), then
+// y = x * x_scale + PE over the row. The element arithmetic is
+// math/absolute_math.h and math/phase.h, the same as the CUDA kernel's;
+// 16-bit rows take two passes (float32 for all, double for the flagged few)
+// so the first vectorises.
 #include <cstdlib>
 #include <vector>
 
 #include "cpu_kernels.h"
 #include "math/absolute_math.h"
+#include "math/phase.h"
 #include "posenc/dtype.h"
 
 namespace posenc::internal {
@@ -23,9 +25,54 @@ double PreciseEncoding(const AbsolutePlan& p, int64_t pos, int64_t e) {
   return ch.is_zero ? 0.0 : SinusoidalPrecise(pos, p.omega[ch.frequency], ch.is_sin);
 }
 
-// PE[pos] in float32, [dim].
-POSENC_ALWAYS_INLINE void EncodingRow(const AbsolutePlan& p, int64_t pos, float* __restrict row,
-                                      float* __restrict sin_buf, float* __restrict cos_buf) {
+// Per-thread buffers, separately allocated so the compiler can see they do
+// not overlap.
+struct Scratch {
+  explicit Scratch(const AbsolutePlan& p)
+      : row(p.dim),
+        saved(p.dim),
+        anchor_sin(p.phase_step.size()),
+        anchor_cos(p.phase_step.size()),
+        step_hi(p.phase_step.size()),
+        step_lo(p.phase_step.size()),
+        flag(p.dim) {
+    for (size_t i = 0; i < p.phase_step.size(); ++i) {
+      step_hi[i] = static_cast<uint32_t>(p.phase_step[i] >> 32);
+      step_lo[i] = static_cast<uint32_t>(p.phase_step[i]);
+    }
+  }
+  std::vector<float> row;    // [dim] PE in float32
+  std::vector<float> saved;  // [dim] 16-bit inputs kept for recomputation
+  // sin and cos of anchor * w_i (math/phase.h), for the anchor below. Not a
+  // multiple of 16 until the first row, so that row computes them.
+  std::vector<float> anchor_sin, anchor_cos;
+  int64_t anchor = 1;
+  std::vector<uint32_t> step_hi, step_lo;  // words of plan.phase_step
+  std::vector<uint8_t> flag;               // [dim] elements to recompute in double
+};
+
+// sin and cos of anchor * w_i for every frequency: SinCosOfPosition with the
+// position's sign hoisted out and each step's words pre-split, so the loop
+// vectorises with 32-bit lanes.
+POSENC_ALWAYS_INLINE void AnchorRow(int64_t anchor, int64_t frequencies, Scratch& s) {
+  const uint32_t abs_pos = static_cast<uint32_t>(anchor < 0 ? -anchor : anchor);
+  const uint32_t* __restrict step_hi = s.step_hi.data();
+  const uint32_t* __restrict step_lo = s.step_lo.data();
+  float* __restrict as = s.anchor_sin.data();
+  float* __restrict ac = s.anchor_cos.data();
+  for (int64_t i = 0; i < frequencies; ++i) {
+    SinCosOfPhase(PhaseOf(abs_pos, step_hi[i], step_lo[i]), &as[i], &ac[i]);
+  }
+  if (anchor < 0) {
+    for (int64_t i = 0; i < frequencies; ++i) as[i] = -as[i];
+  }
+  s.anchor = anchor;
+}
+
+// PE[pos] in float32, [dim]: SinusoidalSinCos per frequency, its anchor's
+// sin and cos computed once for a run of tokens that share it.
+POSENC_ALWAYS_INLINE void EncodingRow(const AbsolutePlan& p, int64_t pos, Scratch& s) {
+  float* __restrict row = s.row.data();
   if (p.options.kind == AbsoluteOptions::Kind::kLearned) {
     const float* src = p.options.table->values.data() + pos * p.dim;
     for (int64_t i = 0; i < p.dim; ++i) row[i] = src[i];
@@ -33,34 +80,27 @@ POSENC_ALWAYS_INLINE void EncodingRow(const AbsolutePlan& p, int64_t pos, float*
   }
   const int64_t half = p.dim / 2;
   const int64_t frequencies = static_cast<int64_t>(p.omega.size());  // (d+1)/2 interleaved
-  const double dpos = static_cast<double>(pos);
-  const double* omega = p.omega.data();
-  for (int64_t i = 0; i < frequencies; ++i) SinCos(dpos * omega[i], &sin_buf[i], &cos_buf[i]);
+  const int64_t anchor = PhaseAnchor(pos);
+  if (anchor != s.anchor) AnchorRow(anchor, frequencies, s);
+  const float* __restrict as = s.anchor_sin.data();
+  const float* __restrict ac = s.anchor_cos.data();
+  const float* __restrict ts = p.offset_sin.data() + (pos - anchor) * frequencies;
+  const float* __restrict tc = p.offset_cos.data() + (pos - anchor) * frequencies;
   if (p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved) {
     for (int64_t i = 0; i < half; ++i) {
-      row[2 * i] = sin_buf[i];
-      row[2 * i + 1] = cos_buf[i];
+      RotateSinCos(as[i], ac[i], ts[i], tc[i], &row[2 * i], &row[2 * i + 1]);
     }
-    if (p.dim % 2 == 1) row[p.dim - 1] = sin_buf[half];  // odd d: a last sin channel
+    if (p.dim % 2 == 1) {  // odd d: a last sin channel
+      float c;
+      RotateSinCos(as[half], ac[half], ts[half], tc[half], &row[p.dim - 1], &c);
+    }
   } else {
     for (int64_t i = 0; i < half; ++i) {
-      row[i] = sin_buf[i];
-      row[half + i] = cos_buf[i];
+      RotateSinCos(as[i], ac[i], ts[i], tc[i], &row[i], &row[half + i]);
     }
     if (p.dim % 2 == 1) row[p.dim - 1] = 0.0f;  // fairseq's zero channel for odd d
   }
 }
-
-// Per-thread buffers, separately allocated so the compiler can see they do
-// not overlap.
-struct Scratch {
-  explicit Scratch(int64_t dim)
-      : row(dim), saved(dim), sin((dim + 1) / 2), cos((dim + 1) / 2), flag(dim) {}
-  std::vector<float> row;    // [dim] PE in float32
-  std::vector<float> saved;  // [dim] 16-bit inputs kept for recomputation
-  std::vector<float> sin, cos;
-  std::vector<uint8_t> flag;  // [dim] elements to recompute in double
-};
 
 template <typename T>
 POSENC_ALWAYS_INLINE void AbsoluteTokens(const AbsolutePlan& p, T* __restrict x, int64_t begin,
@@ -73,7 +113,7 @@ POSENC_ALWAYS_INLINE void AbsoluteTokens(const AbsolutePlan& p, T* __restrict x,
   const float xs = static_cast<float>(x_scale);
   for (int64_t t = begin; t < end; ++t) {
     const int64_t pos = p.positions.values[t];
-    EncodingRow(p, pos, row, s.sin.data(), s.cos.data());
+    EncodingRow(p, pos, s);
     T* __restrict y = x + t * dim;
     auto precise = [&](int64_t i) { return PreciseEncoding(p, pos, i); };
     if (!p.has_input) {
@@ -120,7 +160,7 @@ POSENC_CPU_CLONES void AbsoluteDispatch(const AbsolutePlan& p, void* x, int64_t 
 }  // namespace
 
 void AbsoluteTokensCpu(const AbsolutePlan& plan, void* x, int64_t begin, int64_t end) {
-  Scratch scratch(plan.dim);
+  Scratch scratch(plan);
   AbsoluteDispatch(plan, x, begin, end, scratch);
 }
 

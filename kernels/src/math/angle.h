@@ -25,11 +25,10 @@ inline constexpr double kPio2C = 0x1.18469898cc517p-44;
 // even) for |x| < 2^51 without a library call.
 inline constexpr double kRoundMagic = 6755399441055744.0;
 
-// sin(angle) and cos(angle) to float precision. REQUIRES: |angle| <= 2^31.
-POSENC_HOST_DEVICE void SinCos(double angle, float* sin_out, float* cos_out) {
-  const double q = (angle * kTwoOverPi + kRoundMagic) - kRoundMagic;
-  const double r = ((angle - q * kPio2A) - q * kPio2B) - q * kPio2C;
-  const float x = static_cast<float>(r);
+// sin(x + quadrant * pi/2) and cos(x + quadrant * pi/2) for a reduced
+// x in [-pi/4, pi/4]: minimax polynomials in float, then the quadrant's swap
+// and signs. Every float sine and cosine in the library ends here.
+POSENC_HOST_DEVICE void SinCosOfReduced(float x, int quadrant, float* sin_out, float* cos_out) {
   const float x2 = x * x;
   // Minimax coefficients on [-pi/4, pi/4] (Cephes sinf/cosf).
   const float sp =
@@ -38,14 +37,20 @@ POSENC_HOST_DEVICE void SinCos(double angle, float* sin_out, float* cos_out) {
       1.0f - 0.5f * x2 +
       x2 * x2 *
           (4.166664568298827e-2f + x2 * (-1.388731625493765e-3f + x2 * 2.443315711809948e-5f));
-  // |q| < 2^31, so a 32-bit conversion suffices (and vectorises on AVX2).
-  const int quadrant = static_cast<int32_t>(q) & 3;
   float s = (quadrant & 1) ? cp : sp;
   float c = (quadrant & 1) ? sp : cp;
   s = (quadrant & 2) ? -s : s;
   c = ((quadrant + 1) & 2) ? -c : c;
   *sin_out = s;
   *cos_out = c;
+}
+
+// sin(angle) and cos(angle) to float precision. REQUIRES: |angle| <= 2^31.
+POSENC_HOST_DEVICE void SinCos(double angle, float* sin_out, float* cos_out) {
+  const double q = (angle * kTwoOverPi + kRoundMagic) - kRoundMagic;
+  const double r = ((angle - q * kPio2A) - q * kPio2B) - q * kPio2C;
+  // |q| < 2^31, so a 32-bit conversion suffices (and vectorises on AVX2).
+  SinCosOfReduced(static_cast<float>(r), static_cast<int32_t>(q) & 3, sin_out, cos_out);
 }
 
 // sin(angle) and cos(angle) to about 1e-16 absolute, for outputs whose

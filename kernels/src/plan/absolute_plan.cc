@@ -1,6 +1,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "math/phase.h"
 #include "posenc/absolute.h"
 #include "posenc/checked_math.h"
 #include "posenc/limits.h"
@@ -33,9 +34,12 @@ absl::Status CheckSource(const AbsoluteOptions& o, int64_t dim) {
   return absl::OkStatus();
 }
 
-// Memory the plan will hold: resolved positions and sinusoidal frequencies.
+// Memory the plan will hold: resolved positions and, per sinusoidal
+// frequency, omega and phase_step (8 bytes each) and 16 offsets' sin and cos
+// (4 bytes each).
 int64_t PlanBytes(int64_t tokens, int64_t sequences, int64_t dim) {
-  return ResolvedPositionsBytes(tokens, sequences, 1) + (dim / 2) * 8;
+  return ResolvedPositionsBytes(tokens, sequences, 1) +
+         ((dim + 1) / 2) * (16 + 8 * internal::kPhaseAnchorStride);
 }
 
 absl::Status ResolveSource(const AbsoluteOptions& o, int64_t dim, AbsolutePlan& p) {
@@ -71,8 +75,16 @@ absl::Status ResolveSource(const AbsoluteOptions& o, int64_t dim, AbsolutePlan& 
     default:
       return absl::InvalidArgumentError("sinusoidal layout must be INTERLEAVED or CONCATENATED");
   }
-  // The angle reduction is exact to float precision while |pos * w| < 2^31
-  // (w <= 1 always holds for base > 1).
+  const int64_t frequencies = static_cast<int64_t>(p.omega.size());
+  p.phase_step.resize(frequencies);
+  for (int64_t i = 0; i < frequencies; ++i) p.phase_step[i] = internal::PhaseStepOf(p.omega[i]);
+  p.offset_sin.resize(frequencies * internal::kPhaseAnchorStride);
+  p.offset_cos.resize(frequencies * internal::kPhaseAnchorStride);
+  internal::BuildOffsetTable(p.omega.data(), frequencies, p.offset_sin.data(),
+                             p.offset_cos.data());
+  // The float64 angle reduction of the few recomputed 16-bit elements is
+  // exact to float precision while |pos * w| < 2^31 (w <= 1 always holds for
+  // base > 1); the kernels' phases need |pos| < 2^32.
   double max_omega = 0;
   for (double w : p.omega) max_omega = std::max(max_omega, w);
   if (static_cast<double>(p.positions.max_abs_position) * max_omega > 2147483648.0) {
