@@ -57,7 +57,7 @@ TEST_F(ModelRegistryTest, NoDirectoryServesTheBuiltIns) {
   ModelRegistry r(ModelRepositoryOptions{});
   ASSERT_TRUE(r.Reload());
   EXPECT_EQ(Names(*r.Snapshot()),
-            (std::vector<std::string>{"rope", "sinusoidal", "learned", "attention_bias"}));
+            (std::vector<std::string>{"rope", "rope_qk", "sinusoidal", "learned", "attention_bias"}));
   EXPECT_TRUE(r.Snapshot()->skipped().empty());
 }
 
