@@ -75,7 +75,7 @@ TEST_F(ModelRegistryTest, BadFilesAreSkippedWithTheirReasonWhileGoodOnesLoad) {
   ASSERT_TRUE(r.Reload());
   std::shared_ptr<const ModelSet> set = r.Snapshot();
   EXPECT_EQ(Names(*set),
-            (std::vector<std::string>{"rope", "sinusoidal", "learned", "attention_bias", "good"}));
+            (std::vector<std::string>{"rope", "rope_qk", "sinusoidal", "learned", "attention_bias", "good"}));
   EXPECT_NE(Reason(*set, "typo").find("no parameter \"bsae\""), std::string::npos);
   EXPECT_NE(Reason(*set, "typo").find("typo.json"), std::string::npos);
   EXPECT_NE(Reason(*set, "broken").find("not a JSON object"), std::string::npos);
