@@ -23,7 +23,7 @@ WORKDIR /src
 COPY scripts/install-deps.sh scripts/
 RUN ["scripts/install-deps.sh"]
 COPY . .
-ENV POSENC_CMAKE_ARGS="-DPOSENC_BUILD_TESTS=OFF -DPOSENC_BUILD_BENCH=OFF"
+ENV POSENC_CMAKE_ARGS="-DPOSENC_REQUIRE_CUDA=ON -DPOSENC_BUILD_TESTS=OFF -DPOSENC_BUILD_BENCH=OFF"
 RUN ["scripts/build.sh"]
 # hadolint ignore=DL3059
 RUN ["scripts/bundle-runtime.sh", "/opt/posenc", "build/server/posenc-server", "build/client/posenc-cli"]

@@ -84,7 +84,15 @@ check=(build/tools-venv/bin/python deploy/tests/check_image.py --buildah="${buil
 # told --default_backend=cuda (what the gpu overlay relies on).
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 if [ "${POSENC_IMAGE_CUDA:-1}" = 1 ] && [ -x "$nvcc" ]; then
-  cuda_root=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
+  # Ask nvcc where its toolkit is: the nvcc found on PATH may be a wrapper
+  # script (a CI machine's /usr/local/bin/nvcc execs the real one), whose
+  # own directory is not the toolkit.
+  cuda_root=$("$nvcc" --dryrun -c -x cu /dev/null 2>&1 | sed -n 's/^#\$ TOP=//p' | head -1)
+  cuda_root=$(readlink -f "${cuda_root:-$(dirname "$(readlink -f "$nvcc")")/..}")
+  if [ ! -f "$cuda_root/bin/nvcc" ] || [ ! -f "$cuda_root/include/cuda_runtime.h" ]; then
+    echo "image-test: $nvcc names $cuda_root as its toolkit, which has no bin/nvcc or include/cuda_runtime.h" >&2
+    exit 1
+  fi
   echo "image-test: CUDA stand-in bases from $cuda_root"
   # The compiler, headers and runtime only: the math libraries (cuBLAS,
   # cuDNN, ...) posenc does not link are left out. The toolkit goes in as a
