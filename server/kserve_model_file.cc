@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -12,6 +16,8 @@
 #include "google/protobuf/util/json_util.h"
 #include "kserve_parameters.h"
 #include "posenc/status_macros.h"
+#include "posenc/wire/enums.h"
+#include "posenc/wire/hf_config.h"
 #include "repository_file.h"
 
 namespace posenc::server::kserve {
@@ -120,6 +126,127 @@ absl::StatusOr<inference::InferParameter> ToParameter(const std::string& key, co
   }
 }
 
+// The head size `query` and `key` must have, announced on the tensors.
+void SetHeadDim(int64_t head_dim, Model* model) {
+  model->head_dim = head_dim;
+  for (auto* specs : {&model->inputs, &model->outputs}) {
+    for (TensorSpec& t : *specs) {
+      const absl::string_view n = t.name;
+      if (n == "query" || n == "key" || n == "query_out" || n == "key_out") {
+        t.dims.back() = head_dim;
+      }
+    }
+  }
+}
+
+// Resolves the file's "hf_config" (an HF config.json, inline) once, at load,
+// into fixed parameters: what a request to the built-in rope model with the
+// same config as its hf_config parameter would rotate with. The file's own
+// parameters stand beside the config by the request path's rule
+// (ExplicitRopeFieldsOf, wire::MergeHfRope): base, rotary_dim, style,
+// axis_mode and sections only with the config's values, no scaling
+// parameter at all; layout, inverse, backend and a style the family does not
+// imply stay the file's. Requests then find the resolved values fixed and
+// the unset scaling parameters closed (determined_by_hf_config).
+absl::Status ApplyHfConfig(const Value& v, Model* model) {
+  if (model->kind != ModelKind::kRope) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"hf_config\" is for operation rope, not ", KindName(model->kind)));
+  }
+  if (v.kind_case() != Value::kStructValue) {
+    return Invalid("hf_config", "an object (the model's config.json, or its RoPE fields)",
+                   KindOf(v));
+  }
+  std::string json;
+  if (const auto printed = google::protobuf::util::MessageToJsonString(v.struct_value(), &json);
+      !printed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("\"hf_config\" cannot be read back as JSON: ",
+                                                   std::string(printed.message())));
+  }
+  // Errors name the field as a path: hf_config.rope_scaling.factor.
+  POSENC_ASSIGN_OR_RETURN(const wire::HfRope hf, wire::ResolveHfRope(json));
+  if (model->head_dim > 0 && model->head_dim != hf.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat("\"head_dim\" is ", model->head_dim,
+                                                   " but hf_config gives ", hf.head_dim,
+                                                   "; give one or make them agree"));
+  }
+  ParameterReader reader(model->fixed);
+  RopeOptions o;
+  BackendChoice backend = BackendChoice::kDefault;
+  POSENC_RETURN_IF_ERROR(ReadRopeOptions(reader, &o, &backend));
+  POSENC_RETURN_IF_ERROR(wire::MergeHfRope(hf, ExplicitRopeFieldsOf(reader), 0, &o));
+  SetHeadDim(hf.head_dim, model);
+
+  Parameters& fixed = model->fixed;
+  auto number = [&](const char* name, double d) -> absl::Status {
+    POSENC_ASSIGN_OR_RETURN(fixed[name], NumberParameter(absl::StrCat("hf_config's ", name), d));
+    return absl::OkStatus();
+  };
+  auto numbers = [&](const char* name, const std::vector<double>& values) {
+    std::string text;
+    for (double d : values) absl::StrAppend(&text, text.empty() ? "" : ",", NumberText(d));
+    fixed[name].set_string_param(text);
+  };
+  POSENC_RETURN_IF_ERROR(number("base", o.base));
+  fixed["rotary_dim"].set_int64_param(o.rotary_dim);
+  if (hf.style_implied) fixed["style"].set_string_param(wire::NameOf(o.style));
+  if (hf.axis_mode_implied) {
+    fixed["axis_mode"].set_string_param(wire::NameOf(o.axis_mode));
+    fixed["sections"].set_string_param(absl::StrJoin(o.sections, ","));
+    fixed.erase("axis_dims");  // MergeHfRope drops them for M-RoPE too
+  }
+  const RopeScaling& s = o.scaling;
+  const RopeScaling defaults;
+  if (s.type == ScalingType::kExplicit || !s.inv_freq.empty()) {
+    return absl::InternalError("hf_config resolved to explicit inverse frequencies");
+  }
+  fixed["scaling"].set_string_param(wire::NameOf(s.type));
+  // Each scaling parameter is fixed to the config's value or, left unset by
+  // the config (a reader leaves it at its default then), closed to requests.
+  std::vector<std::string>& closed = model->determined_by_hf_config;
+  using Optional = std::pair<const char*, std::optional<double>>;
+  for (const auto& [name, value] :
+       std::initializer_list<Optional>{{"factor", s.factor},
+                                       {"beta_fast", s.beta_fast},
+                                       {"beta_slow", s.beta_slow},
+                                       {"mscale", s.mscale},
+                                       {"mscale_all_dim", s.mscale_all_dim},
+                                       {"attention_factor", s.attention_factor},
+                                       {"low_freq_factor", s.low_freq_factor},
+                                       {"high_freq_factor", s.high_freq_factor}}) {
+    if (value.has_value()) {
+      POSENC_RETURN_IF_ERROR(number(name, *value));
+    } else {
+      closed.emplace_back(name);
+    }
+  }
+  if (s.original_max_position.has_value()) {
+    fixed["original_max_position"].set_int64_param(*s.original_max_position);
+  } else {
+    closed.emplace_back("original_max_position");
+  }
+  if (s.truncate != defaults.truncate) {
+    fixed["truncate"].set_bool_param(s.truncate);
+  } else {
+    closed.emplace_back("truncate");
+  }
+  if (s.longrope_mode != defaults.longrope_mode) {
+    fixed["longrope_mode"].set_string_param(wire::NameOf(s.longrope_mode));
+  } else {
+    closed.emplace_back("longrope_mode");
+  }
+  using List = std::pair<const char*, const std::vector<double>*>;
+  for (const auto& [name, values] : std::initializer_list<List>{{"short_factor", &s.short_factor},
+                                                                {"long_factor", &s.long_factor}}) {
+    if (!values->empty()) {
+      numbers(name, *values);
+    } else {
+      closed.emplace_back(name);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelKind> KindFrom(const Value& v) {
   const std::string want = "one of \"rope\", \"sinusoidal\", \"learned\", \"attention_bias\"";
   if (v.kind_case() != Value::kStringValue) return Invalid("operation", want, KindOf(v));
@@ -180,12 +307,6 @@ absl::Status ParseInto(const Struct& top, Model* model) {
           "unknown key \"", Shorten(key), "\"; a model file has ", absl::StrJoin(kTopKeys, ", ")));
     }
   }
-  // HF config.json resolution (ResolveHfRope in wire/) is to be connected
-  // here: the config's rope fields become this model's fixed parameters.
-  if (top.fields().contains("hf_config")) {
-    return absl::UnimplementedError(
-        "\"hf_config\" is not supported yet: give the rope options under \"parameters\"");
-  }
   auto op = top.fields().find("operation");
   if (op == top.fields().end()) {
     return absl::InvalidArgumentError(
@@ -218,15 +339,7 @@ absl::Status ParseInto(const Struct& top, Model* model) {
       return Invalid("head_dim", absl::StrCat("an even integer in [2, ", kMaxHeadDim, "]"),
                      KindOf(v));
     }
-    model->head_dim = static_cast<int64_t>(v.number_value());
-    for (auto* specs : {&model->inputs, &model->outputs}) {
-      for (TensorSpec& t : *specs) {
-        const absl::string_view n = t.name;
-        if (n == "query" || n == "key" || n == "query_out" || n == "key_out") {
-          t.dims.back() = model->head_dim;
-        }
-      }
-    }
+    SetHeadDim(static_cast<int64_t>(v.number_value()), model);
   }
   if (auto p = top.fields().find("parameters"); p != top.fields().end()) {
     if (p->second.kind_case() != Value::kStructValue) {
@@ -237,8 +350,16 @@ absl::Status ParseInto(const Struct& top, Model* model) {
         return absl::InvalidArgumentError(absl::StrCat("parameter names are printable and at most ",
                                                        kMaxModelNameBytes, " bytes"));
       }
+      if (key == "hf_config") {
+        return absl::InvalidArgumentError(
+            "parameters.hf_config: give the HF config as the file's top-level \"hf_config\" "
+            "object (resolved once, at load)");
+      }
       POSENC_ASSIGN_OR_RETURN(model->fixed[key], ToParameter(key, value));
     }
+  }
+  if (auto h = top.fields().find("hf_config"); h != top.fields().end()) {
+    POSENC_RETURN_IF_ERROR(ApplyHfConfig(h->second, model));
   }
   POSENC_RETURN_IF_ERROR(CheckParameters(*model));
   // Several position axes (M-RoPE sections, axial dims): padded

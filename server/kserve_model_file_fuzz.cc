@@ -1,9 +1,11 @@
 // Any bytes as a KServe model repository file (kserve_model_file.h): files
 // come from a volume replicas share. A finding is a crash, a sanitizer
-// report, a status other than OK / INVALID_ARGUMENT / UNIMPLEMENTED
-// (hf_config), or a loaded model that breaks what the registry relies on: a
-// fixed parameter the readers do not take, or tensors unlike its
-// operation's built-in model.
+// report, a status other than OK / INVALID_ARGUMENT, or a loaded model that
+// breaks what the registry relies on: a fixed parameter the readers do not
+// take (an embedded hf_config resolves into fixed parameters, so this
+// checks that round trip too), a parameter its hf_config determines that a
+// request could still give, or tensors unlike its operation's built-in
+// model.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +13,7 @@
 
 #include "kserve_infer.h"
 #include "kserve_model_file.h"
+#include "kserve_parameters.h"
 
 namespace {
 
@@ -27,7 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<k::Model> m = k::ParseModelFile("fuzz-model", json);
   if (!m.ok()) {
     const absl::StatusCode c = m.status().code();
-    if (c != absl::StatusCode::kInvalidArgument && c != absl::StatusCode::kUnimplemented) {
+    if (c != absl::StatusCode::kInvalidArgument) {
       Fail(m.status().ToString().c_str());
     }
     return 0;
@@ -41,6 +44,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   k::Parameters request, merged;
   absl::StatusOr<const k::Parameters*> p = k::ParametersFor(*m, request, &merged);
   if (!p.ok() || (*p)->size() != m->fixed.size()) Fail("fixed parameters not merged");
+  if (m->kind == k::ModelKind::kRope) {
+    // The fixed parameters read as a request's would (hf_config's included).
+    k::ParameterReader reader(**p);
+    posenc::RopeOptions o;
+    posenc::BackendChoice backend = posenc::BackendChoice::kDefault;
+    if (!k::ReadRopeOptions(reader, &o, &backend, m->head_dim).ok() ||
+        !reader.Finish(m->name).ok()) {
+      Fail("a loaded rope model's fixed parameters are refused by the readers");
+    }
+  }
+  for (const std::string& name : m->determined_by_hf_config) {
+    k::Parameters one;
+    one[name].set_double_param(1);
+    if (k::ParametersFor(*m, one, &merged).ok()) Fail("a request gave what hf_config determines");
+  }
   if (!m->fixed.empty()) {
     request[m->fixed.begin()->first] = m->fixed.begin()->second;
     if (k::ParametersFor(*m, request, &merged).ok()) Fail("a fixed parameter was overridden");

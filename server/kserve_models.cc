@@ -1,5 +1,7 @@
 #include "kserve_models.h"
 
+#include <algorithm>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -131,9 +133,18 @@ const TensorSpec* FindOutput(const Model& model, absl::string_view name) {
 
 absl::StatusOr<const Parameters*> ParametersFor(const Model& model, const Parameters& request,
                                                 Parameters* merged) {
-  if (model.fixed.empty()) return &request;
+  if (model.fixed.empty() && model.determined_by_hf_config.empty()) return &request;
   *merged = model.fixed;
   for (const auto& [name, value] : request) {
+    const auto& determined = model.determined_by_hf_config;
+    if (std::find(determined.begin(), determined.end(), name) != determined.end()) {
+      const auto scaling = model.fixed.find("scaling");
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter \"", name, "\" is determined by model ", model.name,
+                       "'s hf_config (its scaling: ",
+                       scaling == model.fixed.end() ? "none" : ParameterText(scaling->second),
+                       "); a request may give only the parameters its model file leaves open"));
+    }
     if (auto it = model.fixed.find(name); it != model.fixed.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("parameter \"", name, "\" is fixed by model ", model.name, " (",

@@ -40,6 +40,11 @@ struct Model {
   // Parameters the model fixes: a request may not give them again
   // (kserve_infer.cc). Empty for built-in models.
   Parameters fixed;
+  // Parameters a request may not give although no value is fixed for them:
+  // with an hf_config (kserve_model_file.h) the config determines the whole
+  // scaling, including the parameters it leaves unset, as it does beside a
+  // request's own hf_config.
+  std::vector<std::string> determined_by_hf_config;
   // RoPE: the head size query and key must have (0: any). Announced in the
   // metadata and checked per request, so a tensor of another model cannot
   // be rotated with this one's frequencies.
@@ -65,7 +70,8 @@ std::string ParameterText(const inference::InferParameter& p);
 
 // The parameters a request to `model` is read with: its own plus those the
 // model fixes. INVALID_ARGUMENT naming a fixed parameter the request gives
-// again (it would be ambiguous which one wins). *merged is only filled for
+// again (it would be ambiguous which one wins), or one of
+// determined_by_hf_config. *merged is only filled for
 // models fixing something; the answer points at it or at the request's.
 [[nodiscard]] absl::StatusOr<const Parameters*> ParametersFor(const Model& model,
                                                               const Parameters& request,

@@ -202,6 +202,20 @@ absl::Status ParameterReader::Finish(absl::string_view model) const {
   return absl::OkStatus();
 }
 
+wire::ExplicitRopeFields ExplicitRopeFieldsOf(const ParameterReader& p) {
+  wire::ExplicitRopeFields given;
+  given.style = p.Has("style");
+  given.rotary_dim = p.Has("rotary_dim");
+  given.base = p.Has("base");
+  given.axis_mode = p.Has("axis_mode");
+  given.sections = p.Has("sections");
+  // Every scaling parameter counts: the config determines them all.
+  for (absl::string_view name : kRopeScalingParameters) {
+    given.scaling = given.scaling || p.Has(name);
+  }
+  return given;
+}
+
 absl::Status ReadRopeOptions(ParameterReader& p, RopeOptions* o, BackendChoice* backend,
                              int64_t query_head_dim) {
   POSENC_RETURN_IF_ERROR(p.Enum("backend", backend));
@@ -233,20 +247,7 @@ absl::Status ReadRopeOptions(ParameterReader& p, RopeOptions* o, BackendChoice* 
   POSENC_RETURN_IF_ERROR(p.String("hf_config", &hf_config));
   if (!hf_config.empty()) {
     POSENC_ASSIGN_OR_RETURN(const wire::HfRope hf, wire::ResolveHfRopeCached(hf_config));
-    wire::ExplicitRopeFields given;
-    given.style = p.Has("style");
-    given.rotary_dim = p.Has("rotary_dim");
-    given.base = p.Has("base");
-    given.axis_mode = p.Has("axis_mode");
-    given.sections = p.Has("sections");
-    // Every scaling parameter counts: the config determines them all.
-    for (const char* name : {"scaling", "factor", "original_max_position", "beta_fast", "beta_slow",
-                             "mscale", "mscale_all_dim", "attention_factor", "truncate",
-                             "low_freq_factor", "high_freq_factor", "short_factor", "long_factor",
-                             "longrope_mode"}) {
-      given.scaling = given.scaling || p.Has(name);
-    }
-    POSENC_RETURN_IF_ERROR(wire::MergeHfRope(hf, given, query_head_dim, o));
+    POSENC_RETURN_IF_ERROR(wire::MergeHfRope(hf, ExplicitRopeFieldsOf(p), query_head_dim, o));
   }
   return absl::OkStatus();
 }

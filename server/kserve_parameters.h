@@ -17,6 +17,7 @@
 #include "posenc/attention_bias.h"
 #include "posenc/backend.h"
 #include "posenc/rope.h"
+#include "posenc/wire/hf_config.h"
 
 namespace posenc::server::kserve {
 
@@ -67,6 +68,17 @@ class ParameterReader {
 // resolved by wire::ResolveHfRope and merged as for posenc.v1's hf_config
 // (wire::MergeHfRope); `query_head_dim` (> 0: the query's last dimension)
 // must then be the config's head_dim.
+// The rope parameters that make up its scaling: all of them are the
+// config's business beside an hf_config.
+inline constexpr absl::string_view kRopeScalingParameters[] = {
+    "scaling",     "factor",          "original_max_position", "beta_fast",
+    "beta_slow",   "mscale",          "mscale_all_dim",        "attention_factor",
+    "truncate",    "low_freq_factor", "high_freq_factor",      "short_factor",
+    "long_factor", "longrope_mode"};
+// Which RoPE options `p` gives itself, for wire::MergeHfRope: the one rule of
+// what may stand beside an hf_config, shared by requests and model files.
+wire::ExplicitRopeFields ExplicitRopeFieldsOf(const ParameterReader& p);
+
 [[nodiscard]] absl::Status ReadRopeOptions(ParameterReader& p, RopeOptions* o,
                                            BackendChoice* backend, int64_t query_head_dim = 0);
 [[nodiscard]] absl::Status ReadAbsoluteOptions(ParameterReader& p, bool learned, AbsoluteOptions* o,

@@ -2,11 +2,14 @@
 and the real Triton client: the example files under deploy/models listed by
 RepositoryIndex, a bad file listed UNAVAILABLE with its reason, repository
 models answering like the reference for the parameters their files fix
-(Llama 3.1 llama3 scaling, Qwen2-VL M-RoPE, ALiBi), fixed parameters refused
+(Llama 3.1 llama3 scaling, Qwen2-VL M-RoPE, ALiBi), a file embedding an HF
+config.json answering bit for bit as the rope model given the same config as
+its hf_config parameter, fixed parameters refused
 in requests, and RepositoryModelLoad (tritonclient's load_model) rescanning
 the directory. Seeded like test_kserve_clients.py (POSENC_SEED replays)."""
 
 import glob
+import json
 import math
 import os
 import shutil
@@ -80,7 +83,8 @@ def rotate_neox(x, angles):
 def test_index_lists_repository_models_and_the_bad_file(repo):
     c = repo["client"]
     index = {m["name"]: m for m in c.get_model_repository_index(as_json=True)["models"]}
-    for name in ("rope", "llama-3.1-8b-rope", "qwen2-vl-7b-mrope", "alibi-8-heads"):
+    for name in ("rope", "llama-3.1-8b-rope", "qwen2-vl-7b-mrope", "qwen2.5-7b-yarn-hf",
+                 "alibi-8-heads"):
         assert index[name]["state"] == "READY", index[name]
         assert c.is_model_ready(name)
     assert index["typo"]["state"] == "UNAVAILABLE"
@@ -130,6 +134,41 @@ def test_qwen2_vl_model_rotates_by_mrope_sections(repo):
     angles = pos[:, :, axis].astype(np.float64) * inv_freq
     want = rotate_neox(q.astype(np.float64), angles)
     assert_close(r.as_numpy("query_out").astype(np.float64), want, "FP32", "qwen2-vl mrope")
+
+
+def test_hf_config_model_answers_as_the_request_level_hf_config(repo):
+    rng = np.random.default_rng([SEED, 103])
+    c = repo["client"]
+    with open(os.path.join(ROOT, "deploy", "models", "qwen2.5-7b-yarn-hf.json")) as f:
+        hf_config = json.dumps(json.load(f)["hf_config"])
+    b, s, h = 2, int(rng.integers(1, 40)), 4
+    q = rng.standard_normal((b, s, h, 128)).astype(np.float32)
+    k = rng.standard_normal((b, s, 1, 128)).astype(np.float32)
+    pos = rng.integers(0, 131072, (b, s)).astype(np.int64)  # past the original 32k
+    inputs = lambda: [input_of("query", q, "FP32"), input_of("key", k, "FP32"),
+                      input_of("position_ids", pos, "INT64")]
+    from_file = c.infer("qwen2.5-7b-yarn-hf", inputs())
+    from_request = c.infer("rope", inputs(), parameters={"hf_config": hf_config})
+    for name in ("query_out", "key_out"):
+        np.testing.assert_array_equal(from_file.as_numpy(name), from_request.as_numpy(name),
+                                      err_msg=f"{name} (seed {SEED})")
+    assert not np.allclose(from_file.as_numpy("query_out"), q)
+    # The metadata and config say what the config resolved to.
+    meta = c.get_model_metadata("qwen2.5-7b-yarn-hf", as_json=True)
+    assert {t["name"]: t["shape"] for t in meta["inputs"]}["query"] == ["-1", "-1", "-1", "128"]
+    config = c.get_model_config("qwen2.5-7b-yarn-hf", as_json=True)["config"]
+    fixed = {k: v["string_value"] for k, v in config["parameters"].items()}
+    assert fixed["scaling"] == "yarn" and fixed["factor"] == "4" and fixed["base"] == "1000000"
+    # The scaling is the config's, also what it leaves to defaults.
+    for parameters in ({"factor": "2"}, {"beta_fast": "16"}):
+        with pytest.raises(InferenceServerException) as e:
+            c.infer("qwen2.5-7b-yarn-hf", inputs(), parameters=parameters)
+        assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert next(iter(parameters)) in e.value.message()
+    # A query of another head size is refused, as beside a request's hf_config.
+    with pytest.raises(InferenceServerException) as e:
+        c.infer("qwen2.5-7b-yarn-hf", [input_of("query", q[..., :64], "FP32")])
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
 
 
 def test_alibi_model_fixes_heads_and_form(repo):

@@ -10,13 +10,13 @@ torch is installed, torch tensors. Failures raise PosencError(code, message).
 """
 
 from posenc._channel import ChannelConfig
-from posenc._ops import BiasResult, RopeResult, rope_request, scaling_message
+from posenc._ops import BiasResult, HfConfig, RopeResult, rope_request, scaling_message
 from posenc._proto.posenc.v1 import posenc_pb2 as v1
 from posenc._tensors import BFLOAT16 as bfloat16
 from posenc.aio import AsyncClient
 from posenc.client import Client
 from posenc.errors import PosencError
 
-__all__ = ["AsyncClient", "BiasResult", "ChannelConfig", "Client", "PosencError", "RopeResult",
-           "bfloat16", "rope_request", "scaling_message", "v1"]
+__all__ = ["AsyncClient", "BiasResult", "ChannelConfig", "Client", "HfConfig", "PosencError",
+           "RopeResult", "bfloat16", "rope_request", "scaling_message", "v1"]
 __version__ = "0.1.0"

@@ -8,9 +8,11 @@ Options take the proto's enum names without their prefix, case-insensitive
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Union
 
 from posenc import _tensors as T
 from posenc._proto.posenc.v1 import posenc_pb2 as pb
@@ -93,6 +95,34 @@ def scaling_message(scaling) -> pb.RopeScaling:
     return out
 
 
+HfConfig = Union[str, Mapping[str, Any], os.PathLike]
+"""A model's Hugging Face config.json for RopeRequest.hf_config: its JSON
+text, the parsed dict (json.load of config.json, or just its RoPE fields),
+or the path of the file (a pathlib.Path; a str is always JSON text)."""
+
+
+def hf_config_text(hf_config: HfConfig) -> str:
+    """The JSON text RopeRequest.hf_config carries. Only the client's part of
+    the checking: the server resolves the config and names a bad field
+    (hf_config.rope_scaling.factor ...)."""
+    if isinstance(hf_config, str):
+        return hf_config
+    if isinstance(hf_config, os.PathLike):
+        try:
+            with open(hf_config, encoding="utf-8") as f:
+                return f.read()
+        except OSError as e:
+            raise invalid(f"hf_config: cannot read {os.fspath(hf_config)!r}: {e}") from e
+    if isinstance(hf_config, Mapping):
+        try:
+            # allow_nan=False: NaN is not JSON; the server would refuse it anyway.
+            return json.dumps(hf_config, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise invalid(f"hf_config: not JSON-serializable: {e}") from e
+    raise invalid(f"hf_config: expected JSON text, a dict or a path, got "
+                  f"{type(hf_config).__name__}")
+
+
 def _positions(request, position_ids, offsets, cu_seqlens) -> None:
     if position_ids is not None:
         request.position_ids.CopyFrom(T.small_tensor(T.positions(position_ids, "position_ids")))
@@ -106,7 +136,8 @@ def rope_request(query, key=None, *, layout=None, position_ids=None, offsets=Non
                  cu_seqlens=None, style=None, rotary_dim: int = 0, base: float | None = None,
                  inverse: bool = False, scaling=None, axis_mode=None,
                  axis_dims: Sequence[int] = (), sections: Sequence[int] = (), backend=None,
-                 request_id: str = "") -> tuple[pb.RopeRequest, T.Origin, T.Origin | None]:
+                 request_id: str = "", hf_config: HfConfig | None = None,
+                 ) -> tuple[pb.RopeRequest, T.Origin, T.Origin | None]:
     q, q_origin = T.as_array(query, "query", T.FLOATS)
     r = pb.RopeRequest(
         layout=enum_value(pb.RopeLayout, "ROPE_LAYOUT_", layout, "layout"),
@@ -125,6 +156,8 @@ def rope_request(query, key=None, *, layout=None, position_ids=None, offsets=Non
         r.base = float(base)
     if scaling is not None:
         r.scaling.CopyFrom(scaling_message(scaling))
+    if hf_config is not None:
+        r.hf_config = hf_config_text(hf_config)
     return r, q_origin, k_origin
 
 

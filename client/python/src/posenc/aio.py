@@ -53,8 +53,10 @@ class AsyncClient:
         return parse(response)
 
     async def apply_rope(self, query, key=None, *, timeout=None, request_id: str = "",
+                         hf_config: _ops.HfConfig | None = None,
                          **options) -> _ops.RopeResult:
-        op = _ops.apply_rope(query, key, request_id=request_id, **options)
+        """Client.apply_rope's arguments (hf_config included)."""
+        op = _ops.apply_rope(query, key, request_id=request_id, hf_config=hf_config, **options)
         return await self._run(op, timeout, request_id)
 
     async def stream_rope(self, items, *, timeout=None,

@@ -61,12 +61,16 @@ class Client:
     # ------------------------------------------------------------ RoPE ----
 
     def apply_rope(self, query, key=None, *, timeout=None, request_id: str = "",
-                   **options) -> _ops.RopeResult:
+                   hf_config: _ops.HfConfig | None = None, **options) -> _ops.RopeResult:
         """Rotates query (and key). Options are RopeRequest's fields: layout,
         position_ids, offsets, cu_seqlens, style, rotary_dim, base, inverse,
         scaling (a dict of RopeScaling fields), axis_mode, axis_dims,
-        sections, backend."""
-        op = _ops.apply_rope(query, key, request_id=request_id, **options)
+        sections, backend. hf_config: the model's HF config.json (JSON text,
+        a dict, or a pathlib.Path to the file), which the server resolves
+        into base, rotary_dim, scaling, and style and M-RoPE sections where
+        the family implies them; scaling must then be left unset, and the
+        other fields, if given, must agree with it."""
+        op = _ops.apply_rope(query, key, request_id=request_id, hf_config=hf_config, **options)
         return self._run(op, timeout, request_id)
 
     def stream_rope(self, items: Iterable, *, timeout=None,
