@@ -204,6 +204,7 @@ absl::Status ApplyHfConfig(const Value& v, Model* model) {
   // Each scaling parameter is fixed to the config's value or, left unset by
   // the config (a reader leaves it at its default then), closed to requests.
   std::vector<std::string>& closed = model->determined_by_hf_config;
+  closed.emplace_back("hf_config");  // a request's own would only conflict
   using Optional = std::pair<const char*, std::optional<double>>;
   for (const auto& [name, value] :
        std::initializer_list<Optional>{{"factor", s.factor},

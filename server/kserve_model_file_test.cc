@@ -265,9 +265,9 @@ TEST(ModelFileTest, HfConfigBesideParametersFollowsTheRequestRules) {
   EXPECT_EQ(o->style, RopeStyle::kGptj);
   // The scaling is the config's: a scaling parameter it sets is fixed, one
   // it leaves unset is closed too.
-  for (const char* name : {"factor", "beta_fast", "scaling", "base"}) {
+  for (const char* name : {"factor", "beta_fast", "scaling", "base", "hf_config"}) {
     Parameters r;
-    r[name].set_double_param(2);
+    r[name].set_string_param("2");
     absl::StatusOr<RopeOptions> refused = OptionsOf(*m, r);
     ASSERT_FALSE(refused.ok()) << name;
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
