@@ -762,6 +762,14 @@ TEST_P(BackendTest, SlidingWindowKeepsExactlyWKeys) {
   }
 }
 
+// IEEE binary128, for sums that must be exact.
+#ifdef __SIZEOF_FLOAT128__
+using Quad = __float128;
+#else
+using Quad = long double;  // binary128 where there is no __float128 (aarch64)
+static_assert(std::numeric_limits<long double>::digits == 113, "no binary128 type");
+#endif
+
 // The bias kernel's rounding contract, element by element and bit for bit
 // (math/bias_math.h): a written bias is the double product -m * d rounded
 // to float (whatever arithmetic the kernel uses to get there); a bias added
@@ -783,8 +791,8 @@ float ModelBias(const BiasPlan& p, int64_t b, int64_t h, int64_t i, int64_t j, f
   if (static_cast<double>(static_cast<float>(m)) == m && near) {
     // Exact in binary128 for these tests' values: the float logit and the
     // 48-bit product span far fewer than 113 bits.
-    return static_cast<float>(static_cast<__float128>(logit) -
-                              static_cast<__float128>(m) * static_cast<__float128>(dist));
+    return static_cast<float>(static_cast<Quad>(logit) -
+                              static_cast<Quad>(m) * static_cast<Quad>(dist));
   }
   return static_cast<float>(static_cast<double>(logit) + ref);
 }
