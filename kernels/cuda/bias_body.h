@@ -43,10 +43,12 @@ POSENC_HOST_DEVICE void BiasBody(const BiasParams& p, Coord block, Coord thread,
   for (int64_t row = static_cast<int64_t>(block.x) * p.rows_per_block +
                      thread.x / static_cast<unsigned>(p.threads_per_row);
        row < rows; row += static_cast<int64_t>(grid.x) * p.rows_per_block) {
-    const internal::BiasRow r = internal::BiasRowOf(row, p.heads, p.q_len);
-    const int64_t qpos = p.q_offset + r.i;
-    const double slope = p.slopes[r.h];
-    const internal::KeyRange keys{p.k_starts[r.b], p.k_lens[r.b]};
+    const internal::BiasRow where = internal::BiasRowOf(row, p.heads, p.q_len);
+    // The row's masks and arithmetic once; then each element is one range
+    // test and one formula, the CPU kernel's (math/bias_math.h).
+    const internal::BiasRowPlan r =
+        internal::PlanBiasRow(shape, p.slopes[where.h], p.q_offset + where.i,
+                              internal::KeyRange{p.k_starts[where.b], p.k_lens[where.b]});
     T* y = static_cast<T*>(p.out) + row * p.k_len;
     for (int64_t j0 =
              static_cast<int64_t>(thread.x % static_cast<unsigned>(p.threads_per_row)) * kWidth;
@@ -54,8 +56,9 @@ POSENC_HOST_DEVICE void BiasBody(const BiasParams& p, Coord block, Coord thread,
       T v[kWidth];
       if (p.add_to_logits) LoadPacket<kVector>(y + j0, v);
       for (int j = 0; j < kWidth; ++j) {
-        internal::StoreBias(&v[j], internal::BiasValue(shape, slope, qpos, j0 + j, keys),
-                            p.add_to_logits);
+        v[j] = FromFloat<T>(internal::BiasElement(r, p.form, j0 + j,
+                                                  p.add_to_logits ? ToFloat(v[j]) : 0.0f,
+                                                  p.add_to_logits));
       }
       StorePacket<kVector>(v, y + j0);
     }
