@@ -1,10 +1,15 @@
-// Absolute encodings on the CPU: for each token, its PE row in float32 (a
-// rotation per frequency of its anchor's sine and cosine, math/phase.h), then
-// y = x * x_scale + PE over the row. The element arithmetic is
-// math/absolute_math.h and math/phase.h, the same as the CUDA kernel's;
-// 16-bit rows take two passes (float32 for all, double for the flagged few)
-// so the first vectorises.
+// Absolute encodings on the CPU. A sinusoidal PE element is a rotation of its
+// anchor's sine and cosine by an offset's (math/phase.h); the anchor row is
+// computed once per run of tokens that share it, and for float32 and
+// bfloat16 inputs the rotation is fused into the pass that reads x and writes
+// y = x * x_scale + PE, so its arithmetic runs while the row streams in
+// instead of before. The element arithmetic is math/absolute_math.h and
+// math/phase.h, the same as the CUDA kernel's; every path below evaluates it
+// operation for operation (see AnchorRow for the one rearrangement, which is
+// exact).
 #include <cstdlib>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_kernels.h"
@@ -14,6 +19,24 @@
 
 namespace posenc::internal {
 namespace {
+
+// Portable vectors (GCC/clang extensions): each clone lowers them to its own
+// instruction set (two SSE registers each for the baseline clone), where
+// intrinsics would pin one. Loads and stores go through memcpy: unaligned.
+// Every function taking or returning them is inlined into a clone, so the
+// baseline clone's different vector ABI (-Wpsabi) never shows at a call.
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float V8 __attribute__((vector_size(32)));
+typedef int32_t V8i __attribute__((vector_size(32)));
+typedef uint32_t V8u __attribute__((vector_size(32)));
+typedef uint16_t V8h __attribute__((vector_size(16)));
+
+POSENC_ALWAYS_INLINE V8 Load8(const float* p) {
+  V8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+POSENC_ALWAYS_INLINE void Store8(float* p, V8 v) { std::memcpy(p, &v, sizeof v); }
 
 // Element e of PE[pos] in float64: the precise value for flagged elements.
 double PreciseEncoding(const AbsolutePlan& p, int64_t pos, int64_t e) {
@@ -31,46 +54,149 @@ struct Scratch {
   explicit Scratch(const AbsolutePlan& p)
       : row(p.dim),
         saved(p.dim),
-        anchor_sin(p.phase_step.size()),
-        anchor_cos(p.phase_step.size()),
+        flag(p.dim),
+        anchor_a(2 * p.phase_step.size()),
+        anchor_b(2 * p.phase_step.size()),
+        sin_tmp(p.phase_step.size()),
+        cos_tmp(p.phase_step.size()),
         step_hi(p.phase_step.size()),
         step_lo(p.phase_step.size()),
-        flag(p.dim) {
+        stride_hi(p.phase_step.size()),
+        stride_lo(p.phase_step.size()),
+        phase_hi(p.phase_step.size()),
+        phase_lo(p.phase_step.size()) {
     for (size_t i = 0; i < p.phase_step.size(); ++i) {
-      step_hi[i] = static_cast<uint32_t>(p.phase_step[i] >> 32);
-      step_lo[i] = static_cast<uint32_t>(p.phase_step[i]);
+      const uint64_t step = p.phase_step[i];
+      const uint64_t stride = step * static_cast<uint64_t>(kPhaseAnchorStride);  // mod 2^64
+      step_hi[i] = static_cast<uint32_t>(step >> 32);
+      step_lo[i] = static_cast<uint32_t>(step);
+      stride_hi[i] = static_cast<uint32_t>(stride >> 32);
+      stride_lo[i] = static_cast<uint32_t>(stride);
     }
   }
-  std::vector<float> row;    // [dim] PE in float32
-  std::vector<float> saved;  // [dim] 16-bit inputs kept for recomputation
-  // sin and cos of anchor * w_i (math/phase.h), for the anchor below. Not a
-  // multiple of 16 until the first row, so that row computes them.
-  std::vector<float> anchor_sin, anchor_cos;
+  std::vector<float> row;      // [dim] PE in float32 (paths that do not fuse)
+  std::vector<float> saved;    // [dim] 16-bit inputs kept for recomputation (ditto)
+  std::vector<uint8_t> flag;   // [dim] elements to recompute in double (ditto)
+  // The anchor row (AnchorRow), for the anchor below. INTERLEAVED: a =
+  // [sin_i, cos_i] and b = [cos_i, -sin_i] pairs, so that the PE pair of
+  // frequency i is a * cos(k w_i) + b * sin(k w_i) lane by lane.
+  // CONCATENATED: a = sin_i, b = cos_i (the first half of each).
+  std::vector<float> anchor_a, anchor_b;
+  std::vector<float> sin_tmp, cos_tmp;
+  // Not a multiple of 16 until the first row, so that row computes them.
   int64_t anchor = 1;
-  std::vector<uint32_t> step_hi, step_lo;  // words of plan.phase_step
-  std::vector<uint8_t> flag;               // [dim] elements to recompute in double
+  std::vector<uint32_t> step_hi, step_lo;      // words of plan.phase_step
+  std::vector<uint32_t> stride_hi, stride_lo;  // words of 16 * phase_step mod 2^64
+  // |anchor| * phase_step mod 2^64, whose high word is PhaseOf(|anchor|).
+  std::vector<uint32_t> phase_hi, phase_lo;
 };
 
-// sin and cos of anchor * w_i for every frequency: SinCosOfPosition with the
-// position's sign hoisted out and each step's words pre-split, so the loop
-// vectorises with 32-bit lanes.
-POSENC_ALWAYS_INLINE void AnchorRow(int64_t anchor, int64_t frequencies, Scratch& s) {
-  const uint32_t abs_pos = static_cast<uint32_t>(anchor < 0 ? -anchor : anchor);
-  const uint32_t* __restrict step_hi = s.step_hi.data();
-  const uint32_t* __restrict step_lo = s.step_lo.data();
-  float* __restrict as = s.anchor_sin.data();
-  float* __restrict ac = s.anchor_cos.data();
-  for (int64_t i = 0; i < frequencies; ++i) {
-    SinCosOfPhase(PhaseOf(abs_pos, step_hi[i], step_lo[i]), &as[i], &ac[i]);
+// The anchor row for `anchor`: sin and cos of anchor * w_i for every
+// frequency, as SinCosOfPosition computes them. The 64-bit phase
+// |anchor| * S_i mod 2^64 is kept from the previous anchor and moved by
+// 16 S_i when |anchor| moved by 16 (consecutive positions), which is exact in
+// modular arithmetic, so its high word is PhaseOf's, bit for bit; otherwise it
+// is multiplied afresh. Loops are split so each vectorises with 32-bit lanes.
+POSENC_ALWAYS_INLINE void AnchorRow(int64_t anchor, int64_t frequencies, bool interleaved,
+                                    Scratch& s) {
+  const int64_t abs_new = anchor < 0 ? -anchor : anchor;
+  const bool have_old = (s.anchor & (kPhaseAnchorStride - 1)) == 0;
+  const int64_t abs_old = s.anchor < 0 ? -s.anchor : s.anchor;
+  uint32_t* __restrict hi = s.phase_hi.data();
+  uint32_t* __restrict lo = s.phase_lo.data();
+  if (have_old && abs_new == abs_old + kPhaseAnchorStride) {
+    const uint32_t* __restrict dhi = s.stride_hi.data();
+    const uint32_t* __restrict dlo = s.stride_lo.data();
+    for (int64_t i = 0; i < frequencies; ++i) {
+      const uint32_t sum = lo[i] + dlo[i];
+      hi[i] += dhi[i] + static_cast<uint32_t>(sum < dlo[i]);  // carry
+      lo[i] = sum;
+    }
+  } else if (have_old && abs_new == abs_old - kPhaseAnchorStride) {
+    const uint32_t* __restrict dhi = s.stride_hi.data();
+    const uint32_t* __restrict dlo = s.stride_lo.data();
+    for (int64_t i = 0; i < frequencies; ++i) {
+      const uint32_t borrow = static_cast<uint32_t>(lo[i] < dlo[i]);
+      hi[i] -= dhi[i] + borrow;
+      lo[i] -= dlo[i];
+    }
+  } else {
+    // PhaseOf's words: |anchor| < 2^32 (planning admits |pos| <= 2^31).
+    const uint32_t a = static_cast<uint32_t>(abs_new);
+    const uint32_t* __restrict step_hi = s.step_hi.data();
+    const uint32_t* __restrict step_lo = s.step_lo.data();
+    for (int64_t i = 0; i < frequencies; ++i) {
+      const uint64_t low_product = static_cast<uint64_t>(a) * step_lo[i];
+      hi[i] = a * step_hi[i] + static_cast<uint32_t>(low_product >> 32);
+      lo[i] = static_cast<uint32_t>(low_product);
+    }
   }
-  if (anchor < 0) {
-    for (int64_t i = 0; i < frequencies; ++i) as[i] = -as[i];
+  float* __restrict st = s.sin_tmp.data();
+  float* __restrict ct = s.cos_tmp.data();
+  for (int64_t i = 0; i < frequencies; ++i) SinCosOfPhase(hi[i], &st[i], &ct[i]);
+  // sin(-x) = -sin(x), as SinCosOfPosition.
+  const bool negative = anchor < 0;
+  float* __restrict a = s.anchor_a.data();
+  float* __restrict b = s.anchor_b.data();
+  if (interleaved) {
+    // a * c + b * s lane by lane is RotateSinCos: sin_i c + cos_i s, and
+    // cos_i c + (-sin_i) s, which equals cos_i c - sin_i s exactly (negation
+    // is exact, and x + (-y) is x - y in IEEE arithmetic).
+    for (int64_t i = 0; i < frequencies; ++i) {
+      const float sv = negative ? -st[i] : st[i];
+      a[2 * i] = sv;
+      a[2 * i + 1] = ct[i];
+      b[2 * i] = ct[i];
+      b[2 * i + 1] = -sv;
+    }
+  } else {
+    for (int64_t i = 0; i < frequencies; ++i) {
+      a[i] = negative ? -st[i] : st[i];
+      b[i] = ct[i];
+    }
   }
   s.anchor = anchor;
 }
 
-// PE[pos] in float32, [dim]: SinusoidalSinCos per frequency, its anchor's
-// sin and cos computed once for a run of tokens that share it.
+// Where a token's PE comes from: its anchor row (in s) and its offset's row of
+// the plan's table.
+struct RowSource {
+  const float* __restrict a;
+  const float* __restrict b;
+  const float* __restrict tc;  // cos(k w_i)
+  const float* __restrict ts;  // sin(k w_i)
+};
+
+POSENC_ALWAYS_INLINE RowSource SourceOf(const AbsolutePlan& p, int64_t pos, Scratch& s) {
+  const int64_t frequencies = static_cast<int64_t>(p.omega.size());  // (d+1)/2 interleaved
+  const bool interleaved = p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved;
+  const int64_t anchor = PhaseAnchor(pos);
+  if (anchor != s.anchor) AnchorRow(anchor, frequencies, interleaved, s);
+  const int64_t at = (pos - anchor) * frequencies;
+  return {s.anchor_a.data(), s.anchor_b.data(), p.offset_cos.data() + at,
+          p.offset_sin.data() + at};
+}
+
+// The INTERLEAVED PE pairs of frequencies [i, i + 8): elements [2i, 2i + 16)
+// of the row, as two vectors. Each table value serves both elements of its
+// pair; the duplication is a permute per vector.
+POSENC_ALWAYS_INLINE void InterleavedPe16(const RowSource& r, int64_t i, V8* pe0, V8* pe1) {
+  const V8 c = Load8(r.tc + i), s = Load8(r.ts + i);
+  const V8 c0 = __builtin_shufflevector(c, c, 0, 0, 1, 1, 2, 2, 3, 3);
+  const V8 c1 = __builtin_shufflevector(c, c, 4, 4, 5, 5, 6, 6, 7, 7);
+  const V8 s0 = __builtin_shufflevector(s, s, 0, 0, 1, 1, 2, 2, 3, 3);
+  const V8 s1 = __builtin_shufflevector(s, s, 4, 4, 5, 5, 6, 6, 7, 7);
+  *pe0 = Load8(r.a + 2 * i) * c0 + Load8(r.b + 2 * i) * s0;
+  *pe1 = Load8(r.a + 2 * i + 8) * c1 + Load8(r.b + 2 * i + 8) * s1;
+}
+
+// Element e of an INTERLEAVED row, one at a time (the same operations).
+POSENC_ALWAYS_INLINE float InterleavedPe1(const RowSource& r, int64_t e) {
+  return r.a[e] * r.tc[e / 2] + r.b[e] * r.ts[e / 2];
+}
+
+// PE[pos] in float32, [dim], for the paths that do not fuse (tables, 16-bit
+// float, learned encodings).
 POSENC_ALWAYS_INLINE void EncodingRow(const AbsolutePlan& p, int64_t pos, Scratch& s) {
   float* __restrict row = s.row.data();
   if (p.options.kind == AbsoluteOptions::Kind::kLearned) {
@@ -78,33 +204,122 @@ POSENC_ALWAYS_INLINE void EncodingRow(const AbsolutePlan& p, int64_t pos, Scratc
     for (int64_t i = 0; i < p.dim; ++i) row[i] = src[i];
     return;
   }
+  const RowSource r = SourceOf(p, pos, s);
   const int64_t half = p.dim / 2;
-  const int64_t frequencies = static_cast<int64_t>(p.omega.size());  // (d+1)/2 interleaved
-  const int64_t anchor = PhaseAnchor(pos);
-  if (anchor != s.anchor) AnchorRow(anchor, frequencies, s);
-  const float* __restrict as = s.anchor_sin.data();
-  const float* __restrict ac = s.anchor_cos.data();
-  const float* __restrict ts = p.offset_sin.data() + (pos - anchor) * frequencies;
-  const float* __restrict tc = p.offset_cos.data() + (pos - anchor) * frequencies;
   if (p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved) {
-    for (int64_t i = 0; i < half; ++i) {
-      RotateSinCos(as[i], ac[i], ts[i], tc[i], &row[2 * i], &row[2 * i + 1]);
+    int64_t i = 0;
+    for (; i + 8 <= half; i += 8) {
+      V8 pe0, pe1;
+      InterleavedPe16(r, i, &pe0, &pe1);
+      Store8(row + 2 * i, pe0);
+      Store8(row + 2 * i + 8, pe1);
     }
-    if (p.dim % 2 == 1) {  // odd d: a last sin channel
-      float c;
-      RotateSinCos(as[half], ac[half], ts[half], tc[half], &row[p.dim - 1], &c);
-    }
+    for (int64_t e = 2 * i; e < p.dim; ++e) row[e] = InterleavedPe1(r, e);  // odd d: a sin
   } else {
     for (int64_t i = 0; i < half; ++i) {
-      RotateSinCos(as[i], ac[i], ts[i], tc[i], &row[i], &row[half + i]);
+      RotateSinCos(r.a[i], r.b[i], r.ts[i], r.tc[i], &row[i], &row[half + i]);
     }
     if (p.dim % 2 == 1) row[p.dim - 1] = 0.0f;  // fairseq's zero channel for odd d
+  }
+}
+
+// AddEncoding on 8 consecutive elements y[0, 8) of a float32 or bfloat16 row;
+// `fix(j, x)` recomputes element j (flagged by SumNeedsPrecise) from its
+// input x. For bfloat16 the conversions are FloatToBFloat16/BFloat16ToFloat
+// in 32-bit lanes.
+template <typename T, typename Fix>
+POSENC_ALWAYS_INLINE void Add8(T* __restrict y, V8 pe, float xs, Fix fix) {
+  if constexpr (std::is_same_v<T, float>) {
+    Store8(y, Load8(y) * xs + pe);
+  } else {
+    static_assert(std::is_same_v<T, BFloat16>);
+    V8h h;
+    std::memcpy(&h, y, sizeof h);
+    const V8 x = (V8)(__builtin_convertvector(h, V8u) << 16);
+    const V8 u = x * xs;
+    const V8 r = u + pe;
+    const V8u abs_mask = V8u{} + 0x7fffffffu;
+    const V8 abs_r = (V8)((V8u)r & abs_mask);
+    const V8 abs_u = (V8)((V8u)u & abs_mask);
+    const V8 abs_pe = (V8)((V8u)pe & abs_mask);
+    // SumNeedsPrecise, operation for operation.
+    const V8i needs = abs_r < kCancellationBound * ((abs_u + abs_pe) + 1.0f);
+    const V8u bits = (V8u)r;
+    const V8u rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const V8u quiet_nan = (bits >> 16) | 0x40u;
+    const V8i is_nan = (V8i)(bits & abs_mask) > 0x7f800000;
+    const V8u out = ((V8u)is_nan & quiet_nan) | (~(V8u)is_nan & rounded);
+    const V8h narrow = __builtin_convertvector(out, V8h);
+    std::memcpy(y, &narrow, sizeof narrow);
+    // Flags are rare (about 1 element in 200 for random data): one test per 8.
+    uint64_t words[4];
+    std::memcpy(words, &needs, sizeof words);
+    if (__builtin_expect((words[0] | words[1] | words[2] | words[3]) != 0, 0)) {
+      for (int j = 0; j < 8; ++j) {
+        if (needs[j] != 0) fix(j, x[j]);
+      }
+    }
+  }
+}
+
+// y = x * x_scale + PE for float32 and bfloat16 rows, PE computed in the
+// same pass (see the top of the file).
+template <typename T>
+POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, int64_t begin,
+                                      int64_t end, Scratch& s) {
+  const int64_t dim = p.dim, half = dim / 2;
+  const double x_scale = p.options.x_scale;
+  const float xs = static_cast<float>(x_scale);
+  const bool interleaved = p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t pos = p.positions.values[t];
+    const RowSource r = SourceOf(p, pos, s);
+    T* __restrict y = x + t * dim;
+    auto fix_at = [&](int64_t e0) {
+      return [&, e0](int j, float xj) {
+        y[e0 + j] = FromFloat<T>(static_cast<float>(static_cast<double>(xj) * x_scale +
+                                                    PreciseEncoding(p, pos, e0 + j)));
+      };
+    };
+    auto one = [&](int64_t e, float pe) {
+      AddEncoding(&y[e], pe, x_scale, [&] { return PreciseEncoding(p, pos, e); });
+    };
+    if (interleaved) {
+      int64_t i = 0;
+      for (; i + 8 <= half; i += 8) {
+        V8 pe0, pe1;
+        InterleavedPe16(r, i, &pe0, &pe1);
+        Add8(y + 2 * i, pe0, xs, fix_at(2 * i));
+        Add8(y + 2 * i + 8, pe1, xs, fix_at(2 * i + 8));
+      }
+      for (int64_t e = 2 * i; e < dim; ++e) one(e, InterleavedPe1(r, e));  // odd d: a sin
+    } else {
+      int64_t i = 0;
+      for (; i + 8 <= half; i += 8) {
+        const V8 as = Load8(r.a + i), ac = Load8(r.b + i);
+        const V8 tc = Load8(r.tc + i), ts = Load8(r.ts + i);
+        Add8(y + i, as * tc + ac * ts, xs, fix_at(i));  // RotateSinCos
+        Add8(y + half + i, ac * tc - as * ts, xs, fix_at(half + i));
+      }
+      for (; i < half; ++i) {
+        float sn, cs;
+        RotateSinCos(r.a[i], r.b[i], r.ts[i], r.tc[i], &sn, &cs);
+        one(i, sn);
+        one(half + i, cs);
+      }
+      if (dim % 2 == 1) one(dim - 1, 0.0f);  // fairseq's zero channel for odd d
+    }
   }
 }
 
 template <typename T>
 POSENC_ALWAYS_INLINE void AbsoluteTokens(const AbsolutePlan& p, T* __restrict x, int64_t begin,
                                          int64_t end, Scratch& s) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, BFloat16>) {
+    if (p.has_input && p.options.kind != AbsoluteOptions::Kind::kLearned) {
+      return FusedTokens(p, x, begin, end, s);
+    }
+  }
   const int64_t dim = p.dim;
   float* __restrict row = s.row.data();
   float* __restrict saved = s.saved.data();
