@@ -30,6 +30,7 @@ typedef float V8 __attribute__((vector_size(32)));
 typedef int32_t V8i __attribute__((vector_size(32)));
 typedef uint32_t V8u __attribute__((vector_size(32)));
 typedef uint16_t V8h __attribute__((vector_size(16)));
+typedef uint16_t V16h __attribute__((vector_size(32)));
 
 POSENC_ALWAYS_INLINE V8 Load8(const float* p) {
   V8 v;
@@ -223,40 +224,58 @@ POSENC_ALWAYS_INLINE void EncodingRow(const AbsolutePlan& p, int64_t pos, Scratc
   }
 }
 
-// AddEncoding on 8 consecutive elements y[0, 8) of a float32 or bfloat16 row;
-// `fix(j, x)` recomputes element j (flagged by SumNeedsPrecise) from its
-// input x. For bfloat16 the conversions are FloatToBFloat16/BFloat16ToFloat
-// in 32-bit lanes.
+// BFloat16ToFloat on 8 stored values: each 16-bit value becomes the high
+// half of a lane (interleaved with zeros).
+POSENC_ALWAYS_INLINE V8 BFloat16ToFloat8(const BFloat16* y) {
+  V8h h;
+  std::memcpy(&h, y, sizeof h);
+  const V8h zero = {};
+  return (V8)__builtin_shufflevector(zero, h, 0, 8, 0, 9, 0, 10, 0, 11, 0, 12, 0, 13, 0, 14, 0, 15);
+}
+
+// FloatToBFloat16's rounding in 32-bit lanes, the result in each lane's high
+// half; NaN lanes are left to the caller.
+POSENC_ALWAYS_INLINE V16h BFloat16Round(V8 r) {
+  const V8u bits = (V8u)r;
+  return (V16h)(bits + 0x7fffu + ((bits >> 16) & 1u));
+}
+
+// AddEncoding on two runs of 8 consecutive elements, y0[0, 8) and y1[0, 8),
+// of a float32 or bfloat16 row; `fix(y, j, x)` recomputes element y[j]
+// (flagged by SumNeedsPrecise) from its input x. For bfloat16 the
+// conversions are BFloat16ToFloat and FloatToBFloat16 in 32-bit lanes.
 template <typename T, typename Fix>
-POSENC_ALWAYS_INLINE void Add8(T* __restrict y, V8 pe, float xs, Fix fix) {
+POSENC_ALWAYS_INLINE void Add16(T* __restrict y0, V8 pe0, T* __restrict y1, V8 pe1, float xs,
+                                Fix fix) {
   if constexpr (std::is_same_v<T, float>) {
-    Store8(y, Load8(y) * xs + pe);
+    Store8(y0, Load8(y0) * xs + pe0);
+    Store8(y1, Load8(y1) * xs + pe1);
   } else {
     static_assert(std::is_same_v<T, BFloat16>);
-    V8h h;
-    std::memcpy(&h, y, sizeof h);
-    const V8 x = (V8)(__builtin_convertvector(h, V8u) << 16);
-    const V8 u = x * xs;
-    const V8 r = u + pe;
-    const V8u abs_mask = V8u{} + 0x7fffffffu;
-    const V8 abs_r = (V8)((V8u)r & abs_mask);
-    const V8 abs_u = (V8)((V8u)u & abs_mask);
-    const V8 abs_pe = (V8)((V8u)pe & abs_mask);
+    const V8 x0 = BFloat16ToFloat8(y0), x1 = BFloat16ToFloat8(y1);
+    const V8 u0 = x0 * xs, u1 = x1 * xs;
+    const V8 r0 = u0 + pe0, r1 = u1 + pe1;
+    // The two results' high halves, packed into one vector.
+    const V16h out = __builtin_shufflevector(BFloat16Round(r0), BFloat16Round(r1), 1, 3, 5, 7, 9,
+                                             11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    std::memcpy(y0, &out, 16);
+    std::memcpy(y1, reinterpret_cast<const char*>(&out) + 16, 16);
     // SumNeedsPrecise, operation for operation.
-    const V8i needs = abs_r < kCancellationBound * ((abs_u + abs_pe) + 1.0f);
-    const V8u bits = (V8u)r;
-    const V8u rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    const V8u quiet_nan = (bits >> 16) | 0x40u;
-    const V8i is_nan = (V8i)(bits & abs_mask) > 0x7f800000;
-    const V8u out = ((V8u)is_nan & quiet_nan) | (~(V8u)is_nan & rounded);
-    const V8h narrow = __builtin_convertvector(out, V8h);
-    std::memcpy(y, &narrow, sizeof narrow);
-    // Flags are rare (about 1 element in 200 for random data): one test per 8.
+    const V8u abs_mask = V8u{} + 0x7fffffffu;
+    auto abs = [&](V8 v) { return (V8)((V8u)v & abs_mask); };
+    const V8i needs0 = abs(r0) < kCancellationBound * ((abs(u0) + abs(pe0)) + 1.0f);
+    const V8i needs1 = abs(r1) < kCancellationBound * ((abs(u1) + abs(pe1)) + 1.0f);
+    // Recomputed and NaN elements are rare (about 1 in 200 for random data):
+    // one test per 16, then element by element.
+    const V8i any = (needs0 | needs1) | ((r0 != r0) | (r1 != r1));
     uint64_t words[4];
-    std::memcpy(words, &needs, sizeof words);
+    std::memcpy(words, &any, sizeof words);
     if (__builtin_expect((words[0] | words[1] | words[2] | words[3]) != 0, 0)) {
       for (int j = 0; j < 8; ++j) {
-        if (needs[j] != 0) fix(j, x[j]);
+        if (r0[j] != r0[j]) y0[j] = FromFloat<T>(r0[j]);  // the quieted NaN
+        if (r1[j] != r1[j]) y1[j] = FromFloat<T>(r1[j]);
+        if (needs0[j] != 0) fix(y0, j, x0[j]);
+        if (needs1[j] != 0) fix(y1, j, x1[j]);
       }
     }
   }
@@ -275,11 +294,10 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
     const int64_t pos = p.positions.values[t];
     const RowSource r = SourceOf(p, pos, s);
     T* __restrict y = x + t * dim;
-    auto fix_at = [&](int64_t e0) {
-      return [&, e0](int j, float xj) {
-        y[e0 + j] = FromFloat<T>(static_cast<float>(static_cast<double>(xj) * x_scale +
-                                                    PreciseEncoding(p, pos, e0 + j)));
-      };
+    auto fix = [&](T* at, int j, float xj) {
+      const int64_t e = (at - y) + j;
+      at[j] = FromFloat<T>(
+          static_cast<float>(static_cast<double>(xj) * x_scale + PreciseEncoding(p, pos, e)));
     };
     auto one = [&](int64_t e, float pe) {
       AddEncoding(&y[e], pe, x_scale, [&] { return PreciseEncoding(p, pos, e); });
@@ -289,8 +307,7 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
       for (; i + 8 <= half; i += 8) {
         V8 pe0, pe1;
         InterleavedPe16(r, i, &pe0, &pe1);
-        Add8(y + 2 * i, pe0, xs, fix_at(2 * i));
-        Add8(y + 2 * i + 8, pe1, xs, fix_at(2 * i + 8));
+        Add16(y + 2 * i, pe0, y + 2 * i + 8, pe1, xs, fix);
       }
       for (int64_t e = 2 * i; e < dim; ++e) one(e, InterleavedPe1(r, e));  // odd d: a sin
     } else {
@@ -298,8 +315,7 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
       for (; i + 8 <= half; i += 8) {
         const V8 as = Load8(r.a + i), ac = Load8(r.b + i);
         const V8 tc = Load8(r.tc + i), ts = Load8(r.ts + i);
-        Add8(y + i, as * tc + ac * ts, xs, fix_at(i));  // RotateSinCos
-        Add8(y + half + i, ac * tc - as * ts, xs, fix_at(half + i));
+        Add16(y + i, as * tc + ac * ts, y + half + i, ac * tc - as * ts, xs, fix);  // RotateSinCos
       }
       for (; i < half; ++i) {
         float sn, cs;
