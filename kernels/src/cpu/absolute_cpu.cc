@@ -7,9 +7,11 @@
 // math/phase.h, the same as the CUDA kernel's; every path below evaluates it
 // operation for operation (see AnchorRow for the one rearrangement, which is
 // exact).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cpu_kernels.h"
@@ -24,8 +26,8 @@ namespace {
 // instruction set (two SSE registers each for the baseline clone), where
 // intrinsics would pin one. Loads and stores go through memcpy: unaligned.
 // Every function taking or returning them is inlined into a clone, so the
-// baseline clone's different vector ABI (-Wpsabi) never shows at a call.
-#pragma GCC diagnostic ignored "-Wpsabi"
+// baseline clone's different vector ABI never shows at a call (CMake turns
+// off -Wpsabi's note for this file).
 typedef float V8 __attribute__((vector_size(32)));
 typedef int32_t V8i __attribute__((vector_size(32)));
 typedef uint32_t V8u __attribute__((vector_size(32)));
@@ -49,23 +51,36 @@ double PreciseEncoding(const AbsolutePlan& p, int64_t pos, int64_t e) {
   return ch.is_zero ? 0.0 : SinusoidalPrecise(pos, p.omega[ch.frequency], ch.is_sin);
 }
 
+// One anchor's row: sin and cos of anchor * w_i for every frequency, as
+// SinCosOfPosition computes them. INTERLEAVED: a = [sin_i, cos_i] and b =
+// [cos_i, -sin_i] pairs, so that the PE pair of frequency i is
+// a * cos(k w_i) + b * sin(k w_i) lane by lane; CONCATENATED: a = sin_i,
+// b = cos_i (the first half of each).
+struct AnchorRow {
+  explicit AnchorRow(size_t frequencies)
+      : a(2 * frequencies), b(2 * frequencies), phase_hi(frequencies), phase_lo(frequencies) {}
+  // Not a multiple of 16 until computed.
+  int64_t anchor = 1;
+  std::vector<float> a, b;
+  // |anchor| * phase_step mod 2^64, whose high word is PhaseOf(|anchor|).
+  std::vector<uint32_t> phase_hi, phase_lo;
+};
+
 // Per-thread buffers, separately allocated so the compiler can see they do
 // not overlap.
 struct Scratch {
   explicit Scratch(const AbsolutePlan& p)
-      : row(p.dim),
+      : frequencies(static_cast<int64_t>(p.phase_step.size())),
+        interleaved(p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved),
+        row(p.dim),
         saved(p.dim),
         flag(p.dim),
-        anchor_a(2 * p.phase_step.size()),
-        anchor_b(2 * p.phase_step.size()),
-        sin_tmp(p.phase_step.size()),
-        cos_tmp(p.phase_step.size()),
+        current(p.phase_step.size()),
+        next(p.phase_step.size()),
         step_hi(p.phase_step.size()),
         step_lo(p.phase_step.size()),
         stride_hi(p.phase_step.size()),
-        stride_lo(p.phase_step.size()),
-        phase_hi(p.phase_step.size()),
-        phase_lo(p.phase_step.size()) {
+        stride_lo(p.phase_step.size()) {
     for (size_t i = 0; i < p.phase_step.size(); ++i) {
       const uint64_t step = p.phase_step[i];
       const uint64_t stride = step * static_cast<uint64_t>(kPhaseAnchorStride);  // mod 2^64
@@ -75,88 +90,112 @@ struct Scratch {
       stride_lo[i] = static_cast<uint32_t>(stride);
     }
   }
-  std::vector<float> row;      // [dim] PE in float32 (paths that do not fuse)
-  std::vector<float> saved;    // [dim] 16-bit inputs kept for recomputation (ditto)
-  std::vector<uint8_t> flag;   // [dim] elements to recompute in double (ditto)
-  // The anchor row (AnchorRow), for the anchor below. INTERLEAVED: a =
-  // [sin_i, cos_i] and b = [cos_i, -sin_i] pairs, so that the PE pair of
-  // frequency i is a * cos(k w_i) + b * sin(k w_i) lane by lane.
-  // CONCATENATED: a = sin_i, b = cos_i (the first half of each).
-  std::vector<float> anchor_a, anchor_b;
-  std::vector<float> sin_tmp, cos_tmp;
-  // Not a multiple of 16 until the first row, so that row computes them.
-  int64_t anchor = 1;
+  const int64_t frequencies;
+  const bool interleaved;
+  std::vector<float> row;     // [dim] PE in float32 (paths that do not fuse)
+  std::vector<float> saved;   // [dim] 16-bit inputs kept for recomputation (ditto)
+  std::vector<uint8_t> flag;  // [dim] elements to recompute in double (ditto)
+  // The anchor of the tokens being processed, and the one 16 positions on,
+  // of which frequencies [0, next_done) are computed so far.
+  AnchorRow current, next;
+  int64_t next_done = 0;
   std::vector<uint32_t> step_hi, step_lo;      // words of plan.phase_step
   std::vector<uint32_t> stride_hi, stride_lo;  // words of 16 * phase_step mod 2^64
-  // |anchor| * phase_step mod 2^64, whose high word is PhaseOf(|anchor|).
-  std::vector<uint32_t> phase_hi, phase_lo;
 };
 
-// The anchor row for `anchor`: sin and cos of anchor * w_i for every
-// frequency, as SinCosOfPosition computes them. The 64-bit phase
-// |anchor| * S_i mod 2^64 is kept from the previous anchor and moved by
-// 16 S_i when |anchor| moved by 16 (consecutive positions), which is exact in
-// modular arithmetic, so its high word is PhaseOf's, bit for bit; otherwise it
-// is multiplied afresh. Loops are split so each vectorises with 32-bit lanes.
-POSENC_ALWAYS_INLINE void AnchorRow(int64_t anchor, int64_t frequencies, bool interleaved,
-                                    Scratch& s) {
-  const int64_t abs_new = anchor < 0 ? -anchor : anchor;
-  const bool have_old = (s.anchor & (kPhaseAnchorStride - 1)) == 0;
-  const int64_t abs_old = s.anchor < 0 ? -s.anchor : s.anchor;
-  uint32_t* __restrict hi = s.phase_hi.data();
-  uint32_t* __restrict lo = s.phase_lo.data();
-  if (have_old && abs_new == abs_old + kPhaseAnchorStride) {
-    const uint32_t* __restrict dhi = s.stride_hi.data();
-    const uint32_t* __restrict dlo = s.stride_lo.data();
-    for (int64_t i = 0; i < frequencies; ++i) {
-      const uint32_t sum = lo[i] + dlo[i];
-      hi[i] += dhi[i] + static_cast<uint32_t>(sum < dlo[i]);  // carry
-      lo[i] = sum;
-    }
-  } else if (have_old && abs_new == abs_old - kPhaseAnchorStride) {
-    const uint32_t* __restrict dhi = s.stride_hi.data();
-    const uint32_t* __restrict dlo = s.stride_lo.data();
-    for (int64_t i = 0; i < frequencies; ++i) {
-      const uint32_t borrow = static_cast<uint32_t>(lo[i] < dlo[i]);
-      hi[i] -= dhi[i] + borrow;
-      lo[i] -= dlo[i];
-    }
-  } else {
-    // PhaseOf's words: |anchor| < 2^32 (planning admits |pos| <= 2^31).
-    const uint32_t a = static_cast<uint32_t>(abs_new);
-    const uint32_t* __restrict step_hi = s.step_hi.data();
-    const uint32_t* __restrict step_lo = s.step_lo.data();
-    for (int64_t i = 0; i < frequencies; ++i) {
-      const uint64_t low_product = static_cast<uint64_t>(a) * step_lo[i];
-      hi[i] = a * step_hi[i] + static_cast<uint32_t>(low_product >> 32);
-      lo[i] = static_cast<uint32_t>(low_product);
-    }
-  }
-  float* __restrict st = s.sin_tmp.data();
-  float* __restrict ct = s.cos_tmp.data();
-  for (int64_t i = 0; i < frequencies; ++i) SinCosOfPhase(hi[i], &st[i], &ct[i]);
-  // sin(-x) = -sin(x), as SinCosOfPosition.
-  const bool negative = anchor < 0;
-  float* __restrict a = s.anchor_a.data();
-  float* __restrict b = s.anchor_b.data();
+// sin and cos of frequencies [lo, hi) of row r from its phases (high words).
+// sin(-x) = -sin(x), as SinCosOfPosition.
+POSENC_ALWAYS_INLINE void SinCosRange(AnchorRow& r, bool interleaved, int64_t lo, int64_t hi) {
+  const uint32_t* __restrict phase = r.phase_hi.data();
+  float* __restrict a = r.a.data();
+  float* __restrict b = r.b.data();
+  const bool negative = r.anchor < 0;
   if (interleaved) {
     // a * c + b * s lane by lane is RotateSinCos: sin_i c + cos_i s, and
     // cos_i c + (-sin_i) s, which equals cos_i c - sin_i s exactly (negation
     // is exact, and x + (-y) is x - y in IEEE arithmetic).
-    for (int64_t i = 0; i < frequencies; ++i) {
-      const float sv = negative ? -st[i] : st[i];
-      a[2 * i] = sv;
-      a[2 * i + 1] = ct[i];
-      b[2 * i] = ct[i];
-      b[2 * i + 1] = -sv;
+    for (int64_t i = lo; i < hi; ++i) {
+      float sn, cs;
+      SinCosOfPhase(phase[i], &sn, &cs);
+      sn = negative ? -sn : sn;
+      a[2 * i] = sn;
+      a[2 * i + 1] = cs;
+      b[2 * i] = cs;
+      b[2 * i + 1] = -sn;
     }
   } else {
-    for (int64_t i = 0; i < frequencies; ++i) {
-      a[i] = negative ? -st[i] : st[i];
-      b[i] = ct[i];
+    for (int64_t i = lo; i < hi; ++i) {
+      float sn, cs;
+      SinCosOfPhase(phase[i], &sn, &cs);
+      a[i] = negative ? -sn : sn;
+      b[i] = cs;
     }
   }
-  s.anchor = anchor;
+}
+
+// s.current for `anchor`, from scratch: PhaseOf's two multiplies (|anchor| <
+// 2^32: planning admits |pos| <= 2^31).
+POSENC_ALWAYS_INLINE void ComputeAnchor(int64_t anchor, Scratch& s) {
+  AnchorRow& r = s.current;
+  r.anchor = anchor;
+  const uint32_t abs_anchor = static_cast<uint32_t>(anchor < 0 ? -anchor : anchor);
+  const uint32_t* __restrict step_hi = s.step_hi.data();
+  const uint32_t* __restrict step_lo = s.step_lo.data();
+  uint32_t* __restrict hi = r.phase_hi.data();
+  uint32_t* __restrict lo = r.phase_lo.data();
+  for (int64_t i = 0; i < s.frequencies; ++i) {
+    const uint64_t low_product = static_cast<uint64_t>(abs_anchor) * step_lo[i];
+    hi[i] = abs_anchor * step_hi[i] + static_cast<uint32_t>(low_product >> 32);
+    lo[i] = static_cast<uint32_t>(low_product);
+  }
+  SinCosRange(r, s.interleaved, 0, s.frequencies);
+}
+
+// Up to `count` more frequencies of s.next (anchor s.current.anchor + 16).
+// Its phase is the current one moved by 16 S_i (|anchor| up by 16, or down
+// by 16 for a negative anchor): exact in modular arithmetic, so its high
+// word is PhaseOf's bit for bit, at an add where PhaseOf multiplies twice.
+// The fused pass calls this between blocks of its row, so the next anchor's
+// arithmetic runs while the current rows stream.
+POSENC_ALWAYS_INLINE void AdvanceNext(int64_t count, Scratch& s) {
+  const int64_t lo = s.next_done;
+  const int64_t end = std::min(s.frequencies, lo + count);
+  if (lo >= end) return;
+  const uint32_t* __restrict cur_hi = s.current.phase_hi.data();
+  const uint32_t* __restrict cur_lo = s.current.phase_lo.data();
+  const uint32_t* __restrict dhi = s.stride_hi.data();
+  const uint32_t* __restrict dlo = s.stride_lo.data();
+  uint32_t* __restrict hi = s.next.phase_hi.data();
+  uint32_t* __restrict low = s.next.phase_lo.data();
+  if (s.current.anchor >= 0) {
+    for (int64_t i = lo; i < end; ++i) {
+      const uint32_t sum = cur_lo[i] + dlo[i];
+      hi[i] = cur_hi[i] + dhi[i] + static_cast<uint32_t>(sum < dlo[i]);  // carry
+      low[i] = sum;
+    }
+  } else {
+    for (int64_t i = lo; i < end; ++i) {
+      const uint32_t borrow = static_cast<uint32_t>(cur_lo[i] < dlo[i]);
+      hi[i] = cur_hi[i] - dhi[i] - borrow;
+      low[i] = cur_lo[i] - dlo[i];
+    }
+  }
+  SinCosRange(s.next, s.interleaved, lo, end);
+  s.next_done = end;
+}
+
+// Makes s.current the anchor row of `anchor`: the next row, finished, when
+// the tokens moved on by 16 positions, else computed afresh; then starts the
+// row after it.
+POSENC_ALWAYS_INLINE void MoveToAnchor(int64_t anchor, Scratch& s) {
+  if (anchor == s.next.anchor) {
+    AdvanceNext(s.frequencies, s);
+    std::swap(s.current, s.next);
+  } else {
+    ComputeAnchor(anchor, s);
+  }
+  s.next.anchor = anchor + kPhaseAnchorStride;
+  s.next_done = 0;
 }
 
 // Where a token's PE comes from: its anchor row (in s) and its offset's row of
@@ -169,12 +208,10 @@ struct RowSource {
 };
 
 POSENC_ALWAYS_INLINE RowSource SourceOf(const AbsolutePlan& p, int64_t pos, Scratch& s) {
-  const int64_t frequencies = static_cast<int64_t>(p.omega.size());  // (d+1)/2 interleaved
-  const bool interleaved = p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved;
   const int64_t anchor = PhaseAnchor(pos);
-  if (anchor != s.anchor) AnchorRow(anchor, frequencies, interleaved, s);
-  const int64_t at = (pos - anchor) * frequencies;
-  return {s.anchor_a.data(), s.anchor_b.data(), p.offset_cos.data() + at,
+  if (anchor != s.current.anchor) MoveToAnchor(anchor, s);
+  const int64_t at = (pos - anchor) * s.frequencies;
+  return {s.current.a.data(), s.current.b.data(), p.offset_cos.data() + at,
           p.offset_sin.data() + at};
 }
 
@@ -281,6 +318,10 @@ POSENC_ALWAYS_INLINE void Add16(T* __restrict y0, V8 pe0, T* __restrict y1, V8 p
   }
 }
 
+// Frequencies of a row between two steps of the next anchor row: 8 per
+// kNextEvery over (d+1)/2 frequencies and 16 tokens is the whole next row.
+constexpr int64_t kNextEvery = 8 * kPhaseAnchorStride;
+
 // y = x * x_scale + PE for float32 and bfloat16 rows, PE computed in the
 // same pass (see the top of the file).
 template <typename T>
@@ -302,20 +343,30 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
     auto one = [&](int64_t e, float pe) {
       AddEncoding(&y[e], pe, x_scale, [&] { return PreciseEncoding(p, pos, e); });
     };
+    // Frequencies in blocks of kNextEvery, with 8 of the next anchor row's
+    // after each: a 16th of its row per token.
+    int64_t i = 0;
     if (interleaved) {
-      int64_t i = 0;
-      for (; i + 8 <= half; i += 8) {
-        V8 pe0, pe1;
-        InterleavedPe16(r, i, &pe0, &pe1);
-        Add16(y + 2 * i, pe0, y + 2 * i + 8, pe1, xs, fix);
+      for (int64_t block = 0; block < half; block += kNextEvery) {
+        const int64_t block_end = std::min(half, block + kNextEvery);
+        for (; i + 8 <= block_end; i += 8) {
+          V8 pe0, pe1;
+          InterleavedPe16(r, i, &pe0, &pe1);
+          Add16(y + 2 * i, pe0, y + 2 * i + 8, pe1, xs, fix);
+        }
+        AdvanceNext(8, s);
       }
       for (int64_t e = 2 * i; e < dim; ++e) one(e, InterleavedPe1(r, e));  // odd d: a sin
     } else {
-      int64_t i = 0;
-      for (; i + 8 <= half; i += 8) {
-        const V8 as = Load8(r.a + i), ac = Load8(r.b + i);
-        const V8 tc = Load8(r.tc + i), ts = Load8(r.ts + i);
-        Add16(y + i, as * tc + ac * ts, y + half + i, ac * tc - as * ts, xs, fix);  // RotateSinCos
+      for (int64_t block = 0; block < half; block += kNextEvery) {
+        const int64_t block_end = std::min(half, block + kNextEvery);
+        for (; i + 8 <= block_end; i += 8) {
+          const V8 as = Load8(r.a + i), ac = Load8(r.b + i);
+          const V8 tc = Load8(r.tc + i), ts = Load8(r.ts + i);
+          Add16(y + i, as * tc + ac * ts, y + half + i, ac * tc - as * ts, xs,
+                fix);  // RotateSinCos
+        }
+        AdvanceNext(8, s);
       }
       for (; i < half; ++i) {
         float sn, cs;
