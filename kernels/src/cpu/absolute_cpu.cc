@@ -1,12 +1,13 @@
 // Absolute encodings on the CPU. A sinusoidal PE element is a rotation of its
-// anchor's sine and cosine by an offset's (math/phase.h); the anchor row is
-// computed once per run of tokens that share it, and for float32 and
-// bfloat16 inputs the rotation is fused into the pass that reads x and writes
-// y = x * x_scale + PE, so its arithmetic runs while the row streams in
-// instead of before. The element arithmetic is math/absolute_math.h and
-// math/phase.h, the same as the CUDA kernel's; every path below evaluates it
-// operation for operation (see AnchorRow for the one rearrangement, which is
-// exact).
+// anchor's sine and cosine by an offset's (math/phase.h). Each thread keeps
+// the anchor row of the tokens at hand and builds the next one (16 positions
+// on, its phase carried from this one's by an add) a slice at a time between
+// blocks of the current rows; for float32 and bfloat16 inputs the rotation
+// is fused into the pass that reads x and writes y = x * x_scale + PE. So
+// the arithmetic runs while rows stream in, not before them. The element
+// arithmetic is math/absolute_math.h and math/phase.h, the same as the CUDA
+// kernel's; every path below evaluates it operation for operation (the
+// rearrangements in SinCosRange and AdvanceNext are exact).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
