@@ -1,13 +1,14 @@
 // Absolute encodings on the CPU. A sinusoidal PE element is a rotation of its
 // anchor's sine and cosine by an offset's (math/phase.h). Each thread keeps
-// the anchor row of the tokens at hand and builds the next one (16 positions
-// on, its phase carried from this one's by an add) a slice at a time between
-// blocks of the current rows; for float32 and bfloat16 inputs the rotation
-// is fused into the pass that reads x and writes y = x * x_scale + PE. So
-// the arithmetic runs while rows stream in, not before them. The element
-// arithmetic is math/absolute_math.h and math/phase.h, the same as the CUDA
-// kernel's; every path below evaluates it operation for operation (the
-// rearrangements in SinCosRange and AdvanceNext are exact).
+// the anchor row of the tokens at hand; the next one (16 positions on) gets
+// its phase from this one's by an add. For bfloat16 inputs the rotation is
+// fused into the pass that reads x and writes y = x * x_scale + PE, and the
+// next anchor row is built a slice at a time between blocks of that pass, so
+// the arithmetic runs while rows stream in; float32 rows (bound by bytes,
+// not arithmetic) measured faster as a PE row and then an add pass. The
+// element arithmetic is math/absolute_math.h and math/phase.h, the same as
+// the CUDA kernel's; every path below evaluates it operation for operation
+// (the rearrangements in SinCosRange and AdvanceNext are exact).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -52,11 +53,21 @@ double PreciseEncoding(const AbsolutePlan& p, int64_t pos, int64_t e) {
   return ch.is_zero ? 0.0 : SinusoidalPrecise(pos, p.omega[ch.frequency], ch.is_sin);
 }
 
+// Whether a plan's tokens take the fused pass (FusedTokens): bfloat16 inputs
+// plus sinusoidal PE. float32 rows measured faster in two passes (PE row,
+// then the add: 22-25 GB/s against 19-23 fused, bench/RESULTS.md), which
+// read half the anchor bytes per token; the fused pass pays where the
+// element arithmetic, not the bytes, is the bound.
+bool Fuses(const AbsolutePlan& p) {
+  return p.dtype == DType::kBFloat16 && p.has_input &&
+         p.options.kind != AbsoluteOptions::Kind::kLearned;
+}
+
 // One anchor's row: sin and cos of anchor * w_i for every frequency, as
-// SinCosOfPosition computes them. INTERLEAVED: a = [sin_i, cos_i] and b =
-// [cos_i, -sin_i] pairs, so that the PE pair of frequency i is
-// a * cos(k w_i) + b * sin(k w_i) lane by lane; CONCATENATED: a = sin_i,
-// b = cos_i (the first half of each).
+// SinCosOfPosition computes them. Pairs (the fused INTERLEAVED pass): a =
+// [sin_i, cos_i] and b = [cos_i, -sin_i], so that the PE pair of frequency i
+// is a * cos(k w_i) + b * sin(k w_i) lane by lane; otherwise halves: a =
+// sin_i, b = cos_i (the first half of each).
 struct AnchorRow {
   explicit AnchorRow(size_t frequencies)
       : a(2 * frequencies), b(2 * frequencies), phase_hi(frequencies), phase_lo(frequencies) {}
@@ -72,7 +83,7 @@ struct AnchorRow {
 struct Scratch {
   explicit Scratch(const AbsolutePlan& p)
       : frequencies(static_cast<int64_t>(p.phase_step.size())),
-        interleaved(p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved),
+        pairs(p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved && Fuses(p)),
         row(p.dim),
         saved(p.dim),
         flag(p.dim),
@@ -92,7 +103,7 @@ struct Scratch {
     }
   }
   const int64_t frequencies;
-  const bool interleaved;
+  const bool pairs;  // AnchorRow's layout: pairs (the fused INTERLEAVED pass) or halves
   std::vector<float> row;     // [dim] PE in float32 (paths that do not fuse)
   std::vector<float> saved;   // [dim] 16-bit inputs kept for recomputation (ditto)
   std::vector<uint8_t> flag;  // [dim] elements to recompute in double (ditto)
@@ -106,12 +117,12 @@ struct Scratch {
 
 // sin and cos of frequencies [lo, hi) of row r from its phases (high words).
 // sin(-x) = -sin(x), as SinCosOfPosition.
-POSENC_ALWAYS_INLINE void SinCosRange(AnchorRow& r, bool interleaved, int64_t lo, int64_t hi) {
+POSENC_ALWAYS_INLINE void SinCosRange(AnchorRow& r, bool pairs, int64_t lo, int64_t hi) {
   const uint32_t* __restrict phase = r.phase_hi.data();
   float* __restrict a = r.a.data();
   float* __restrict b = r.b.data();
   const bool negative = r.anchor < 0;
-  if (interleaved) {
+  if (pairs) {
     // a * c + b * s lane by lane is RotateSinCos: sin_i c + cos_i s, and
     // cos_i c + (-sin_i) s, which equals cos_i c - sin_i s exactly (negation
     // is exact, and x + (-y) is x - y in IEEE arithmetic).
@@ -149,7 +160,7 @@ POSENC_ALWAYS_INLINE void ComputeAnchor(int64_t anchor, Scratch& s) {
     hi[i] = abs_anchor * step_hi[i] + static_cast<uint32_t>(low_product >> 32);
     lo[i] = static_cast<uint32_t>(low_product);
   }
-  SinCosRange(r, s.interleaved, 0, s.frequencies);
+  SinCosRange(r, s.pairs, 0, s.frequencies);
 }
 
 // Up to `count` more frequencies of s.next (anchor s.current.anchor + 16).
@@ -181,7 +192,7 @@ POSENC_ALWAYS_INLINE void AdvanceNext(int64_t count, Scratch& s) {
       low[i] = cur_lo[i] - dlo[i];
     }
   }
-  SinCosRange(s.next, s.interleaved, lo, end);
+  SinCosRange(s.next, s.pairs, lo, end);
   s.next_done = end;
 }
 
@@ -246,14 +257,13 @@ POSENC_ALWAYS_INLINE void EncodingRow(const AbsolutePlan& p, int64_t pos, Scratc
   const RowSource r = SourceOf(p, pos, s);
   const int64_t half = p.dim / 2;
   if (p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved) {
-    int64_t i = 0;
-    for (; i + 8 <= half; i += 8) {
-      V8 pe0, pe1;
-      InterleavedPe16(r, i, &pe0, &pe1);
-      Store8(row + 2 * i, pe0);
-      Store8(row + 2 * i + 8, pe1);
+    for (int64_t i = 0; i < half; ++i) {
+      RotateSinCos(r.a[i], r.b[i], r.ts[i], r.tc[i], &row[2 * i], &row[2 * i + 1]);
     }
-    for (int64_t e = 2 * i; e < p.dim; ++e) row[e] = InterleavedPe1(r, e);  // odd d: a sin
+    if (p.dim % 2 == 1) {  // odd d: a last sin channel
+      float c;
+      RotateSinCos(r.a[half], r.b[half], r.ts[half], r.tc[half], &row[p.dim - 1], &c);
+    }
   } else {
     for (int64_t i = 0; i < half; ++i) {
       RotateSinCos(r.a[i], r.b[i], r.ts[i], r.tc[i], &row[i], &row[half + i]);
@@ -323,8 +333,9 @@ POSENC_ALWAYS_INLINE void Add16(T* __restrict y0, V8 pe0, T* __restrict y1, V8 p
 // kNextEvery over (d+1)/2 frequencies and 16 tokens is the whole next row.
 constexpr int64_t kNextEvery = 8 * kPhaseAnchorStride;
 
-// y = x * x_scale + PE for float32 and bfloat16 rows, PE computed in the
-// same pass (see the top of the file).
+// y = x * x_scale + PE with PE computed in the same pass (see the top of the
+// file): taken for bfloat16 rows (Fuses); float32 works too, and measured
+// slower.
 template <typename T>
 POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, int64_t begin,
                                       int64_t end, Scratch& s) {
@@ -383,8 +394,8 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
 template <typename T>
 POSENC_ALWAYS_INLINE void AbsoluteTokens(const AbsolutePlan& p, T* __restrict x, int64_t begin,
                                          int64_t end, Scratch& s) {
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, BFloat16>) {
-    if (p.has_input && p.options.kind != AbsoluteOptions::Kind::kLearned) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    if (Fuses(p)) {
       return FusedTokens(p, x, begin, end, s);
     }
   }
@@ -406,6 +417,8 @@ POSENC_ALWAYS_INLINE void AbsoluteTokens(const AbsolutePlan& p, T* __restrict x,
       continue;
     }
     if constexpr (std::is_same_v<T, float>) {
+      // No next-anchor slices here: between blocks of this loop they made
+      // float32 rows slower (20 vs 22-23 GB/s, bench/RESULTS.md).
       for (int64_t i = 0; i < dim; ++i) AddEncoding(&y[i], row[i], x_scale, [] { return 0.0; });
     } else {
       // AddEncoding's float32 half, vectorised; its double half for the
