@@ -517,6 +517,77 @@ TEST_P(BackendTest, SinusoidalLargeAndNegativePositionsMatchReference) {
   }
 }
 
+// Runs of consecutive positions: the CPU carries each anchor's 64-bit phase
+// to the next (16 positions on, |anchor| up or down by 16, across zero and up
+// to the +-2^31 limit) where the GPU multiplies afresh; both must still agree
+// bit for bit and with the reference, in rows wide enough for the CPU's
+// vector loop and its scalar tail (d = 77, 130) and aligned ones (512).
+TEST_P(BackendTest, SinusoidalConsecutiveRunsMatchReference) {
+  for (SinusoidalLayout layout :
+       {SinusoidalLayout::kInterleaved, SinusoidalLayout::kConcatenated}) {
+    for (int64_t d : {77, 130, 512}) {
+      for (DType dtype : kFloatTypes) {
+        SCOPED_TRACE(::testing::Message()
+                     << "layout " << int(layout) << " d " << d << " " << DTypeName(dtype));
+        const int64_t kLimit = dtype == DType::kFloat32 ? int64_t{1} << 31 : 10000000;
+        std::vector<int64_t> ids;
+        auto run = [&](int64_t from, int64_t to) {  // inclusive, either direction
+          for (int64_t p = from;; p += from <= to ? 1 : -1) {
+            ids.push_back(p);
+            if (p == to) break;
+          }
+        };
+        run(-50, 50);                   // |anchor| down to 0, then up
+        run(kLimit - 70, kLimit);       // up to the limit
+        run(-kLimit, -kLimit + 40);     // from the negative limit
+        run(120, 60);                   // descending positive positions
+        std::uniform_int_distribution<int64_t> p(-kLimit + 40, kLimit - 40);
+        const int64_t start = p(testing::Rng());
+        run(start, start + 37);
+        const int64_t T = static_cast<int64_t>(ids.size());
+        Bytes x = testing::RandomTensor(dtype, T * d);
+        std::vector<double> ref = testing::ToDoubles(dtype, x);
+        AbsoluteOptions o;
+        o.sinusoidal_layout = layout;
+        for (int64_t t = 0; t < T; ++t) {
+          auto row = reference::SinusoidalRow(layout, o.base, d, ids[t]);
+          for (int64_t i = 0; i < d; ++i) ref[t * d + i] += row[i];
+        }
+        AbsoluteTensors in;
+        in.x = testing::Mutable(dtype, {T, d}, x);
+        in.positions.position_ids = testing::IntView(ids, {T});
+        auto plan = PlanAbsolute(o, in);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        RunMatchingCpu(*backend_, {&x}, [&](Backend& be, const std::vector<Bytes*>& b) {
+          return be.ApplyAbsolute(*plan, b[0]->data(), {});
+        });
+        EXPECT_TRUE(testing::MatchesReference(dtype, ref, x.data(), 1e-6));
+        // Inputs the CPU's vectorised conversions must treat as the scalar
+        // ones (FloatToBFloat16) do, bit for bit: NaN of either sign stays NaN
+        // (quieted), infinities, overflow to inf, signed zeros.
+        const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 3e38f, -3e38f, 0.0f, -0.0f};
+        Bytes y = testing::RandomTensor(dtype, T * d);
+        for (int64_t i = 0; i < T * d; i += 7) {
+          StoreElement(dtype, y.data(), i, specials[(i / 7) % 8]);
+        }
+        o.x_scale = 3.0;
+        in.x = testing::Mutable(dtype, {T, d}, y);
+        auto special_plan = PlanAbsolute(o, in);
+        ASSERT_TRUE(special_plan.ok()) << special_plan.status();
+        RunMatchingCpu(*backend_, {&y}, [&](Backend& be, const std::vector<Bytes*>& b) {
+          return be.ApplyAbsolute(*special_plan, b[0]->data(), {});
+        });
+        for (int64_t i = 0; i < T * d; i += 7) {
+          // x * 3 + PE is NaN exactly where x is (inf and overflow stay inf).
+          ASSERT_EQ(std::isnan(LoadElement(dtype, y.data(), i)),
+                    std::isnan(specials[(i / 7) % 8]))
+              << "element " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST_P(BackendTest, Seed003TableIsReproduced) {
   // Seed 003 prints getPositionEncoding(seq_len=4, d=4, n=100).
   const double printed[4][4] = {{0., 1., 0., 1.},

@@ -1,10 +1,19 @@
-// Absolute encodings on the CPU: for each token, its PE row in float32 (a
-// rotation per frequency of its anchor's sine and cosine, math/phase.h), then
-// y = x * x_scale + PE over the row. The element arithmetic is
-// math/absolute_math.h and math/phase.h, the same as the CUDA kernel's;
-// 16-bit rows take two passes (float32 for all, double for the flagged few)
-// so the first vectorises.
+// Absolute encodings on the CPU. A sinusoidal PE element is a rotation of its
+// anchor's sine and cosine by an offset's (math/phase.h). Each thread keeps
+// the anchor row of the tokens at hand; the next one (16 positions on) gets
+// its phase from this one's by an add. For bfloat16 inputs the rotation is
+// fused into the pass that reads x and writes y = x * x_scale + PE, and the
+// next anchor row is built a slice at a time between blocks of that pass, so
+// the arithmetic runs while rows stream in; float32 rows (bound by bytes,
+// not arithmetic) measured faster as a PE row and then an add pass. The
+// element arithmetic is math/absolute_math.h and math/phase.h, the same as
+// the CUDA kernel's; every path below evaluates it operation for operation
+// (the rearrangements in SinCosRange and AdvanceNext are exact).
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cpu_kernels.h"
@@ -14,6 +23,25 @@
 
 namespace posenc::internal {
 namespace {
+
+// Portable vectors (GCC/clang extensions): each clone lowers them to its own
+// instruction set (two SSE registers each for the baseline clone), where
+// intrinsics would pin one. Loads and stores go through memcpy: unaligned.
+// Every function taking or returning them is inlined into a clone, so the
+// baseline clone's different vector ABI never shows at a call (CMake turns
+// off -Wpsabi's note for this file).
+typedef float V8 __attribute__((vector_size(32)));
+typedef int32_t V8i __attribute__((vector_size(32)));
+typedef uint32_t V8u __attribute__((vector_size(32)));
+typedef uint16_t V8h __attribute__((vector_size(16)));
+typedef uint16_t V16h __attribute__((vector_size(32)));
+
+POSENC_ALWAYS_INLINE V8 Load8(const float* p) {
+  V8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+POSENC_ALWAYS_INLINE void Store8(float* p, V8 v) { std::memcpy(p, &v, sizeof v); }
 
 // Element e of PE[pos] in float64: the precise value for flagged elements.
 double PreciseEncoding(const AbsolutePlan& p, int64_t pos, int64_t e) {
@@ -25,52 +53,200 @@ double PreciseEncoding(const AbsolutePlan& p, int64_t pos, int64_t e) {
   return ch.is_zero ? 0.0 : SinusoidalPrecise(pos, p.omega[ch.frequency], ch.is_sin);
 }
 
+// Whether a plan's tokens take the fused pass (FusedTokens): bfloat16 inputs
+// plus sinusoidal PE. float32 rows measured faster in two passes (PE row,
+// then the add: 22-25 GB/s against 19-23 fused, bench/RESULTS.md), which
+// read half the anchor bytes per token; the fused pass pays where the
+// element arithmetic, not the bytes, is the bound.
+bool Fuses(const AbsolutePlan& p) {
+  return p.dtype == DType::kBFloat16 && p.has_input &&
+         p.options.kind != AbsoluteOptions::Kind::kLearned;
+}
+
+// One anchor's row: sin and cos of anchor * w_i for every frequency, as
+// SinCosOfPosition computes them. Pairs (the fused INTERLEAVED pass): a =
+// [sin_i, cos_i] and b = [cos_i, -sin_i], so that the PE pair of frequency i
+// is a * cos(k w_i) + b * sin(k w_i) lane by lane; otherwise halves: a =
+// sin_i, b = cos_i (the first half of each).
+struct AnchorRow {
+  explicit AnchorRow(size_t frequencies)
+      : a(2 * frequencies), b(2 * frequencies), phase_hi(frequencies), phase_lo(frequencies) {}
+  // Not a multiple of 16 until computed.
+  int64_t anchor = 1;
+  std::vector<float> a, b;
+  // |anchor| * phase_step mod 2^64, whose high word is PhaseOf(|anchor|).
+  std::vector<uint32_t> phase_hi, phase_lo;
+};
+
 // Per-thread buffers, separately allocated so the compiler can see they do
 // not overlap.
 struct Scratch {
   explicit Scratch(const AbsolutePlan& p)
-      : row(p.dim),
+      : frequencies(static_cast<int64_t>(p.phase_step.size())),
+        pairs(p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved && Fuses(p)),
+        row(p.dim),
         saved(p.dim),
-        anchor_sin(p.phase_step.size()),
-        anchor_cos(p.phase_step.size()),
+        flag(p.dim),
+        current(p.phase_step.size()),
+        next(p.phase_step.size()),
         step_hi(p.phase_step.size()),
         step_lo(p.phase_step.size()),
-        flag(p.dim) {
+        stride_hi(p.phase_step.size()),
+        stride_lo(p.phase_step.size()) {
     for (size_t i = 0; i < p.phase_step.size(); ++i) {
-      step_hi[i] = static_cast<uint32_t>(p.phase_step[i] >> 32);
-      step_lo[i] = static_cast<uint32_t>(p.phase_step[i]);
+      const uint64_t step = p.phase_step[i];
+      const uint64_t stride = step * static_cast<uint64_t>(kPhaseAnchorStride);  // mod 2^64
+      step_hi[i] = static_cast<uint32_t>(step >> 32);
+      step_lo[i] = static_cast<uint32_t>(step);
+      stride_hi[i] = static_cast<uint32_t>(stride >> 32);
+      stride_lo[i] = static_cast<uint32_t>(stride);
     }
   }
-  std::vector<float> row;    // [dim] PE in float32
-  std::vector<float> saved;  // [dim] 16-bit inputs kept for recomputation
-  // sin and cos of anchor * w_i (math/phase.h), for the anchor below. Not a
-  // multiple of 16 until the first row, so that row computes them.
-  std::vector<float> anchor_sin, anchor_cos;
-  int64_t anchor = 1;
-  std::vector<uint32_t> step_hi, step_lo;  // words of plan.phase_step
-  std::vector<uint8_t> flag;               // [dim] elements to recompute in double
+  const int64_t frequencies;
+  const bool pairs;  // AnchorRow's layout: pairs (the fused INTERLEAVED pass) or halves
+  std::vector<float> row;     // [dim] PE in float32 (paths that do not fuse)
+  std::vector<float> saved;   // [dim] 16-bit inputs kept for recomputation (ditto)
+  std::vector<uint8_t> flag;  // [dim] elements to recompute in double (ditto)
+  // The anchor of the tokens being processed, and the one 16 positions on,
+  // of which frequencies [0, next_done) are computed so far.
+  AnchorRow current, next;
+  int64_t next_done = 0;
+  std::vector<uint32_t> step_hi, step_lo;      // words of plan.phase_step
+  std::vector<uint32_t> stride_hi, stride_lo;  // words of 16 * phase_step mod 2^64
 };
 
-// sin and cos of anchor * w_i for every frequency: SinCosOfPosition with the
-// position's sign hoisted out and each step's words pre-split, so the loop
-// vectorises with 32-bit lanes.
-POSENC_ALWAYS_INLINE void AnchorRow(int64_t anchor, int64_t frequencies, Scratch& s) {
-  const uint32_t abs_pos = static_cast<uint32_t>(anchor < 0 ? -anchor : anchor);
-  const uint32_t* __restrict step_hi = s.step_hi.data();
-  const uint32_t* __restrict step_lo = s.step_lo.data();
-  float* __restrict as = s.anchor_sin.data();
-  float* __restrict ac = s.anchor_cos.data();
-  for (int64_t i = 0; i < frequencies; ++i) {
-    SinCosOfPhase(PhaseOf(abs_pos, step_hi[i], step_lo[i]), &as[i], &ac[i]);
+// sin and cos of frequencies [lo, hi) of row r from its phases (high words).
+// sin(-x) = -sin(x), as SinCosOfPosition.
+POSENC_ALWAYS_INLINE void SinCosRange(AnchorRow& r, bool pairs, int64_t lo, int64_t hi) {
+  const uint32_t* __restrict phase = r.phase_hi.data();
+  float* __restrict a = r.a.data();
+  float* __restrict b = r.b.data();
+  const bool negative = r.anchor < 0;
+  if (pairs) {
+    // a * c + b * s lane by lane is RotateSinCos: sin_i c + cos_i s, and
+    // cos_i c + (-sin_i) s, which equals cos_i c - sin_i s exactly (negation
+    // is exact, and x + (-y) is x - y in IEEE arithmetic).
+    for (int64_t i = lo; i < hi; ++i) {
+      float sn, cs;
+      SinCosOfPhase(phase[i], &sn, &cs);
+      sn = negative ? -sn : sn;
+      a[2 * i] = sn;
+      a[2 * i + 1] = cs;
+      b[2 * i] = cs;
+      b[2 * i + 1] = -sn;
+    }
+  } else {
+    for (int64_t i = lo; i < hi; ++i) {
+      float sn, cs;
+      SinCosOfPhase(phase[i], &sn, &cs);
+      a[i] = negative ? -sn : sn;
+      b[i] = cs;
+    }
   }
-  if (anchor < 0) {
-    for (int64_t i = 0; i < frequencies; ++i) as[i] = -as[i];
-  }
-  s.anchor = anchor;
 }
 
-// PE[pos] in float32, [dim]: SinusoidalSinCos per frequency, its anchor's
-// sin and cos computed once for a run of tokens that share it.
+// s.current for `anchor`, from scratch: PhaseOf's two multiplies (|anchor| <
+// 2^32: planning admits |pos| <= 2^31).
+POSENC_ALWAYS_INLINE void ComputeAnchor(int64_t anchor, Scratch& s) {
+  AnchorRow& r = s.current;
+  r.anchor = anchor;
+  const uint32_t abs_anchor = static_cast<uint32_t>(anchor < 0 ? -anchor : anchor);
+  const uint32_t* __restrict step_hi = s.step_hi.data();
+  const uint32_t* __restrict step_lo = s.step_lo.data();
+  uint32_t* __restrict hi = r.phase_hi.data();
+  uint32_t* __restrict lo = r.phase_lo.data();
+  for (int64_t i = 0; i < s.frequencies; ++i) {
+    const uint64_t low_product = static_cast<uint64_t>(abs_anchor) * step_lo[i];
+    hi[i] = abs_anchor * step_hi[i] + static_cast<uint32_t>(low_product >> 32);
+    lo[i] = static_cast<uint32_t>(low_product);
+  }
+  SinCosRange(r, s.pairs, 0, s.frequencies);
+}
+
+// Up to `count` more frequencies of s.next (anchor s.current.anchor + 16).
+// Its phase is the current one moved by 16 S_i (|anchor| up by 16, or down
+// by 16 for a negative anchor): exact in modular arithmetic, so its high
+// word is PhaseOf's bit for bit, at an add where PhaseOf multiplies twice.
+// The fused pass calls this between blocks of its row, so the next anchor's
+// arithmetic runs while the current rows stream.
+POSENC_ALWAYS_INLINE void AdvanceNext(int64_t count, Scratch& s) {
+  const int64_t lo = s.next_done;
+  const int64_t end = std::min(s.frequencies, lo + count);
+  if (lo >= end) return;
+  const uint32_t* __restrict cur_hi = s.current.phase_hi.data();
+  const uint32_t* __restrict cur_lo = s.current.phase_lo.data();
+  const uint32_t* __restrict dhi = s.stride_hi.data();
+  const uint32_t* __restrict dlo = s.stride_lo.data();
+  uint32_t* __restrict hi = s.next.phase_hi.data();
+  uint32_t* __restrict low = s.next.phase_lo.data();
+  if (s.current.anchor >= 0) {
+    for (int64_t i = lo; i < end; ++i) {
+      const uint32_t sum = cur_lo[i] + dlo[i];
+      hi[i] = cur_hi[i] + dhi[i] + static_cast<uint32_t>(sum < dlo[i]);  // carry
+      low[i] = sum;
+    }
+  } else {
+    for (int64_t i = lo; i < end; ++i) {
+      const uint32_t borrow = static_cast<uint32_t>(cur_lo[i] < dlo[i]);
+      hi[i] = cur_hi[i] - dhi[i] - borrow;
+      low[i] = cur_lo[i] - dlo[i];
+    }
+  }
+  SinCosRange(s.next, s.pairs, lo, end);
+  s.next_done = end;
+}
+
+// Makes s.current the anchor row of `anchor`: the next row, finished, when
+// the tokens moved on by 16 positions, else computed afresh; then starts the
+// row after it.
+POSENC_ALWAYS_INLINE void MoveToAnchor(int64_t anchor, Scratch& s) {
+  if (anchor == s.next.anchor) {
+    AdvanceNext(s.frequencies, s);
+    std::swap(s.current, s.next);
+  } else {
+    ComputeAnchor(anchor, s);
+  }
+  s.next.anchor = anchor + kPhaseAnchorStride;
+  s.next_done = 0;
+}
+
+// Where a token's PE comes from: its anchor row (in s) and its offset's row of
+// the plan's table.
+struct RowSource {
+  const float* __restrict a;
+  const float* __restrict b;
+  const float* __restrict tc;  // cos(k w_i)
+  const float* __restrict ts;  // sin(k w_i)
+};
+
+POSENC_ALWAYS_INLINE RowSource SourceOf(const AbsolutePlan& p, int64_t pos, Scratch& s) {
+  const int64_t anchor = PhaseAnchor(pos);
+  if (anchor != s.current.anchor) MoveToAnchor(anchor, s);
+  const int64_t at = (pos - anchor) * s.frequencies;
+  return {s.current.a.data(), s.current.b.data(), p.offset_cos.data() + at,
+          p.offset_sin.data() + at};
+}
+
+// The INTERLEAVED PE pairs of frequencies [i, i + 8): elements [2i, 2i + 16)
+// of the row, as two vectors. Each table value serves both elements of its
+// pair; the duplication is a permute per vector.
+POSENC_ALWAYS_INLINE void InterleavedPe16(const RowSource& r, int64_t i, V8* pe0, V8* pe1) {
+  const V8 c = Load8(r.tc + i), s = Load8(r.ts + i);
+  const V8 c0 = __builtin_shufflevector(c, c, 0, 0, 1, 1, 2, 2, 3, 3);
+  const V8 c1 = __builtin_shufflevector(c, c, 4, 4, 5, 5, 6, 6, 7, 7);
+  const V8 s0 = __builtin_shufflevector(s, s, 0, 0, 1, 1, 2, 2, 3, 3);
+  const V8 s1 = __builtin_shufflevector(s, s, 4, 4, 5, 5, 6, 6, 7, 7);
+  *pe0 = Load8(r.a + 2 * i) * c0 + Load8(r.b + 2 * i) * s0;
+  *pe1 = Load8(r.a + 2 * i + 8) * c1 + Load8(r.b + 2 * i + 8) * s1;
+}
+
+// Element e of an INTERLEAVED row, one at a time (the same operations).
+POSENC_ALWAYS_INLINE float InterleavedPe1(const RowSource& r, int64_t e) {
+  return r.a[e] * r.tc[e / 2] + r.b[e] * r.ts[e / 2];
+}
+
+// PE[pos] in float32, [dim], for the paths that do not fuse (tables, 16-bit
+// float, learned encodings).
 POSENC_ALWAYS_INLINE void EncodingRow(const AbsolutePlan& p, int64_t pos, Scratch& s) {
   float* __restrict row = s.row.data();
   if (p.options.kind == AbsoluteOptions::Kind::kLearned) {
@@ -78,33 +254,151 @@ POSENC_ALWAYS_INLINE void EncodingRow(const AbsolutePlan& p, int64_t pos, Scratc
     for (int64_t i = 0; i < p.dim; ++i) row[i] = src[i];
     return;
   }
+  const RowSource r = SourceOf(p, pos, s);
   const int64_t half = p.dim / 2;
-  const int64_t frequencies = static_cast<int64_t>(p.omega.size());  // (d+1)/2 interleaved
-  const int64_t anchor = PhaseAnchor(pos);
-  if (anchor != s.anchor) AnchorRow(anchor, frequencies, s);
-  const float* __restrict as = s.anchor_sin.data();
-  const float* __restrict ac = s.anchor_cos.data();
-  const float* __restrict ts = p.offset_sin.data() + (pos - anchor) * frequencies;
-  const float* __restrict tc = p.offset_cos.data() + (pos - anchor) * frequencies;
   if (p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved) {
     for (int64_t i = 0; i < half; ++i) {
-      RotateSinCos(as[i], ac[i], ts[i], tc[i], &row[2 * i], &row[2 * i + 1]);
+      RotateSinCos(r.a[i], r.b[i], r.ts[i], r.tc[i], &row[2 * i], &row[2 * i + 1]);
     }
     if (p.dim % 2 == 1) {  // odd d: a last sin channel
       float c;
-      RotateSinCos(as[half], ac[half], ts[half], tc[half], &row[p.dim - 1], &c);
+      RotateSinCos(r.a[half], r.b[half], r.ts[half], r.tc[half], &row[p.dim - 1], &c);
     }
   } else {
     for (int64_t i = 0; i < half; ++i) {
-      RotateSinCos(as[i], ac[i], ts[i], tc[i], &row[i], &row[half + i]);
+      RotateSinCos(r.a[i], r.b[i], r.ts[i], r.tc[i], &row[i], &row[half + i]);
     }
     if (p.dim % 2 == 1) row[p.dim - 1] = 0.0f;  // fairseq's zero channel for odd d
+  }
+}
+
+// BFloat16ToFloat on 8 stored values: each 16-bit value becomes the high
+// half of a lane (interleaved with zeros).
+POSENC_ALWAYS_INLINE V8 BFloat16ToFloat8(const BFloat16* y) {
+  V8h h;
+  std::memcpy(&h, y, sizeof h);
+  const V8h zero = {};
+  return (V8)__builtin_shufflevector(zero, h, 0, 8, 0, 9, 0, 10, 0, 11, 0, 12, 0, 13, 0, 14, 0, 15);
+}
+
+// FloatToBFloat16's rounding in 32-bit lanes, the result in each lane's high
+// half; NaN lanes are left to the caller.
+POSENC_ALWAYS_INLINE V16h BFloat16Round(V8 r) {
+  const V8u bits = (V8u)r;
+  return (V16h)(bits + 0x7fffu + ((bits >> 16) & 1u));
+}
+
+// AddEncoding on two runs of 8 consecutive elements, y0[0, 8) and y1[0, 8),
+// of a float32 or bfloat16 row; `fix(y, j, x)` recomputes element y[j]
+// (flagged by SumNeedsPrecise) from its input x. For bfloat16 the
+// conversions are BFloat16ToFloat and FloatToBFloat16 in 32-bit lanes.
+template <typename T, typename Fix>
+POSENC_ALWAYS_INLINE void Add16(T* __restrict y0, V8 pe0, T* __restrict y1, V8 pe1, float xs,
+                                Fix fix) {
+  if constexpr (std::is_same_v<T, float>) {
+    Store8(y0, Load8(y0) * xs + pe0);
+    Store8(y1, Load8(y1) * xs + pe1);
+  } else {
+    static_assert(std::is_same_v<T, BFloat16>);
+    const V8 x0 = BFloat16ToFloat8(y0), x1 = BFloat16ToFloat8(y1);
+    const V8 u0 = x0 * xs, u1 = x1 * xs;
+    const V8 r0 = u0 + pe0, r1 = u1 + pe1;
+    // The two results' high halves, packed into one vector.
+    const V16h out = __builtin_shufflevector(BFloat16Round(r0), BFloat16Round(r1), 1, 3, 5, 7, 9,
+                                             11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    std::memcpy(y0, &out, 16);
+    std::memcpy(y1, reinterpret_cast<const char*>(&out) + 16, 16);
+    // SumNeedsPrecise, operation for operation.
+    const V8u abs_mask = V8u{} + 0x7fffffffu;
+    auto abs = [&](V8 v) { return (V8)((V8u)v & abs_mask); };
+    const V8i needs0 = abs(r0) < kCancellationBound * ((abs(u0) + abs(pe0)) + 1.0f);
+    const V8i needs1 = abs(r1) < kCancellationBound * ((abs(u1) + abs(pe1)) + 1.0f);
+    // Recomputed and NaN elements are rare (about 1 in 200 for random data):
+    // one test per 16, then element by element.
+    const V8i any = (needs0 | needs1) | ((r0 != r0) | (r1 != r1));
+    uint64_t words[4];
+    std::memcpy(words, &any, sizeof words);
+    if (__builtin_expect((words[0] | words[1] | words[2] | words[3]) != 0, 0)) {
+      for (int j = 0; j < 8; ++j) {
+        if (r0[j] != r0[j]) y0[j] = FromFloat<T>(r0[j]);  // the quieted NaN
+        if (r1[j] != r1[j]) y1[j] = FromFloat<T>(r1[j]);
+        if (needs0[j] != 0) fix(y0, j, x0[j]);
+        if (needs1[j] != 0) fix(y1, j, x1[j]);
+      }
+    }
+  }
+}
+
+// Frequencies of a row between two steps of the next anchor row: 8 per
+// kNextEvery over (d+1)/2 frequencies and 16 tokens is the whole next row.
+constexpr int64_t kNextEvery = 8 * kPhaseAnchorStride;
+
+// y = x * x_scale + PE with PE computed in the same pass (see the top of the
+// file): taken for bfloat16 rows (Fuses); float32 works too, and measured
+// slower.
+template <typename T>
+POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, int64_t begin,
+                                      int64_t end, Scratch& s) {
+  const int64_t dim = p.dim, half = dim / 2;
+  const double x_scale = p.options.x_scale;
+  const float xs = static_cast<float>(x_scale);
+  const bool interleaved = p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t pos = p.positions.values[t];
+    const RowSource r = SourceOf(p, pos, s);
+    T* __restrict y = x + t * dim;
+    auto fix = [&](T* at, int j, float xj) {
+      const int64_t e = (at - y) + j;
+      at[j] = FromFloat<T>(
+          static_cast<float>(static_cast<double>(xj) * x_scale + PreciseEncoding(p, pos, e)));
+    };
+    auto one = [&](int64_t e, float pe) {
+      AddEncoding(&y[e], pe, x_scale, [&] { return PreciseEncoding(p, pos, e); });
+    };
+    // Frequencies in blocks of kNextEvery, with 8 of the next anchor row's
+    // after each: a 16th of its row per token.
+    int64_t i = 0;
+    if (interleaved) {
+      for (int64_t block = 0; block < half; block += kNextEvery) {
+        const int64_t block_end = std::min(half, block + kNextEvery);
+        for (; i + 8 <= block_end; i += 8) {
+          V8 pe0, pe1;
+          InterleavedPe16(r, i, &pe0, &pe1);
+          Add16(y + 2 * i, pe0, y + 2 * i + 8, pe1, xs, fix);
+        }
+        AdvanceNext(8, s);
+      }
+      for (int64_t e = 2 * i; e < dim; ++e) one(e, InterleavedPe1(r, e));  // odd d: a sin
+    } else {
+      for (int64_t block = 0; block < half; block += kNextEvery) {
+        const int64_t block_end = std::min(half, block + kNextEvery);
+        for (; i + 8 <= block_end; i += 8) {
+          const V8 as = Load8(r.a + i), ac = Load8(r.b + i);
+          const V8 tc = Load8(r.tc + i), ts = Load8(r.ts + i);
+          Add16(y + i, as * tc + ac * ts, y + half + i, ac * tc - as * ts, xs,
+                fix);  // RotateSinCos
+        }
+        AdvanceNext(8, s);
+      }
+      for (; i < half; ++i) {
+        float sn, cs;
+        RotateSinCos(r.a[i], r.b[i], r.ts[i], r.tc[i], &sn, &cs);
+        one(i, sn);
+        one(half + i, cs);
+      }
+      if (dim % 2 == 1) one(dim - 1, 0.0f);  // fairseq's zero channel for odd d
+    }
   }
 }
 
 template <typename T>
 POSENC_ALWAYS_INLINE void AbsoluteTokens(const AbsolutePlan& p, T* __restrict x, int64_t begin,
                                          int64_t end, Scratch& s) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    if (Fuses(p)) {
+      return FusedTokens(p, x, begin, end, s);
+    }
+  }
   const int64_t dim = p.dim;
   float* __restrict row = s.row.data();
   float* __restrict saved = s.saved.data();
@@ -123,6 +417,8 @@ POSENC_ALWAYS_INLINE void AbsoluteTokens(const AbsolutePlan& p, T* __restrict x,
       continue;
     }
     if constexpr (std::is_same_v<T, float>) {
+      // No next-anchor slices here: between blocks of this loop they made
+      // float32 rows slower (20 vs 22-23 GB/s, bench/RESULTS.md).
       for (int64_t i = 0; i < dim; ++i) AddEncoding(&y[i], row[i], x_scale, [] { return 0.0; });
     } else {
       // AddEncoding's float32 half, vectorised; its double half for the
