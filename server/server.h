@@ -87,6 +87,9 @@ class Server {
     return tensor_calls_ == nullptr ? 0 : tensor_calls_->stream_depth_peak();
   }
   void Wait() { server_->Wait(); }
+  // The threads that compute admitted requests: a test can occupy them to
+  // hold computations back while it watches what the calls do meanwhile.
+  RequestExecutor& executor() { return *executor_; }
 
  private:
   Server() = default;

@@ -60,13 +60,28 @@ TEST(Lifecycle, DrainUnderSteadyTrafficEndsPromptlyAndRefusesWithUnavailable) {
       }
     });
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // SIGTERM once calls are being answered (not after a fixed time, which a
+  // loaded machine may spend connecting).
+  const auto count = [&](std::map<grpc::StatusCode, int>& codes, grpc::StatusCode code) {
+    std::lock_guard<std::mutex> lock(mu);
+    return codes[code];
+  };
+  for (const auto end = Clock::now() + std::chrono::seconds(20);
+       count(before, grpc::StatusCode::OK) == 0 && Clock::now() < end;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   const auto t0 = Clock::now();
   sigterm_ns = t0.time_since_epoch().count();
   ASSERT_EQ(kill(server.pid(), SIGTERM), 0);
   const bool exited = server.Exited(std::chrono::seconds(25));
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // calls after the exit too
+  // Calls after the exit too: at least 200 ms of them, and until one has
+  // been refused (the drain itself may be too short to see one).
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (const auto end = Clock::now() + std::chrono::seconds(10);
+       count(after, grpc::StatusCode::UNAVAILABLE) == 0 && Clock::now() < end;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   stop = true;
   for (auto& t : callers) t.join();
   ASSERT_TRUE(exited) << "no exit within 25 s of SIGTERM";
@@ -98,15 +113,27 @@ TEST(Lifecycle, DrainUnderSteadyTrafficEndsPromptlyAndRefusesWithUnavailable) {
 // still end the process by the drain deadline, not leave it hanging.
 TEST(Lifecycle, AStalledCallerCannotHoldTheServerPastItsDrainDeadline) {
   testing::ServerProcess server;
-  ASSERT_TRUE(server.Start(POSENC_SERVER_BINARY, {"--drain_seconds=2"})) << server.log_text();
+  ASSERT_TRUE(server.Start(POSENC_SERVER_BINARY, {"--drain_seconds=2", "--log_level=info",
+                                                  "--metrics_listen=127.0.0.1:0"}))
+      << server.log_text();
+  const int metrics_port = testing::MetricsPortFromLog(server);
+  ASSERT_NE(metrics_port, 0) << server.log_text();
   auto stub = v1::PositionalEncoding::NewStub(server.NewChannel(1));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   auto stream = stub->StreamRope(&ctx);
   // A 32 MiB answer, far more than the caller's transport buffers unread:
-  // the server's write waits for a reader that never comes.
+  // the server's write waits for a reader that never comes. SIGTERM once
+  // the message has been computed (its answer is being written), not after
+  // a fixed time: before its read the stream would be idle and the drain
+  // would not be cut short.
   ASSERT_TRUE(stream->Write(SmallRope(16384)));
-  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  const std::string computed = R"(posenc_requests_total{code="OK",method="StreamRope"})";
+  for (const auto end = Clock::now() + std::chrono::seconds(30);
+       testing::MetricValue(metrics_port, computed) < 1 && Clock::now() < end;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(testing::MetricValue(metrics_port, computed), 1.0) << "the message was never computed";
   const auto t0 = Clock::now();
   ASSERT_EQ(kill(server.pid(), SIGTERM), 0);
   const bool exited = server.Exited(std::chrono::seconds(15));

@@ -3,7 +3,9 @@
 // (x-request-id, else the message's own), cleaned of control characters.
 #include <signal.h>
 
+#include <chrono>
 #include <set>
+#include <thread>
 
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
@@ -57,8 +59,11 @@ std::vector<nlohmann::json> LinesFor(const std::vector<nlohmann::json>& lines,
 TEST(JsonLogs, EveryLineParsesAndCallLinesCarryTheirRequestId) {
   testing::ServerProcess server;
   ASSERT_TRUE(server.Start(POSENC_SERVER_BINARY,
-                           {"--log_format=json", "--log_level=debug", "--max_inflight=2"}))
+                           {"--log_format=json", "--log_level=debug", "--max_inflight=2",
+                            "--metrics_listen=127.0.0.1:0"}))
       << server.log_text();
+  const int metrics_port = testing::MetricsPortFromLog(server);
+  ASSERT_NE(metrics_port, 0) << server.log_text();
   auto stub = v1::PositionalEncoding::NewStub(server.channel());
 
   // Unary, id in metadata (quotes and a backslash: printable, so gRPC
@@ -102,12 +107,27 @@ TEST(JsonLogs, EveryLineParsesAndCallLinesCarryTheirRequestId) {
     EXPECT_EQ(resp.error_code(), int(grpc::StatusCode::INVALID_ARGUMENT));
     EXPECT_TRUE(stream->Finish().ok());
   }
-  // A refusal: two idle streams hold both slots (--max_inflight=2).
+  // A refusal: two idle streams hold both slots (--max_inflight=2). Waits
+  // on /metrics, not on time: first for the calls above to give their
+  // slots back (a call's slot goes back only after its caller has the
+  // answer), so that both streams are admitted; then for both streams to
+  // hold theirs before the third call. (A probing call instead could take
+  // a slot before a stream does and have that stream refused.)
   {
+    const auto inflight_reaches = [&](double want) {
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      double inflight = -1;
+      while ((inflight = testing::MetricValue(metrics_port, "posenc_inflight_requests")) != want &&
+             std::chrono::steady_clock::now() < end) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      return inflight;
+    };
+    EXPECT_EQ(inflight_reaches(0), 0.0) << "calls above still hold admission slots";
     grpc::ClientContext c1, c2, c3;
     auto s1 = stub->StreamRope(&c1);
     auto s2 = stub->StreamRope(&c2);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(inflight_reaches(2), 2.0) << "the two streams never both held a slot";
     c3.AddMetadata("x-request-id", "refused-5");
     v1::RopeResponse resp;
     EXPECT_EQ(stub->ApplyRope(&c3, BadRope(""), &resp).error_code(),

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -179,6 +180,33 @@ class ServerProcess {
   std::string dir_, port_file_, log_file_;
   std::shared_ptr<grpc::Channel> channel_;
 };
+
+// The /metrics port of a server started with --metrics_listen=127.0.0.1:0
+// (and a log level that keeps info lines), which names it only in its
+// start-up log; 0 if the log names none within 5 s.
+inline int MetricsPortFromLog(const ServerProcess& server) {
+  const std::regex line(R"(metrics on port (\d+))");
+  for (int i = 0; i < 250; ++i) {
+    std::smatch m;
+    const std::string log = server.log_text();
+    if (std::regex_search(log, m, line)) return std::stoi(m[1]);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return 0;
+}
+
+// The value of the sample `name` (with its labels as the exposition writes
+// them, e.g. posenc_requests_total{code="OK",method="StreamRope"}) from
+// /metrics on `port`: 0 if there is no such sample yet, -1 if /metrics is
+// unreadable.
+inline double MetricValue(int port, const std::string& name) {
+  const std::string text = HttpGet(port, "/metrics");
+  if (text.find("200 OK") == std::string::npos) return -1;
+  const std::string at = "\n" + name + " ";
+  const size_t i = text.find(at);
+  if (i == std::string::npos) return 0;
+  return std::strtod(text.c_str() + i + at.size(), nullptr);
+}
 
 }  // namespace posenc::testing
 

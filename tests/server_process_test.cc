@@ -200,7 +200,16 @@ TEST_F(ServerProcess, LoadAcrossSigtermLosesNoAcceptedCall) {
       }
     });
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  // SIGTERM once calls are being answered (not after a fixed time, which a
+  // loaded machine may spend connecting).
+  const auto answered = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return codes[absl::StatusCode::kOk];
+  };
+  for (const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+       answered() == 0 && std::chrono::steady_clock::now() < end;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   ASSERT_EQ(kill(pid_, SIGTERM), 0);
   const int status = WaitForExit(std::chrono::seconds(10));
   stop = true;

@@ -3,6 +3,9 @@
 // compute, admission refusing mid-stream, and a cancelled stream leaving
 // nothing accounted.
 #include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include "grpcpp/create_channel.h"
@@ -20,12 +23,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using testing::Bytes;
 
+constexpr int kRequestThreads = 2;
+
 std::unique_ptr<server::Server> StartServer(int64_t max_message_bytes, int64_t budget_bytes,
                                             absl::Duration admission_wait) {
   server::ServerOptions o;
   o.listen_address = "127.0.0.1:0";
   o.max_message_bytes = max_message_bytes;
-  o.request_threads = 2;
+  o.request_threads = kRequestThreads;
   o.engine.max_request_tensor_bytes = max_message_bytes - (64 << 10);
   o.engine.max_message_bytes = max_message_bytes;
   o.engine.max_inflight_bytes = budget_bytes;
@@ -91,10 +96,45 @@ bool Eventually(Fn done, std::chrono::milliseconds limit = std::chrono::millisec
   return true;
 }
 
+// Occupies every thread of a server's request executor until destroyed, so
+// that nothing admitted computes meanwhile. The tasks share their state, so
+// one still waking up after the release touches nothing freed.
+class ExecutorHold {
+ public:
+  ExecutorHold(server::RequestExecutor& executor, int threads) {
+    for (int i = 0; i < threads; ++i) {
+      executor.Submit([state = state_] {
+        std::unique_lock<std::mutex> lock(state->mu);
+        ++state->holding;
+        state->cv.notify_all();
+        state->cv.wait(lock, [&] { return state->released; });
+      });
+    }
+    std::unique_lock<std::mutex> lock(state_->mu);
+    state_->cv.wait(lock, [&] { return state_->holding == threads; });
+  }
+  ~ExecutorHold() {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->released = true;
+    state_->cv.notify_all();
+  }
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    int holding = 0;
+    bool released = false;
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
 // Random per-message sizes (1 to 2048 tokens, up to 4 MiB) and some bad
 // messages among them: every answer comes back in request order, the good
 // ones bit-for-bit those of the local kernels, the bad ones with their own
-// error; meanwhile the stream had more than one message in flight.
+// error; meanwhile the stream had more than one message in flight. The
+// read-ahead does not rest on timing: the executor is held until the stream
+// has filled its window (4) with messages waiting to compute.
 TEST(StreamRope, AnswersInRequestOrderWhileReadingAhead) {
   auto server = StartServer(8 << 20, int64_t{256} << 20, absl::Seconds(5));
   ASSERT_NE(server, nullptr);
@@ -118,10 +158,12 @@ TEST(StreamRope, AnswersInRequestOrderWhileReadingAhead) {
     unary_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
   }
 
+  // Nothing computes until the stream has read ahead to its window: the
+  // first message waits for a request thread while the next three are read.
+  auto hold = std::make_unique<ExecutorHold>(server->executor(), kRequestThreads);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   auto stream = stub->StreamRope(&ctx);
-  const auto t0 = Clock::now();
   // Writes from another thread: the server's answers wait for this reader.
   std::thread writer([&] {
     for (const Case& c : cases) {
@@ -129,6 +171,12 @@ TEST(StreamRope, AnswersInRequestOrderWhileReadingAhead) {
     }
     stream->WritesDone();
   });
+  const bool window_filled = Eventually([&] { return server->stream_depth_peak() >= 4; },
+                                        std::chrono::milliseconds(30000));
+  hold.reset();
+  EXPECT_TRUE(window_filled) << "the stream read ahead to " << server->stream_depth_peak()
+                             << " messages while none could compute, not to its window of 4";
+  const auto t0 = Clock::now();
   int answered = 0;
   v1::RopeResponse resp;
   for (; answered < kMessages && stream->Read(&resp); ++answered) {
