@@ -65,6 +65,25 @@ TEST(JsonLogs, EveryLineParsesAndCallLinesCarryTheirRequestId) {
   const int metrics_port = testing::MetricsPortFromLog(server);
   ASSERT_NE(metrics_port, 0) << server.log_text();
   auto stub = v1::PositionalEncoding::NewStub(server.channel());
+  // /metrics' calls holding an admission slot, once it reads `want` (or
+  // after 20 s).
+  const auto inflight_reaches = [&](double want) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    double inflight = -1;
+    while ((inflight = testing::MetricValue(metrics_port, "posenc_inflight_requests")) != want &&
+           std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return inflight;
+  };
+  // Each call starts once the calls before it have given their slots back:
+  // a call's slot goes back only after its caller has the answer, so with
+  // --max_inflight=2 a loaded server could otherwise refuse a call meant to
+  // be admitted, and that refusal's line would hold back (refusal lines are
+  // at most one a second) the one the test expects.
+  const auto settle = [&] {
+    EXPECT_EQ(inflight_reaches(0), 0.0) << "calls before still hold admission slots";
+  };
 
   // Unary, id in metadata (quotes and a backslash: printable, so gRPC
   // carries them; the log cleans the backslash).
@@ -75,6 +94,7 @@ TEST(JsonLogs, EveryLineParsesAndCallLinesCarryTheirRequestId) {
     EXPECT_EQ(stub->ApplyRope(&ctx, BadRope("ignored: metadata wins"), &resp).error_code(),
               grpc::StatusCode::INVALID_ARGUMENT);
   }
+  settle();
   // Unary, id only in the message: a newline, a quote and a control byte.
   {
     grpc::ClientContext ctx;
@@ -82,6 +102,7 @@ TEST(JsonLogs, EveryLineParsesAndCallLinesCarryTheirRequestId) {
     EXPECT_EQ(stub->ApplyRope(&ctx, BadRope("msg\n\"2\"\x01"), &resp).error_code(),
               grpc::StatusCode::INVALID_ARGUMENT);
   }
+  settle();
   // Unary with an id far over the bound.
   {
     grpc::ClientContext ctx;
@@ -89,12 +110,14 @@ TEST(JsonLogs, EveryLineParsesAndCallLinesCarryTheirRequestId) {
     v1::RopeResponse resp;
     EXPECT_FALSE(stub->ApplyRope(&ctx, BadRope(""), &resp).ok());
   }
+  settle();
   // And one in the message, a megabyte long.
   {
     grpc::ClientContext ctx;
     v1::RopeResponse resp;
     EXPECT_FALSE(stub->ApplyRope(&ctx, BadRope(std::string(1 << 20, 'M')), &resp).ok());
   }
+  settle();
   // A stream: its bad message is logged with the message's id.
   {
     grpc::ClientContext ctx;
@@ -107,23 +130,12 @@ TEST(JsonLogs, EveryLineParsesAndCallLinesCarryTheirRequestId) {
     EXPECT_EQ(resp.error_code(), int(grpc::StatusCode::INVALID_ARGUMENT));
     EXPECT_TRUE(stream->Finish().ok());
   }
-  // A refusal: two idle streams hold both slots (--max_inflight=2). Waits
-  // on /metrics, not on time: first for the calls above to give their
-  // slots back (a call's slot goes back only after its caller has the
-  // answer), so that both streams are admitted; then for both streams to
-  // hold theirs before the third call. (A probing call instead could take
-  // a slot before a stream does and have that stream refused.)
+  // A refusal: two idle streams hold both slots (--max_inflight=2). The
+  // third call waits on /metrics for both to hold theirs, not on time. (A
+  // probing call instead could take a slot before a stream does and have
+  // that stream refused.)
   {
-    const auto inflight_reaches = [&](double want) {
-      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-      double inflight = -1;
-      while ((inflight = testing::MetricValue(metrics_port, "posenc_inflight_requests")) != want &&
-             std::chrono::steady_clock::now() < end) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      return inflight;
-    };
-    EXPECT_EQ(inflight_reaches(0), 0.0) << "calls above still hold admission slots";
+    settle();
     grpc::ClientContext c1, c2, c3;
     auto s1 = stub->StreamRope(&c1);
     auto s2 = stub->StreamRope(&c2);
