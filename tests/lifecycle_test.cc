@@ -90,7 +90,8 @@ TEST(Lifecycle, DrainUnderSteadyTrafficEndsPromptlyAndRefusesWithUnavailable) {
       "%d UNAVAILABLE, %d CANCELLED, %d OK\n",
       seconds, before[grpc::StatusCode::OK], after[grpc::StatusCode::UNAVAILABLE],
       after[grpc::StatusCode::CANCELLED], after[grpc::StatusCode::OK]);
-  EXPECT_EQ(server.exit_code(), 0) << server.log_text();
+  EXPECT_EQ(server.exit_code(), 0) << "signal " << server.term_signal() << "\n"
+                                   << server.log_text();
   EXPECT_LT(seconds, 5.0) << "refused arrivals must not keep the server draining";
   EXPECT_GT(before[grpc::StatusCode::OK], 0);
   EXPECT_GT(after[grpc::StatusCode::UNAVAILABLE], 0);

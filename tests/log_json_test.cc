@@ -58,9 +58,9 @@ std::vector<nlohmann::json> LinesFor(const std::vector<nlohmann::json>& lines,
 
 TEST(JsonLogs, EveryLineParsesAndCallLinesCarryTheirRequestId) {
   testing::ServerProcess server;
-  ASSERT_TRUE(server.Start(POSENC_SERVER_BINARY,
-                           {"--log_format=json", "--log_level=debug", "--max_inflight=2",
-                            "--metrics_listen=127.0.0.1:0"}))
+  ASSERT_TRUE(
+      server.Start(POSENC_SERVER_BINARY, {"--log_format=json", "--log_level=debug",
+                                          "--max_inflight=2", "--metrics_listen=127.0.0.1:0"}))
       << server.log_text();
   const int metrics_port = testing::MetricsPortFromLog(server);
   ASSERT_NE(metrics_port, 0) << server.log_text();
