@@ -233,6 +233,12 @@ absl::Status AdmissionControl::Ticket::Resize(int64_t bytes) {
   return TryGrow(bytes - bytes_);
 }
 
+void AdmissionControl::Ticket::ReleaseSlot() {
+  if (control_ == nullptr || !slot_) return;
+  slot_ = false;
+  control_->Release(0, /*slot=*/true);
+}
+
 void AdmissionControl::Ticket::Reset() {
   if (control_ == nullptr) return;
   AdmissionControl* c = control_;

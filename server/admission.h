@@ -1,8 +1,8 @@
 // Admission control: the one place that decides whether the server takes on
-// a call and the memory it will hold. A call holds a Ticket from arrival
-// until its answer has been sent: a slot (--max_inflight) and bytes
-// (--max_inflight_bytes) that it reserves before it reads or allocates
-// anything. Because every byte a call will hold is reserved first, the
+// a call and the memory it will hold. A call holds a Ticket from arrival:
+// a slot (--max_inflight) until its answer is final, and bytes
+// (--max_inflight_bytes), reserved before it reads or allocates anything,
+// until the answer has been sent. Because every byte a call will hold is reserved first, the
 // memory of calls in flight never exceeds the budget, whatever the mix.
 //
 // Reservations that do not fit wait in arrival order (a call that has not
@@ -114,6 +114,14 @@ class AdmissionControl::Ticket {
   [[nodiscard]] absl::Status Resize(int64_t bytes);
   // Releases the slot and the bytes.
   void Reset();
+  // Gives the slot back and keeps the bytes: for a call whose answer is
+  // final and handed to gRPC to send. The bytes stay until the call object
+  // goes (gRPC's OnDone), because the answer's buffers live until then; the
+  // slot does not, because OnDone runs on gRPC's own threads and under CPU
+  // pressure lags the caller's receipt of the answer by tens of
+  // milliseconds, so a caller at concurrency 2 could be told "64 requests
+  // in flight". Slots bound the work in progress, bytes the memory.
+  void ReleaseSlot();
 
   // A ticket for more of this call's bytes that holds no slot of its own
   // (one stream message of several in flight). REQUIRES: valid(); it is

@@ -43,6 +43,29 @@ AdmissionOptions Options(int calls, int64_t bytes, absl::Duration wait = absl::S
   return AdmissionOptions{calls, bytes, wait};
 }
 
+// A call whose answer is final gives its slot back at once and its bytes
+// when it is destroyed: the next caller gets a slot, not the bytes.
+TEST(Admission, ReleaseSlotKeepsTheBytesUntilReset) {
+  AdmissionControl a(Options(1, 100));
+  auto t1 = a.Enter();
+  ASSERT_TRUE(t1.ok());
+  ASSERT_TRUE(t1->TryGrow(70).ok());
+  EXPECT_EQ(a.Enter().status().code(), absl::StatusCode::kResourceExhausted);
+  t1->ReleaseSlot();
+  t1->ReleaseSlot();  // once only: a second call must not free another's slot
+  EXPECT_EQ(a.calls(), 0);
+  EXPECT_EQ(a.bytes(), 70);
+  auto t2 = a.Enter();
+  ASSERT_TRUE(t2.ok());
+  EXPECT_EQ(a.calls(), 1);
+  EXPECT_EQ(t2->TryGrow(31).code(), absl::StatusCode::kResourceExhausted);
+  Ticket moved = std::move(*t1);  // the slot-less state travels with the ticket
+  moved.Reset();
+  EXPECT_EQ(a.calls(), 1) << "Reset after ReleaseSlot freed a slot twice";
+  EXPECT_EQ(a.bytes(), 0);
+  EXPECT_TRUE(t2->TryGrow(100).ok());
+}
+
 TEST(Admission, SlotsAndBytesAreBoundedAndReturned) {
   AdmissionControl a(Options(2, 100));
   auto t1 = a.Enter();

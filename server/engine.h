@@ -30,7 +30,7 @@ struct EngineOptions {
   int64_t auto_gpu_min_bytes = int64_t{1} << 20;
   // Largest total of tensor bytes in one request, and in one response.
   int64_t max_request_tensor_bytes = int64_t{64} << 20;
-  // Requests in flight (from arrival until the answer is sent), and the
+  // Requests in flight (from arrival until the answer is final), and the
   // memory they hold: request and response tensors, gRPC's serialised copy
   // of the response, and plans. Beyond either, RESOURCE_EXHAUSTED. Must be
   // at least twice max_request_tensor_bytes, or the largest request could

@@ -124,7 +124,7 @@ class StreamCall final
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // the caller half-closed (or left)
-      Finish(grpc::Status::OK);
+      End(grpc::Status::OK);
       return;
     }
     start_ = Clock::now();
@@ -152,7 +152,7 @@ class StreamCall final
     request_.Clear();
     ticket_->Shrink(ticket_->bytes());
     if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed: the caller left"));
+      End(grpc::Status(grpc::StatusCode::CANCELLED, "stream write failed: the caller left"));
       return;
     }
     StartRead(&request_);
@@ -167,6 +167,13 @@ class StreamCall final
   void NotBusy() {
     if (busy_) shared_.busy.fetch_sub(1);
     busy_ = false;
+  }
+
+  // Finishes the stream, giving its slot back at once (see
+  // AdmissionControl::Ticket::ReleaseSlot); its bytes go in OnDone.
+  void End(const grpc::Status& status) {
+    if (ticket_) ticket_->ReleaseSlot();
+    Finish(status);
   }
 
   void Run() {
@@ -190,7 +197,7 @@ class StreamCall final
       if (s.code() == absl::StatusCode::kCancelled ||
           s.code() == absl::StatusCode::kDeadlineExceeded ||
           (s.code() == absl::StatusCode::kUnavailable && shared_.engine->draining())) {
-        Finish(ToGrpcStatus(s));
+        End(ToGrpcStatus(s));
         return;
       }
       answer_.Clear();
@@ -265,7 +272,7 @@ class InferCall final : public grpc::ServerUnaryReactor {
 
   void OnDone() override {
     if (busy_) shared_->busy.fetch_sub(1);
-    delete this;  // releases the slot and bytes
+    delete this;  // releases the bytes (the slot went at Complete)
   }
 
  private:
@@ -274,6 +281,7 @@ class InferCall final : public grpc::ServerUnaryReactor {
     // Tensor bytes through shared memory count as the socket's would.
     RecordCall(shared_->metrics, "ModelInfer", s, start_, bytes_in_ + shm_bytes_.in,
                static_cast<int64_t>(response_->Length()) + shm_bytes_.out, backend_);
+    if (ticket_) ticket_->ReleaseSlot();  // the answer is final; its bytes stay
     Finish(ToGrpcStatus(s));
   }
 

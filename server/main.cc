@@ -40,7 +40,7 @@ ABSL_FLAG(int64_t, max_message_bytes, 0,
           "the small fields). Each call reserves this much of --max_inflight_bytes before it "
           "reads its request.");
 ABSL_FLAG(int, max_inflight, 64,
-          "Requests in flight (from arrival until the answer is sent); more get "
+          "Requests in flight (from arrival until the answer is final); more get "
           "RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{4} << 30,
           "Memory requests in flight may hold (requests, answers and their serialised copies, "

@@ -227,7 +227,7 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
     if (!s.ok()) Complete(s);
   }
 
-  void OnDone() override { delete this; }  // releases the slot and bytes
+  void OnDone() override { delete this; }  // releases the bytes (the slot went at Complete)
 
  private:
   void Complete(const absl::Status& s) {
@@ -237,6 +237,7 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
     LogIfSlow(name, s, start_, id);
     RecordCall(o_.metrics, name, s, start_, bytes_in_, static_cast<int64_t>(answer_.Length()),
                backend_);
+    if (ticket_) ticket_->ReleaseSlot();  // the answer is final; its bytes stay
     if (s.ok()) {
       StartWriteAndFinish(&answer_, grpc::WriteOptions(), grpc::Status::OK);
     } else {
@@ -423,6 +424,7 @@ class RopeStreamCall final : public grpc::ServerGenericBidiReactor {
     steps.drop.clear();
     steps.spare_slot.reset();
     if (steps.finish) {
+      if (stream->stream_slot_) stream->stream_slot_->ReleaseSlot();
       stream->Finish(*steps.finish);  // the stream may be gone from here on
       return;
     }

@@ -225,14 +225,20 @@ TEST_F(ServerProcess, LoadAcrossSigtermLosesNoAcceptedCall) {
 
 class OverloadedServer : public ServerProcess {
  protected:
-  std::vector<std::string> ExtraFlags() const override { return {"--max_inflight=2"}; }
+  std::vector<std::string> ExtraFlags() const override {
+    return {"--max_inflight=2", "--max_request_bytes=33554432", "--max_inflight_bytes=134217728"};
+  }
 };
 
 // Far more concurrency than the server admits: every call ends OK or
 // RESOURCE_EXHAUSTED, the server keeps serving what it admitted, and its
 // memory stays bounded. The requests are small and their work large (a 4M
 // element sinusoidal table each), so 32 callers overrun --max_inflight=2 at
-// once; admitted work and its answers (16 MiB each) must peak under 256 MiB.
+// once. A call gives its slot back when its answer is final, but the
+// answer's bytes (16 MiB, and gRPC's copy) stay counted until it is sent,
+// so answers still queued for slow readers are bounded by
+// --max_inflight_bytes: 128 MiB of them plus the process must peak under
+// 256 MiB.
 TEST_F(OverloadedServer, OverloadGetsResourceExhaustedAndMemoryStaysBounded) {
   {
     auto probe = posenc::v1::PositionalEncoding::NewStub(grpc::CreateChannel(
