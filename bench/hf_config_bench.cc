@@ -51,7 +51,9 @@ int main(int argc, char** argv) {
   std::stringstream ss;
   ss << in.rdbuf();
   const nlohmann::json fixtures = nlohmann::json::parse(ss.str());
-  std::printf("| config | JSON bytes | ResolveHfRope, cold (us) | RopeOptionsOf with hf_config, cached (us) | RopeOptionsOf, options as fields (us) |\n");
+  std::printf(
+      "| config | JSON bytes | ResolveHfRope, cold (us) | RopeOptionsOf with hf_config, cached "
+      "(us) | RopeOptionsOf, options as fields (us) |\n");
   std::printf("| --- | --- | --- | --- | --- |\n");
   for (const auto& c : fixtures.at("configs")) {
     const std::string config = c.at("config");
@@ -64,8 +66,8 @@ int main(int argc, char** argv) {
     auto options_of = [](const posenc::v1::RopeRequest& r) {
       return [&r] { return posenc::wire::RopeOptionsOf(r).status(); };
     };
-    const double cold = MicrosPerCall(
-        [&] { return posenc::wire::ResolveHfRope(config).status(); }, 500);
+    const double cold =
+        MicrosPerCall([&] { return posenc::wire::ResolveHfRope(config).status(); }, 500);
     std::printf("| %s | %zu | %.2f | %.2f | %.2f |\n", c.at("name").get<std::string>().c_str(),
                 config.size(), cold, MicrosPerCall(options_of(with_config), 20000),
                 MicrosPerCall(options_of(as_fields), 20000));

@@ -88,9 +88,8 @@ class OutputSet {
 
   // Adds an output: its raw contents move into the answer, or its bytes go
   // to the shared-memory slice the caller named (which must hold them).
-  absl::Status Add(absl::string_view name, const char* datatype,
-                   const std::vector<int64_t>& shape, std::string* data,
-                   inference::ModelInferResponse* resp) {
+  absl::Status Add(absl::string_view name, const char* datatype, const std::vector<int64_t>& shape,
+                   std::string* data, inference::ModelInferResponse* resp) {
     const Wanted* w = Find(name);
     if (w == nullptr || !w->shm.has_value()) {
       inference::ModelInferResponse::InferOutputTensor* out = resp->add_outputs();
@@ -102,9 +101,8 @@ class OutputSet {
     const std::string field = absl::StrCat("requested output \"", name, "\"");
     const int64_t size = static_cast<int64_t>(data->size());
     if (size > ref.byte_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, " has ", size, " bytes; its shared_memory_byte_size is ",
-                       ref.byte_size));
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " has ", size, " bytes; its shared_memory_byte_size is ", ref.byte_size));
     }
     POSENC_RETURN_IF_ERROR(ref.region->Write(field, ref.offset, *data));
     shm_bytes_ += size;
@@ -161,15 +159,14 @@ absl::Status CheckHeadDim(const Model& model, InputSet& in) {
 }
 
 absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params, InputSet& in,
-                     OutputSet& want, const CallEnv& env_in,
-                     inference::ModelInferResponse* resp, std::string* backend_out) {
+                     OutputSet& want, const CallEnv& env_in, inference::ModelInferResponse* resp,
+                     std::string* backend_out) {
   RopeOptions options;
   CallEnv env = env_in;
   const Input* query = in.Find("query");
-  POSENC_RETURN_IF_ERROR(ReadRopeOptions(params, &options, &env.backend,
-                                         query != nullptr && !query->shape.empty()
-                                             ? query->shape.back()
-                                             : 0));
+  POSENC_RETURN_IF_ERROR(
+      ReadRopeOptions(params, &options, &env.backend,
+                      query != nullptr && !query->shape.empty() ? query->shape.back() : 0));
   POSENC_RETURN_IF_ERROR(params.Finish(model.name));
   POSENC_RETURN_IF_ERROR(CheckHeadDim(model, in));
   RopeTensors t;
@@ -181,8 +178,7 @@ absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params
   POSENC_ASSIGN_OR_RETURN(*backend_out, engine.ApplyRope(options, t, env));
   if (want.Wants("query_out")) {
     Input* q = in.Find("query");
-    POSENC_RETURN_IF_ERROR(
-        want.Add("query_out", DatatypeOf(q->dtype), q->shape, &q->data, resp));
+    POSENC_RETURN_IF_ERROR(want.Add("query_out", DatatypeOf(q->dtype), q->shape, &q->data, resp));
   }
   if (Input* k = in.Find("key"); k != nullptr && want.Wants("key_out")) {
     POSENC_RETURN_IF_ERROR(want.Add("key_out", DatatypeOf(k->dtype), k->shape, &k->data, resp));
@@ -191,8 +187,8 @@ absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params
 }
 
 absl::Status RunAbsolute(Engine& engine, const Model& model, ParameterReader& params, InputSet& in,
-                         OutputSet& want, const CallEnv& env_in, inference::ModelInferResponse* resp,
-                         std::string* backend_out) {
+                         OutputSet& want, const CallEnv& env_in,
+                         inference::ModelInferResponse* resp, std::string* backend_out) {
   AbsoluteOptions options;
   CallEnv env = env_in;
   POSENC_RETURN_IF_ERROR(
@@ -209,8 +205,8 @@ absl::Status RunAbsolute(Engine& engine, const Model& model, ParameterReader& pa
 }
 
 absl::Status RunBias(Engine& engine, const Model& model, ParameterReader& params, InputSet& in,
-                     OutputSet& want, const CallEnv& env_in,
-                     inference::ModelInferResponse* resp, std::string* backend_out) {
+                     OutputSet& want, const CallEnv& env_in, inference::ModelInferResponse* resp,
+                     std::string* backend_out) {
   BiasOptions options;
   CallEnv env = env_in;
   POSENC_RETURN_IF_ERROR(ReadBiasOptions(params, &options, &env.backend));

@@ -56,8 +56,8 @@ class ModelRegistryTest : public ::testing::Test {
 TEST_F(ModelRegistryTest, NoDirectoryServesTheBuiltIns) {
   ModelRegistry r(ModelRepositoryOptions{});
   ASSERT_TRUE(r.Reload());
-  EXPECT_EQ(Names(*r.Snapshot()),
-            (std::vector<std::string>{"rope", "rope_qk", "sinusoidal", "learned", "attention_bias"}));
+  EXPECT_EQ(Names(*r.Snapshot()), (std::vector<std::string>{"rope", "rope_qk", "sinusoidal",
+                                                            "learned", "attention_bias"}));
   EXPECT_TRUE(r.Snapshot()->skipped().empty());
 }
 
@@ -74,8 +74,8 @@ TEST_F(ModelRegistryTest, BadFilesAreSkippedWithTheirReasonWhileGoodOnesLoad) {
   ModelRegistry r(Options());
   ASSERT_TRUE(r.Reload());
   std::shared_ptr<const ModelSet> set = r.Snapshot();
-  EXPECT_EQ(Names(*set),
-            (std::vector<std::string>{"rope", "rope_qk", "sinusoidal", "learned", "attention_bias", "good"}));
+  EXPECT_EQ(Names(*set), (std::vector<std::string>{"rope", "rope_qk", "sinusoidal", "learned",
+                                                   "attention_bias", "good"}));
   EXPECT_NE(Reason(*set, "typo").find("no parameter \"bsae\""), std::string::npos);
   EXPECT_NE(Reason(*set, "typo").find("typo.json"), std::string::npos);
   EXPECT_NE(Reason(*set, "broken").find("not a JSON object"), std::string::npos);

@@ -47,7 +47,8 @@ Harness& TheHarness() {
     posenc::server::SharedMemoryOptions shm;
     shm.enabled = true;
     harness->service = std::make_unique<posenc::server::KServeService>(
-        harness->engine.get(), nullptr, nullptr, posenc::server::kserve::ModelRepositoryOptions{}, shm);
+        harness->engine.get(), nullptr, nullptr, posenc::server::kserve::ModelRepositoryOptions{},
+        shm);
     const std::string key = "/posenc-fuzz-" + std::to_string(::getpid());
     const int fd = ::open(("/dev/shm" + key).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
     if (fd < 0 || ::ftruncate(fd, 4096) != 0) {

@@ -512,8 +512,7 @@ grpc::ServerUnaryReactor* KServeService::SystemSharedMemoryRegister(
     grpc::CallbackServerContext* ctx, const inference::SystemSharedMemoryRegisterRequest* req,
     inference::SystemSharedMemoryRegisterResponse* resp) {
   return Answer("SystemSharedMemoryRegister", shared_.metrics, ctx, resp, [&] {
-    return shared_.shared_memory.Register(req->name(), req->key(), req->offset(),
-                                          req->byte_size());
+    return shared_.shared_memory.Register(req->name(), req->key(), req->offset(), req->byte_size());
   });
 }
 

@@ -21,8 +21,8 @@
 
 #include "engine.h"
 #include "kserve/grpc_service.grpc.pb.h"
-#include "kserve_model_registry.h"
 #include "kserve_infer.h"
+#include "kserve_model_registry.h"
 #include "kserve_statistics.h"
 #include "metrics.h"
 #include "request_executor.h"

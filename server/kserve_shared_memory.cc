@@ -25,9 +25,10 @@ absl::StatusOr<std::optional<ShmRef>> ShmRefOf(absl::string_view field,
   const bool named = parameters.contains(kShmRegion);
   if (!named) {
     if (parameters.contains(kShmByteSize) || parameters.contains(kShmOffset)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, " has shared_memory_byte_size or shared_memory_offset but no "
-                 "shared_memory_region"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field,
+                       " has shared_memory_byte_size or shared_memory_offset but no "
+                       "shared_memory_region"));
     }
     return std::nullopt;
   }
@@ -40,9 +41,9 @@ absl::StatusOr<std::optional<ShmRef>> ShmRefOf(absl::string_view field,
   if (absl::Status s = reader.Int(kShmByteSize, &byte_size); !s.ok()) return in_field(s);
   if (absl::Status s = reader.Int(kShmOffset, &offset); !s.ok()) return in_field(s);
   if (!byte_size.has_value()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, " names shared_memory_region \"", absl::string_view(region).substr(0, 64),
-                     "\" without shared_memory_byte_size"));
+    return absl::InvalidArgumentError(absl::StrCat(field, " names shared_memory_region \"",
+                                                   absl::string_view(region).substr(0, 64),
+                                                   "\" without shared_memory_byte_size"));
   }
   ShmRef ref;
   POSENC_ASSIGN_OR_RETURN(ref.region, registry->Find(field, region));

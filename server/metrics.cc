@@ -77,8 +77,9 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
                     .Register(*m->registry_);
   f->bytes = &prometheus::BuildCounter()
                   .Name("posenc_bytes_total")
-                  .Help("Message bytes by method and direction (in, out); KServe tensors passed in "
-                        "shared memory count as if they were in the message")
+                  .Help(
+                      "Message bytes by method and direction (in, out); KServe tensors passed in "
+                      "shared memory count as if they were in the message")
                   .Register(*m->registry_);
   f->backend = &prometheus::BuildCounter()
                     .Name("posenc_backend_requests_total")

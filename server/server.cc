@@ -37,9 +37,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                             s->executor_.get());
   s->tensor_calls_ = std::make_unique<TensorCallService>(TensorCallOptions{
       s->engine_.get(), s->metrics_.get(), s->executor_.get(), options.max_message_bytes});
-  s->kserve_ = std::make_unique<KServeService>(s->engine_.get(), s->metrics_.get(),
-                                               s->executor_.get(), options.models,
-                                               options.shared_memory);
+  s->kserve_ =
+      std::make_unique<KServeService>(s->engine_.get(), s->metrics_.get(), s->executor_.get(),
+                                      options.models, options.shared_memory);
   s->reflection_v1_ = std::make_unique<ReflectionV1Service>();
 
   grpc::EnableDefaultHealthCheckService(true);

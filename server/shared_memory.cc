@@ -48,10 +48,9 @@ absl::StatusOr<std::string> FileOfKey(absl::string_view key) {
   absl::string_view file = key;
   absl::ConsumePrefix(&file, "/");
   const auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shared memory key must name an object under /dev/shm (\"/name\", at most ",
-                     kMaxKeyBytes, " bytes of letters, digits, '.', '_' or '-'): ", why,
-                     ", got \"", Shown(key), "\""));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared memory key must name an object under /dev/shm (\"/name\", at most ", kMaxKeyBytes,
+        " bytes of letters, digits, '.', '_' or '-'): ", why, ", got \"", Shown(key), "\""));
   };
   if (file.empty() || file.size() > kMaxKeyBytes) return bad("wrong length");
   for (char c : file) {
@@ -75,7 +74,10 @@ absl::Status SharedMemoryDisabledError() {
 
 SharedMemoryRegion::SharedMemoryRegion(std::string name, std::string key, int fd, int64_t offset,
                                        int64_t byte_size)
-    : name_(std::move(name)), key_(std::move(key)), fd_(fd), offset_(offset),
+    : name_(std::move(name)),
+      key_(std::move(key)),
+      fd_(fd),
+      offset_(offset),
       byte_size_(byte_size) {}
 
 SharedMemoryRegion::~SharedMemoryRegion() { ::close(fd_); }
@@ -105,10 +107,10 @@ absl::Status SharedMemoryRegion::Read(absl::string_view field, int64_t offset, i
     }
     if (n == 0) {
       out->clear();
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": shared memory region \"", Shown(name_), "\" (key ", Shown(key_),
-          ") ends before the ", size, " bytes at offset ", offset,
-          ": the object was truncated after registration"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": shared memory region \"", Shown(name_), "\" (key ", Shown(key_),
+                       ") ends before the ", size, " bytes at offset ", offset,
+                       ": the object was truncated after registration"));
     }
     done += n;
   }
@@ -128,10 +130,10 @@ absl::Status SharedMemoryRegion::Write(absl::string_view field, int64_t offset,
                                             "\": fstat failed: ", Errno(errno)));
   }
   if (st.st_size < offset_ + offset + size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": shared memory region \"", Shown(name_), "\" (key ", Shown(key_),
-        ") now holds ", st.st_size, " bytes, fewer than the ", size, " bytes at offset ", offset,
-        ": the object was truncated after registration"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": shared memory region \"", Shown(name_), "\" (key ", Shown(key_),
+                     ") now holds ", st.st_size, " bytes, fewer than the ", size,
+                     " bytes at offset ", offset, ": the object was truncated after registration"));
   }
   int64_t done = 0;
   while (done < size) {
@@ -140,8 +142,8 @@ absl::Status SharedMemoryRegion::Write(absl::string_view field, int64_t offset,
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       return absl::InternalError(absl::StrCat(field, ": writing shared memory region \"",
-                                              Shown(name_), "\" failed: ",
-                                              n < 0 ? Errno(errno) : "no progress"));
+                                              Shown(name_),
+                                              "\" failed: ", n < 0 ? Errno(errno) : "no progress"));
     }
     done += n;
   }
@@ -163,9 +165,10 @@ absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string
   if (!file.ok()) return file.status();
   constexpr uint64_t kMax = std::numeric_limits<int64_t>::max();
   if (byte_size == 0 || byte_size > kMax || offset > kMax) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shared memory region \"", Shown(name), "\": byte_size must be 1 to 2^63-1 and offset "
-        "below 2^63, got byte_size ", byte_size, " and offset ", offset));
+    return absl::InvalidArgumentError(absl::StrCat("shared memory region \"", Shown(name),
+                                                   "\": byte_size must be 1 to 2^63-1 and offset "
+                                                   "below 2^63, got byte_size ",
+                                                   byte_size, " and offset ", offset));
   }
   {
     // Cheap refusals before opening anything.
@@ -193,8 +196,8 @@ absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string
     if (e == EMFILE || e == ENFILE) return absl::ResourceExhaustedError(what);
     return absl::InvalidArgumentError(what);
   }
-  auto region = std::make_shared<const SharedMemoryRegion>(std::string(name), std::string(key),
-                                                           fd, static_cast<int64_t>(offset),
+  auto region = std::make_shared<const SharedMemoryRegion>(std::string(name), std::string(key), fd,
+                                                           static_cast<int64_t>(offset),
                                                            static_cast<int64_t>(byte_size));
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -209,8 +212,8 @@ absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (regions_.count(name) > 0) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "shared memory region \"", Shown(name), "\" is already registered; unregister it first"));
+    return absl::AlreadyExistsError(absl::StrCat("shared memory region \"", Shown(name),
+                                                 "\" is already registered; unregister it first"));
   }
   if (static_cast<int>(regions_.size()) >= options_.max_regions) {
     return absl::ResourceExhaustedError(
@@ -218,10 +221,12 @@ absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string
                      " shared memory regions may be registered (--max_shared_memory_regions)"));
   }
   if (region->byte_size() > options_.max_total_bytes - total_bytes_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "shared memory region \"", Shown(name), "\" of ", byte_size, " bytes would bring the "
-        "registered total over ", options_.max_total_bytes, " bytes (--max_shared_memory_bytes; ",
-        total_bytes_, " registered)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("shared memory region \"", Shown(name), "\" of ", byte_size,
+                     " bytes would bring the "
+                     "registered total over ",
+                     options_.max_total_bytes, " bytes (--max_shared_memory_bytes; ", total_bytes_,
+                     " registered)"));
   }
   total_bytes_ += region->byte_size();
   regions_.emplace(std::string(name), std::move(region));
@@ -244,8 +249,8 @@ absl::Status SharedMemoryRegistry::Unregister(absl::string_view name) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<std::shared_ptr<const SharedMemoryRegion>>>
-SharedMemoryRegistry::Status(absl::string_view name) const {
+absl::StatusOr<std::vector<std::shared_ptr<const SharedMemoryRegion>>> SharedMemoryRegistry::Status(
+    absl::string_view name) const {
   if (absl::Status s = CheckEnabled(); !s.ok()) return s;
   std::vector<std::shared_ptr<const SharedMemoryRegion>> out;
   std::lock_guard<std::mutex> lock(mu_);
@@ -270,8 +275,8 @@ absl::StatusOr<std::shared_ptr<const SharedMemoryRegion>> SharedMemoryRegistry::
   std::lock_guard<std::mutex> lock(mu_);
   auto it = regions_.find(name);
   if (it == regions_.end()) {
-    return absl::NotFoundError(absl::StrCat(field, ": no shared memory region \"", Shown(name),
-                                            "\" is registered"));
+    return absl::NotFoundError(
+        absl::StrCat(field, ": no shared memory region \"", Shown(name), "\" is registered"));
   }
   return it->second;
 }

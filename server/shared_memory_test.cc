@@ -63,9 +63,8 @@ SharedMemoryOptions On() {
 TEST(SharedMemoryTest, OffRefusesEverythingSayingHowToEnable) {
   SharedMemoryRegistry r{SharedMemoryOptions{}};
   ShmObject obj(64);
-  for (const absl::Status& s :
-       {r.Register("a", obj.key(), 0, 64), r.Unregister(""), r.Status("").status(),
-        r.Find("input 0", "a").status()}) {
+  for (const absl::Status& s : {r.Register("a", obj.key(), 0, 64), r.Unregister(""),
+                                r.Status("").status(), r.Find("input 0", "a").status()}) {
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
     EXPECT_NE(s.message().find("--enable_system_shared_memory"), std::string::npos) << s;
   }
@@ -84,8 +83,12 @@ TEST(SharedMemoryTest, ReadsAndWritesTheRegisteredSlice) {
   EXPECT_EQ(obj.Contents().substr(1024 + 2000, 48), std::string(48, 'z'));
   EXPECT_EQ(obj.Contents().substr(0, 1024 + 2000), obj.bytes().substr(0, 1024 + 2000));
   // Slices beyond the region, overflow-safe.
-  for (auto [off, size] : {std::pair<int64_t, int64_t>{2000, 49}, {2049, 0}, {-1, 1}, {0, -1},
-                           {INT64_MAX, INT64_MAX}, {1, INT64_MAX}}) {
+  for (auto [off, size] : {std::pair<int64_t, int64_t>{2000, 49},
+                           {2049, 0},
+                           {-1, 1},
+                           {0, -1},
+                           {INT64_MAX, INT64_MAX},
+                           {1, INT64_MAX}}) {
     absl::Status s = (*region)->Read("input 0", off, size, &got);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << off << " " << size;
     EXPECT_NE(s.message().find("input 0"), std::string::npos) << s;

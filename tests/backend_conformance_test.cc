@@ -63,6 +63,31 @@ void RunMatchingCpu(Backend& backend, const std::vector<Bytes*>& buffers,
   }
 }
 
+// Adds sinusoidal PE at `ids` to fresh random [ids.size(), d] inputs on
+// `backend` (bit for bit against the CPU backend, see RunMatchingCpu) and
+// checks the sums against the float64 reference at SPEC §5's bar.
+void ExpectSinusoidalAddMatchesReference(Backend& backend, SinusoidalLayout layout, int64_t d,
+                                         DType dtype, const std::vector<int64_t>& ids) {
+  const int64_t T = static_cast<int64_t>(ids.size());
+  Bytes x = testing::RandomTensor(dtype, T * d);
+  std::vector<double> ref = testing::ToDoubles(dtype, x);
+  AbsoluteOptions o;
+  o.sinusoidal_layout = layout;
+  for (int64_t t = 0; t < T; ++t) {
+    auto row = reference::SinusoidalRow(layout, o.base, d, ids[t]);
+    for (int64_t i = 0; i < d; ++i) ref[t * d + i] += row[i];
+  }
+  AbsoluteTensors in;
+  in.x = testing::Mutable(dtype, {T, d}, x);
+  in.positions.position_ids = testing::IntView(ids, {T});
+  auto plan = PlanAbsolute(o, in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  RunMatchingCpu(backend, {&x}, [&](Backend& be, const std::vector<Bytes*>& b) {
+    return be.ApplyAbsolute(*plan, b[0]->data(), {});
+  });
+  EXPECT_TRUE(testing::MatchesReference(dtype, ref, x.data(), 1e-6));
+}
+
 // ---------------------------------------------------------------- RoPE ----
 
 enum class Pos { kDefault, kIds, kOffsets };
@@ -492,26 +517,10 @@ TEST_P(BackendTest, SinusoidalLargeAndNegativePositionsMatchReference) {
                      << "layout " << int(layout) << " d " << d << " " << DTypeName(dtype));
         const int64_t kLimit = dtype == DType::kFloat32 ? int64_t{1} << 31 : 10000000;
         const int64_t T = 40;
-        Bytes x = testing::RandomTensor(dtype, T * d);
-        std::vector<double> ref = testing::ToDoubles(dtype, x);
         std::vector<int64_t> ids = {kLimit, -kLimit, kLimit - 1, -(kLimit - 1), -1, 0, 1, -4096};
         std::uniform_int_distribution<int64_t> p(-kLimit, kLimit);
         while (static_cast<int64_t>(ids.size()) < T) ids.push_back(p(testing::Rng()));
-        AbsoluteOptions o;
-        o.sinusoidal_layout = layout;
-        for (int64_t t = 0; t < T; ++t) {
-          auto row = reference::SinusoidalRow(layout, o.base, d, ids[t]);
-          for (int64_t i = 0; i < d; ++i) ref[t * d + i] += row[i];
-        }
-        AbsoluteTensors in;
-        in.x = testing::Mutable(dtype, {T, d}, x);
-        in.positions.position_ids = testing::IntView(ids, {T});
-        auto plan = PlanAbsolute(o, in);
-        ASSERT_TRUE(plan.ok()) << plan.status();
-        RunMatchingCpu(*backend_, {&x}, [&](Backend& be, const std::vector<Bytes*>& b) {
-          return be.ApplyAbsolute(*plan, b[0]->data(), {});
-        });
-        EXPECT_TRUE(testing::MatchesReference(dtype, ref, x.data(), 1e-6));
+        ExpectSinusoidalAddMatchesReference(*backend_, layout, d, dtype, ids);
       }
     }
   }
@@ -537,31 +546,19 @@ TEST_P(BackendTest, SinusoidalConsecutiveRunsMatchReference) {
             if (p == to) break;
           }
         };
-        run(-50, 50);                   // |anchor| down to 0, then up
-        run(kLimit - 70, kLimit);       // up to the limit
-        run(-kLimit, -kLimit + 40);     // from the negative limit
-        run(120, 60);                   // descending positive positions
+        run(-50, 50);                // |anchor| down to 0, then up
+        run(kLimit - 70, kLimit);    // up to the limit
+        run(-kLimit, -kLimit + 40);  // from the negative limit
+        run(120, 60);                // descending positive positions
         std::uniform_int_distribution<int64_t> p(-kLimit + 40, kLimit - 40);
         const int64_t start = p(testing::Rng());
         run(start, start + 37);
         const int64_t T = static_cast<int64_t>(ids.size());
-        Bytes x = testing::RandomTensor(dtype, T * d);
-        std::vector<double> ref = testing::ToDoubles(dtype, x);
+        ExpectSinusoidalAddMatchesReference(*backend_, layout, d, dtype, ids);
         AbsoluteOptions o;
         o.sinusoidal_layout = layout;
-        for (int64_t t = 0; t < T; ++t) {
-          auto row = reference::SinusoidalRow(layout, o.base, d, ids[t]);
-          for (int64_t i = 0; i < d; ++i) ref[t * d + i] += row[i];
-        }
         AbsoluteTensors in;
-        in.x = testing::Mutable(dtype, {T, d}, x);
         in.positions.position_ids = testing::IntView(ids, {T});
-        auto plan = PlanAbsolute(o, in);
-        ASSERT_TRUE(plan.ok()) << plan.status();
-        RunMatchingCpu(*backend_, {&x}, [&](Backend& be, const std::vector<Bytes*>& b) {
-          return be.ApplyAbsolute(*plan, b[0]->data(), {});
-        });
-        EXPECT_TRUE(testing::MatchesReference(dtype, ref, x.data(), 1e-6));
         // Inputs the CPU's vectorised conversions must treat as the scalar
         // ones (FloatToBFloat16) do, bit for bit: NaN of either sign stays NaN
         // (quieted), infinities, overflow to inf, signed zeros.
@@ -579,8 +576,7 @@ TEST_P(BackendTest, SinusoidalConsecutiveRunsMatchReference) {
         });
         for (int64_t i = 0; i < T * d; i += 7) {
           // x * 3 + PE is NaN exactly where x is (inf and overflow stay inf).
-          ASSERT_EQ(std::isnan(LoadElement(dtype, y.data(), i)),
-                    std::isnan(specials[(i / 7) % 8]))
+          ASSERT_EQ(std::isnan(LoadElement(dtype, y.data(), i)), std::isnan(specials[(i / 7) % 8]))
               << "element " << i;
         }
       }
@@ -909,8 +905,8 @@ void CheckBiasBits(Backend& backend, const BiasOptions& o, Bytes logits,
   Bytes out = add ? logits : testing::Poisoned(o.dtype, n);
   TensorView lv;
   if (add) {
-    lv = TensorView{o.dtype, {o.batch, o.num_heads, o.q_len, o.k_len}, logits.data(),
-                    logits.size()};
+    lv =
+        TensorView{o.dtype, {o.batch, o.num_heads, o.q_len, o.k_len}, logits.data(), logits.size()};
   }
   auto plan = PlanAttentionBias(o, lv);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -939,8 +935,8 @@ void CheckBiasBits(Backend& backend, const BiasOptions& o, Bytes logits,
                             (std::isnan(got) && std::isnan(wanted));
           if (!same && bad++ < 3) {
             ADD_FAILURE() << "b " << b << " h " << h << " i " << i << " j " << j << " (slope "
-                          << plan->slopes[h] << ", logit " << logit << "): got " << got
-                          << ", want " << wanted;
+                          << plan->slopes[h] << ", logit " << logit << "): got " << got << ", want "
+                          << wanted;
           }
         }
       }
@@ -1006,21 +1002,22 @@ TEST_P(BackendTest, AttentionBiasRoundsAsSpecifiedOnRandomRows) {
     }
     std::vector<int32_t> ends32(ends.begin(), ends.end());
     if (right) {
-      o.k_lens = rng() % 2 ? testing::IntView(ends, {o.batch}) : testing::IntView(ends32, {o.batch});
+      o.k_lens =
+          rng() % 2 ? testing::IntView(ends, {o.batch}) : testing::IntView(ends32, {o.batch});
     }
     if (left) o.k_starts = testing::IntView(starts, {o.batch});
     const int64_t n = o.batch * o.num_heads * o.q_len * k;
     for (int mode = 0; mode < 3; ++mode) {  // written, added, added with inf and NaN logits
       SCOPED_TRACE(::testing::Message()
-                   << "trial " << trial << " mode " << mode << " " << DTypeName(o.dtype)
-                   << " form " << int(o.form) << " [" << o.batch << ", " << o.num_heads << ", "
-                   << o.q_len << ", " << k << "] q_offset "
-                   << o.q_offset.value_or(k - o.q_len) << " causal " << o.causal << " window "
-                   << o.window << " slopes " << slopes << " right " << right << " left "
-                   << left);
-      CheckBiasBits(*backend_, o, mode == 0 ? Bytes{} : VariedLogits(o.dtype, n, mode == 2),
-                    [](int64_t) { return true; },
-                    /*against_reference=*/mode < 2 && !(far && o.dtype == DType::kFloat16));
+                   << "trial " << trial << " mode " << mode << " " << DTypeName(o.dtype) << " form "
+                   << int(o.form) << " [" << o.batch << ", " << o.num_heads << ", " << o.q_len
+                   << ", " << k << "] q_offset " << o.q_offset.value_or(k - o.q_len) << " causal "
+                   << o.causal << " window " << o.window << " slopes " << slopes << " right "
+                   << right << " left " << left);
+      CheckBiasBits(
+          *backend_, o, mode == 0 ? Bytes{} : VariedLogits(o.dtype, n, mode == 2),
+          [](int64_t) { return true; },
+          /*against_reference=*/mode < 2 && !(far && o.dtype == DType::kFloat16));
     }
   }
 }

@@ -34,9 +34,9 @@ const json& Fixtures() {
 TEST(HfConfigAgreement, EveryFamilyIsCovered) {
   std::set<std::string> names;
   for (const json& c : Fixtures().at("configs")) names.insert(c.at("name").get<std::string>());
-  for (const char* family : {"llama-3.1-8b", "llama-3.2-1b", "qwen2.5-7b-yarn",
-                             "qwen2.5-yarn-factor-unset", "phi-3-mini-128k", "deepseek-v3",
-                             "qwen2-vl-7b", "gpt-neox-20b", "gpt-j-6b"}) {
+  for (const char* family :
+       {"llama-3.1-8b", "llama-3.2-1b", "qwen2.5-7b-yarn", "qwen2.5-yarn-factor-unset",
+        "phi-3-mini-128k", "deepseek-v3", "qwen2-vl-7b", "gpt-neox-20b", "gpt-j-6b"}) {
     EXPECT_TRUE(names.count(family)) << family;
   }
 }
@@ -49,8 +49,7 @@ TEST(HfConfigAgreement, ResolutionMatchesTheFamilysRotaryModule) {
     EXPECT_EQ(hf->head_dim, c.at("head_dim").get<int64_t>());
     const int64_t R = c.at("rotary_dim");
     EXPECT_EQ(hf->options.rotary_dim, R);
-    EXPECT_EQ(hf->options.style,
-              c.at("style") == "gptj" ? RopeStyle::kGptj : RopeStyle::kNeox);
+    EXPECT_EQ(hf->options.style, c.at("style") == "gptj" ? RopeStyle::kGptj : RopeStyle::kNeox);
     if (c.contains("sections")) {
       EXPECT_EQ(hf->options.sections, c.at("sections").get<std::vector<int64_t>>());
       EXPECT_EQ(hf->options.axis_mode, c.at("axis_mode") == "mrope_interleaved"

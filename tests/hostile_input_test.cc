@@ -513,14 +513,14 @@ TEST_F(HostileInput, EveryClassIsRefusedByNameAndTheServerKeepsServing) {
 TEST_F(HostileInput, HfConfigRotatesAsItsExplicitOptions) {
   testing::Bytes q = testing::RandomTensor(DType::kFloat32, 2 * 3 * 4 * 128);
   auto call = [&](v1::RopeRequest req) {
-    SetTensor(TensorView{DType::kFloat32, {2, 3, 4, 128}, q.data(), q.size()},
-              req.mutable_query(), req.mutable_query_data());
+    SetTensor(TensorView{DType::kFloat32, {2, 3, 4, 128}, q.data(), q.size()}, req.mutable_query(),
+              req.mutable_query_data());
     SetInts(req.mutable_offsets(), {2}, {9000, 5});
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     v1::RopeResponse resp;
-    const grpc::Status s = v1::PositionalEncoding::NewStub(server_->channel())
-                               ->ApplyRope(&ctx, req, &resp);
+    const grpc::Status s =
+        v1::PositionalEncoding::NewStub(server_->channel())->ApplyRope(&ctx, req, &resp);
     EXPECT_TRUE(s.ok()) << s.error_message();
     return resp.query_data();
   };

@@ -266,8 +266,7 @@ absl::Status Rope(Client& client, const CallOptions& call) {
     fields.rotary_dim = given("rotary_dim");
     fields.base = given("base");
     fields.scaling = given("scaling") || given("factor") || given("original_max_position");
-    POSENC_RETURN_IF_ERROR(
-        wire::MergeHfRope(hf, fields, shape.empty() ? 0 : shape.back(), &o));
+    POSENC_RETURN_IF_ERROR(wire::MergeHfRope(hf, fields, shape.empty() ? 0 : shape.back(), &o));
   }
   const size_t rank = o.layout == RopeLayout::kTHD ? 3 : 4;
   if (shape.size() != rank) {

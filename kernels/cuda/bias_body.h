@@ -56,9 +56,8 @@ POSENC_HOST_DEVICE void BiasBody(const BiasParams& p, Coord block, Coord thread,
       T v[kWidth];
       if (p.add_to_logits) LoadPacket<kVector>(y + j0, v);
       for (int j = 0; j < kWidth; ++j) {
-        v[j] = FromFloat<T>(internal::BiasElement(r, p.form, j0 + j,
-                                                  p.add_to_logits ? ToFloat(v[j]) : 0.0f,
-                                                  p.add_to_logits));
+        v[j] = FromFloat<T>(internal::BiasElement(
+            r, p.form, j0 + j, p.add_to_logits ? ToFloat(v[j]) : 0.0f, p.add_to_logits));
       }
       StorePacket<kVector>(v, y + j0);
     }

@@ -66,10 +66,10 @@ absl::StatusOr<RopeDict> FindRopeDict(const Fields& cfg) {
   // Per-layer-type dicts (Gemma 3's {"full_attention": {...}, ...}).
   for (const auto& [key, value] : d.fields->fields()) {
     if (value.kind_case() == google::protobuf::Value::kStructValue) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          d.path, ".", key.substr(0, 64),
-          " is an object: RoPE parameters per layer type are not supported; send the "
-          "parameters of one layer type as rope_parameters"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(d.path, ".", key.substr(0, 64),
+                       " is an object: RoPE parameters per layer type are not supported; send the "
+                       "parameters of one layer type as rope_parameters"));
     }
   }
   return d;
@@ -95,9 +95,9 @@ absl::StatusOr<int64_t> HeadDim(const Fields& cfg, absl::string_view model_type)
     POSENC_ASSIGN_OR_RETURN(heads, cfg.Integer("n_head"));
   }
   if (!hidden || !heads) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "hf_config must give ", cfg.Path("head_dim"), ", or ", cfg.Path("hidden_size"), " and ",
-        cfg.Path("num_attention_heads"), " (the head size RoPE rotates)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("hf_config must give ", cfg.Path("head_dim"), ", or ", cfg.Path("hidden_size"),
+                     " and ", cfg.Path("num_attention_heads"), " (the head size RoPE rotates)"));
   }
   if (*heads == 0) {
     return absl::InvalidArgumentError(
@@ -132,10 +132,26 @@ absl::StatusOr<double> Theta(const Fields& cfg, const Fields& rope, absl::string
 // while the shared scaled types (linear, yarn, ...) honour it for every
 // family. A config without model_type is taken at its word.
 bool DefaultRopeHonoursPartial(absl::string_view model_type) {
-  static constexpr absl::string_view kFamilies[] = {
-      "", "bamba", "glm", "glm4", "glm4_moe", "glm4v", "glm4v_moe", "gpt_neox",
-      "gpt_neox_japanese", "minimax_m2", "nemotron", "persimmon", "phi", "phi3",
-      "phi4_multimodal", "qwen3_5", "qwen3_5_moe", "qwen3_next", "recurrent_gemma", "stablelm"};
+  static constexpr absl::string_view kFamilies[] = {"",
+                                                    "bamba",
+                                                    "glm",
+                                                    "glm4",
+                                                    "glm4_moe",
+                                                    "glm4v",
+                                                    "glm4v_moe",
+                                                    "gpt_neox",
+                                                    "gpt_neox_japanese",
+                                                    "minimax_m2",
+                                                    "nemotron",
+                                                    "persimmon",
+                                                    "phi",
+                                                    "phi3",
+                                                    "phi4_multimodal",
+                                                    "qwen3_5",
+                                                    "qwen3_5_moe",
+                                                    "qwen3_next",
+                                                    "recurrent_gemma",
+                                                    "stablelm"};
   for (absl::string_view f : kFamilies) {
     if (f == model_type) return true;
   }
@@ -167,20 +183,21 @@ absl::StatusOr<double> PartialRotaryFactor(const Fields& cfg, const Fields& rope
 absl::StatusOr<int64_t> OriginalMax(const Fields& cfg, const Fields& rope,
                                     absl::string_view model_type,
                                     std::optional<int64_t> max_position) {
-  POSENC_ASSIGN_OR_RETURN(std::optional<int64_t> v, cfg.Integer("original_max_position_embeddings"));
+  POSENC_ASSIGN_OR_RETURN(std::optional<int64_t> v,
+                          cfg.Integer("original_max_position_embeddings"));
   if (!v && model_type == "phi3") v = 4096;
   if (!v) {
     POSENC_ASSIGN_OR_RETURN(v, rope.Integer("original_max_position_embeddings"));
   }
   if (!v) v = max_position;
   if (!v) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "hf_config must give ", rope.Path("original_max_position_embeddings"), " or ",
-        cfg.Path("max_position_embeddings"), " for this rope_type"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("hf_config must give ", rope.Path("original_max_position_embeddings"), " or ",
+                     cfg.Path("max_position_embeddings"), " for this rope_type"));
   }
   if (*v < 1 || *v > kMaxAbsPosition) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "hf_config original_max_position_embeddings must be in [1, 2^31], got ", *v));
+    return absl::InvalidArgumentError(
+        absl::StrCat("hf_config original_max_position_embeddings must be in [1, 2^31], got ", *v));
   }
   return *v;
 }
@@ -260,7 +277,8 @@ absl::Status ResolveScaling(const Fields& cfg, const Fields& rope, absl::string_
     s.original_max_position = orig;
     POSENC_ASSIGN_OR_RETURN(const double factor, FactorOrRatio(rope, max_position, orig, type));
     s.factor = factor;
-    POSENC_ASSIGN_OR_RETURN(s.attention_factor, Bounded(rope, "attention_factor", kMaxAttentionScale));
+    POSENC_ASSIGN_OR_RETURN(s.attention_factor,
+                            Bounded(rope, "attention_factor", kMaxAttentionScale));
     POSENC_ASSIGN_OR_RETURN(s.mscale, Bounded(rope, "mscale", kMaxYarnMscale));
     POSENC_ASSIGN_OR_RETURN(s.mscale_all_dim, Bounded(rope, "mscale_all_dim", kMaxYarnMscale));
     // `get("beta_fast") or 32`: 0 means the default too.
@@ -284,7 +302,8 @@ absl::Status ResolveScaling(const Fields& cfg, const Fields& rope, absl::string_
     s.original_max_position = orig;
     POSENC_ASSIGN_OR_RETURN(const double factor, FactorOrRatio(rope, max_position, orig, type));
     s.factor = factor;
-    for (auto [key, dst] : {std::pair{"short_factor", &s.short_factor}, {"long_factor", &s.long_factor}}) {
+    for (auto [key, dst] :
+         {std::pair{"short_factor", &s.short_factor}, {"long_factor", &s.long_factor}}) {
       POSENC_ASSIGN_OR_RETURN(std::optional<std::vector<double>> v, rope.Numbers(key));
       if (!v) {
         return absl::InvalidArgumentError(
@@ -292,7 +311,8 @@ absl::Status ResolveScaling(const Fields& cfg, const Fields& rope, absl::string_
       }
       *dst = std::move(*v);
     }
-    POSENC_ASSIGN_OR_RETURN(s.attention_factor, Bounded(rope, "attention_factor", kMaxAttentionScale));
+    POSENC_ASSIGN_OR_RETURN(s.attention_factor,
+                            Bounded(rope, "attention_factor", kMaxAttentionScale));
     if (s.attention_factor) {
       out.attention_scale = *s.attention_factor;
     } else if (factor > 1.0 && orig >= 2) {
@@ -306,9 +326,11 @@ absl::Status ResolveScaling(const Fields& cfg, const Fields& rope, absl::string_
     POSENC_ASSIGN_OR_RETURN(s.original_max_position,
                             OriginalMax(cfg, rope, model_type, max_position));
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        rope.Path("rope_type"), " must be one of default, linear, dynamic, yarn, longrope, "
-        "llama3 (or mrope, Qwen2-VL's name for default), got \"", type.substr(0, 64), "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat(rope.Path("rope_type"),
+                     " must be one of default, linear, dynamic, yarn, longrope, "
+                     "llama3 (or mrope, Qwen2-VL's name for default), got \"",
+                     type.substr(0, 64), "\""));
   }
   return absl::OkStatus();
 }
@@ -328,9 +350,8 @@ absl::Status ResolveAxes(const Fields& rope, absl::string_view model_type, HfRop
   if (!sections && qwen2_vl) sections = std::vector<int64_t>{16, 24, 24};
   if (!sections) return absl::OkStatus();
   if (sections->empty() || sections->size() > static_cast<size_t>(kMaxAxes)) {
-    return absl::InvalidArgumentError(absl::StrCat(rope.Path("mrope_section"),
-                                                   " must have 1 to ", kMaxAxes, " values, got ",
-                                                   sections->size()));
+    return absl::InvalidArgumentError(absl::StrCat(rope.Path("mrope_section"), " must have 1 to ",
+                                                   kMaxAxes, " values, got ", sections->size()));
   }
   out.options.axis_mode =
       (qwen3_vl || interleaved.value_or(false)) ? AxisMode::kMropeInterleaved : AxisMode::kMrope;
@@ -376,8 +397,8 @@ absl::StatusOr<HfRope> ResolveHfRope(absl::string_view config_json) {
   POSENC_ASSIGN_OR_RETURN(out.options.base, Theta(cfg, rope, family));
   POSENC_ASSIGN_OR_RETURN(out.head_dim, HeadDim(cfg, family));
   if (out.head_dim < 2 || out.head_dim > kMaxDim) {
-    return absl::InvalidArgumentError(absl::StrCat("hf_config's head_dim must be in [2, ",
-                                                   kMaxDim, "], got ", out.head_dim));
+    return absl::InvalidArgumentError(
+        absl::StrCat("hf_config's head_dim must be in [2, ", kMaxDim, "], got ", out.head_dim));
   }
   if (family == "gptj") {  // GPTJConfig.rotary_dim, default 64
     POSENC_ASSIGN_OR_RETURN(std::optional<int64_t> r, cfg.Integer("rotary_dim"));

@@ -80,7 +80,7 @@ TEST(HfConfig, YarnBetaZeroIsTheDefaultAndNullTruncateIsFalse) {
                                           "beta_slow": 2, "truncate": null}})");
   EXPECT_FALSE(r.options.scaling.beta_fast.has_value());  // `or 32`
   EXPECT_EQ(r.options.scaling.beta_slow, 2.0);
-  EXPECT_FALSE(r.options.scaling.truncate);  // get("truncate", True) is None
+  EXPECT_FALSE(r.options.scaling.truncate);                  // get("truncate", True) is None
   EXPECT_EQ(r.options.scaling.original_max_position, 4096);  // from max_position
 }
 
@@ -192,7 +192,8 @@ TEST(HfConfig, HostileConfigsAreRefusedNamingTheField) {
                           "rope_scaling": {"type": "mrope", "mrope_section": [1,2,3,4,5,6,7,8,9]}})"),
               HasSubstr("mrope_section must have 1 to 8"));
   EXPECT_THAT(ErrorOf(R"({"model_type": 7})"), HasSubstr("hf_config.model_type must be a string"));
-  EXPECT_THAT(ErrorOf(R"({"text_config": 7})"), HasSubstr("hf_config.text_config must be an object"));
+  EXPECT_THAT(ErrorOf(R"({"text_config": 7})"),
+              HasSubstr("hf_config.text_config must be an object"));
 }
 
 TEST(HfConfig, OddRotaryDimensionIsRefused) {
@@ -223,8 +224,8 @@ TEST(HfConfigCache, HitsAnswerAsTheParserAndErrorsStayErrors) {
               absl::StatusCode::kInvalidArgument);
   }
   // Over the per-entry size: resolved, not cached.
-  const std::string big = absl::StrCat(R"({"head_dim": 32, "pad": ")",
-                                       std::string(kHfCacheMaxBytes, 'x'), R"("})");
+  const std::string big =
+      absl::StrCat(R"({"head_dim": 32, "pad": ")", std::string(kHfCacheMaxBytes, 'x'), R"("})");
   absl::StatusOr<HfRope> r = ResolveHfRopeCached(big);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->head_dim, 32);

@@ -88,8 +88,8 @@ absl::Status ParseConfig(absl::string_view json, Struct* out) {
   // protobuf's parser recurses per level; a deep "[[[[..." is refused here
   // before it reaches it (real configs nest 3 or 4 levels).
   if (const int depth = NestingDepth(json, kMaxHfConfigDepth); depth > kMaxHfConfigDepth) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "hf_config must nest objects and lists at most ", kMaxHfConfigDepth, " deep, got more"));
+    return absl::InvalidArgumentError(absl::StrCat("hf_config must nest objects and lists at most ",
+                                                   kMaxHfConfigDepth, " deep, got more"));
   }
   // Debian's protobuf (3.21) speaks StringPiece and util::Status here.
   const auto parsed = google::protobuf::util::JsonStringToMessage(
@@ -161,8 +161,8 @@ absl::StatusOr<std::optional<std::vector<double>>> Fields::Numbers(absl::string_
   if (v->kind_case() != Value::kListValue) return WrongKind(path, "a list of numbers", *v);
   const auto& items = v->list_value().values();
   if (items.size() > kMaxListLength) {
-    return absl::InvalidArgumentError(absl::StrCat(path, " must have at most ", kMaxListLength,
-                                                   " values, got ", items.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " must have at most ", kMaxListLength, " values, got ", items.size()));
   }
   std::vector<double> out;
   out.reserve(items.size());
@@ -182,8 +182,8 @@ absl::StatusOr<std::optional<std::vector<int64_t>>> Fields::Integers(absl::strin
   if (v->kind_case() != Value::kListValue) return WrongKind(path, "a list of integers", *v);
   const auto& items = v->list_value().values();
   if (items.size() > kMaxListLength) {
-    return absl::InvalidArgumentError(absl::StrCat(path, " must have at most ", kMaxListLength,
-                                                   " values, got ", items.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " must have at most ", kMaxListLength, " values, got ", items.size()));
   }
   std::vector<int64_t> out;
   out.reserve(items.size());

@@ -103,7 +103,7 @@ struct Scratch {
     }
   }
   const int64_t frequencies;
-  const bool pairs;  // AnchorRow's layout: pairs (the fused INTERLEAVED pass) or halves
+  const bool pairs;           // AnchorRow's layout: pairs (the fused INTERLEAVED pass) or halves
   std::vector<float> row;     // [dim] PE in float32 (paths that do not fuse)
   std::vector<float> saved;   // [dim] 16-bit inputs kept for recomputation (ditto)
   std::vector<uint8_t> flag;  // [dim] elements to recompute in double (ditto)

@@ -48,10 +48,10 @@ struct BiasRowPlan {
   // Keys [lo, hi) carry the bias; the others are masked (-inf). lo <= hi,
   // both within [0, k_len].
   int64_t lo, hi;
-  int64_t qpos;          // the query's position: dist = qpos - j
-  double neg_slope;      // -slope: the bias is neg_slope * dist (|dist|)
-  float neg_slope_f;     // the same, when in_float
-  bool in_float;         // the float formulas below give the double ones' result
+  int64_t qpos;       // the query's position: dist = qpos - j
+  double neg_slope;   // -slope: the bias is neg_slope * dist (|dist|)
+  float neg_slope_f;  // the same, when in_float
+  bool in_float;      // the float formulas below give the double ones' result
 };
 
 // Query position qpos (padding moves no position: queries and keys sit on
@@ -73,8 +73,8 @@ POSENC_HOST_DEVICE BiasRowPlan PlanBiasRow(BiasShape shape, double slope, int64_
   const int64_t d_lo = qpos - r.lo, d_hi = qpos - (r.hi - 1);
   const bool near = (d_lo < 0 ? -d_lo : d_lo) < kFloatExactDistance &&
                     (d_hi < 0 ? -d_hi : d_hi) < kFloatExactDistance;
-  r.in_float = shape.form == BiasForm::kNone ||
-               (static_cast<double>(r.neg_slope_f) == r.neg_slope && near);
+  r.in_float =
+      shape.form == BiasForm::kNone || (static_cast<double>(r.neg_slope_f) == r.neg_slope && near);
   return r;
 }
 

@@ -34,9 +34,9 @@ struct HfRope {
   // pairs (style_implied). layout and inverse stay at their defaults: they
   // describe the caller's tensors, not the model.
   RopeOptions options;
-  int64_t head_dim = 0;           // the per-head size the config implies
-  bool style_implied = false;     // GPT-J, DeepSeek (rope_interleave)
-  bool axis_mode_implied = false; // mrope_section given (Qwen2-VL, Qwen3-VL)
+  int64_t head_dim = 0;            // the per-head size the config implies
+  bool style_implied = false;      // GPT-J, DeepSeek (rope_interleave)
+  bool axis_mode_implied = false;  // mrope_section given (Qwen2-VL, Qwen3-VL)
   // HF's attention_scaling (cos and sin are multiplied by it): YaRN's mscale
   // rule or LongRoPE's sqrt(1 + ln(factor)/ln(original)); 1 otherwise.
   double attention_scale = 1.0;
