@@ -85,7 +85,11 @@ void ExpectSinusoidalAddMatchesReference(Backend& backend, SinusoidalLayout layo
   RunMatchingCpu(backend, {&x}, [&](Backend& be, const std::vector<Bytes*>& b) {
     return be.ApplyAbsolute(*plan, b[0]->data(), {});
   });
-  EXPECT_TRUE(testing::MatchesReference(dtype, ref, x.data(), 1e-6));
+  // The reference's angle p * w (w <= 1) is good to |p| 2^-53 radians: a sum
+  // that cancels is owed no more than that beyond its ulp.
+  int64_t far = 0;
+  for (int64_t p : ids) far = std::max(far, p < 0 ? -p : p);
+  EXPECT_TRUE(testing::MatchesReference(dtype, ref, x.data(), 1e-6, std::ldexp(double(far), -52)));
 }
 
 // ---------------------------------------------------------------- RoPE ----
@@ -578,6 +582,63 @@ TEST_P(BackendTest, SinusoidalConsecutiveRunsMatchReference) {
           // x * 3 + PE is NaN exactly where x is (inf and overflow stay inf).
           ASSERT_EQ(std::isnan(LoadElement(dtype, y.data(), i)), std::isnan(specials[(i / 7) % 8]))
               << "element " << i;
+        }
+      }
+    }
+  }
+}
+
+// Sums that cancel: x is -PE rounded to the dtype (times x_scale's
+// inverse), so x * x_scale + PE is PE's rounding residue, often far below an
+// ulp of PE. float32 arithmetic alone misses the one-ulp bar there; the
+// kernels must find these elements (SinusoidalSumNeedsPrecise) and redo them
+// in double. Consecutive positions and d = 4096 take the CPU's fused vector
+// loop, d = 77 its scalar tail.
+TEST_P(BackendTest, SinusoidalCancellingSumsMeetTheBar) {
+  for (SinusoidalLayout layout :
+       {SinusoidalLayout::kInterleaved, SinusoidalLayout::kConcatenated}) {
+    for (int64_t d : {77, 4096}) {
+      for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+        for (double x_scale : {1.0, 8.0}) {
+          SCOPED_TRACE(::testing::Message() << "layout " << int(layout) << " d " << d << " "
+                                            << DTypeName(dtype) << " x_scale " << x_scale);
+          std::uniform_int_distribution<int64_t> start(0, 1000000);
+          const int64_t first = start(testing::Rng());
+          const int64_t T = d == 77 ? 64 : 48;
+          std::vector<int64_t> ids(T);
+          for (int64_t t = 0; t < T; ++t) ids[t] = first + t;
+          AbsoluteOptions o;
+          o.sinusoidal_layout = layout;
+          o.x_scale = x_scale;
+          Bytes x(T * d * SizeOf(dtype));
+          std::vector<double> ref(T * d);
+          std::bernoulli_distribution cancel(0.75);
+          std::uniform_real_distribution<float> other(-1.0f, 1.0f);
+          auto store = [&](int64_t e, double v, double pe) {
+            StoreElement(dtype, x.data(), e, static_cast<float>(v));
+            ref[e] = LoadElement(dtype, x.data(), e) * x_scale + pe;
+          };
+          for (int64_t t = 0; t < T; ++t) {
+            const auto row = reference::SinusoidalRow(layout, o.base, d, ids[t]);
+            for (int64_t i = 0; i < d; ++i) {
+              const int64_t e = t * d + i;
+              store(e, cancel(testing::Rng()) ? -row[i] / x_scale : other(testing::Rng()), row[i]);
+              // Residues under 2^-20 are left out: the float64 reference's
+              // own angle errs by up to ~2^-35 at these positions, which is
+              // more than an ulp of a residue near 2^-30. Above 2^-20 an ulp
+              // is 2^-27 or more, while float32 arithmetic errs by ~2^-22.
+              if (std::abs(ref[e]) < 0x1p-20) store(e, other(testing::Rng()), row[i]);
+            }
+          }
+          AbsoluteTensors in;
+          in.x = testing::Mutable(dtype, {T, d}, x);
+          in.positions.position_ids = testing::IntView(ids, {T});
+          auto plan = PlanAbsolute(o, in);
+          ASSERT_TRUE(plan.ok()) << plan.status();
+          RunMatchingCpu(*backend_, {&x}, [&](Backend& be, const std::vector<Bytes*>& b) {
+            return be.ApplyAbsolute(*plan, b[0]->data(), {});
+          });
+          EXPECT_TRUE(testing::MatchesReference(dtype, ref, x.data(), 1e-6));
         }
       }
     }

@@ -65,8 +65,8 @@ POSENC_HOST_DEVICE void AbsoluteBody(const AbsoluteParams& p, Coord block, Coord
         } else {
           const SinusoidalTables& st = p.sinusoidal;
           float s, c;
-          internal::SinusoidalSinCos(pos, st.phase_step[ch.frequency], st.offset_sin,
-                                     st.offset_cos, st.frequencies, ch.frequency, &s, &c);
+          internal::SinusoidalSinCos(pos, st.phase_step[ch.frequency], st.offset_sin, st.offset_cos,
+                                     st.frequencies, ch.frequency, &s, &c);
           pe = ch.is_sin ? s : c;
         }
       }
@@ -75,7 +75,9 @@ POSENC_HOST_DEVICE void AbsoluteBody(const AbsoluteParams& p, Coord block, Coord
         return internal::SinusoidalPrecise(pos, p.sinusoidal.omega[ch.frequency], ch.is_sin);
       };
       if (p.has_input) {
-        internal::AddEncoding(&v[j], pe, p.x_scale, precise);
+        internal::AddEncoding(
+            &v[j], pe, p.x_scale,
+            p.table != nullptr ? internal::PeRange::kAny : internal::PeRange::kSinusoidal, precise);
       } else {
         v[j] = internal::EncodingOnly<T>(pe, precise);
       }

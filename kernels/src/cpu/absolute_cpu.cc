@@ -1,14 +1,14 @@
 // Absolute encodings on the CPU. A sinusoidal PE element is a rotation of its
 // anchor's sine and cosine by an offset's (math/phase.h). Each thread keeps
 // the anchor row of the tokens at hand; the next one (16 positions on) gets
-// its phase from this one's by an add. For bfloat16 inputs the rotation is
-// fused into the pass that reads x and writes y = x * x_scale + PE, and the
-// next anchor row is built a slice at a time between blocks of that pass, so
-// the arithmetic runs while rows stream in; float32 rows (bound by bytes,
-// not arithmetic) measured faster as a PE row and then an add pass. The
-// element arithmetic is math/absolute_math.h and math/phase.h, the same as
-// the CUDA kernel's; every path below evaluates it operation for operation
-// (the rearrangements in SinCosRange and AdvanceNext are exact).
+// its phase from this one's by an add. For float32 and bfloat16 inputs the
+// rotation is fused into the one pass that reads x and writes
+// y = x * x_scale + PE, prefetching the rows ahead, and the next anchor row
+// is built a slice at a time between blocks of that pass, so the arithmetic
+// runs while rows stream in. The element arithmetic is math/absolute_math.h
+// and math/phase.h, the same as the CUDA kernel's; every path below
+// evaluates it operation for operation (the rearrangements in SinCosRange
+// and AdvanceNext are exact).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -30,11 +30,14 @@ namespace {
 // Every function taking or returning them is inlined into a clone, so the
 // baseline clone's different vector ABI never shows at a call (CMake turns
 // off -Wpsabi's note for this file).
+typedef float V4 __attribute__((vector_size(16)));
 typedef float V8 __attribute__((vector_size(32)));
 typedef int32_t V8i __attribute__((vector_size(32)));
 typedef uint32_t V8u __attribute__((vector_size(32)));
 typedef uint16_t V8h __attribute__((vector_size(16)));
 typedef uint16_t V16h __attribute__((vector_size(32)));
+typedef uint64_t V4q __attribute__((vector_size(32)));
+typedef uint64_t V2q __attribute__((vector_size(16)));
 
 POSENC_ALWAYS_INLINE V8 Load8(const float* p) {
   V8 v;
@@ -53,14 +56,19 @@ double PreciseEncoding(const AbsolutePlan& p, int64_t pos, int64_t e) {
   return ch.is_zero ? 0.0 : SinusoidalPrecise(pos, p.omega[ch.frequency], ch.is_sin);
 }
 
-// Whether a plan's tokens take the fused pass (FusedTokens): bfloat16 inputs
-// plus sinusoidal PE. float32 rows measured faster in two passes (PE row,
-// then the add: 22-25 GB/s against 19-23 fused, bench/RESULTS.md), which
-// read half the anchor bytes per token; the fused pass pays where the
-// element arithmetic, not the bytes, is the bound.
+// Whether a plan's tokens take the fused pass (FusedTokens): sinusoidal PE
+// added to float32 or bfloat16 inputs. One pass keeps the arithmetic under
+// the stream of rows: a PE row and then an add pass leave memory idle while
+// the row is computed. float16 (no vector conversion here), learned tables
+// and PE-only outputs take the two-pass path.
 bool Fuses(const AbsolutePlan& p) {
-  return p.dtype == DType::kBFloat16 && p.has_input &&
+  return (p.dtype == DType::kBFloat16 || p.dtype == DType::kFloat32) && p.has_input &&
          p.options.kind != AbsoluteOptions::Kind::kLearned;
+}
+
+// Which cancellation test a plan's 16-bit sums take (math/absolute_math.h).
+PeRange RangeOf(const AbsolutePlan& p) {
+  return p.options.kind == AbsoluteOptions::Kind::kLearned ? PeRange::kAny : PeRange::kSinusoidal;
 }
 
 // One anchor's row: sin and cos of anchor * w_i for every frequency, as
@@ -87,6 +95,8 @@ struct Scratch {
         row(p.dim),
         saved(p.dim),
         flag(p.dim),
+        pending_at(p.dim),
+        pending_x(p.dim),
         current(p.phase_step.size()),
         next(p.phase_step.size()),
         step_hi(p.phase_step.size()),
@@ -107,6 +117,12 @@ struct Scratch {
   std::vector<float> row;     // [dim] PE in float32 (paths that do not fuse)
   std::vector<float> saved;   // [dim] 16-bit inputs kept for recomputation (ditto)
   std::vector<uint8_t> flag;  // [dim] elements to recompute in double (ditto)
+  // The fused pass's elements to recompute in double, and their inputs: the
+  // row loop only records them, so it makes no calls (a call inside it made
+  // the compiler spill its pointers for every iteration).
+  std::vector<int32_t> pending_at;
+  std::vector<float> pending_x;
+  int64_t pending = 0;
   // The anchor of the tokens being processed, and the one 16 positions on,
   // of which frequencies [0, next_done) are computed so far.
   AnchorRow current, next;
@@ -227,22 +243,29 @@ POSENC_ALWAYS_INLINE RowSource SourceOf(const AbsolutePlan& p, int64_t pos, Scra
           p.offset_sin.data() + at};
 }
 
+// p[0, 4) as [p0, p0, p1, p1, p2, p2, p3, p3].
+POSENC_ALWAYS_INLINE V8 Spread4(const float* p) {
+  V4 v;
+  std::memcpy(&v, p, sizeof v);
+  return __builtin_shufflevector(v, v, 0, 0, 1, 1, 2, 2, 3, 3);
+}
+
 // The INTERLEAVED PE pairs of frequencies [i, i + 8): elements [2i, 2i + 16)
 // of the row, as two vectors. Each table value serves both elements of its
-// pair; the duplication is a permute per vector.
-POSENC_ALWAYS_INLINE void InterleavedPe16(const RowSource& r, int64_t i, V8* pe0, V8* pe1) {
-  const V8 c = Load8(r.tc + i), s = Load8(r.ts + i);
-  const V8 c0 = __builtin_shufflevector(c, c, 0, 0, 1, 1, 2, 2, 3, 3);
-  const V8 c1 = __builtin_shufflevector(c, c, 4, 4, 5, 5, 6, 6, 7, 7);
-  const V8 s0 = __builtin_shufflevector(s, s, 0, 0, 1, 1, 2, 2, 3, 3);
-  const V8 s1 = __builtin_shufflevector(s, s, 4, 4, 5, 5, 6, 6, 7, 7);
-  *pe0 = Load8(r.a + 2 * i) * c0 + Load8(r.b + 2 * i) * s0;
-  *pe1 = Load8(r.a + 2 * i + 8) * c1 + Load8(r.b + 2 * i + 8) * s1;
+// pair, spread from a 4-value load by one permute (the old 8-value load
+// took two shuffles per vector).
+POSENC_ALWAYS_INLINE void InterleavedPe16(const float* __restrict a, const float* __restrict b,
+                                          const float* __restrict tc, const float* __restrict ts,
+                                          int64_t i, V8* pe0, V8* pe1) {
+  *pe0 = Load8(a + 2 * i) * Spread4(tc + i) + Load8(b + 2 * i) * Spread4(ts + i);
+  *pe1 = Load8(a + 2 * i + 8) * Spread4(tc + i + 4) + Load8(b + 2 * i + 8) * Spread4(ts + i + 4);
 }
 
 // Element e of an INTERLEAVED row, one at a time (the same operations).
-POSENC_ALWAYS_INLINE float InterleavedPe1(const RowSource& r, int64_t e) {
-  return r.a[e] * r.tc[e / 2] + r.b[e] * r.ts[e / 2];
+POSENC_ALWAYS_INLINE float InterleavedPe1(const float* __restrict a, const float* __restrict b,
+                                          const float* __restrict tc, const float* __restrict ts,
+                                          int64_t e) {
+  return a[e] * tc[e / 2] + b[e] * ts[e / 2];
 }
 
 // PE[pos] in float32, [dim], for the paths that do not fuse (tables, 16-bit
@@ -272,8 +295,8 @@ POSENC_ALWAYS_INLINE void EncodingRow(const AbsolutePlan& p, int64_t pos, Scratc
   }
 }
 
-// BFloat16ToFloat on 8 stored values: each 16-bit value becomes the high
-// half of a lane (interleaved with zeros).
+// BFloat16ToFloat on 8 stored values, in order: each 16-bit value widened
+// into the high half of its lane.
 POSENC_ALWAYS_INLINE V8 BFloat16ToFloat8(const BFloat16* y) {
   V8h h;
   std::memcpy(&h, y, sizeof h);
@@ -288,43 +311,57 @@ POSENC_ALWAYS_INLINE V16h BFloat16Round(V8 r) {
   return (V16h)(bits + 0x7fffu + ((bits >> 16) & 1u));
 }
 
+// Whether every lane of a comparison's result is true (all bits set): the
+// two halves ANDed, then the two words.
+POSENC_ALWAYS_INLINE bool AllTrue(V8i m) {
+  const V4q w = (V4q)m;
+  const V2q h = __builtin_shufflevector(w, w, 0, 1) & __builtin_shufflevector(w, w, 2, 3);
+  return (h[0] & h[1]) == ~uint64_t{0};
+}
+
 // AddEncoding on two runs of 8 consecutive elements, y0[0, 8) and y1[0, 8),
-// of a float32 or bfloat16 row; `fix(y, j, x)` recomputes element y[j]
-// (flagged by SumNeedsPrecise) from its input x. For bfloat16 the
-// conversions are BFloat16ToFloat and FloatToBFloat16 in 32-bit lanes.
-template <typename T, typename Fix>
+// of a float32 or bfloat16 row y, with sinusoidal PE; x is scaled only when
+// kScaled (x * 1.0f is x, bit for bit, so the product is skipped for
+// x_scale = 1). For bfloat16 the conversions are BFloat16ToFloat and
+// FloatToBFloat16 in 32-bit lanes. A bfloat16 run with a lane that
+// SinusoidalSumNeedsPrecise flags (or NaN) goes element by element instead:
+// `slow(y)` for y0 and y1, before anything is stored, so that no vector needs
+// to outlive the branch (the compiler spilled four per iteration when the
+// lane-by-lane fix-up used them).
+template <typename T, bool kScaled, typename Slow>
 POSENC_ALWAYS_INLINE void Add16(T* __restrict y0, V8 pe0, T* __restrict y1, V8 pe1, float xs,
-                                Fix fix) {
+                                Slow slow) {
   if constexpr (std::is_same_v<T, float>) {
-    Store8(y0, Load8(y0) * xs + pe0);
-    Store8(y1, Load8(y1) * xs + pe1);
+    V8 u0 = Load8(y0), u1 = Load8(y1);
+    if constexpr (kScaled) {
+      u0 *= xs;
+      u1 *= xs;
+    }
+    Store8(y0, u0 + pe0);
+    Store8(y1, u1 + pe1);
   } else {
     static_assert(std::is_same_v<T, BFloat16>);
-    const V8 x0 = BFloat16ToFloat8(y0), x1 = BFloat16ToFloat8(y1);
-    const V8 u0 = x0 * xs, u1 = x1 * xs;
+    V8 u0 = BFloat16ToFloat8(y0), u1 = BFloat16ToFloat8(y1);
+    if constexpr (kScaled) {
+      u0 *= xs;
+      u1 *= xs;
+    }
     const V8 r0 = u0 + pe0, r1 = u1 + pe1;
-    // The two results' high halves, packed into one vector.
-    const V16h out = __builtin_shufflevector(BFloat16Round(r0), BFloat16Round(r1), 1, 3, 5, 7, 9,
-                                             11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    std::memcpy(y0, &out, 16);
-    std::memcpy(y1, reinterpret_cast<const char*>(&out) + 16, 16);
-    // SumNeedsPrecise, operation for operation.
+    // |r| >= kSinusoidalSafeSum is false for the lanes
+    // SinusoidalSumNeedsPrecise flags and for NaN (unordered): one compare
+    // finds both. They are rare (about 1 in 1000 for random data).
     const V8u abs_mask = V8u{} + 0x7fffffffu;
-    auto abs = [&](V8 v) { return (V8)((V8u)v & abs_mask); };
-    const V8i needs0 = abs(r0) < kCancellationBound * ((abs(u0) + abs(pe0)) + 1.0f);
-    const V8i needs1 = abs(r1) < kCancellationBound * ((abs(u1) + abs(pe1)) + 1.0f);
-    // Recomputed and NaN elements are rare (about 1 in 200 for random data):
-    // one test per 16, then element by element.
-    const V8i any = (needs0 | needs1) | ((r0 != r0) | (r1 != r1));
-    uint64_t words[4];
-    std::memcpy(words, &any, sizeof words);
-    if (__builtin_expect((words[0] | words[1] | words[2] | words[3]) != 0, 0)) {
-      for (int j = 0; j < 8; ++j) {
-        if (r0[j] != r0[j]) y0[j] = FromFloat<T>(r0[j]);  // the quieted NaN
-        if (r1[j] != r1[j]) y1[j] = FromFloat<T>(r1[j]);
-        if (needs0[j] != 0) fix(y0, j, x0[j]);
-        if (needs1[j] != 0) fix(y1, j, x1[j]);
-      }
+    const V8i safe = ((V8)((V8u)r0 & abs_mask) >=
+                      kSinusoidalSafeSum<T>)&((V8)((V8u)r1 & abs_mask) >= kSinusoidalSafeSum<T>);
+    if (__builtin_expect(AllTrue(safe), 1)) {
+      // The two results' high halves, packed into one vector.
+      const V16h out = __builtin_shufflevector(BFloat16Round(r0), BFloat16Round(r1), 1, 3, 5, 7, 9,
+                                               11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+      std::memcpy(y0, &out, 16);
+      std::memcpy(y1, reinterpret_cast<const char*>(&out) + 16, 16);
+    } else {
+      slow(y0);
+      slow(y1);
     }
   }
 }
@@ -333,54 +370,108 @@ POSENC_ALWAYS_INLINE void Add16(T* __restrict y0, V8 pe0, T* __restrict y1, V8 p
 // kNextEvery over (d+1)/2 frequencies and 16 tokens is the whole next row.
 constexpr int64_t kNextEvery = 8 * kPhaseAnchorStride;
 
+// How far ahead of its stores the fused pass prefetches its row (and the
+// next rows): the hardware prefetcher alone left float32 rows at 20 GB/s
+// where 2, 4 and 8 KiB ahead gave 27-30 (bench/RESULTS.md).
+constexpr int64_t kPrefetchAhead = 4096;
+
+// Frequencies [lo, hi) (multiples of 8 apart) of the row y: INTERLEAVED
+// elements [2 lo, 2 hi), or CONCATENATED [lo, hi) and [half + lo, half + hi).
+// Pointers are copied to locals so that the loop keeps them in registers.
+// A run that Add16 sends element by element is AddEncoding on each element,
+// PE computed by the scalar form of the same operations; the elements it
+// flags are recorded in s.pending (offset in y, input) for the caller.
+template <typename T, bool kScaled>
+POSENC_ALWAYS_INLINE void FusedRange(const RowSource& r, bool interleaved, int64_t half,
+                                     T* __restrict y, int64_t lo, int64_t hi, float xs,
+                                     Scratch& s) {
+  const float* __restrict a = r.a;
+  const float* __restrict b = r.b;
+  const float* __restrict tc = r.tc;
+  const float* __restrict ts = r.ts;
+  int32_t* __restrict pending_at = s.pending_at.data();
+  float* __restrict pending_x = s.pending_x.data();
+  int64_t pending = s.pending;
+  // Element by element: the PE of element e, then the sum.
+  auto slow = [=, &pending](T* run) {
+    for (int j = 0; j < 8; ++j) {
+      const int64_t e = run - y + j;
+      float pe;
+      if (interleaved) {
+        pe = InterleavedPe1(a, b, tc, ts, e);
+      } else {
+        float sn, cs;
+        const int64_t i = e < half ? e : e - half;
+        RotateSinCos(a[i], b[i], ts[i], tc[i], &sn, &cs);
+        pe = e < half ? sn : cs;
+      }
+      const float x = ToFloat(run[j]);
+      const float r = (kScaled ? x * xs : x) + pe;
+      run[j] = FromFloat<T>(r);
+      if (SinusoidalSumNeedsPrecise<T>(r)) {
+        pending_at[pending] = static_cast<int32_t>(e);
+        pending_x[pending++] = x;
+      }
+    }
+  };
+  if (interleaved) {
+    for (int64_t i = lo; i < hi; i += 8) {
+      __builtin_prefetch(y + 2 * i + kPrefetchAhead / sizeof(T), 1, 3);
+      V8 pe0, pe1;
+      InterleavedPe16(a, b, tc, ts, i, &pe0, &pe1);
+      Add16<T, kScaled>(y + 2 * i, pe0, y + 2 * i + 8, pe1, xs, slow);
+    }
+  } else {
+    for (int64_t i = lo; i < hi; i += 8) {
+      __builtin_prefetch(y + i + kPrefetchAhead / sizeof(T), 1, 3);
+      __builtin_prefetch(y + half + i + kPrefetchAhead / sizeof(T), 1, 3);
+      const V8 as = Load8(a + i), ac = Load8(b + i);
+      const V8 c = Load8(tc + i), sn = Load8(ts + i);
+      Add16<T, kScaled>(y + i, as * c + ac * sn, y + half + i, ac * c - as * sn, xs,
+                        slow);  // RotateSinCos
+    }
+  }
+  s.pending = pending;
+}
+
 // y = x * x_scale + PE with PE computed in the same pass (see the top of the
-// file): taken for bfloat16 rows (Fuses); float32 works too, and measured
-// slower.
-template <typename T>
+// file), for float32 and bfloat16 rows (Fuses).
+template <typename T, bool kScaled>
 POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, int64_t begin,
                                       int64_t end, Scratch& s) {
   const int64_t dim = p.dim, half = dim / 2;
   const double x_scale = p.options.x_scale;
   const float xs = static_cast<float>(x_scale);
   const bool interleaved = p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved;
+  const int64_t vector_end = half - half % 8;
   for (int64_t t = begin; t < end; ++t) {
     const int64_t pos = p.positions.values[t];
     const RowSource r = SourceOf(p, pos, s);
     T* __restrict y = x + t * dim;
-    auto fix = [&](T* at, int j, float xj) {
-      const int64_t e = (at - y) + j;
-      at[j] = FromFloat<T>(
-          static_cast<float>(static_cast<double>(xj) * x_scale + PreciseEncoding(p, pos, e)));
-    };
-    auto one = [&](int64_t e, float pe) {
-      AddEncoding(&y[e], pe, x_scale, [&] { return PreciseEncoding(p, pos, e); });
-    };
     // Frequencies in blocks of kNextEvery, with 8 of the next anchor row's
     // after each: a 16th of its row per token.
-    int64_t i = 0;
+    s.pending = 0;
+    for (int64_t block = 0; block < vector_end; block += kNextEvery) {
+      FusedRange<T, kScaled>(r, interleaved, half, y, block,
+                             std::min(vector_end, block + kNextEvery), xs, s);
+      AdvanceNext(8, s);
+    }
+    auto precise = [&](int64_t e, float xe) {
+      return static_cast<double>(xe) * x_scale + PreciseEncoding(p, pos, e);
+    };
+    for (int64_t k = 0; k < s.pending; ++k) {
+      const int64_t e = s.pending_at[k];
+      y[e] = FromFloat<T>(static_cast<float>(precise(e, s.pending_x[k])));
+    }
+    auto one = [&](int64_t e, float pe) {
+      AddEncoding(&y[e], pe, x_scale, PeRange::kSinusoidal,
+                  [&] { return PreciseEncoding(p, pos, e); });
+    };
     if (interleaved) {
-      for (int64_t block = 0; block < half; block += kNextEvery) {
-        const int64_t block_end = std::min(half, block + kNextEvery);
-        for (; i + 8 <= block_end; i += 8) {
-          V8 pe0, pe1;
-          InterleavedPe16(r, i, &pe0, &pe1);
-          Add16(y + 2 * i, pe0, y + 2 * i + 8, pe1, xs, fix);
-        }
-        AdvanceNext(8, s);
-      }
-      for (int64_t e = 2 * i; e < dim; ++e) one(e, InterleavedPe1(r, e));  // odd d: a sin
+      for (int64_t e = 2 * vector_end; e < dim; ++e)
+        one(e, InterleavedPe1(r.a, r.b, r.tc, r.ts, e));  // odd d: a sin
     } else {
-      for (int64_t block = 0; block < half; block += kNextEvery) {
-        const int64_t block_end = std::min(half, block + kNextEvery);
-        for (; i + 8 <= block_end; i += 8) {
-          const V8 as = Load8(r.a + i), ac = Load8(r.b + i);
-          const V8 tc = Load8(r.tc + i), ts = Load8(r.ts + i);
-          Add16(y + i, as * tc + ac * ts, y + half + i, ac * tc - as * ts, xs,
-                fix);  // RotateSinCos
-        }
-        AdvanceNext(8, s);
-      }
-      for (; i < half; ++i) {
+      for (int64_t i = vector_end; i < half; ++i) {
         float sn, cs;
         RotateSinCos(r.a[i], r.b[i], r.ts[i], r.tc[i], &sn, &cs);
         one(i, sn);
@@ -394,9 +485,10 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
 template <typename T>
 POSENC_ALWAYS_INLINE void AbsoluteTokens(const AbsolutePlan& p, T* __restrict x, int64_t begin,
                                          int64_t end, Scratch& s) {
-  if constexpr (std::is_same_v<T, BFloat16>) {
+  if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, float>) {
     if (Fuses(p)) {
-      return FusedTokens(p, x, begin, end, s);
+      return p.options.x_scale == 1.0 ? FusedTokens<T, false>(p, x, begin, end, s)
+                                      : FusedTokens<T, true>(p, x, begin, end, s);
     }
   }
   const int64_t dim = p.dim;
@@ -405,6 +497,7 @@ POSENC_ALWAYS_INLINE void AbsoluteTokens(const AbsolutePlan& p, T* __restrict x,
   uint8_t* __restrict flag = s.flag.data();
   const double x_scale = p.options.x_scale;
   const float xs = static_cast<float>(x_scale);
+  const PeRange range = RangeOf(p);
   for (int64_t t = begin; t < end; ++t) {
     const int64_t pos = p.positions.values[t];
     EncodingRow(p, pos, s);
@@ -417,9 +510,9 @@ POSENC_ALWAYS_INLINE void AbsoluteTokens(const AbsolutePlan& p, T* __restrict x,
       continue;
     }
     if constexpr (std::is_same_v<T, float>) {
-      // No next-anchor slices here: between blocks of this loop they made
-      // float32 rows slower (20 vs 22-23 GB/s, bench/RESULTS.md).
-      for (int64_t i = 0; i < dim; ++i) AddEncoding(&y[i], row[i], x_scale, [] { return 0.0; });
+      for (int64_t i = 0; i < dim; ++i) {
+        AddEncoding(&y[i], row[i], x_scale, range, [] { return 0.0; });
+      }
     } else {
       // AddEncoding's float32 half, vectorised; its double half for the
       // flagged elements after.
@@ -429,7 +522,7 @@ POSENC_ALWAYS_INLINE void AbsoluteTokens(const AbsolutePlan& p, T* __restrict x,
         const float r = u + row[i];
         saved[i] = xi;
         y[i] = FromFloat<T>(r);
-        flag[i] = static_cast<uint8_t>(SumNeedsPrecise(r, u, row[i]));
+        flag[i] = static_cast<uint8_t>(NeedsPrecise<T>(range, r, u, row[i]));
       }
       ForEachFlagged(flag, dim, [&](int64_t i) {
         y[i] =

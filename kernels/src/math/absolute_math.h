@@ -55,14 +55,45 @@ POSENC_HOST_DEVICE bool SumNeedsPrecise(float r, float u, float pe) {
   return fabsf(r) < kCancellationBound * (fabsf(u) + fabsf(pe) + 1.0f);
 }
 
+// The same test where PE is sinusoidal, so |pe| <= 1 + 2^-22: then the float
+// sum's error is absolute, not relative to its terms, and one compare of |r|
+// decides. PE errs from the float64 reference sin(pos w) by under 1.7 2^-22
+// (phase.h: 2^-22.7 measured; the reference's own angle pos * w is rounded by
+// up to 2^-22 rad at |pos| = 2^31), u = x * x_scale by 2^-24 |u|, and the sum
+// by 2^-24 |r|. A sum that cancels has |u| <= |r| + 1.0001, so the error is
+// at most 1.95 2^-22 + 2^-23 |r|. A result is safe when that is under a
+// quarter of its 16-bit ulp (an ulp is at least 2^-8 |r| in bfloat16, 2^-11
+// |r| in float16's normal range): |r| >= 2^-10 for bfloat16 leaves the error
+// under 2^-11 |r|, |r| >= 2^-7 for float16 under 2^-14 |r| (and float16's
+// subnormals, below 2^-14, are all flagged). Random data flags about 0.1%
+// (bfloat16) where SumNeedsPrecise flags 0.35%; the fused CPU loop pays one
+// compare per element for this test, and rarer fix-ups.
+template <typename T>
+inline constexpr float kSinusoidalSafeSum = std::is_same_v<T, BFloat16> ? 1.0f / 1024 : 1.0f / 128;
+template <typename T>
+POSENC_HOST_DEVICE bool SinusoidalSumNeedsPrecise(float r) {
+  return fabsf(r) < kSinusoidalSafeSum<T>;
+}
+
+// Which of the two tests a sum takes: kAny for a learned table (PE of any
+// size), kSinusoidal where |pe| <= 1.
+enum class PeRange { kAny, kSinusoidal };
+
+template <typename T>
+POSENC_HOST_DEVICE bool NeedsPrecise(PeRange range, float r, float u, float pe) {
+  return range == PeRange::kSinusoidal ? SinusoidalSumNeedsPrecise<T>(r)
+                                       : SumNeedsPrecise(r, u, pe);
+}
+
 // y = x * x_scale + PE for one stored element, in place.
 template <typename T, typename Precise>
-POSENC_HOST_DEVICE void AddEncoding(T* y, float pe, double x_scale, Precise precise) {
+POSENC_HOST_DEVICE void AddEncoding(T* y, float pe, double x_scale, PeRange range,
+                                    Precise precise) {
   const float x = ToFloat(*y);
   const float u = x * static_cast<float>(x_scale);
   float r = u + pe;
   if constexpr (!std::is_same_v<T, float>) {
-    if (SumNeedsPrecise(r, u, pe)) {
+    if (NeedsPrecise<T>(range, r, u, pe)) {
       r = static_cast<float>(static_cast<double>(x) * x_scale + precise());
     }
   }
