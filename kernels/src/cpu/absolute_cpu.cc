@@ -20,31 +20,10 @@
 #include "math/absolute_math.h"
 #include "math/phase.h"
 #include "posenc/dtype.h"
+#include "vec.h"
 
 namespace posenc::internal {
 namespace {
-
-// Portable vectors (GCC/clang extensions): each clone lowers them to its own
-// instruction set (two SSE registers each for the baseline clone), where
-// intrinsics would pin one. Loads and stores go through memcpy: unaligned.
-// Every function taking or returning them is inlined into a clone, so the
-// baseline clone's different vector ABI never shows at a call (CMake turns
-// off -Wpsabi's note for this file).
-typedef float V4 __attribute__((vector_size(16)));
-typedef float V8 __attribute__((vector_size(32)));
-typedef int32_t V8i __attribute__((vector_size(32)));
-typedef uint32_t V8u __attribute__((vector_size(32)));
-typedef uint16_t V8h __attribute__((vector_size(16)));
-typedef uint16_t V16h __attribute__((vector_size(32)));
-typedef uint64_t V4q __attribute__((vector_size(32)));
-typedef uint64_t V2q __attribute__((vector_size(16)));
-
-POSENC_ALWAYS_INLINE V8 Load8(const float* p) {
-  V8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-POSENC_ALWAYS_INLINE void Store8(float* p, V8 v) { std::memcpy(p, &v, sizeof v); }
 
 // Element e of PE[pos] in float64: the precise value for flagged elements.
 double PreciseEncoding(const AbsolutePlan& p, int64_t pos, int64_t e) {
@@ -243,13 +222,6 @@ POSENC_ALWAYS_INLINE RowSource SourceOf(const AbsolutePlan& p, int64_t pos, Scra
           p.offset_sin.data() + at};
 }
 
-// p[0, 4) as [p0, p0, p1, p1, p2, p2, p3, p3].
-POSENC_ALWAYS_INLINE V8 Spread4(const float* p) {
-  V4 v;
-  std::memcpy(&v, p, sizeof v);
-  return __builtin_shufflevector(v, v, 0, 0, 1, 1, 2, 2, 3, 3);
-}
-
 // The INTERLEAVED PE pairs of frequencies [i, i + 8): elements [2i, 2i + 16)
 // of the row, as two vectors. Each table value serves both elements of its
 // pair, spread from a 4-value load by one permute (the old 8-value load
@@ -295,30 +267,6 @@ POSENC_ALWAYS_INLINE void EncodingRow(const AbsolutePlan& p, int64_t pos, Scratc
   }
 }
 
-// BFloat16ToFloat on 8 stored values, in order: each 16-bit value widened
-// into the high half of its lane.
-POSENC_ALWAYS_INLINE V8 BFloat16ToFloat8(const BFloat16* y) {
-  V8h h;
-  std::memcpy(&h, y, sizeof h);
-  const V8h zero = {};
-  return (V8)__builtin_shufflevector(zero, h, 0, 8, 0, 9, 0, 10, 0, 11, 0, 12, 0, 13, 0, 14, 0, 15);
-}
-
-// FloatToBFloat16's rounding in 32-bit lanes, the result in each lane's high
-// half; NaN lanes are left to the caller.
-POSENC_ALWAYS_INLINE V16h BFloat16Round(V8 r) {
-  const V8u bits = (V8u)r;
-  return (V16h)(bits + 0x7fffu + ((bits >> 16) & 1u));
-}
-
-// Whether every lane of a comparison's result is true (all bits set): the
-// two halves ANDed, then the two words.
-POSENC_ALWAYS_INLINE bool AllTrue(V8i m) {
-  const V4q w = (V4q)m;
-  const V2q h = __builtin_shufflevector(w, w, 0, 1) & __builtin_shufflevector(w, w, 2, 3);
-  return (h[0] & h[1]) == ~uint64_t{0};
-}
-
 // AddEncoding on two runs of 8 consecutive elements, y0[0, 8) and y1[0, 8),
 // of a float32 or bfloat16 row y, with sinusoidal PE; x is scaled only when
 // kScaled (x * 1.0f is x, bit for bit, so the product is skipped for
@@ -350,15 +298,9 @@ POSENC_ALWAYS_INLINE void Add16(T* __restrict y0, V8 pe0, T* __restrict y1, V8 p
     // |r| >= kSinusoidalSafeSum is false for the lanes
     // SinusoidalSumNeedsPrecise flags and for NaN (unordered): one compare
     // finds both. They are rare (about 1 in 1000 for random data).
-    const V8u abs_mask = V8u{} + 0x7fffffffu;
-    const V8i safe = ((V8)((V8u)r0 & abs_mask) >=
-                      kSinusoidalSafeSum<T>)&((V8)((V8u)r1 & abs_mask) >= kSinusoidalSafeSum<T>);
+    const V8i safe = (Abs8(r0) >= kSinusoidalSafeSum<T>)&(Abs8(r1) >= kSinusoidalSafeSum<T>);
     if (__builtin_expect(AllTrue(safe), 1)) {
-      // The two results' high halves, packed into one vector.
-      const V16h out = __builtin_shufflevector(BFloat16Round(r0), BFloat16Round(r1), 1, 3, 5, 7, 9,
-                                               11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-      std::memcpy(y0, &out, 16);
-      std::memcpy(y1, reinterpret_cast<const char*>(&out) + 16, 16);
+      StoreBFloat16x16(r0, r1, y0, y1);
     } else {
       slow(y0);
       slow(y1);
@@ -366,9 +308,11 @@ POSENC_ALWAYS_INLINE void Add16(T* __restrict y0, V8 pe0, T* __restrict y1, V8 p
   }
 }
 
-// Frequencies of a row between two steps of the next anchor row: 8 per
+// Frequencies of a row between two steps of the next anchor row: 32 per
 // kNextEvery over (d+1)/2 frequencies and 16 tokens is the whole next row.
-constexpr int64_t kNextEvery = 8 * kPhaseAnchorStride;
+// Steps of 8 per 128 measured 7% (float32) and 13% (bfloat16) slower: each
+// step pays its loop's set-up.
+constexpr int64_t kNextEvery = 32 * kPhaseAnchorStride;
 
 // How far ahead of its stores the fused pass prefetches its row (and the
 // next rows): the hardware prefetcher alone left float32 rows at 20 GB/s
@@ -382,16 +326,13 @@ constexpr int64_t kPrefetchAhead = 4096;
 // PE computed by the scalar form of the same operations; the elements it
 // flags are recorded in s.pending (offset in y, input) for the caller.
 template <typename T, bool kScaled>
-POSENC_ALWAYS_INLINE void FusedRange(const RowSource& r, bool interleaved, int64_t half,
-                                     T* __restrict y, int64_t lo, int64_t hi, float xs,
-                                     Scratch& s) {
-  const float* __restrict a = r.a;
-  const float* __restrict b = r.b;
-  const float* __restrict tc = r.tc;
-  const float* __restrict ts = r.ts;
-  int32_t* __restrict pending_at = s.pending_at.data();
-  float* __restrict pending_x = s.pending_x.data();
-  int64_t pending = s.pending;
+POSENC_ALWAYS_INLINE void FusedRangeBody(const float* __restrict a, const float* __restrict b,
+                                         const float* __restrict tc, const float* __restrict ts,
+                                         bool interleaved, int64_t half, T* __restrict y,
+                                         int64_t lo, int64_t hi, float xs,
+                                         int32_t* __restrict pending_at,
+                                         float* __restrict pending_x, int64_t* pending_count) {
+  int64_t pending = *pending_count;
   // Element by element: the PE of element e, then the sum.
   auto slow = [=, &pending](T* run) {
     for (int j = 0; j < 8; ++j) {
@@ -431,7 +372,40 @@ POSENC_ALWAYS_INLINE void FusedRange(const RowSource& r, bool interleaved, int64
                         slow);  // RotateSinCos
     }
   }
-  s.pending = pending;
+  *pending_count = pending;
+}
+
+// FusedRangeBody in a function of its own per dtype and scaling, compiled
+// per instruction set (cpu_kernels.h): inlined into the dispatcher with the
+// rest of the file, GCC kept the loop's pointers on the stack and reloaded
+// six of them every iteration.
+#define POSENC_FUSED_RANGE(Name, T, kScaled)                                                       \
+  POSENC_CPU_CLONES __attribute__((noinline)) void Name(                                           \
+      const float* a, const float* b, const float* tc, const float* ts, bool interleaved,          \
+      int64_t half, T* y, int64_t lo, int64_t hi, float xs, int32_t* pending_at, float* pending_x, \
+      int64_t* pending) {                                                                          \
+    FusedRangeBody<T, kScaled>(a, b, tc, ts, interleaved, half, y, lo, hi, xs, pending_at,         \
+                               pending_x, pending);                                                \
+  }
+POSENC_FUSED_RANGE(FusedRangeF32, float, false)
+POSENC_FUSED_RANGE(FusedRangeF32Scaled, float, true)
+POSENC_FUSED_RANGE(FusedRangeBF16, BFloat16, false)
+POSENC_FUSED_RANGE(FusedRangeBF16Scaled, BFloat16, true)
+#undef POSENC_FUSED_RANGE
+
+// Frequencies [lo, hi) of the row y of a token whose tables r gives.
+template <typename T, bool kScaled>
+POSENC_ALWAYS_INLINE void FusedRange(const RowSource& r, bool interleaved, int64_t half, T* y,
+                                     int64_t lo, int64_t hi, float xs, Scratch& s) {
+  auto run = [&](auto* range) {
+    range(r.a, r.b, r.tc, r.ts, interleaved, half, y, lo, hi, xs, s.pending_at.data(),
+          s.pending_x.data(), &s.pending);
+  };
+  if constexpr (std::is_same_v<T, float>) {
+    run(kScaled ? FusedRangeF32Scaled : FusedRangeF32);
+  } else {
+    run(kScaled ? FusedRangeBF16Scaled : FusedRangeBF16);
+  }
 }
 
 // y = x * x_scale + PE with PE computed in the same pass (see the top of the
@@ -448,13 +422,13 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
     const int64_t pos = p.positions.values[t];
     const RowSource r = SourceOf(p, pos, s);
     T* __restrict y = x + t * dim;
-    // Frequencies in blocks of kNextEvery, with 8 of the next anchor row's
-    // after each: a 16th of its row per token.
+    // Frequencies in blocks of kNextEvery, with a 16th of that many of the
+    // next anchor row's after each: a 16th of its row per token.
     s.pending = 0;
     for (int64_t block = 0; block < vector_end; block += kNextEvery) {
       FusedRange<T, kScaled>(r, interleaved, half, y, block,
                              std::min(vector_end, block + kNextEvery), xs, s);
-      AdvanceNext(8, s);
+      AdvanceNext(kNextEvery / kPhaseAnchorStride, s);
     }
     auto precise = [&](int64_t e, float xe) {
       return static_cast<double>(xe) * x_scale + PreciseEncoding(p, pos, e);
