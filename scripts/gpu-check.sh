@@ -69,12 +69,14 @@ counts() {  # counts LOG: "ran R (P passed, F failed, S skipped)"
 # The CUDA instances of a suite: parameterised tests print as
 # "Backends/BackendTest." then "  RopeEveryScaling/3  # GetParam() = "cuda"",
 # and gtest filters match names only, so the names are collected from
-# --gtest_list_tests (plus any test whose own name says CUDA).
+# --gtest_list_tests (plus any test whose own name says CUDA, except those
+# that check the no-GPU answer and skip where a GPU is visible).
 cuda_tests() {  # cuda_tests BINARY > names, one per line
   "$bundle/run" "$1" --gtest_list_tests 2>/dev/null | awk '
     /^[^ ]/ { suite = $1; next }
     /^  / {
       name = suite $1
+      if (name ~ /WithoutGpu/) next
       if ($0 ~ /GetParam\(\) = "cuda"/ || name ~ /[Cc][Uu][Dd][Aa]/) print name
     }'
 }

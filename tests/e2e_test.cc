@@ -304,6 +304,61 @@ TEST_F(EndToEnd, CudaWithoutGpuIsFailedPrecondition) {
               absl::StatusCode::kFailedPrecondition, {"CUDA", "AUTO or CPU"});
 }
 
+// On a machine with a GPU: the same calls asked of CUDA and of the CPU,
+// through the server, give the same bytes (the backends' bit-identity
+// contract, over the wire, with odd shapes that pick narrow vector widths).
+TEST_F(EndToEnd, CudaServesWhatTheCpuServesWhenAGpuIsVisible) {
+  if (!CreateCudaBackend(0).ok()) GTEST_SKIP() << "no GPU visible";
+  CallOptions cuda, cpu;
+  cuda.backend = BackendChoice::kCuda;
+  cpu.backend = BackendChoice::kCpu;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptj}) {
+      for (int64_t d : {128, 120, 9}) {
+        SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " style " << int(style)
+                                          << " head_dim " << d);
+        RopeOptions o = LlamaRope();
+        o.style = style;
+        o.rotary_dim = d % 2 == 0 ? d : d - 1;
+        Bytes q = testing::RandomTensor(dtype, 3 * 7 * 5 * d);
+        Bytes k = testing::RandomTensor(dtype, 3 * 7 * 2 * d);
+        Bytes q_cpu = q, k_cpu = k;
+        std::vector<int32_t> offsets = {0, 4097, 1 << 20};
+        RopeTensors on_gpu = Qk(testing::Mutable(dtype, {3, 7, 5, d}, q),
+                                testing::Mutable(dtype, {3, 7, 2, d}, k));
+        on_gpu.positions.offsets = testing::IntView(offsets, {3});
+        RopeTensors on_cpu = Qk(testing::Mutable(dtype, {3, 7, 5, d}, q_cpu),
+                                testing::Mutable(dtype, {3, 7, 2, d}, k_cpu));
+        on_cpu.positions.offsets = testing::IntView(offsets, {3});
+        ASSERT_TRUE(client_->ApplyRope(o, on_gpu, cuda).ok());
+        ASSERT_TRUE(client_->ApplyRope(o, on_cpu, cpu).ok());
+        EXPECT_EQ(q, q_cpu);
+        EXPECT_EQ(k, k_cpu);
+      }
+    }
+    SCOPED_TRACE(DTypeName(dtype));
+    AbsoluteOptions sinusoidal;
+    Bytes x = testing::RandomTensor(dtype, 2 * 33 * 200);
+    Bytes x_cpu = x;
+    AbsoluteTensors on_gpu, on_cpu;
+    on_gpu.x = testing::Mutable(dtype, {2, 33, 200}, x);
+    on_cpu.x = testing::Mutable(dtype, {2, 33, 200}, x_cpu);
+    ASSERT_TRUE(client_->AddAbsoluteEncoding(sinusoidal, on_gpu, cuda).ok());
+    ASSERT_TRUE(client_->AddAbsoluteEncoding(sinusoidal, on_cpu, cpu).ok());
+    EXPECT_EQ(x, x_cpu);
+  }
+  BiasOptions b;
+  b.num_heads = 12;
+  b.q_len = 7;
+  b.k_len = 301;
+  b.causal = true;
+  auto gpu_bias = client_->AttentionBias(b, cuda);
+  auto cpu_bias = client_->AttentionBias(b, cpu);
+  ASSERT_TRUE(gpu_bias.ok()) << gpu_bias.status();
+  ASSERT_TRUE(cpu_bias.ok()) << cpu_bias.status();
+  EXPECT_EQ(gpu_bias->data, cpu_bias->data);
+}
+
 TEST_F(EndToEnd, OversizedMessagesAndRequestsAreResourceExhausted) {
   // Over the transport limit (8 MiB): gRPC itself refuses it.
   Bytes big = testing::RandomTensor(DType::kFloat32, 9 << 18);

@@ -56,8 +56,21 @@ struct BiasRunner {
   }
 };
 
-absl::Status Unsupported(const char* what) {
-  return absl::InternalError(absl::StrCat("no ", what, " kernel variant for this plan"));
+// One emulated launch: `visit` runs the body over the grid and says whether
+// a variant matched. Vector accesses the GPU would make at a misaligned
+// address fail the call, as cudaErrorMisalignedAddress fails it there.
+template <typename Visit>
+absl::Status Emulate(const char* what, Visit visit) {
+  cuda::packet_internal::misaligned_packets = 0;
+  if (!visit()) {
+    return absl::InternalError(absl::StrCat("no ", what, " kernel variant for this plan"));
+  }
+  if (const int64_t n = cuda::packet_internal::misaligned_packets; n != 0) {
+    return absl::InternalError(absl::StrCat(what, " kernel: ", n,
+                                            " vector accesses at addresses not aligned to their "
+                                            "width (cudaErrorMisalignedAddress on a GPU)"));
+  }
+  return absl::OkStatus();
 }
 
 class EmulatedGpuBackend final : public Backend {
@@ -79,7 +92,7 @@ class EmulatedGpuBackend final : public Backend {
     const LaunchShape shape = cuda::PlanRopeLaunch(&p, sm_count_);
     if (shape.empty()) return absl::OkStatus();
     RopeRunner runner{p, shape};
-    return cuda::VisitRope(p, runner) ? absl::OkStatus() : Unsupported("RoPE");
+    return Emulate("RoPE", [&] { return cuda::VisitRope(p, runner); });
   }
 
   absl::Status ApplyAbsolute(const AbsolutePlan& plan, void* x, const RunContext&) override {
@@ -94,7 +107,7 @@ class EmulatedGpuBackend final : public Backend {
     const LaunchShape shape = cuda::PlanAbsoluteLaunch(&p);
     if (shape.empty()) return absl::OkStatus();
     AbsoluteRunner runner{p, shape};
-    return cuda::VisitAbsolute(p, runner) ? absl::OkStatus() : Unsupported("absolute");
+    return Emulate("absolute", [&] { return cuda::VisitAbsolute(p, runner); });
   }
 
   absl::Status ApplyAttentionBias(const BiasPlan& plan, void* out, const RunContext&) override {
@@ -104,7 +117,7 @@ class EmulatedGpuBackend final : public Backend {
     const LaunchShape shape = cuda::PlanBiasLaunch(&p);
     if (shape.empty()) return absl::OkStatus();
     BiasRunner runner{p, shape};
-    return cuda::VisitBias(p, runner) ? absl::OkStatus() : Unsupported("bias");
+    return Emulate("bias", [&] { return cuda::VisitBias(p, runner); });
   }
 
  private:

@@ -35,17 +35,22 @@ inline LaunchShape PlanRopeLaunch(RopeParams* p, int sm_count) {
   // The widest slice (at most 16 bytes of one access) whose accesses stay
   // aligned in every head: it must divide the half (or rotary dims) and the
   // head size. Head dims like 120 and rotary dims like 24 keep 8 bytes.
+  // When none does (GPT-J pairs in an odd head size: every other head
+  // starts at an odd element), slices are single pairs moved element by
+  // element.
   int pairs = 1;
+  bool aligned = false;
   for (int cand = 8; cand >= 1; cand /= 2) {
     const int elems = p->style == RopeStyle::kNeox ? cand : 2 * cand;
     if (elems * es <= 16 && half % cand == 0 && p->head_dim % elems == 0) {
       pairs = cand;
+      aligned = true;
       break;
     }
   }
   p->pairs_per_slice = pairs;
   const int elems = p->style == RopeStyle::kNeox ? pairs : 2 * pairs;
-  p->vector = elems > 1 && (elems * es) % 4 == 0;
+  p->vector = aligned && elems > 1 && (elems * es) % 4 == 0;
   const int slices = half / pairs;
   p->threads_per_token = std::min(slices, kThreadsPerBlock);
   p->tokens_per_block = std::max(1, kThreadsPerBlock / p->threads_per_token);
