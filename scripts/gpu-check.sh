@@ -4,7 +4,8 @@
 # Here (no GPU needed), build with CUDA and bundle the binaries:
 #   scripts/build.sh
 #   ../shared/tools/gpu-bundle .gpu/bundle build/tests/backend_conformance_test \
-#     build/tests/hf_agreement_test build/tests/e2e_test build/bench/posenc-bench-gpu
+#     build/tests/hf_agreement_test build/tests/bloom_left_padding_test build/tests/e2e_test \
+#     build/bench/posenc-bench-gpu
 #   (.gpu/ is git-ignored; pass it in the device tool's `carry`)
 # There, from the repository root, in calls that each fit in 10 minutes:
 #   bash scripts/gpu-check.sh .gpu/bundle suites bench ncu
@@ -16,7 +17,7 @@
 # Files under $OUT, 6 over all steps (the device tool takes back at most 8):
 #   summary.txt     device facts, one verdict line per step, the benchmark and
 #                   peer tables, the Nsight Compute figures (also on stdout)
-#   suites.txt      the three suites' output
+#   suites.txt      the four suites' output
 #   sanitizers.txt  compute-sanitizer's output, tool after tool
 #   ncu.txt         Nsight Compute's report on one RoPE kernel
 #   gpu_bench.json  posenc-bench-gpu's figures
@@ -92,7 +93,7 @@ device_facts() {
 step_suites() {
   : > "$out/suites.txt"
   local t rc log names
-  for t in backend_conformance_test hf_agreement_test e2e_test; do
+  for t in backend_conformance_test hf_agreement_test bloom_left_padding_test e2e_test; do
     if [ ! -x "$bundle/bin/$t" ]; then
       verdict "suite $t" 0 "not in the bundle"
       continue
@@ -140,7 +141,7 @@ step_sanitizer() {  # step_sanitizer TOOL
     verdict "compute-sanitizer $tool" 0 "compute-sanitizer not found"
     return
   fi
-  for t in backend_conformance_test hf_agreement_test; do
+  for t in backend_conformance_test hf_agreement_test bloom_left_padding_test; do
     [ -x "$bundle/bin/$t" ] || continue
     names="$tmp/$t.cuda"
     cuda_tests "$t" > "$names"
