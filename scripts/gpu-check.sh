@@ -87,6 +87,11 @@ device_facts() {
     echo "== $(date -u +%FT%TZ) gpu-check.sh $*"
     nvidia-smi --query-gpu=name,driver_version,memory.total,ecc.mode.current,clocks.max.sm \
       --format=csv 2>&1 || echo "nvidia-smi failed: no GPU visible?"
+    # The host CPU picks the CPU kernels' clone (AVX-512, AVX2 or baseline),
+    # which the CUDA results are compared with bit for bit.
+    echo "host CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)," \
+      "$(nproc) threads, avx512f: $(grep -qw avx512f /proc/cpuinfo && echo yes || echo no)," \
+      "avx2: $(grep -qw avx2 /proc/cpuinfo && echo yes || echo no)"
   } | tee -a "$summary"
 }
 

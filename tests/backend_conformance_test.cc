@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "emulated_gpu_backend.h"
 #include "gtest/gtest.h"
 #include "posenc/backend.h"
@@ -58,8 +59,24 @@ void RunMatchingCpu(Backend& backend, const std::vector<Bytes*>& buffers,
   auto cpu = CreateCpuBackend(2);
   ASSERT_TRUE(run(*cpu, on_cpu).ok());
   for (size_t i = 0; i < buffers.size(); ++i) {
-    EXPECT_TRUE(*buffers[i] == copies[i]) << "buffer " << i << ": the " << backend.device().name
-                                          << " result differs from the CPU backend's";
+    const Bytes& got = *buffers[i];
+    const Bytes& cpu_got = copies[i];
+    ASSERT_EQ(got.size(), cpu_got.size());
+    int64_t differ = 0, first = -1;
+    for (size_t b = 0; b < got.size(); ++b) {
+      if (got[b] == cpu_got[b]) continue;
+      if (first < 0) first = static_cast<int64_t>(b);
+      ++differ;
+    }
+    if (differ == 0) continue;
+    const size_t at = static_cast<size_t>(first) / 4 * 4;  // the 4-byte word holding it
+    uint32_t word = 0, cpu_word = 0;
+    std::memcpy(&word, got.data() + at, std::min<size_t>(4, got.size() - at));
+    std::memcpy(&cpu_word, cpu_got.data() + at, std::min<size_t>(4, got.size() - at));
+    ADD_FAILURE() << "buffer " << i << ": the " << backend.device().name
+                  << " result differs from the CPU backend's in " << differ << " of "
+                  << got.size() << " bytes; first at byte " << first << " (word at " << at
+                  << ": " << absl::StrFormat("0x%08x, CPU 0x%08x", word, cpu_word) << ")";
   }
 }
 

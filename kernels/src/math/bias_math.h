@@ -87,6 +87,11 @@ POSENC_HOST_DEVICE float BiasOf(double neg_slope, double d) {
   return static_cast<float>(neg_slope * d);
 }
 
+// A NaN sum leaves as one pattern, the positive quiet NaN 0x7fc00000: x86
+// keeps a NaN logit's sign and payload and makes 0xffc00000 of inf - inf,
+// where a GPU makes 0x7fffffff of either, and the backends agree bit for bit.
+POSENC_HOST_DEVICE float CanonicalNaN(float v) { return v != v ? BitsFloat(0x7fc00000u) : v; }
+
 // Adding it to a logit. With a float slope and |d| < 2^24 the exact sum
 // logit - slope * d is rounded once to float (fmaf): the float nearest the
 // exact value. Other slopes (2^(-1/2), 0.1, ...) are not floats and the
@@ -94,21 +99,21 @@ POSENC_HOST_DEVICE float BiasOf(double neg_slope, double d) {
 // in double, and that sum rounded to float.
 POSENC_HOST_DEVICE float AddBias(float logit, float neg_slope, float d) {
 #ifdef __CUDA_ARCH__
-  return __fmaf_rn(neg_slope, d, logit);
+  return CanonicalNaN(__fmaf_rn(neg_slope, d, logit));
 #else
-  return __builtin_fmaf(neg_slope, d, logit);
+  return CanonicalNaN(__builtin_fmaf(neg_slope, d, logit));
 #endif
 }
 POSENC_HOST_DEVICE float AddBias(float logit, double neg_slope, double d) {
-  return static_cast<float>(static_cast<double>(logit) + neg_slope * d);
+  return CanonicalNaN(static_cast<float>(static_cast<double>(logit) + neg_slope * d));
 }
 
 // NONE: zero bias. Adding +0 turns a -0 logit into +0, as the double sum did.
-POSENC_HOST_DEVICE float AddZeroBias(float logit) { return logit + 0.0f; }
+POSENC_HOST_DEVICE float AddZeroBias(float logit) { return CanonicalNaN(logit + 0.0f); }
 
 // A masked key: -inf, or the logit plus -inf (NaN for a +inf or NaN logit).
 POSENC_HOST_DEVICE float MaskedBias() { return BitsFloat(0xff800000u); }  // -inf
-POSENC_HOST_DEVICE float AddMaskedBias(float logit) { return logit + MaskedBias(); }
+POSENC_HOST_DEVICE float AddMaskedBias(float logit) { return CanonicalNaN(logit + MaskedBias()); }
 
 // Key j of row `r` as the float that is then stored as T (rounding once more
 // for 16-bit types); `logit` is the stored value when adding. The GPU body
