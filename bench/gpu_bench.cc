@@ -185,6 +185,21 @@ int main(int argc, char** argv) {
                       2.0 * bytes, ms, copy_ms(bytes)});
     }
   }
+  // The head split's target, swept: LaunchRope splits heads over
+  // blockIdx.y until the grid has kBlocksPerSm blocks per SM, so passing a
+  // multiple of the SM count asks for that many times more.
+  for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
+    size_t bytes;
+    posenc::cuda::RopeParams p = rope_params(16384, dtype, RopeStyle::kNeox, &bytes);
+    const double copy = copy_ms(bytes);
+    for (int per_sm : {4, 8, 16}) {
+      const int as_if = sms * per_sm / posenc::cuda::kBlocksPerSm;
+      const double ms = MedianMs([&] { CHECK(posenc::cuda::LaunchRope(p, as_if, nullptr)); });
+      rows.push_back({std::string("rope ") + (dtype == DType::kBFloat16 ? "bf16" : "f32") +
+                          " neox 16384x(32+8)x128 split " + std::to_string(per_sm) + "/SM",
+                      2.0 * bytes, ms, copy});
+    }
+  }
   for (int64_t batch : {1, 8, 32, 64, 128, 256}) {
     size_t bytes;
     posenc::cuda::RopeParams p = rope_params(batch, DType::kBFloat16, RopeStyle::kNeox, &bytes);

@@ -46,40 +46,48 @@ POSENC_HOST_DEVICE void AbsoluteBody(const AbsoluteParams& p, Coord block, Coord
        e0 < p.dim; e0 += static_cast<int64_t>(p.threads_per_row) * kWidth) {
     T v[kWidth];
     if (p.has_input) LoadPacket<kVector>(y + e0, v);
-    for (int j = 0; j < kWidth; ++j) {
-      const int64_t e = e0 + j;
-      float pe;
-      double precise_pe;
-      bool have_precise = false;
-      internal::SinusoidalChannel ch{0, false, false};
-      if (p.table != nullptr) {
-        pe = p.table[pos * p.dim + e];
-        precise_pe = pe;
-        have_precise = true;
-      } else {
-        ch = internal::ChannelOf(p.interleaved, p.dim, e);
-        if (ch.is_zero) {
-          pe = 0.0f;
-          precise_pe = 0.0;
-          have_precise = true;
-        } else {
-          const SinusoidalTables& st = p.sinusoidal;
-          float s, c;
-          internal::SinusoidalSinCos(pos, st.phase_step[ch.frequency], st.offset_sin, st.offset_cos,
-                                     st.frequencies, ch.frequency, &s, &c);
-          pe = ch.is_sin ? s : c;
-        }
-      }
-      auto precise = [&]() -> double {
-        if (have_precise) return precise_pe;
-        return internal::SinusoidalPrecise(pos, p.sinusoidal.omega[ch.frequency], ch.is_sin);
-      };
+    // Element j gets PE value pe; `precise()` gives it in double.
+    auto apply = [&](int j, float pe, auto precise) {
       if (p.has_input) {
         internal::AddEncoding(
             &v[j], pe, p.x_scale,
             p.table != nullptr ? internal::PeRange::kAny : internal::PeRange::kSinusoidal, precise);
       } else {
         v[j] = internal::EncodingOnly<T>(pe, precise);
+      }
+    };
+    if (p.table != nullptr) {
+      for (int j = 0; j < kWidth; ++j) {
+        const float pe = p.table[pos * p.dim + e0 + j];
+        apply(j, pe, [pe] { return static_cast<double>(pe); });
+      }
+    } else if (p.interleaved && kWidth % 2 == 0) {
+      // Interleaved rows hold a frequency's sin and cos side by side, and
+      // e0 is even: one evaluation serves both channels.
+      for (int j = 0; j < kWidth; j += 2) {
+        const int64_t i = (e0 + j) / 2;
+        const SinusoidalTables& st = p.sinusoidal;
+        float s, c;
+        internal::SinusoidalSinCos(pos, st.phase_step[i], st.offset_sin, st.offset_cos,
+                                   st.frequencies, i, &s, &c);
+        const double omega = st.omega[i];
+        apply(j, s, [&] { return internal::SinusoidalPrecise(pos, omega, true); });
+        apply(j + 1, c, [&] { return internal::SinusoidalPrecise(pos, omega, false); });
+      }
+    } else {
+      for (int j = 0; j < kWidth; ++j) {
+        const internal::SinusoidalChannel ch = internal::ChannelOf(p.interleaved, p.dim, e0 + j);
+        if (ch.is_zero) {
+          apply(j, 0.0f, [] { return 0.0; });
+          continue;
+        }
+        const SinusoidalTables& st = p.sinusoidal;
+        float s, c;
+        internal::SinusoidalSinCos(pos, st.phase_step[ch.frequency], st.offset_sin,
+                                   st.offset_cos, st.frequencies, ch.frequency, &s, &c);
+        apply(j, ch.is_sin ? s : c, [&] {
+          return internal::SinusoidalPrecise(pos, st.omega[ch.frequency], ch.is_sin);
+        });
       }
     }
     StorePacket<kVector>(v, y + e0);

@@ -103,28 +103,46 @@ POSENC_HOST_DEVICE void RopeBody(const RopeParams& p, Coord block, Coord thread)
     // Slice start, in elements from the head's start; NEOX's second halves
     // sit `half` further on.
     const int64_t first = kStyle == RopeStyle::kNeox ? k0 : 2 * k0;
-    for (int h = h_begin; h < h_end; ++h) {
-      T* head = h < p.query_heads
-                    ? static_cast<T*>(p.query) + q_span.first + h * q_span.stride
-                    : static_cast<T*>(p.key) + k_span.first + (h - p.query_heads) * k_span.stride;
+    auto head_at = [&](int h) -> T* {
+      return h < p.query_heads
+                 ? static_cast<T*>(p.query) + q_span.first + h * q_span.stride
+                 : static_cast<T*>(p.key) + k_span.first + (h - p.query_heads) * k_span.stride;
+    };
+    // Heads go two at a time, both loaded before either is stored: the
+    // compiler cannot move a load above a store through a pointer that may
+    // alias, so this is what keeps several 16-byte loads in flight.
+    auto rotate_heads = [&](auto heads_tag, int h) {
+      constexpr int kHeads = decltype(heads_tag)::value;
+      T* at[kHeads];
+      for (int i = 0; i < kHeads; ++i) at[i] = head_at(h + i);
       if constexpr (kStyle == RopeStyle::kNeox) {
-        T xs[kElems], ys[kElems];
-        LoadPacket<kVector>(head + first, xs);
-        LoadPacket<kVector>(head + first + half, ys);
-        for (int j = 0; j < kPairs; ++j) {
-          internal::RotatePair(&xs[j], &ys[j], rot[j], angle[j], scale, p.inverse);
+        T xs[kHeads][kElems], ys[kHeads][kElems];
+        for (int i = 0; i < kHeads; ++i) {
+          LoadPacket<kVector>(at[i] + first, xs[i]);
+          LoadPacket<kVector>(at[i] + first + half, ys[i]);
         }
-        StorePacket<kVector>(xs, head + first);
-        StorePacket<kVector>(ys, head + first + half);
+        for (int i = 0; i < kHeads; ++i) {
+          for (int j = 0; j < kPairs; ++j) {
+            internal::RotatePair(&xs[i][j], &ys[i][j], rot[j], angle[j], scale, p.inverse);
+          }
+          StorePacket<kVector>(xs[i], at[i] + first);
+          StorePacket<kVector>(ys[i], at[i] + first + half);
+        }
       } else {
-        T v[kElems];
-        LoadPacket<kVector>(head + first, v);
-        for (int j = 0; j < kPairs; ++j) {
-          internal::RotatePair(&v[2 * j], &v[2 * j + 1], rot[j], angle[j], scale, p.inverse);
+        T v[kHeads][kElems];
+        for (int i = 0; i < kHeads; ++i) LoadPacket<kVector>(at[i] + first, v[i]);
+        for (int i = 0; i < kHeads; ++i) {
+          for (int j = 0; j < kPairs; ++j) {
+            internal::RotatePair(&v[i][2 * j], &v[i][2 * j + 1], rot[j], angle[j], scale,
+                                 p.inverse);
+          }
+          StorePacket<kVector>(v[i], at[i] + first);
         }
-        StorePacket<kVector>(v, head + first);
       }
-    }
+    };
+    int h = h_begin;
+    for (; h + 1 < h_end; h += 2) rotate_heads(std::integral_constant<int, 2>(), h);
+    if (h < h_end) rotate_heads(std::integral_constant<int, 1>(), h);
   }
 }
 

@@ -85,6 +85,14 @@ POSENC_HOST_DEVICE bool NeedsPrecise(PeRange range, float r, float u, float pe) 
                                        : SumNeedsPrecise(r, u, pe);
 }
 
+// A NaN input leaves as itself, quieted (sign and payload kept), as the CPU
+// computes x * x_scale + pe: x86 and Arm return a NaN operand's own value.
+// A GPU returns its canonical NaN 0x7fffffff instead, so the formula says it
+// outright; on the CPU the select changes nothing.
+POSENC_HOST_DEVICE float KeepInputNaN(float x, float r) {
+  return x != x ? BitsFloat(FloatBits(x) | 0x00400000u) : r;
+}
+
 // y = x * x_scale + PE for one stored element, in place.
 template <typename T, typename Precise>
 POSENC_HOST_DEVICE void AddEncoding(T* y, float pe, double x_scale, PeRange range,
@@ -97,7 +105,7 @@ POSENC_HOST_DEVICE void AddEncoding(T* y, float pe, double x_scale, PeRange rang
       r = static_cast<float>(static_cast<double>(x) * x_scale + precise());
     }
   }
-  *y = FromFloat<T>(r);
+  *y = FromFloat<T>(KeepInputNaN(x, r));
 }
 
 }  // namespace posenc::internal
