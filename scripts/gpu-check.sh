@@ -162,8 +162,10 @@ step_sanitizer() {  # step_sanitizer TOOL
     rc=$?
     { echo "===== compute-sanitizer --tool $tool $t, $n tests selected (exit $rc)"; cat "$log"; } \
       >> "$out/sanitizers.txt"
-    # "========= ERROR SUMMARY: 3 errors"; none when it was killed.
-    errors=$(sed -nE 's/.*ERROR SUMMARY: ([0-9]+) error.*/\1/p' "$log" | tail -n 1)
+    # "========= ERROR SUMMARY: 3 errors", or racecheck's "RACECHECK
+    # SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"; none when killed.
+    errors=$(sed -nE -e 's/.*ERROR SUMMARY: ([0-9]+) error.*/\1/p' \
+      -e 's/.*RACECHECK SUMMARY: .*\(([0-9]+) error.*/\1/p' "$log" | tail -n 1)
     local ran ok=0 detail
     ran=$(($(count OK "$log") + $(count FAILED "$log")))
     detail="$(counts "$log") of $n selected; sanitizer errors: ${errors:-no summary}; exit $rc"

@@ -93,13 +93,14 @@ POSENC_HOST_DEVICE void RopeBody(const RopeParams& p, Coord block, Coord thread)
   for (int slice = static_cast<int>(thread.x % static_cast<unsigned>(p.threads_per_token));
        slice < slices; slice += p.threads_per_token) {
     const int k0 = slice * kPairs;
-    double angle[kPairs];
-    internal::SlotRotation rot[kPairs];
-    for (int j = 0; j < kPairs; ++j) {
+    // The angle is formed again for a flagged pair rather than kept: eight
+    // doubles per thread would cost the occupancy that hides memory latency.
+    auto angle = [&](int j) {
       const int k = k0 + j;
-      angle[j] = static_cast<double>(pos[p.num_axes == 1 ? 0 : p.slot_axis[k]]) * f[k];
-      rot[j] = internal::RotationOf(angle[j], scale, p.inverse);
-    }
+      return static_cast<double>(pos[p.num_axes == 1 ? 0 : p.slot_axis[k]]) * f[k];
+    };
+    internal::SlotRotation rot[kPairs];
+    for (int j = 0; j < kPairs; ++j) rot[j] = internal::RotationOf(angle(j), scale, p.inverse);
     // Slice start, in elements from the head's start; NEOX's second halves
     // sit `half` further on.
     const int64_t first = kStyle == RopeStyle::kNeox ? k0 : 2 * k0;
@@ -108,9 +109,12 @@ POSENC_HOST_DEVICE void RopeBody(const RopeParams& p, Coord block, Coord thread)
                  ? static_cast<T*>(p.query) + q_span.first + h * q_span.stride
                  : static_cast<T*>(p.key) + k_span.first + (h - p.query_heads) * k_span.stride;
     };
-    // Heads go two at a time, both loaded before either is stored: the
+    // GPT-J heads go two at a time, both loaded before either is stored: the
     // compiler cannot move a load above a store through a pointer that may
-    // alias, so this is what keeps several 16-byte loads in flight.
+    // alias, so this is what keeps two 16-byte loads in flight, as NEOX's
+    // two halves do for one head. (Two NEOX heads measured slower on an H100:
+    // twice the registers halved the occupancy.)
+    constexpr int kHeadsPerStep = kStyle == RopeStyle::kNeox ? 1 : 2;
     auto rotate_heads = [&](auto heads_tag, int h) {
       constexpr int kHeads = decltype(heads_tag)::value;
       T* at[kHeads];
@@ -123,7 +127,8 @@ POSENC_HOST_DEVICE void RopeBody(const RopeParams& p, Coord block, Coord thread)
         }
         for (int i = 0; i < kHeads; ++i) {
           for (int j = 0; j < kPairs; ++j) {
-            internal::RotatePair(&xs[i][j], &ys[i][j], rot[j], angle[j], scale, p.inverse);
+            internal::RotatePair(&xs[i][j], &ys[i][j], rot[j], [&] { return angle(j); }, scale,
+                                 p.inverse);
           }
           StorePacket<kVector>(xs[i], at[i] + first);
           StorePacket<kVector>(ys[i], at[i] + first + half);
@@ -133,15 +138,17 @@ POSENC_HOST_DEVICE void RopeBody(const RopeParams& p, Coord block, Coord thread)
         for (int i = 0; i < kHeads; ++i) LoadPacket<kVector>(at[i] + first, v[i]);
         for (int i = 0; i < kHeads; ++i) {
           for (int j = 0; j < kPairs; ++j) {
-            internal::RotatePair(&v[i][2 * j], &v[i][2 * j + 1], rot[j], angle[j], scale,
-                                 p.inverse);
+            internal::RotatePair(&v[i][2 * j], &v[i][2 * j + 1], rot[j],
+                                 [&] { return angle(j); }, scale, p.inverse);
           }
           StorePacket<kVector>(v[i], at[i] + first);
         }
       }
     };
     int h = h_begin;
-    for (; h + 1 < h_end; h += 2) rotate_heads(std::integral_constant<int, 2>(), h);
+    for (; h + kHeadsPerStep <= h_end; h += kHeadsPerStep) {
+      rotate_heads(std::integral_constant<int, kHeadsPerStep>(), h);
+    }
     if (h < h_end) rotate_heads(std::integral_constant<int, 1>(), h);
   }
 }

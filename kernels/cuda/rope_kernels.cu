@@ -6,8 +6,11 @@
 namespace posenc::cuda {
 namespace {
 
+// At least 4 blocks per SM (64 registers a thread): the 16-bit NEOX kernel
+// with 8 pairs a slice otherwise takes 80 and fits 3, and on an H100 ran
+// 0.73x of a device copy instead of 0.85x (bench/RESULTS.md).
 template <typename T, RopeStyle kStyle, int kPairs, bool kVector>
-__global__ void __launch_bounds__(kThreadsPerBlock) RopeKernel(RopeParams p) {
+__global__ void __launch_bounds__(kThreadsPerBlock, 4) RopeKernel(RopeParams p) {
   RopeBody<T, kStyle, kPairs, kVector>(p, Coord{blockIdx.x, blockIdx.y, blockIdx.z},
                                        Coord{threadIdx.x, threadIdx.y, threadIdx.z});
 }

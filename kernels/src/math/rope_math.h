@@ -64,18 +64,27 @@ POSENC_HOST_DEVICE void RotatePrecise(float u, float v, double angle, double sca
   *b = static_cast<float>(vd * cd + ud * nd);
 }
 
+// The angle of a flagged pair: a value, or a callable that forms it (the
+// GPU kernel recomputes it rather than hold a double per pair in registers).
+POSENC_HOST_DEVICE double AngleValue(double angle) { return angle; }
+template <typename Angle>
+POSENC_HOST_DEVICE double AngleValue(Angle angle) {
+  return angle();
+}
+
 // Rotates one pair of stored elements in place: the whole per-element
-// contract for every dtype. `angle` and `scale` are those RotationOf made
-// `r` from; they are used only for flagged 16-bit results.
-template <typename T>
-POSENC_HOST_DEVICE void RotatePair(T* x, T* y, SlotRotation r, double angle, double scale,
+// contract for every dtype. `angle` (or what it returns) and `scale` are
+// those RotationOf made `r` from; they are used only for flagged 16-bit
+// results.
+template <typename T, typename Angle>
+POSENC_HOST_DEVICE void RotatePair(T* x, T* y, SlotRotation r, Angle angle, double scale,
                                    bool inverse) {
   const float u = ToFloat(*x), v = ToFloat(*y);
   float a, b;
   RotateF32(u, v, r.c, r.n, &a, &b);
   if constexpr (!std::is_same_v<T, float>) {
     if (PairNeedsPrecise(a, b, u, v, static_cast<float>(scale))) {
-      RotatePrecise(u, v, angle, scale, inverse, &a, &b);
+      RotatePrecise(u, v, AngleValue(angle), scale, inverse, &a, &b);
     }
   }
   *x = FromFloat<T>(a);
