@@ -77,9 +77,9 @@ void RunMatchingCpu(Backend& backend, const std::vector<Bytes*>& buffers,
     std::memcpy(&word, got.data() + at, std::min<size_t>(4, got.size() - at));
     std::memcpy(&cpu_word, cpu_got.data() + at, std::min<size_t>(4, got.size() - at));
     ADD_FAILURE() << "buffer " << i << ": the " << backend.device().name
-                  << " result differs from the CPU backend's in " << differ << " of "
-                  << got.size() << " bytes; first at byte " << first << " (word at " << at
-                  << ": " << absl::StrFormat("0x%08x, CPU 0x%08x", word, cpu_word) << ")";
+                  << " result differs from the CPU backend's in " << differ << " of " << got.size()
+                  << " bytes; first at byte " << first << " (word at " << at << ": "
+                  << absl::StrFormat("0x%08x, CPU 0x%08x", word, cpu_word) << ")";
   }
 }
 
@@ -309,6 +309,51 @@ TEST_P(BackendTest, RopeDecodeShapesWithoutKey) {
     c.key_heads = 8;
     c.dtype = dtype;
     CheckRope(*backend_, c);
+  }
+}
+
+// Inputs whose rotated values are subnormal, zero or tiny: every backend
+// must narrow them as FloatToBFloat16 does (the AVX-512 BF16 CPU loop's
+// instruction flushes results below 2^-126, so it must send them to the
+// scalar contract), bit for bit with the GPU kernel's body under emulation.
+TEST_P(BackendTest, RopeTinyAndZeroInputsNarrowLikeTheScalarContract) {
+  std::mt19937_64& rng = testing::Rng();
+  auto emulated = testing::CreateEmulatedGpuBackend();
+  for (RopeStyle style : kStyles) {
+    for (DType dtype : kFloatTypes) {
+      SCOPED_TRACE(::testing::Message() << "style " << int(style) << " " << DTypeName(dtype));
+      const int64_t T = 9, Hq = 3, Hk = 1, D = 128;
+      Bytes q = testing::RandomTensor(dtype, T * Hq * D);
+      Bytes k = testing::RandomTensor(dtype, T * Hk * D);
+      for (Bytes* b : {&q, &k}) {
+        const int64_t n = static_cast<int64_t>(b->size()) / static_cast<int64_t>(SizeOf(dtype));
+        for (int64_t i = 0; i < n; ++i) {
+          // Runs of zeros, of values near the smallest normal float and of
+          // subnormals, among ordinary values.
+          const int kind = static_cast<int>((i / 16 + rng() % 2) % 4);
+          const double mag = std::ldexp(1.0 + static_cast<double>(rng() % 1000) / 1000.0,
+                                        -118 - static_cast<int>(rng() % 14));
+          const double sign = rng() % 2 ? -1.0 : 1.0;
+          if (kind == 0) StoreElement(dtype, b->data(), i, 0.0f);
+          if (kind == 1 || kind == 2)
+            StoreElement(dtype, b->data(), i, static_cast<float>(sign * mag));
+        }
+      }
+      std::vector<int32_t> offsets = {static_cast<int32_t>(rng() % 100000)};
+      RopeTensors t;
+      t.query = testing::Mutable(dtype, {1, T, Hq, D}, q);
+      t.key = testing::Mutable(dtype, {1, T, Hk, D}, k);
+      t.positions.offsets = testing::IntView(offsets, {1});
+      RopeOptions o;
+      o.style = style;
+      auto plan = PlanRope(o, t);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      Bytes q2 = q, k2 = k;
+      ASSERT_TRUE(backend_->ApplyRope(*plan, q.data(), k.data(), {}).ok());
+      ASSERT_TRUE(emulated->ApplyRope(*plan, q2.data(), k2.data(), {}).ok());
+      EXPECT_TRUE(q == q2) << "query differs from the scalar contract (emulated GPU body)";
+      EXPECT_TRUE(k == k2) << "key differs from the scalar contract (emulated GPU body)";
+    }
   }
 }
 

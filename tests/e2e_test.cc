@@ -315,8 +315,8 @@ TEST_F(EndToEnd, CudaServesWhatTheCpuServesWhenAGpuIsVisible) {
   for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
     for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptj}) {
       for (int64_t d : {128, 120, 9}) {
-        SCOPED_TRACE(::testing::Message() << DTypeName(dtype) << " style " << int(style)
-                                          << " head_dim " << d);
+        SCOPED_TRACE(::testing::Message()
+                     << DTypeName(dtype) << " style " << int(style) << " head_dim " << d);
         RopeOptions o = LlamaRope();
         o.style = style;
         o.rotary_dim = d % 2 == 0 ? d : d - 1;
@@ -324,8 +324,8 @@ TEST_F(EndToEnd, CudaServesWhatTheCpuServesWhenAGpuIsVisible) {
         Bytes k = testing::RandomTensor(dtype, 3 * 7 * 2 * d);
         Bytes q_cpu = q, k_cpu = k;
         std::vector<int32_t> offsets = {0, 4097, 1 << 20};
-        RopeTensors on_gpu = Qk(testing::Mutable(dtype, {3, 7, 5, d}, q),
-                                testing::Mutable(dtype, {3, 7, 2, d}, k));
+        RopeTensors on_gpu =
+            Qk(testing::Mutable(dtype, {3, 7, 5, d}, q), testing::Mutable(dtype, {3, 7, 2, d}, k));
         on_gpu.positions.offsets = testing::IntView(offsets, {3});
         RopeTensors on_cpu = Qk(testing::Mutable(dtype, {3, 7, 5, d}, q_cpu),
                                 testing::Mutable(dtype, {3, 7, 2, d}, k_cpu));

@@ -83,11 +83,10 @@ POSENC_HOST_DEVICE void AbsoluteBody(const AbsoluteParams& p, Coord block, Coord
         }
         const SinusoidalTables& st = p.sinusoidal;
         float s, c;
-        internal::SinusoidalSinCos(pos, st.phase_step[ch.frequency], st.offset_sin,
-                                   st.offset_cos, st.frequencies, ch.frequency, &s, &c);
-        apply(j, ch.is_sin ? s : c, [&] {
-          return internal::SinusoidalPrecise(pos, st.omega[ch.frequency], ch.is_sin);
-        });
+        internal::SinusoidalSinCos(pos, st.phase_step[ch.frequency], st.offset_sin, st.offset_cos,
+                                   st.frequencies, ch.frequency, &s, &c);
+        apply(j, ch.is_sin ? s : c,
+              [&] { return internal::SinusoidalPrecise(pos, st.omega[ch.frequency], ch.is_sin); });
       }
     }
     StorePacket<kVector>(v, y + e0);

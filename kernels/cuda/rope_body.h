@@ -127,8 +127,8 @@ POSENC_HOST_DEVICE void RopeBody(const RopeParams& p, Coord block, Coord thread)
         }
         for (int i = 0; i < kHeads; ++i) {
           for (int j = 0; j < kPairs; ++j) {
-            internal::RotatePair(&xs[i][j], &ys[i][j], rot[j], [&] { return angle(j); }, scale,
-                                 p.inverse);
+            internal::RotatePair(
+                &xs[i][j], &ys[i][j], rot[j], [&] { return angle(j); }, scale, p.inverse);
           }
           StorePacket<kVector>(xs[i], at[i] + first);
           StorePacket<kVector>(ys[i], at[i] + first + half);
@@ -138,8 +138,8 @@ POSENC_HOST_DEVICE void RopeBody(const RopeParams& p, Coord block, Coord thread)
         for (int i = 0; i < kHeads; ++i) LoadPacket<kVector>(at[i] + first, v[i]);
         for (int i = 0; i < kHeads; ++i) {
           for (int j = 0; j < kPairs; ++j) {
-            internal::RotatePair(&v[i][2 * j], &v[i][2 * j + 1], rot[j],
-                                 [&] { return angle(j); }, scale, p.inverse);
+            internal::RotatePair(
+                &v[i][2 * j], &v[i][2 * j + 1], rot[j], [&] { return angle(j); }, scale, p.inverse);
           }
           StorePacket<kVector>(v[i], at[i] + first);
         }

@@ -18,6 +18,8 @@
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(POSENC_NO_CLONES)
 #define POSENC_CPU_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+// Loops chosen at run time on CPUs with AVX-512 BF16 (rope_cpu.cc).
+#define POSENC_CPU_BF16_WIDE 1
 #else
 #define POSENC_CPU_CLONES
 #endif

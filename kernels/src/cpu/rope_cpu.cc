@@ -16,6 +16,10 @@
 #include "posenc/dtype.h"
 #include "vec.h"
 
+#ifdef POSENC_CPU_BF16_WIDE
+#include <immintrin.h>
+#endif
+
 namespace posenc::internal {
 namespace {
 
@@ -43,7 +47,10 @@ struct Scratch {
         flag(p.half()),
         pending_k(p.half()),
         pending_u(p.half()),
-        pending_v(p.half()) {}
+        pending_v(p.half()),
+        wide_k(p.half()),
+        wide_u(p.half()),
+        wide_v(p.half()) {}
   std::vector<float> c, n;  // [kTokenBlock, half] s cos, +-s sin
   // bfloat16 GPT-J (spread): [kTokenBlock, 2 half] [c, c] and [-n, n] per
   // slot, laid out like the pairs they rotate (RotateHeadBF16).
@@ -54,6 +61,9 @@ struct Scratch {
   // bfloat16: a head's pairs to recompute in double, with their inputs.
   std::vector<int32_t> pending_k;
   std::vector<float> pending_u, pending_v;
+  // bfloat16, AVX-512 BF16: pairs of 16-pair steps to redo, with their inputs.
+  std::vector<int32_t> wide_k;
+  std::vector<float> wide_u, wide_v;
 };
 
 POSENC_ALWAYS_INLINE void ComputeRotations(const RopePlan& p, int64_t t0, int64_t t1, Scratch& s) {
@@ -161,6 +171,109 @@ POSENC_ALWAYS_INLINE void RotateHead16(const RopePlan& p, int64_t t, T* x, const
   });
 }
 
+#ifdef POSENC_CPU_BF16_WIDE
+#define POSENC_BF16_WIDE_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,bmi2")))
+
+// 16 stored bfloat16 values widened to float.
+POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __m512 WidenBFloat16x16(const BFloat16* y) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// Lanes whose float result VCVTNE2PS2BF16 narrows as FloatToBFloat16 does,
+// with nothing to recompute: |r| >= bound (false for NaN), and not flushed
+// (|r| >= 2^-126, or r = 0).
+POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __mmask16 NarrowsExactly(__m512 r, __m512 bound) {
+  const __m512 abs_r = _mm512_abs_ps(r);
+  return _mm512_cmp_ps_mask(abs_r, bound, _CMP_GE_OQ) &
+         (_mm512_cmp_ps_mask(abs_r, _mm512_set1_ps(0x1p-126f), _CMP_GE_OQ) |
+          _mm512_cmp_ps_mask(r, _mm512_setzero_ps(), _CMP_EQ_OQ));
+}
+
+// RotateHeadBF16's 16-pair steps (pairs [0, returned)), in 512-bit registers
+// and narrowed by VCVTNE2PS2BF16. Every step is stored; a pair with a lane
+// NarrowsExactly rejects (about one step in ten on random data) is also
+// appended, with its inputs, to slow_k/u/v[*num_slow] for the caller to
+// redo by the scalar contract. Not inlined: a default-target caller cannot
+// inline AVX-512 code; one call per head.
+template <RopeStyle kStyle>
+POSENC_BF16_WIDE_TARGET __attribute__((noinline)) int64_t RotateBF16Wide(
+    BFloat16* __restrict x, const float* __restrict c, const float* __restrict n,
+    const float* __restrict c2, const float* __restrict n2, int64_t half, float scale_f,
+    int32_t* __restrict slow_k, float* __restrict slow_u, float* __restrict slow_v,
+    int64_t* num_slow) {
+  const __m512 bound_scale = _mm512_set1_ps(kCancellationBound);
+  const __m512 scale_v = _mm512_set1_ps(scale_f);
+  int64_t k0 = 0;
+  for (; k0 + 16 <= half; k0 += 16) {
+    __m512 r0, r1, bound0, bound1, in0, in1;  // in0/in1: the step's inputs
+    if constexpr (kStyle == RopeStyle::kNeox) {
+      const __m512 u = WidenBFloat16x16(x + k0), v = WidenBFloat16x16(x + half + k0);
+      in0 = u;
+      in1 = v;
+      const __m512 ck = _mm512_loadu_ps(c + k0), nk = _mm512_loadu_ps(n + k0);
+      r0 = _mm512_sub_ps(_mm512_mul_ps(u, ck), _mm512_mul_ps(v, nk));
+      r1 = _mm512_add_ps(_mm512_mul_ps(v, ck), _mm512_mul_ps(u, nk));
+      bound0 = bound1 = _mm512_mul_ps(
+          _mm512_mul_ps(bound_scale, _mm512_add_ps(_mm512_abs_ps(u), _mm512_abs_ps(v))), scale_v);
+    } else {
+      // Spread rotations as in the 8-pair step: lanes (u, v) of a pair see
+      // [c, c] and [-n, n], and their neighbour swapped in s.
+      const __m512 w0 = WidenBFloat16x16(x + 2 * k0), w1 = WidenBFloat16x16(x + 2 * k0 + 16);
+      in0 = w0;
+      in1 = w1;
+      const __m512 s0 = _mm512_permute_ps(w0, 0xb1), s1 = _mm512_permute_ps(w1, 0xb1);
+      r0 = _mm512_add_ps(_mm512_mul_ps(w0, _mm512_loadu_ps(c2 + 2 * k0)),
+                         _mm512_mul_ps(s0, _mm512_loadu_ps(n2 + 2 * k0)));
+      r1 = _mm512_add_ps(_mm512_mul_ps(w1, _mm512_loadu_ps(c2 + 2 * k0 + 16)),
+                         _mm512_mul_ps(s1, _mm512_loadu_ps(n2 + 2 * k0 + 16)));
+      bound0 = _mm512_mul_ps(
+          _mm512_mul_ps(bound_scale, _mm512_add_ps(_mm512_abs_ps(w0), _mm512_abs_ps(s0))), scale_v);
+      bound1 = _mm512_mul_ps(
+          _mm512_mul_ps(bound_scale, _mm512_add_ps(_mm512_abs_ps(w1), _mm512_abs_ps(s1))), scale_v);
+    }
+    const __mmask16 ok0 = NarrowsExactly(r0, bound0), ok1 = NarrowsExactly(r1, bound1);
+    // Bit i: pair k0 + i narrows exactly. NEOX pair i is lane i of r0 and
+    // r1; GPT-J pair i is lanes 2i, 2i + 1 of r0 (i < 8) or of r1.
+    uint32_t ok_pairs;
+    if constexpr (kStyle == RopeStyle::kNeox) {
+      ok_pairs = ok0 & ok1;
+    } else {
+      ok_pairs = _pext_u32(ok0 & (ok0 >> 1), 0x5555u) | _pext_u32(ok1 & (ok1 >> 1), 0x5555u) << 8;
+    }
+    if (__builtin_expect(ok_pairs != 0xffffu, 0)) {
+      alignas(64) float a0[16], a1[16];
+      _mm512_store_ps(a0, in0);
+      _mm512_store_ps(a1, in1);
+      for (uint32_t bad = ~ok_pairs & 0xffffu; bad != 0; bad &= bad - 1) {
+        const int i = __builtin_ctz(bad);
+        slow_k[*num_slow] = static_cast<int32_t>(k0 + i);
+        if constexpr (kStyle == RopeStyle::kNeox) {
+          slow_u[*num_slow] = a0[i];
+          slow_v[*num_slow] = a1[i];
+        } else {
+          const float* w = i < 8 ? a0 : a1;
+          slow_u[*num_slow] = w[2 * (i % 8)];
+          slow_v[*num_slow] = w[2 * (i % 8) + 1];
+        }
+        ++*num_slow;
+      }
+    }
+    // Low half r0, high half r1.
+    const __m512i out = (__m512i)_mm512_cvtne2ps_pbh(r1, r0);
+    if constexpr (kStyle == RopeStyle::kNeox) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + k0), _mm512_castsi512_si256(out));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + half + k0),
+                          _mm512_extracti64x4_epi64(out, 1));
+    } else {
+      _mm512_storeu_si512(x + 2 * k0, out);
+    }
+  }
+  return k0;
+}
+#endif
+
 // bfloat16 RoPE of one head of token t, in place, 8 pairs per step in
 // hand-written vectors (vec.h): RotateF32 lane by lane, PairNeedsPrecise as
 // "both |a| and |b| >= its bound" (false for NaN as well), and one test per
@@ -171,21 +284,27 @@ POSENC_ALWAYS_INLINE void RotateHead16(const RopePlan& p, int64_t t, T* x, const
 // elements as (u c + v (-n), v c + u n) with the slot's [c, c] and [-n, n]
 // spread to match (ComputeRotations): x + (-y) is x - y in IEEE arithmetic,
 // so the results are RotateF32's bit for bit.
-template <RopeStyle kStyle>
+//
+// kWide (AVX-512 BF16 CPUs only): first RotateBF16Wide's 16-pair steps,
+// narrowed by VCVTNE2PS2BF16, whose rounding is FloatToBFloat16's (to
+// nearest even, NaN quieted) except that it flushes results below 2^-126 to
+// zero: a step with such a result, like one the cancellation bound flags,
+// goes pair by pair.
+template <RopeStyle kStyle, bool kWide>
 POSENC_ALWAYS_INLINE void RotateHeadBF16(const RopePlan& p, int64_t t, BFloat16* __restrict x,
                                          const float* __restrict c, const float* __restrict n,
                                          const float* __restrict c2, const float* __restrict n2,
                                          Scratch& s) {
-  const int64_t half = p.half(), steps_end = half - half % 8;
+  const int64_t half = p.half();
   const double scale = p.attention_scale[p.FreqSetOfToken(t)];
   const float scale_f = static_cast<float>(scale);
   int32_t* __restrict pending_k = s.pending_k.data();
   float* __restrict pending_u = s.pending_u.data();
   float* __restrict pending_v = s.pending_v.data();
   int64_t pending = 0;
-  auto pair = [=, &pending](int64_t k) {
+  // The scalar contract for pair k from its inputs u, v.
+  auto pair_from = [=, &pending](int64_t k, float u, float v) {
     const int64_t i = PairFirst(kStyle, k, half), j = PairSecond(kStyle, k, half);
-    const float u = ToFloat(x[i]), v = ToFloat(x[j]);
     float a, b;
     RotateF32(u, v, c[k], n[k], &a, &b);
     if (PairNeedsPrecise(a, b, u, v, scale_f)) {
@@ -196,7 +315,20 @@ POSENC_ALWAYS_INLINE void RotateHeadBF16(const RopePlan& p, int64_t t, BFloat16*
     x[i] = FromFloat<BFloat16>(a);
     x[j] = FromFloat<BFloat16>(b);
   };
-  for (int64_t k = 0; k < steps_end; k += 8) {
+  auto pair = [=, &pair_from](int64_t k) {
+    pair_from(k, ToFloat(x[PairFirst(kStyle, k, half)]), ToFloat(x[PairSecond(kStyle, k, half)]));
+  };
+  int64_t k0 = 0;
+#ifdef POSENC_CPU_BF16_WIDE
+  if constexpr (kWide) {
+    int64_t slow = 0;
+    k0 = RotateBF16Wide<kStyle>(x, c, n, c2, n2, half, scale_f, s.wide_k.data(), s.wide_u.data(),
+                                s.wide_v.data(), &slow);
+    for (int64_t m = 0; m < slow; ++m) pair_from(s.wide_k[m], s.wide_u[m], s.wide_v[m]);
+  }
+#endif
+  const int64_t steps_end = k0 + (half - k0) / 8 * 8;
+  for (int64_t k = k0; k < steps_end; k += 8) {
     V8 r0, r1, bound0, bound1;
     BFloat16 *y0, *y1;
     if constexpr (kStyle == RopeStyle::kNeox) {
@@ -237,14 +369,14 @@ POSENC_ALWAYS_INLINE void RotateHeadBF16(const RopePlan& p, int64_t t, BFloat16*
 
 // One head of token t: ct/nt are its slots' rotations (and ct2/nt2 their
 // spread form for bfloat16 GPT-J).
-template <typename T, RopeStyle kStyle>
+template <typename T, RopeStyle kStyle, bool kWide>
 POSENC_ALWAYS_INLINE void RotateHead(const RopePlan& p, int64_t t, T* head, const float* ct,
                                      const float* nt, const float* ct2, const float* nt2,
                                      Scratch& s) {
   if constexpr (std::is_same_v<T, float>) {
     RotateHeadF32<kStyle>(head, ct, nt, p.half());
   } else if constexpr (std::is_same_v<T, BFloat16>) {
-    RotateHeadBF16<kStyle>(p, t, head, ct, nt, ct2, nt2, s);
+    RotateHeadBF16<kStyle, kWide>(p, t, head, ct, nt, ct2, nt2, s);
   } else {
     RotateHead16<T, kStyle>(p, t, head, ct, nt, s);
   }
@@ -256,7 +388,7 @@ POSENC_ALWAYS_INLINE void PrefetchForWrite(const void* p, int64_t bytes) {
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 1, 3);
 }
 
-template <typename T, RopeStyle kStyle>
+template <typename T, RopeStyle kStyle, bool kWide = false>
 POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, T* q, T* k, int64_t t0, int64_t t1,
                                     Scratch& s) {
   const int64_t half = p.half(), D = p.head_dim;
@@ -284,8 +416,8 @@ POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, T* q, T* k, int64_t t0, i
             // prefetcher restarts at every run: fetch its row while this
             // one rotates.
             if (h + 1 < heads) PrefetchForWrite(head + span.stride, D * sizeof(T));
-            RotateHead<T, kStyle>(p, t, head, c + (t - run) * half, n + (t - run) * half,
-                                  c2 + (t - run) * 2 * half, n2 + (t - run) * 2 * half, s);
+            RotateHead<T, kStyle, kWide>(p, t, head, c + (t - run) * half, n + (t - run) * half,
+                                         c2 + (t - run) * 2 * half, n2 + (t - run) * 2 * half, s);
           }
         }
         run = run_end;
@@ -298,26 +430,38 @@ POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, T* q, T* k, int64_t t0, i
         const float* n = s.n.data() + (t - t0) * half;
         const float* c2 = s.c2.data() + (t - t0) * 2 * half;
         const float* n2 = s.n2.data() + (t - t0) * 2 * half;
-        for (int64_t h = 0; h < heads; ++h) RotateHead<T, kStyle>(p, t, x + h * D, c, n, c2, n2, s);
+        for (int64_t h = 0; h < heads; ++h) {
+          RotateHead<T, kStyle, kWide>(p, t, x + h * D, c, n, c2, n2, s);
+        }
       }
     }
   }
 }
 
-template <typename T, RopeStyle kStyle>
+template <typename T, RopeStyle kStyle, bool kWide = false>
 POSENC_ALWAYS_INLINE void RopeTokensTyped(const RopePlan& p, void* q, void* k, int64_t begin,
                                           int64_t end, Scratch& s) {
   T* kq = p.has_key ? static_cast<T*>(k) : nullptr;
   for (int64_t t0 = begin; t0 < end; t0 += kTokenBlock) {
-    RopeBlock<T, kStyle>(p, static_cast<T*>(q), kq, t0, std::min(end, t0 + kTokenBlock), s);
+    RopeBlock<T, kStyle, kWide>(p, static_cast<T*>(q), kq, t0, std::min(end, t0 + kTokenBlock), s);
   }
 }
 
 // The one function compiled per instruction set: every dtype and style
 // inlined into it.
+// `wide`: bfloat16 takes RotateBF16Wide's 16-pair steps (AVX-512 BF16 CPUs,
+// which run the x86-64-v4 clone).
 POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, void* q, void* k, int64_t begin,
-                                          int64_t end, Scratch& s) {
+                                          int64_t end, bool wide, Scratch& s) {
   const bool neox = p.style == RopeStyle::kNeox;
+#ifdef POSENC_CPU_BF16_WIDE
+  if (wide && p.dtype == DType::kBFloat16) {
+    return neox ? RopeTokensTyped<BFloat16, RopeStyle::kNeox, true>(p, q, k, begin, end, s)
+                : RopeTokensTyped<BFloat16, RopeStyle::kGptj, true>(p, q, k, begin, end, s);
+  }
+#else
+  (void)wide;
+#endif
   switch (p.dtype) {
     case DType::kFloat32:
       return neox ? RopeTokensTyped<float, RopeStyle::kNeox>(p, q, k, begin, end, s)
@@ -333,12 +477,29 @@ POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, void* q, void* k, i
   }
 }
 
+#ifdef POSENC_CPU_BF16_WIDE
+bool CpuHasAvx512Bf16() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           std::getenv("POSENC_NO_AVX512BF16") == nullptr;
+  }();
+  return has;
+}
+#endif
+
 }  // namespace
 
 void RopeTokensCpu(const RopePlan& plan, void* query, void* key, int64_t begin, int64_t end) {
   if (!KnownStyle(plan.style) || !KnownLayout(plan.layout)) std::abort();  // planning checks
   Scratch scratch(plan);
-  RopeTokensDispatch(plan, query, key, begin, end, scratch);
+#ifdef POSENC_CPU_BF16_WIDE
+  const bool wide = CpuHasAvx512Bf16();
+#else
+  const bool wide = false;
+#endif
+  RopeTokensDispatch(plan, query, key, begin, end, wide, scratch);
 }
 
 }  // namespace posenc::internal
