@@ -298,8 +298,8 @@ POSENC_BF16_WIDE_TARGET __attribute__((noinline)) int64_t RotateBF16Wide(
 // kWide (AVX-512 BF16 CPUs only): first RotateBF16Wide's 16-pair steps,
 // narrowed by VCVTNE2PS2BF16, whose rounding is FloatToBFloat16's (to
 // nearest even, NaN quieted) except that it flushes results below 2^-126 to
-// zero: a step with such a result, like one the cancellation bound flags,
-// goes pair by pair.
+// zero: a pair with such a result, like one the cancellation bound flags, is
+// redone by pair_from from the inputs RotateBF16Wide kept.
 template <RopeStyle kStyle, bool kWide>
 POSENC_ALWAYS_INLINE void RotateHeadBF16(const RopePlan& p, int64_t t, BFloat16* __restrict x,
                                          const float* __restrict c, const float* __restrict n,
