@@ -7,7 +7,8 @@
 // Repetitions interleave kernel, memcpy and read-modify-write, so drift in
 // the machine's speed hits all three alike; medians are reported.
 // Prints a table, and JSON with --json=PATH. --only=rope|sinusoidal|alibi|small
-// runs one section (the others are skipped).
+// runs one section (the others are skipped); --filter=TEXT runs only the
+// cases whose name contains TEXT (for profiling one of them).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "posenc/backend.h"
@@ -54,7 +56,11 @@ struct Result {
 
 class Bench {
  public:
-  Bench(int threads, int reps) : threads_(threads), reps_(reps), pool_(threads) {}
+  Bench(int threads, int reps, std::string filter)
+      : threads_(threads), reps_(reps), filter_(std::move(filter)), pool_(threads) {}
+
+  // Whether the case named `name` is to run.
+  bool Wanted(const std::string& name) const { return name.find(filter_) != std::string::npos; }
 
   // Times `kernel` on `bytes` of in-place data against memcpy and an in-place
   // read-modify-write of as many bytes, interleaved.
@@ -92,6 +98,7 @@ class Bench {
 
  private:
   int threads_, reps_;
+  std::string filter_;
   posenc::ThreadPool pool_;
 };
 
@@ -131,37 +138,42 @@ std::function<void()> RopeKernel(posenc::Backend& cpu, posenc::DType dtype, pose
 int main(int argc, char** argv) {
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   int reps = 15;
-  std::string json, only;
+  std::string json, only, filter;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--threads=", 0) == 0) threads = std::stoi(a.substr(10));
     if (a.rfind("--reps=", 0) == 0) reps = std::stoi(a.substr(7));
     if (a.rfind("--json=", 0) == 0) json = a.substr(7);
     if (a.rfind("--only=", 0) == 0) only = a.substr(7);
+    if (a.rfind("--filter=", 0) == 0) filter = a.substr(9);
   }
   auto wanted = [&](const char* section) { return only.empty() || only == section; };
   auto cpu = posenc::CreateCpuBackend(threads);
-  Bench bench(threads, reps);
+  Bench bench(threads, reps, filter);
   std::vector<Result> results;
 
   for (posenc::DType dtype : {posenc::DType::kFloat32, posenc::DType::kBFloat16}) {
     if (!wanted("rope")) break;
     for (posenc::RopeLayout layout : {posenc::RopeLayout::kBSHD, posenc::RopeLayout::kBHSD}) {
       for (posenc::RopeStyle style : {posenc::RopeStyle::kNeox, posenc::RopeStyle::kGptj}) {
+        const std::string name =
+            std::string("rope ") + posenc::DTypeName(dtype) +
+            (style == posenc::RopeStyle::kNeox ? " neox " : " gptj ") +
+            (layout == posenc::RopeLayout::kBHSD ? "bhsd" : "bshd") + " 4096x(32+8)x128";
+        if (!bench.Wanted(name)) continue;
         std::vector<uint8_t> q, k;
         posenc::RopePlan plan;
         auto kernel = RopeKernel(*cpu, dtype, style, layout, 4096, q, k, &plan);
-        results.push_back(bench.Measure(
-            std::string("rope ") + posenc::DTypeName(dtype) +
-                (style == posenc::RopeStyle::kNeox ? " neox " : " gptj ") +
-                (layout == posenc::RopeLayout::kBHSD ? "bhsd" : "bshd") + " 4096x(32+8)x128",
-            q.size() + k.size(), kernel));
+        results.push_back(bench.Measure(name, q.size() + k.size(), kernel));
       }
     }
   }
   for (posenc::DType dtype : {posenc::DType::kFloat32, posenc::DType::kBFloat16}) {
     if (!wanted("sinusoidal")) break;
     const int64_t T = 4096, d = 4096;
+    const std::string name =
+        std::string("sinusoidal add ") + posenc::DTypeName(dtype) + " [4096, 4096]";
+    if (!bench.Wanted(name)) continue;
     auto x = Random(T * d * posenc::SizeOf(dtype), dtype);
     posenc::AbsoluteOptions o;
     posenc::AbsoluteTensors t;
@@ -169,8 +181,7 @@ int main(int argc, char** argv) {
     auto plan = posenc::PlanAbsolute(o, t);
     if (!plan.ok()) return 1;
     results.push_back(
-        bench.Measure(std::string("sinusoidal add ") + posenc::DTypeName(dtype) + " [4096, 4096]",
-                      x.size(), [&] { (void)cpu->ApplyAbsolute(*plan, x.data(), {}); }));
+        bench.Measure(name, x.size(), [&] { (void)cpu->ApplyAbsolute(*plan, x.data(), {}); }));
   }
 
   // ALiBi + causal added to bf16 logits, without and with left padding
@@ -179,6 +190,9 @@ int main(int argc, char** argv) {
   for (bool left_padding : {false, true}) {
     if (!wanted("alibi")) break;
     const int64_t B = 2, H = 16, L = 1024;
+    const std::string name =
+        std::string("alibi+causal bf16 logits [2,16,1024,1024]") + (left_padding ? " k_starts" : "");
+    if (!bench.Wanted(name)) continue;
     auto logits = Random(B * H * L * L * 2, posenc::DType::kBFloat16);
     std::vector<int64_t> starts = {0, 0};
     if (left_padding) starts = {L / 4, L / 2};
@@ -190,9 +204,7 @@ int main(int argc, char** argv) {
     auto plan = posenc::PlanAttentionBias(o, lv);
     if (!plan.ok()) return 1;
     results.push_back(bench.Measure(
-        std::string("alibi+causal bf16 logits [2,16,1024,1024]") +
-            (left_padding ? " k_starts" : ""),
-        logits.size(), [&] { (void)cpu->ApplyAttentionBias(*plan, logits.data(), {}); }));
+        name, logits.size(), [&] { (void)cpu->ApplyAttentionBias(*plan, logits.data(), {}); }));
   }
 
   std::printf("posenc-bench-cpu: %d threads, median of %d interleaved runs\n", threads, reps);
@@ -205,7 +217,7 @@ int main(int argc, char** argv) {
   }
 
   // Small requests must not get slower from being split across threads.
-  if (threads > 1 && wanted("small")) {
+  if (threads > 1 && wanted("small") && filter.empty()) {
     auto one = posenc::CreateCpuBackend(1);
     std::printf("\nsmall requests, 1 thread vs %d (median us; must not be slower on more)\n",
                 threads);

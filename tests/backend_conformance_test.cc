@@ -125,6 +125,7 @@ struct RopeCase {
   int64_t pos_center = 0;  // random positions drawn around this value
   int64_t pos_spread = 3000;
   bool key = true;
+  bool cancelling = false;  // inputs drawn so rotated values cancel (MakePairsCancel)
 };
 
 int64_t ElementOffset(RopeLayout layout, int64_t b, int64_t s, int64_t t, int64_t h, int64_t H,
@@ -150,6 +151,42 @@ std::vector<int64_t> Shape(RopeLayout layout, int64_t B, int64_t S, int64_t H, i
       return {S, H, D};
   }
   return {};
+}
+
+// Redraws about three pairs in four of the head at x[off, off + R) so that
+// one of their rotated values cancels: v becomes u cot(a) (or -u tan(a))
+// rounded to the dtype, so u cos(a) - v sin(a) (or v cos(a) + u sin(a)) is
+// only that rounding's residue, up to an ulp of v times |sin(a)| and spread
+// down to zero. These are the results the 16-bit cancellation bound
+// (math/angle.h) exists for: a kernel that trusts float32 arithmetic too far
+// into them misses the one-ulp bar. Residues under 2^-20 keep their random
+// v: the float64 reference's own angle errs by up to |p| 2^-52 rad, more
+// than an ulp of a residue far below that at large positions. `ref` holds the
+// inputs as doubles and is updated with x.
+void MakePairsCancel(const RopeOptions& o, const reference::Frequencies& f, int64_t R,
+                     const std::vector<int64_t>& pos, DType dtype, Bytes& x,
+                     std::vector<double>& ref, int64_t off) {
+  std::bernoulli_distribution cancel(0.75);
+  const int64_t half = R / 2;
+  for (int64_t k = 0; k < half; ++k) {
+    if (!cancel(testing::Rng())) continue;
+    double angle = double(pos[f.axis[k]]) * f.inv_freq[k];
+    if (o.inverse) angle = -angle;
+    const double c = std::cos(angle), s = std::sin(angle);
+    const int64_t i = off + (o.style == RopeStyle::kNeox ? k : 2 * k);
+    const int64_t j = off + (o.style == RopeStyle::kNeox ? k + half : 2 * k + 1);
+    const double u = ref[i];
+    const bool first = std::abs(s) > std::abs(c);  // cancel the first result, else the second
+    const double v_old = ref[j];
+    StoreElement(dtype, x.data(), j, static_cast<float>(first ? u * c / s : -u * s / c));
+    const double v = LoadElement(dtype, x.data(), j);
+    const double residue = first ? u * c - v * s : v * c + u * s;
+    if (std::abs(residue) < 0x1p-20) {
+      StoreElement(dtype, x.data(), j, static_cast<float>(v_old));
+    } else {
+      ref[j] = v;
+    }
+  }
 }
 
 // Runs one case on `backend`; returns the rotated query for further checks.
@@ -212,13 +249,14 @@ void CheckRope(Backend& backend, const RopeCase& c) {
     std::vector<int64_t> pos(ids.begin() + t * A, ids.begin() + (t + 1) * A);
     const int64_t b = packed ? 0 : tok_seq[t], s = packed ? t : tok_idx[t];
     for (int64_t h = 0; h < c.query_heads; ++h) {
-      reference::RotateHead(
-          o, it->second, R, pos,
-          q_ref.data() + ElementOffset(o.layout, b, s, t, h, c.query_heads, S, D));
+      const int64_t off = ElementOffset(o.layout, b, s, t, h, c.query_heads, S, D);
+      if (c.cancelling) MakePairsCancel(o, it->second, R, pos, c.dtype, q, q_ref, off);
+      reference::RotateHead(o, it->second, R, pos, q_ref.data() + off);
     }
     for (int64_t h = 0; c.key && h < c.key_heads; ++h) {
-      reference::RotateHead(o, it->second, R, pos,
-                            k_ref.data() + ElementOffset(o.layout, b, s, t, h, c.key_heads, S, D));
+      const int64_t off = ElementOffset(o.layout, b, s, t, h, c.key_heads, S, D);
+      if (c.cancelling) MakePairsCancel(o, it->second, R, pos, c.dtype, k, k_ref, off);
+      reference::RotateHead(o, it->second, R, pos, k_ref.data() + off);
     }
   }
 
@@ -238,8 +276,14 @@ void CheckRope(Backend& backend, const RopeCase& c) {
     return be.ApplyRope(*plan, b[0]->data(), c.key ? b[1]->data() : nullptr, {});
   });
   const double tol = max_abs <= 1000000 ? 1e-6 : 1e-5;
-  EXPECT_TRUE(testing::MatchesReference(c.dtype, q_ref, q.data(), tol)) << "query";
-  if (c.key) EXPECT_TRUE(testing::MatchesReference(c.dtype, k_ref, k.data(), tol)) << "key";
+  // The reference's angle p * f is good to |p| 2^-52 rad against the
+  // kernel's (each rounds its own f): a result that cancels is owed that much
+  // beyond its ulp.
+  const double slack = std::ldexp(static_cast<double>(max_abs), -51);
+  EXPECT_TRUE(testing::MatchesReference(c.dtype, q_ref, q.data(), tol, slack)) << "query";
+  if (c.key) {
+    EXPECT_TRUE(testing::MatchesReference(c.dtype, k_ref, k.data(), tol, slack)) << "key";
+  }
 }
 
 constexpr DType kFloatTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
@@ -259,6 +303,33 @@ TEST_P(BackendTest, RopeAwkwardHeadDimsBothStylesAllDtypes) {
         c.key_heads = 3;
         c.seq = 5;
         CheckRope(*backend_, c);
+      }
+    }
+  }
+}
+
+// Pairs whose rotated values cancel (MakePairsCancel), where 16-bit outputs
+// lean on the cancellation bound: each must still land within one ulp of
+// the float64 result, and (RunMatchingCpu) every backend must pick the same
+// pairs for double. head_dim 80 leaves the CPU's 16-pair loop a tail.
+TEST_P(BackendTest, RopeCancellingPairsMeetTheBar) {
+  for (int64_t D : {128, 80}) {
+    for (RopeStyle style : kStyles) {
+      for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+        for (int64_t center : {0, 1000000}) {
+          SCOPED_TRACE(::testing::Message() << "head_dim " << D << " style " << int(style) << " "
+                                            << DTypeName(dtype) << " positions near " << center);
+          RopeCase c;
+          c.options.style = style;
+          c.dtype = dtype;
+          c.head_dim = D;
+          c.seq = 16;
+          c.query_heads = 8;
+          c.key_heads = 2;
+          c.pos_center = center;
+          c.cancelling = true;
+          CheckRope(*backend_, c);
+        }
       }
     }
   }

@@ -133,7 +133,7 @@ POSENC_ALWAYS_INLINE void RotateHeadF32(float* __restrict x, const float* __rest
       const float u = ToFloat(x[i]), v = ToFloat(x[j]);                                    \
       float a, b;                                                                          \
       RotateF32(u, v, c[k], n[k], &a, &b);                                                 \
-      flag[k] = PairNeedsPrecise(a, b, u, v, scale);                                       \
+      flag[k] = PairNeedsPrecise<T>(a, b, u, v, scale);                                    \
       x[i] = FromFloat<T>(a);                                                              \
       x[j] = FromFloat<T>(b);                                                              \
     }                                                                                      \
@@ -207,7 +207,7 @@ POSENC_BF16_WIDE_TARGET __attribute__((noinline)) int64_t RotateBF16Wide(
     const float* __restrict c2, const float* __restrict n2, int64_t half, float scale_f,
     int32_t* __restrict slow_k, float* __restrict slow_u, float* __restrict slow_v,
     int64_t* num_slow) {
-  const __m512 bound_scale = _mm512_set1_ps(kCancellationBound);
+  const __m512 bound_scale = _mm512_set1_ps(kCancellationBound<BFloat16>);
   const __m512 scale_v = _mm512_set1_ps(scale_f);
   int64_t k0 = 0;
   for (; k0 + 16 <= half; k0 += 16) {
@@ -317,7 +317,7 @@ POSENC_ALWAYS_INLINE void RotateHeadBF16(const RopePlan& p, int64_t t, BFloat16*
     const int64_t i = PairFirst(kStyle, k, half), j = PairSecond(kStyle, k, half);
     float a, b;
     RotateF32(u, v, c[k], n[k], &a, &b);
-    if (PairNeedsPrecise(a, b, u, v, scale_f)) {
+    if (PairNeedsPrecise<BFloat16>(a, b, u, v, scale_f)) {
       pending_k[pending] = static_cast<int32_t>(k);
       pending_u[pending] = u;
       pending_v[pending++] = v;
@@ -348,7 +348,7 @@ POSENC_ALWAYS_INLINE void RotateHeadBF16(const RopePlan& p, int64_t t, BFloat16*
       const V8 ck = Load8(c + k), nk = Load8(n + k);
       r0 = u * ck - v * nk;
       r1 = v * ck + u * nk;
-      bound0 = bound1 = kCancellationBound * (Abs8(u) + Abs8(v)) * scale_f;
+      bound0 = bound1 = kCancellationBound<BFloat16> * (Abs8(u) + Abs8(v)) * scale_f;
     } else {
       y0 = x + 2 * k;
       y1 = x + 2 * k + 8;
@@ -357,8 +357,8 @@ POSENC_ALWAYS_INLINE void RotateHeadBF16(const RopePlan& p, int64_t t, BFloat16*
       const V8 s1 = __builtin_shufflevector(w1, w1, 1, 0, 3, 2, 5, 4, 7, 6);
       r0 = w0 * Load8(c2 + 2 * k) + s0 * Load8(n2 + 2 * k);
       r1 = w1 * Load8(c2 + 2 * k + 8) + s1 * Load8(n2 + 2 * k + 8);
-      bound0 = kCancellationBound * (Abs8(w0) + Abs8(s0)) * scale_f;
-      bound1 = kCancellationBound * (Abs8(w1) + Abs8(s1)) * scale_f;
+      bound0 = kCancellationBound<BFloat16> * (Abs8(w0) + Abs8(s0)) * scale_f;
+      bound1 = kCancellationBound<BFloat16> * (Abs8(w1) + Abs8(s1)) * scale_f;
     }
     if (__builtin_expect(AllTrue((Abs8(r0) >= bound0) & (Abs8(r1) >= bound1)), 1)) {
       StoreBFloat16x16(r0, r1, y0, y1);

@@ -44,15 +44,16 @@ template <typename T, typename Precise>
 POSENC_HOST_DEVICE T EncodingOnly(float pe, Precise precise) {
   float r = pe;
   if constexpr (!std::is_same_v<T, float>) {
-    if (fabsf(pe) < kCancellationBound) r = static_cast<float>(precise());
+    if (fabsf(pe) < kCancellationBound<T>) r = static_cast<float>(precise());
   }
   return FromFloat<T>(r);
 }
 
 // True when x * x_scale + pe, computed in float as (u = x * xs) + pe, may miss
 // a 16-bit output's bar.
+template <typename T>
 POSENC_HOST_DEVICE bool SumNeedsPrecise(float r, float u, float pe) {
-  return fabsf(r) < kCancellationBound * (fabsf(u) + fabsf(pe) + 1.0f);
+  return fabsf(r) < kCancellationBound<T> * (fabsf(u) + fabsf(pe) + 1.0f);
 }
 
 // The same test where PE is sinusoidal, so |pe| <= 1 + 2^-22: then the float
@@ -82,7 +83,7 @@ enum class PeRange { kAny, kSinusoidal };
 template <typename T>
 POSENC_HOST_DEVICE bool NeedsPrecise(PeRange range, float r, float u, float pe) {
   return range == PeRange::kSinusoidal ? SinusoidalSumNeedsPrecise<T>(r)
-                                       : SumNeedsPrecise(r, u, pe);
+                                       : SumNeedsPrecise<T>(r, u, pe);
 }
 
 // A NaN input leaves as itself, quieted (sign and payload kept), as the CPU

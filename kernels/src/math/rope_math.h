@@ -5,7 +5,7 @@
 // A pair (u, v) of slot k becomes (u c - v n, v c + u n) with c = s cos(a),
 // n = +-s sin(a), a = pos * f_k. Outputs are computed in float32; 16-bit
 // outputs whose float result could be off by more than half an ulp
-// (cancellation, see kCancellationBound) are recomputed in double.
+// (cancellation, see kCancellationBound<T>) are recomputed in double.
 #ifndef POSENC_KERNELS_MATH_ROPE_MATH_H_
 #define POSENC_KERNELS_MATH_ROPE_MATH_H_
 
@@ -41,16 +41,15 @@ POSENC_HOST_DEVICE void RotateF32(float u, float v, float c, float n, float* a, 
   *b = vc + un;
 }
 
-// True when a float result r of the pair (u, v) may miss a 16-bit output's
-// one-ulp bar (angle.h explains the bound).
 // True when either float result (a, b) of the pair (u, v) may miss a 16-bit
-// output's one-ulp bar (angle.h explains the bound); one comparison, so the
+// output T's one-ulp bar (angle.h explains the bound); one comparison, so the
 // CPU loop computing it vectorises. REQUIRES: scale > 0 (planning
 // guarantees it).
+template <typename T>
 POSENC_HOST_DEVICE bool PairNeedsPrecise(float a, float b, float u, float v, float scale) {
   const float abs_a = fabsf(a), abs_b = fabsf(b);
   const float smaller = abs_a < abs_b ? abs_a : abs_b;  // not fminf: that does not vectorise
-  return smaller < kCancellationBound * (fabsf(u) + fabsf(v)) * scale;
+  return smaller < kCancellationBound<T> * (fabsf(u) + fabsf(v)) * scale;
 }
 
 // The rotated pair in float64, for the rare flagged 16-bit elements.
@@ -83,7 +82,7 @@ POSENC_HOST_DEVICE void RotatePair(T* x, T* y, SlotRotation r, Angle angle, doub
   float a, b;
   RotateF32(u, v, r.c, r.n, &a, &b);
   if constexpr (!std::is_same_v<T, float>) {
-    if (PairNeedsPrecise(a, b, u, v, static_cast<float>(scale))) {
+    if (PairNeedsPrecise<T>(a, b, u, v, static_cast<float>(scale))) {
       RotatePrecise(u, v, AngleValue(angle), scale, inverse, &a, &b);
     }
   }
