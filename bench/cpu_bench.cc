@@ -156,10 +156,10 @@ int main(int argc, char** argv) {
     if (!wanted("rope")) break;
     for (posenc::RopeLayout layout : {posenc::RopeLayout::kBSHD, posenc::RopeLayout::kBHSD}) {
       for (posenc::RopeStyle style : {posenc::RopeStyle::kNeox, posenc::RopeStyle::kGptj}) {
-        const std::string name =
-            std::string("rope ") + posenc::DTypeName(dtype) +
-            (style == posenc::RopeStyle::kNeox ? " neox " : " gptj ") +
-            (layout == posenc::RopeLayout::kBHSD ? "bhsd" : "bshd") + " 4096x(32+8)x128";
+        const std::string name = std::string("rope ") + posenc::DTypeName(dtype) +
+                                 (style == posenc::RopeStyle::kNeox ? " neox " : " gptj ") +
+                                 (layout == posenc::RopeLayout::kBHSD ? "bhsd" : "bshd") +
+                                 " 4096x(32+8)x128";
         if (!bench.Wanted(name)) continue;
         std::vector<uint8_t> q, k;
         posenc::RopePlan plan;
@@ -190,8 +190,8 @@ int main(int argc, char** argv) {
   for (bool left_padding : {false, true}) {
     if (!wanted("alibi")) break;
     const int64_t B = 2, H = 16, L = 1024;
-    const std::string name =
-        std::string("alibi+causal bf16 logits [2,16,1024,1024]") + (left_padding ? " k_starts" : "");
+    const std::string name = std::string("alibi+causal bf16 logits [2,16,1024,1024]") +
+                             (left_padding ? " k_starts" : "");
     if (!bench.Wanted(name)) continue;
     auto logits = Random(B * H * L * L * 2, posenc::DType::kBFloat16);
     std::vector<int64_t> starts = {0, 0};

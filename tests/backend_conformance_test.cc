@@ -383,47 +383,67 @@ TEST_P(BackendTest, RopeDecodeShapesWithoutKey) {
   }
 }
 
-// Inputs whose rotated values are subnormal, zero or tiny: every backend
-// must narrow them as FloatToBFloat16 does (the AVX-512 BF16 CPU loop's
-// instruction flushes results below 2^-126, so it must send them to the
-// scalar contract), bit for bit with the GPU kernel's body under emulation.
+// Inputs whose rotated values are subnormal, zero, tiny, infinite or NaN:
+// every backend must narrow them as FloatToBFloat16 does (the AVX-512 BF16
+// CPU loop's instruction flushes results below 2^-126, so it must send them
+// to the scalar contract), bit for bit with the GPU kernel's body under
+// emulation. Attention scales 1, 1.5 and 0.05 (YaRN's attention_factor)
+// take that loop's three bounds: unscaled, scaled, and below the smallest
+// scale it takes.
 TEST_P(BackendTest, RopeTinyAndZeroInputsNarrowLikeTheScalarContract) {
   std::mt19937_64& rng = testing::Rng();
   auto emulated = testing::CreateEmulatedGpuBackend();
   for (RopeStyle style : kStyles) {
-    for (DType dtype : kFloatTypes) {
-      SCOPED_TRACE(::testing::Message() << "style " << int(style) << " " << DTypeName(dtype));
-      const int64_t T = 9, Hq = 3, Hk = 1, D = 128;
-      Bytes q = testing::RandomTensor(dtype, T * Hq * D);
-      Bytes k = testing::RandomTensor(dtype, T * Hk * D);
-      for (Bytes* b : {&q, &k}) {
-        const int64_t n = static_cast<int64_t>(b->size()) / static_cast<int64_t>(SizeOf(dtype));
-        for (int64_t i = 0; i < n; ++i) {
-          // Runs of zeros, of values near the smallest normal float and of
-          // subnormals, among ordinary values.
-          const int kind = static_cast<int>((i / 16 + rng() % 2) % 4);
-          const double mag = std::ldexp(1.0 + static_cast<double>(rng() % 1000) / 1000.0,
-                                        -118 - static_cast<int>(rng() % 14));
-          const double sign = rng() % 2 ? -1.0 : 1.0;
-          if (kind == 0) StoreElement(dtype, b->data(), i, 0.0f);
-          if (kind == 1 || kind == 2)
-            StoreElement(dtype, b->data(), i, static_cast<float>(sign * mag));
+    for (double attention : {1.0, 1.5, 0.05}) {
+      for (DType dtype : kFloatTypes) {
+        SCOPED_TRACE(::testing::Message() << "style " << int(style) << " " << DTypeName(dtype)
+                                          << " attention scale " << attention);
+        const int64_t T = 9, Hq = 3, Hk = 1, D = 128;
+        Bytes q = testing::RandomTensor(dtype, T * Hq * D);
+        Bytes k = testing::RandomTensor(dtype, T * Hk * D);
+        for (Bytes* b : {&q, &k}) {
+          const int64_t n = static_cast<int64_t>(b->size()) / static_cast<int64_t>(SizeOf(dtype));
+          for (int64_t i = 0; i < n; ++i) {
+            // Runs of zeros, of values near the smallest normal float and of
+            // subnormals, among ordinary values; and now and then an infinity
+            // or a NaN (with a random payload and sign).
+            const int kind = static_cast<int>((i / 16 + rng() % 2) % 4);
+            const double mag = std::ldexp(1.0 + static_cast<double>(rng() % 1000) / 1000.0,
+                                          -118 - static_cast<int>(rng() % 14));
+            const double sign = rng() % 2 ? -1.0 : 1.0;
+            if (kind == 0) StoreElement(dtype, b->data(), i, 0.0f);
+            if (kind == 1 || kind == 2)
+              StoreElement(dtype, b->data(), i, static_cast<float>(sign * mag));
+            if (rng() % 97 == 0) {
+              const uint32_t bits = (rng() % 2 ? 0xff800000u : 0x7f800000u) |
+                                    (rng() % 2 ? static_cast<uint32_t>(rng() % 0x400000) << 1 : 0u);
+              float special;
+              std::memcpy(&special, &bits, 4);
+              StoreElement(dtype, b->data(), i, special);  // +-inf, or a NaN
+            }
+          }
         }
+        std::vector<int32_t> offsets = {static_cast<int32_t>(rng() % 100000)};
+        RopeTensors t;
+        t.query = testing::Mutable(dtype, {1, T, Hq, D}, q);
+        t.key = testing::Mutable(dtype, {1, T, Hk, D}, k);
+        t.positions.offsets = testing::IntView(offsets, {1});
+        RopeOptions o;
+        o.style = style;
+        if (attention != 1.0) {
+          o.scaling.type = ScalingType::kYarn;
+          o.scaling.factor = 4;
+          o.scaling.original_max_position = 4096;
+          o.scaling.attention_factor = attention;
+        }
+        auto plan = PlanRope(o, t);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        Bytes q2 = q, k2 = k;
+        ASSERT_TRUE(backend_->ApplyRope(*plan, q.data(), k.data(), {}).ok());
+        ASSERT_TRUE(emulated->ApplyRope(*plan, q2.data(), k2.data(), {}).ok());
+        EXPECT_TRUE(q == q2) << "query differs from the scalar contract (emulated GPU body)";
+        EXPECT_TRUE(k == k2) << "key differs from the scalar contract (emulated GPU body)";
       }
-      std::vector<int32_t> offsets = {static_cast<int32_t>(rng() % 100000)};
-      RopeTensors t;
-      t.query = testing::Mutable(dtype, {1, T, Hq, D}, q);
-      t.key = testing::Mutable(dtype, {1, T, Hk, D}, k);
-      t.positions.offsets = testing::IntView(offsets, {1});
-      RopeOptions o;
-      o.style = style;
-      auto plan = PlanRope(o, t);
-      ASSERT_TRUE(plan.ok()) << plan.status();
-      Bytes q2 = q, k2 = k;
-      ASSERT_TRUE(backend_->ApplyRope(*plan, q.data(), k.data(), {}).ok());
-      ASSERT_TRUE(emulated->ApplyRope(*plan, q2.data(), k2.data(), {}).ok());
-      EXPECT_TRUE(q == q2) << "query differs from the scalar contract (emulated GPU body)";
-      EXPECT_TRUE(k == k2) << "key differs from the scalar contract (emulated GPU body)";
     }
   }
 }

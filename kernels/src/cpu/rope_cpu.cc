@@ -27,6 +27,10 @@ namespace {
 // stay in L1/L2 for any published head size.
 constexpr int64_t kTokenBlock = 32;
 
+// Rows (heads) one RotateRows call takes at most: a token's heads, or a
+// head's tokens in a block. Bounds Scratch's wide_* lists.
+constexpr int64_t kMaxRowsPerCall = kTokenBlock;
+
 POSENC_ALWAYS_INLINE double SlotAngle(const RopePlan& p, int64_t t, int64_t k) {
   const int64_t half = p.half();
   const double* f = p.inv_freq.data() + static_cast<int64_t>(p.FreqSetOfToken(t)) * half;
@@ -48,9 +52,9 @@ struct Scratch {
         pending_k(p.half()),
         pending_u(p.half()),
         pending_v(p.half()),
-        wide_k(p.half()),
-        wide_u(p.half()),
-        wide_v(p.half()) {}
+        wide_k(kMaxRowsPerCall * p.half()),
+        wide_u(kMaxRowsPerCall * p.half()),
+        wide_v(kMaxRowsPerCall * p.half()) {}
   std::vector<float> c, n;  // [kTokenBlock, half] s cos, +-s sin
   // bfloat16 GPT-J (spread): [kTokenBlock, 2 half] [c, c] and [-n, n] per
   // slot, laid out like the pairs they rotate (RotateHeadBF16).
@@ -61,7 +65,8 @@ struct Scratch {
   // bfloat16: a head's pairs to recompute in double, with their inputs.
   std::vector<int32_t> pending_k;
   std::vector<float> pending_u, pending_v;
-  // bfloat16, AVX-512 BF16: pairs of 16-pair steps to redo, with their inputs.
+  // bfloat16, AVX-512 BF16: pairs of a run's 16-pair steps to redo (row *
+  // half + k), with their inputs.
   std::vector<int32_t> wide_k;
   std::vector<float> wide_u, wide_v;
 };
@@ -171,9 +176,35 @@ POSENC_ALWAYS_INLINE void RotateHead16(const RopePlan& p, int64_t t, T* x, const
   });
 }
 
+// A run of rows (heads) that one call rotates: row i is x + i D, the head of
+// token t0 + i dt, with rotations c + i dt half, n likewise (c2, n2 + 2 i dt
+// half). dt = 0: the heads of one token (token-major layouts); dt = 1: one
+// head's consecutive tokens (BHSD). Every row lies in one sequence, so one
+// attention scale holds for all of them. Each row's cache lines at
+// prefetch_bytes past it are asked for before it is rotated (0: none).
+template <typename T>
+struct Rows {
+  T* x;
+  int64_t count, t0, dt;
+  const float *c, *n, *c2, *n2;
+  int64_t prefetch_bytes;
+};
+
+// Asks for the cache lines of [p, p + bytes) ahead of a write.
+POSENC_ALWAYS_INLINE void PrefetchForWrite(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 1, 3);
+}
+
 #ifdef POSENC_CPU_BF16_WIDE
 #define POSENC_BF16_WIDE_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,bmi2")))
+
+// The smallest attention scale RotateBF16Wide takes. Its exactness test
+// relies on the bound (2^-12 |u| + |v|) scale being nonzero whenever an
+// input is: true for bfloat16 inputs (|u| + |v| >= 2^-133) and scale >= 2^-3.
+// Smaller scales (no published model has one) take the 8-pair loop.
+inline constexpr float kWideMinScale = 0x1p-3f;
 
 // 16 stored bfloat16 values widened to float.
 POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __m512 WidenBFloat16x16(const BFloat16* y) {
@@ -181,130 +212,120 @@ POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __m512 WidenBFloat16x16(const BFloa
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-// The bound a lane's float result must reach for VCVTNE2PS2BF16 to narrow
-// it as FloatToBFloat16 does with nothing to recompute: the cancellation
-// bound, and at least 2^-126, below which the instruction flushes to zero.
-POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __m512 NarrowBound(__m512 cancellation_bound) {
-  return _mm512_max_ps(cancellation_bound, _mm512_set1_ps(0x1p-126f));
-}
-
-// Lanes that narrow exactly: |r| >= bound (false for NaN), or inputs both
-// zero (sum = |u| + |v| = 0), whose result is an exact zero.
-POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __mmask16 NarrowsExactly(__m512 r, __m512 bound,
-                                                                      __mmask16 zero_inputs) {
-  return _kor_mask16(_mm512_cmp_ps_mask(_mm512_abs_ps(r), bound, _CMP_GE_OQ), zero_inputs);
-}
-
-// RotateHeadBF16's 16-pair steps (pairs [0, returned)), in 512-bit registers
-// and narrowed by VCVTNE2PS2BF16. Every step is stored; a pair with a lane
-// NarrowsExactly rejects (about one step in ten on random data) is also
-// appended, with its inputs, to slow_k/u/v[*num_slow] for the caller to
-// redo by the scalar contract. Not inlined: a default-target caller cannot
-// inline AVX-512 code; one call per head.
-template <RopeStyle kStyle>
+// The 16-pair steps (pairs [0, returned) of every row) of a run of bfloat16
+// rows, in 512-bit registers and narrowed by VCVTNE2PS2BF16: one call per
+// run rather than per head, since a head is only four steps (128 dims).
+// A step holds pair k0 + i in lane i of u and v: NEOX loads the two halves,
+// GPT-J 16 adjacent pairs at once, split into even (u) and odd (v) elements.
+//
+// VCVTNE2PS2BF16 rounds as FloatToBFloat16 does (to nearest even), except
+// that it reads float subnormals as zero and keeps a NaN's payload where
+// RotateF32 makes its one canonical NaN. So a pair is narrowed here only
+// when m = min(|a|, |b|) (VRANGEPS, which gives NaN only when both are) is
+// at least the cancellation bound (scalar PairNeedsPrecise, the same float
+// operations) and is neither subnormal nor infinite nor NaN. Then neither
+// result is subnormal, or both are exact zeros from zero inputs (bound 0;
+// kWideMinScale keeps the bound nonzero for any other inputs); and neither
+// is NaN: that takes a NaN input (bound NaN), an infinite one (bound
+// infinite, above any finite m) or two products that overflow, which make
+// the other result infinite or NaN as well. Every step is stored; a pair
+// that fails (about one step in 70 on random data) is also appended, as
+// row * half + k with its inputs, to slow_k/u/v[*num_slow], for the caller
+// to redo by the scalar contract. Not inlined: a default-target caller
+// cannot inline AVX-512 code.
+// REQUIRES: scale_f >= kWideMinScale; kUnitScale: scale_f == 1.
+template <RopeStyle kStyle, bool kUnitScale>
 POSENC_BF16_WIDE_TARGET __attribute__((noinline)) int64_t RotateBF16Wide(
-    BFloat16* __restrict x, const float* __restrict c, const float* __restrict n,
-    const float* __restrict c2, const float* __restrict n2, int64_t half, float scale_f,
-    int32_t* __restrict slow_k, float* __restrict slow_u, float* __restrict slow_v,
-    int64_t* num_slow) {
+    const Rows<BFloat16>& rows, int64_t D, int64_t half, float scale_f, int32_t* __restrict slow_k,
+    float* __restrict slow_u, float* __restrict slow_v, int64_t* num_slow) {
   const __m512 bound_scale = _mm512_set1_ps(kCancellationBound<BFloat16>);
   const __m512 scale_v = _mm512_set1_ps(scale_f);
-  int64_t k0 = 0;
-  for (; k0 + 16 <= half; k0 += 16) {
-    __m512 r0, r1, bound0, bound1, in0, in1;  // in0/in1: the step's inputs
-    __mmask16 zero0, zero1;                   // lanes whose pair's inputs are both zero
-    const __m512 zero = _mm512_setzero_ps();
-    if constexpr (kStyle == RopeStyle::kNeox) {
-      const __m512 u = WidenBFloat16x16(x + k0), v = WidenBFloat16x16(x + half + k0);
-      in0 = u;
-      in1 = v;
+  const __m512i odd_half = _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u));
+  // 16-bit lane j of a GPT-J step's output: a_(j/2) for even j, b_(j/2) for
+  // odd j, from VCVTNE2PS2BF16's [a_0 .. a_15, b_0 .. b_15].
+  const __m512i interleave =
+      _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                       21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const int64_t k_end = half / 16 * 16;
+  int64_t slow = *num_slow;
+  for (int64_t row = 0; row < rows.count; ++row) {
+    BFloat16* __restrict x = rows.x + row * D;
+    if (rows.prefetch_bytes != 0) {
+      PrefetchForWrite(reinterpret_cast<const char*>(x) + rows.prefetch_bytes,
+                       D * static_cast<int64_t>(sizeof(BFloat16)));
+    }
+    const float* __restrict c = rows.c + row * rows.dt * half;
+    const float* __restrict n = rows.n + row * rows.dt * half;
+    for (int64_t k0 = 0; k0 < k_end; k0 += 16) {
+      __m512 u, v;
+      if constexpr (kStyle == RopeStyle::kNeox) {
+        u = WidenBFloat16x16(x + k0);
+        v = WidenBFloat16x16(x + half + k0);
+      } else {
+        const __m512i w = _mm512_loadu_si512(x + 2 * k0);
+        u = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+        v = _mm512_castsi512_ps(_mm512_and_si512(w, odd_half));
+      }
       const __m512 ck = _mm512_loadu_ps(c + k0), nk = _mm512_loadu_ps(n + k0);
-      r0 = _mm512_sub_ps(_mm512_mul_ps(u, ck), _mm512_mul_ps(v, nk));
-      r1 = _mm512_add_ps(_mm512_mul_ps(v, ck), _mm512_mul_ps(u, nk));
+      const __m512 a = _mm512_sub_ps(_mm512_mul_ps(u, ck), _mm512_mul_ps(v, nk));
+      const __m512 b = _mm512_add_ps(_mm512_mul_ps(v, ck), _mm512_mul_ps(u, nk));
       const __m512 sum = _mm512_add_ps(_mm512_abs_ps(u), _mm512_abs_ps(v));
-      zero0 = zero1 = _mm512_cmp_ps_mask(sum, zero, _CMP_EQ_OQ);
-      bound0 = bound1 = NarrowBound(_mm512_mul_ps(_mm512_mul_ps(bound_scale, sum), scale_v));
-    } else {
-      // Spread rotations as in the 8-pair step: lanes (u, v) of a pair see
-      // [c, c] and [-n, n], and their neighbour swapped in s.
-      const __m512 w0 = WidenBFloat16x16(x + 2 * k0), w1 = WidenBFloat16x16(x + 2 * k0 + 16);
-      in0 = w0;
-      in1 = w1;
-      const __m512 s0 = _mm512_permute_ps(w0, 0xb1), s1 = _mm512_permute_ps(w1, 0xb1);
-      r0 = _mm512_add_ps(_mm512_mul_ps(w0, _mm512_loadu_ps(c2 + 2 * k0)),
-                         _mm512_mul_ps(s0, _mm512_loadu_ps(n2 + 2 * k0)));
-      r1 = _mm512_add_ps(_mm512_mul_ps(w1, _mm512_loadu_ps(c2 + 2 * k0 + 16)),
-                         _mm512_mul_ps(s1, _mm512_loadu_ps(n2 + 2 * k0 + 16)));
-      const __m512 sum0 = _mm512_add_ps(_mm512_abs_ps(w0), _mm512_abs_ps(s0));
-      const __m512 sum1 = _mm512_add_ps(_mm512_abs_ps(w1), _mm512_abs_ps(s1));
-      zero0 = _mm512_cmp_ps_mask(sum0, zero, _CMP_EQ_OQ);
-      zero1 = _mm512_cmp_ps_mask(sum1, zero, _CMP_EQ_OQ);
-      bound0 = NarrowBound(_mm512_mul_ps(_mm512_mul_ps(bound_scale, sum0), scale_v));
-      bound1 = NarrowBound(_mm512_mul_ps(_mm512_mul_ps(bound_scale, sum1), scale_v));
-    }
-    const __mmask16 ok0 = NarrowsExactly(r0, bound0, zero0);
-    const __mmask16 ok1 = NarrowsExactly(r1, bound1, zero1);
-    // Bit i: pair k0 + i narrows exactly. NEOX pair i is lane i of r0 and
-    // r1; GPT-J pair i is lanes 2i, 2i + 1 of r0 (i < 8) or of r1.
-    uint32_t ok_pairs;
-    if constexpr (kStyle == RopeStyle::kNeox) {
-      ok_pairs = ok0 & ok1;
-    } else {
-      ok_pairs = _pext_u32(ok0 & (ok0 >> 1), 0x5555u) | _pext_u32(ok1 & (ok1 >> 1), 0x5555u) << 8;
-    }
-    if (__builtin_expect(ok_pairs != 0xffffu, 0)) {
-      alignas(64) float a0[16], a1[16];
-      _mm512_store_ps(a0, in0);
-      _mm512_store_ps(a1, in1);
-      for (uint32_t bad = ~ok_pairs & 0xffffu; bad != 0; bad &= bad - 1) {
-        const int i = __builtin_ctz(bad);
-        slow_k[*num_slow] = static_cast<int32_t>(k0 + i);
-        if constexpr (kStyle == RopeStyle::kNeox) {
-          slow_u[*num_slow] = a0[i];
-          slow_v[*num_slow] = a1[i];
-        } else {
-          const float* w = i < 8 ? a0 : a1;
-          slow_u[*num_slow] = w[2 * (i % 8)];
-          slow_v[*num_slow] = w[2 * (i % 8) + 1];
+      const __m512 bound = kUnitScale ? _mm512_mul_ps(bound_scale, sum)
+                                      : _mm512_mul_ps(_mm512_mul_ps(bound_scale, sum), scale_v);
+      const __m512 m = _mm512_range_ps(a, b, 0x0a);  // min(|a|, |b|), sign cleared
+      // 0xb9: NaN, infinite or subnormal.
+      const __mmask16 ok = _mm512_mask_cmp_ps_mask(_knot_mask16(_mm512_fpclass_ps_mask(m, 0xb9)), m,
+                                                   bound, _CMP_GE_OQ);
+      if (__builtin_expect(ok != 0xffffu, 0)) {
+        alignas(64) float us[16], vs[16];
+        _mm512_store_ps(us, u);
+        _mm512_store_ps(vs, v);
+        for (uint32_t bad = ~static_cast<uint32_t>(ok) & 0xffffu; bad != 0; bad &= bad - 1) {
+          const int i = __builtin_ctz(bad);
+          slow_k[slow] = static_cast<int32_t>(row * half + k0 + i);
+          slow_u[slow] = us[i];
+          slow_v[slow++] = vs[i];
         }
-        ++*num_slow;
+      }
+      const __m512i out = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // [a_0 .. a_15, b_0 .. b_15]
+      if constexpr (kStyle == RopeStyle::kNeox) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + k0), _mm512_castsi512_si256(out));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + half + k0),
+                            _mm512_extracti64x4_epi64(out, 1));
+      } else {
+        _mm512_storeu_si512(x + 2 * k0, _mm512_permutexvar_epi16(interleave, out));
       }
     }
-    // Low half r0, high half r1.
-    const __m512i out = (__m512i)_mm512_cvtne2ps_pbh(r1, r0);
-    if constexpr (kStyle == RopeStyle::kNeox) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + k0), _mm512_castsi512_si256(out));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + half + k0),
-                          _mm512_extracti64x4_epi64(out, 1));
-    } else {
-      _mm512_storeu_si512(x + 2 * k0, out);
-    }
   }
-  return k0;
+  *num_slow = slow;
+  return k_end;
 }
 #endif
 
-// bfloat16 RoPE of one head of token t, in place, 8 pairs per step in
-// hand-written vectors (vec.h): RotateF32 lane by lane, PairNeedsPrecise as
-// "both |a| and |b| >= its bound" (false for NaN as well), and one test per
-// 8 pairs. Steps with a lane that fails it, and the pairs past the last
-// multiple of 8, go pair by pair through the scalar contract; the pairs it
-// flags are redone in double after the loop from their inputs, kept in
-// s.pending_*. GPT-J pairs are adjacent, so a step rotates 16 consecutive
-// elements as (u c + v (-n), v c + u n) with the slot's [c, c] and [-n, n]
-// spread to match (ComputeRotations): x + (-y) is x - y in IEEE arithmetic,
-// so the results are RotateF32's bit for bit.
+// bfloat16 RoPE of one head of token t, in place, from pair k0 on (the
+// pairs before it done by RotateBF16Wide, which left those it could not
+// narrow exactly in slow_k/u/v[0, num_slow), as k_base + k), 8 pairs per
+// step in hand-written vectors (vec.h): RotateF32 lane by lane,
+// PairNeedsPrecise as "both |a| and |b| >= its bound" (false for NaN as
+// well), and one test per 8 pairs. Steps with a lane that fails it, and the
+// pairs past the last multiple of 8, go pair by pair through the scalar
+// contract; the pairs it flags are redone in double after the loop from
+// their inputs, kept in s.pending_*. GPT-J pairs are adjacent, so a step
+// rotates 16 consecutive elements as (u c + v (-n), v c + u n) with the
+// slot's [c, c] and [-n, n] spread to match (ComputeRotations): x + (-y) is
+// x - y in IEEE arithmetic, so the results are RotateF32's bit for bit.
 //
-// kWide (AVX-512 BF16 CPUs only): first RotateBF16Wide's 16-pair steps,
-// narrowed by VCVTNE2PS2BF16, whose rounding is FloatToBFloat16's (to
-// nearest even, NaN quieted) except that it flushes results below 2^-126 to
-// zero: a pair with such a result, like one the cancellation bound flags, is
-// redone by pair_from from the inputs RotateBF16Wide kept.
-template <RopeStyle kStyle, bool kWide>
-POSENC_ALWAYS_INLINE void RotateHeadBF16(const RopePlan& p, int64_t t, BFloat16* __restrict x,
-                                         const float* __restrict c, const float* __restrict n,
-                                         const float* __restrict c2, const float* __restrict n2,
-                                         Scratch& s) {
+// RotateBF16Wide (AVX-512 BF16 CPUs only) narrows by VCVTNE2PS2BF16, whose
+// rounding is FloatToBFloat16's (to nearest even, NaN quieted) except that
+// it flushes results below 2^-126 to zero: a pair with such a result, like
+// one the cancellation bound flags, is redone here by pair_from from the
+// inputs it kept.
+template <RopeStyle kStyle>
+POSENC_ALWAYS_INLINE void RotateHeadBF16(
+    const RopePlan& p, int64_t t, BFloat16* __restrict x, const float* __restrict c,
+    const float* __restrict n, const float* __restrict c2, const float* __restrict n2, Scratch& s,
+    int64_t k0 = 0, const int32_t* slow_k = nullptr, const float* slow_u = nullptr,
+    const float* slow_v = nullptr, int64_t num_slow = 0, int64_t k_base = 0) {
   const int64_t half = p.half();
   const double scale = p.attention_scale[p.FreqSetOfToken(t)];
   const float scale_f = static_cast<float>(scale);
@@ -328,15 +349,7 @@ POSENC_ALWAYS_INLINE void RotateHeadBF16(const RopePlan& p, int64_t t, BFloat16*
   auto pair = [=, &pair_from](int64_t k) {
     pair_from(k, ToFloat(x[PairFirst(kStyle, k, half)]), ToFloat(x[PairSecond(kStyle, k, half)]));
   };
-  int64_t k0 = 0;
-#ifdef POSENC_CPU_BF16_WIDE
-  if constexpr (kWide) {
-    int64_t slow = 0;
-    k0 = RotateBF16Wide<kStyle>(x, c, n, c2, n2, half, scale_f, s.wide_k.data(), s.wide_u.data(),
-                                s.wide_v.data(), &slow);
-    for (int64_t m = 0; m < slow; ++m) pair_from(s.wide_k[m], s.wide_u[m], s.wide_v[m]);
-  }
-#endif
+  for (int64_t m = 0; m < num_slow; ++m) pair_from(slow_k[m] - k_base, slow_u[m], slow_v[m]);
   const int64_t steps_end = k0 + (half - k0) / 8 * 8;
   for (int64_t k = k0; k < steps_end; k += 8) {
     V8 r0, r1, bound0, bound1;
@@ -379,16 +392,59 @@ POSENC_ALWAYS_INLINE void RotateHeadBF16(const RopePlan& p, int64_t t, BFloat16*
 
 // One head of token t: ct/nt are its slots' rotations (and ct2/nt2 their
 // spread form for bfloat16 GPT-J).
-template <typename T, RopeStyle kStyle, bool kWide>
+template <typename T, RopeStyle kStyle>
 POSENC_ALWAYS_INLINE void RotateHead(const RopePlan& p, int64_t t, T* head, const float* ct,
                                      const float* nt, const float* ct2, const float* nt2,
                                      Scratch& s) {
   if constexpr (std::is_same_v<T, float>) {
     RotateHeadF32<kStyle>(head, ct, nt, p.half());
   } else if constexpr (std::is_same_v<T, BFloat16>) {
-    RotateHeadBF16<kStyle, kWide>(p, t, head, ct, nt, ct2, nt2, s);
+    RotateHeadBF16<kStyle>(p, t, head, ct, nt, ct2, nt2, s);
   } else {
     RotateHead16<T, kStyle>(p, t, head, ct, nt, s);
+  }
+}
+
+// Rotates a run of rows. kWide (bfloat16 on AVX-512 BF16 CPUs): every row's
+// 16-pair steps in one RotateBF16Wide call, then each row's remaining pairs
+// and fix-ups.
+template <typename T, RopeStyle kStyle, bool kWide>
+POSENC_ALWAYS_INLINE void RotateRows(const RopePlan& p, const Rows<T>& rows, Scratch& s) {
+  const int64_t half = p.half(), D = p.head_dim;
+#ifdef POSENC_CPU_BF16_WIDE
+  if constexpr (kWide && std::is_same_v<T, BFloat16>) {
+    const float scale_f = static_cast<float>(p.attention_scale[p.FreqSetOfToken(rows.t0)]);
+    if (scale_f >= kWideMinScale) {
+      int64_t slow = 0;
+      const int64_t k0 =
+          scale_f == 1.0f ? RotateBF16Wide<kStyle, true>(rows, D, half, scale_f, s.wide_k.data(),
+                                                         s.wide_u.data(), s.wide_v.data(), &slow)
+                          : RotateBF16Wide<kStyle, false>(rows, D, half, scale_f, s.wide_k.data(),
+                                                          s.wide_u.data(), s.wide_v.data(), &slow);
+      int64_t m = 0;  // the row's first slow pair
+      for (int64_t i = 0; i < rows.count; ++i) {
+        int64_t m_end = m;
+        while (m_end < slow && s.wide_k[m_end] < (i + 1) * half) ++m_end;
+        if (m_end == m && k0 == half) continue;  // the common row: nothing left
+        const int64_t cn = i * rows.dt * half;
+        RotateHeadBF16<kStyle>(p, rows.t0 + i * rows.dt, rows.x + i * D, rows.c + cn, rows.n + cn,
+                               rows.c2 + 2 * cn, rows.n2 + 2 * cn, s, k0, s.wide_k.data() + m,
+                               s.wide_u.data() + m, s.wide_v.data() + m, m_end - m, i * half);
+        m = m_end;
+      }
+      return;
+    }
+  }
+#endif
+  for (int64_t i = 0; i < rows.count; ++i) {
+    T* x = rows.x + i * D;
+    if (rows.prefetch_bytes != 0) {
+      PrefetchForWrite(reinterpret_cast<const char*>(x) + rows.prefetch_bytes,
+                       D * static_cast<int64_t>(sizeof(T)));
+    }
+    const int64_t cn = i * rows.dt * half;
+    RotateHead<T, kStyle>(p, rows.t0 + i * rows.dt, x, rows.c + cn, rows.n + cn, rows.c2 + 2 * cn,
+                          rows.n2 + 2 * cn, s);
   }
 }
 
@@ -396,12 +452,6 @@ POSENC_ALWAYS_INLINE void RotateHead(const RopePlan& p, int64_t t, T* head, cons
 // prefetcher alone left a quarter of the bfloat16 loop's time waiting on
 // loads (perf), and 2-4 KiB ahead measured 10-25% faster (RESULTS.md).
 constexpr int64_t kPrefetchAhead = 2048;
-
-// Asks for the cache lines of [p, p + bytes) ahead of a write.
-POSENC_ALWAYS_INLINE void PrefetchForWrite(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 1, 3);
-}
 
 template <typename T, RopeStyle kStyle, bool kWide = false>
 POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, T* q, T* k, int64_t t0, int64_t t1,
@@ -418,22 +468,17 @@ POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, T* q, T* k, int64_t t0, i
       for (int64_t run = t0; run < t1;) {
         const int64_t run_end = std::min(t1, (run / p.seq_len + 1) * p.seq_len);
         const HeadSpan span = HeadsOfToken(p.layout, run, p.seq_len, heads, D);
-        const float* c = s.c.data() + (run - t0) * half;
-        const float* n = s.n.data() + (run - t0) * half;
-        const float* c2 = s.c2.data() + (run - t0) * 2 * half;
-        const float* n2 = s.n2.data() + (run - t0) * 2 * half;
+        const int64_t cn = (run - t0) * half;
         for (int64_t h = 0; h < heads; ++h) {
-          T* x = base + span.first + h * span.stride;
-          for (int64_t t = run; t < run_end; ++t) {
-            T* head = x + (t - run) * D;
-            // The next head's run is far away (1 MiB for a 4096-token
-            // bfloat16 sequence of 128-dim heads) and the hardware
-            // prefetcher restarts at every run: fetch its row while this
-            // one rotates.
-            if (h + 1 < heads) PrefetchForWrite(head + span.stride, D * sizeof(T));
-            RotateHead<T, kStyle, kWide>(p, t, head, c + (t - run) * half, n + (t - run) * half,
-                                         c2 + (t - run) * 2 * half, n2 + (t - run) * 2 * half, s);
-          }
+          // The next head's run is far away (1 MiB for a 4096-token
+          // bfloat16 sequence of 128-dim heads) and the hardware prefetcher
+          // restarts at every run: fetch its rows while these rotate.
+          const int64_t ahead = h + 1 < heads ? span.stride * static_cast<int64_t>(sizeof(T)) : 0;
+          RotateRows<T, kStyle, kWide>(
+              p,
+              Rows<T>{base + span.first + h * span.stride, run_end - run, run, 1, s.c.data() + cn,
+                      s.n.data() + cn, s.c2.data() + 2 * cn, s.n2.data() + 2 * cn, ahead},
+              s);
         }
         run = run_end;
       }
@@ -441,20 +486,18 @@ POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, T* q, T* k, int64_t t0, i
       // Token-major: a token's heads are contiguous.
       for (int64_t t = t0; t < t1; ++t) {
         T* x = base + HeadsOfToken(p.layout, t, p.seq_len, heads, D).first;
-        const float* c = s.c.data() + (t - t0) * half;
-        const float* n = s.n.data() + (t - t0) * half;
-        const float* c2 = s.c2.data() + (t - t0) * 2 * half;
-        const float* n2 = s.n2.data() + (t - t0) * 2 * half;
-        for (int64_t h = 0; h < heads; ++h) {
-          PrefetchForWrite(reinterpret_cast<const char*>(x + h * D) + kPrefetchAhead,
-                           D * static_cast<int64_t>(sizeof(T)));
-          RotateHead<T, kStyle, kWide>(p, t, x + h * D, c, n, c2, n2, s);
+        const int64_t cn = (t - t0) * half;
+        for (int64_t h0 = 0; h0 < heads; h0 += kMaxRowsPerCall) {
+          RotateRows<T, kStyle, kWide>(
+              p,
+              Rows<T>{x + h0 * D, std::min(kMaxRowsPerCall, heads - h0), t, 0, s.c.data() + cn,
+                      s.n.data() + cn, s.c2.data() + 2 * cn, s.n2.data() + 2 * cn, kPrefetchAhead},
+              s);
         }
       }
     }
   }
 }
-
 template <typename T, RopeStyle kStyle, bool kWide = false>
 POSENC_ALWAYS_INLINE void RopeTokensTyped(const RopePlan& p, void* q, void* k, int64_t begin,
                                           int64_t end, Scratch& s) {

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "math/nan.h"
 #include "posenc/codes.h"
 #include "posenc/dtype.h"
 #include "posenc/host_device.h"
@@ -87,10 +88,8 @@ POSENC_HOST_DEVICE float BiasOf(double neg_slope, double d) {
   return static_cast<float>(neg_slope * d);
 }
 
-// A NaN sum leaves as one pattern, the positive quiet NaN 0x7fc00000: x86
-// keeps a NaN logit's sign and payload and makes 0xffc00000 of inf - inf,
-// where a GPU makes 0x7fffffff of either, and the backends agree bit for bit.
-POSENC_HOST_DEVICE float CanonicalNaN(float v) { return v != v ? BitsFloat(0x7fc00000u) : v; }
+// A NaN sum leaves as one pattern (CanonicalNaN, nan.h), so the backends
+// agree bit for bit.
 
 // Adding it to a logit. With a float slope and |d| < 2^24 the exact sum
 // logit - slope * d is rounded once to float (fmaf): the float nearest the

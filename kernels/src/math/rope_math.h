@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "math/angle.h"
+#include "math/nan.h"
 #include "posenc/dtype.h"
 #include "posenc/host_device.h"
 
@@ -34,11 +35,13 @@ POSENC_HOST_DEVICE SlotRotation RotationOf(double angle, double scale, bool inve
 }
 
 // The rotated pair in float32. (Scalars rather than a SlotRotation: GCC
-// does not vectorise loops that build the struct from two arrays.)
+// does not vectorise loops that build the struct from two arrays.) A NaN
+// result (from a NaN or infinite input) leaves as CanonicalNaN's one
+// pattern, whichever NaN the hardware made.
 POSENC_HOST_DEVICE void RotateF32(float u, float v, float c, float n, float* a, float* b) {
   const float uc = u * c, vn = v * n, vc = v * c, un = u * n;
-  *a = uc - vn;
-  *b = vc + un;
+  *a = CanonicalNaN(uc - vn);
+  *b = CanonicalNaN(vc + un);
 }
 
 // True when either float result (a, b) of the pair (u, v) may miss a 16-bit
@@ -59,8 +62,8 @@ POSENC_HOST_DEVICE void RotatePrecise(float u, float v, double angle, double sca
   SinCosPrecise(angle, &s, &c);
   const double cd = c * scale, nd = s * (inverse ? -scale : scale);
   const double ud = u, vd = v;
-  *a = static_cast<float>(ud * cd - vd * nd);
-  *b = static_cast<float>(vd * cd + ud * nd);
+  *a = CanonicalNaN(static_cast<float>(ud * cd - vd * nd));
+  *b = CanonicalNaN(static_cast<float>(vd * cd + ud * nd));
 }
 
 // The angle of a flagged pair: a value, or a callable that forms it (the
