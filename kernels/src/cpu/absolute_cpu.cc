@@ -22,6 +22,10 @@
 #include "posenc/dtype.h"
 #include "vec.h"
 
+#ifdef POSENC_CPU_BF16_WIDE
+#include <immintrin.h>
+#endif
+
 namespace posenc::internal {
 namespace {
 
@@ -65,12 +69,22 @@ struct AnchorRow {
   std::vector<uint32_t> phase_hi, phase_lo;
 };
 
+// Whether this CPU runs FusedRangeBF16Wide.
+bool HasWideLoop() {
+#ifdef POSENC_CPU_BF16_WIDE
+  return CpuHasAvx512Bf16();
+#else
+  return false;
+#endif
+}
+
 // Per-thread buffers, separately allocated so the compiler can see they do
 // not overlap.
 struct Scratch {
   explicit Scratch(const AbsolutePlan& p)
       : frequencies(static_cast<int64_t>(p.phase_step.size())),
-        pairs(p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved && Fuses(p)),
+        wide(p.dtype == DType::kBFloat16 && Fuses(p) && HasWideLoop()),
+        pairs(p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved && Fuses(p) && !wide),
         row(p.dim),
         saved(p.dim),
         flag(p.dim),
@@ -92,7 +106,8 @@ struct Scratch {
     }
   }
   const int64_t frequencies;
-  const bool pairs;           // AnchorRow's layout: pairs (the fused INTERLEAVED pass) or halves
+  const bool wide;   // the fused pass runs FusedRangeBF16Wide (bfloat16, AVX-512 BF16)
+  const bool pairs;  // AnchorRow's layout: pairs (the 8-lane fused INTERLEAVED pass) or halves
   std::vector<float> row;     // [dim] PE in float32 (paths that do not fuse)
   std::vector<float> saved;   // [dim] 16-bit inputs kept for recomputation (ditto)
   std::vector<uint8_t> flag;  // [dim] elements to recompute in double (ditto)
@@ -393,6 +408,94 @@ POSENC_FUSED_RANGE(FusedRangeBF16, BFloat16, false)
 POSENC_FUSED_RANGE(FusedRangeBF16Scaled, BFloat16, true)
 #undef POSENC_FUSED_RANGE
 
+#ifdef POSENC_CPU_BF16_WIDE
+// FusedRangeBody for bfloat16 on AVX-512 BF16 CPUs, 16 frequencies a step
+// in 512-bit registers, from the anchor row's halves (a = sin_i, b = cos_i):
+// lane j of a step holds frequency i + j, its sin channel's input in u and
+// its cos channel's in v (INTERLEAVED: 16 adjacent pairs, split into even
+// and odd elements; CONCATENATED: the two halves). PE is RotateSinCos,
+// operation for operation. VCVTNE2PS2BF16 narrows a sum as FloatToBFloat16
+// does wherever |r| >= kSinusoidalSafeSum (2^-10: far from float
+// subnormals, which it would flush); a step with a lane below that or NaN
+// is stored all the same, and then those lanes' two elements are stored
+// again by the scalar operations of FusedRangeBody's `slow`, recording the
+// flagged ones in pending_* for the caller. [lo, hi): multiples of 16 apart.
+template <bool kScaled>
+POSENC_BF16_WIDE_TARGET __attribute__((noinline)) void FusedRangeBF16Wide(
+    const float* __restrict a, const float* __restrict b, const float* __restrict tc,
+    const float* __restrict ts, bool interleaved, int64_t half, BFloat16* __restrict y, int64_t lo,
+    int64_t hi, float xs, int32_t* __restrict pending_at, float* __restrict pending_x,
+    int64_t* pending_count) {
+  int64_t pending = *pending_count;
+  const __m512 xs_v = _mm512_set1_ps(xs);
+  const __m512 safe = _mm512_set1_ps(kSinusoidalSafeSum<BFloat16>);
+  const __m512i odd_half = _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u));
+  // 16-bit lane k of an INTERLEAVED step's output: the sin sum of frequency
+  // k/2 for even k, its cos sum for odd k, from VCVTNE2PS2BF16's
+  // [sin_0 .. sin_15, cos_0 .. cos_15].
+  const __m512i interleave =
+      _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                       21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  constexpr int64_t kAhead = kPrefetchAhead / sizeof(BFloat16);
+  for (int64_t i = lo; i < hi; i += 16) {
+    __m512 u, v;
+    if (interleaved) {
+      __builtin_prefetch(y + 2 * i + kAhead, 1, 3);
+      const __m512i w = _mm512_loadu_si512(y + 2 * i);
+      u = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+      v = _mm512_castsi512_ps(_mm512_and_si512(w, odd_half));
+    } else {
+      __builtin_prefetch(y + i + kAhead, 1, 3);
+      __builtin_prefetch(y + half + i + kAhead, 1, 3);
+      u = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + i))), 16));
+      v = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + half + i))),
+          16));
+    }
+    const __m512 as = _mm512_loadu_ps(a + i), ac = _mm512_loadu_ps(b + i);
+    const __m512 oc = _mm512_loadu_ps(tc + i), os = _mm512_loadu_ps(ts + i);
+    const __m512 pe_s = _mm512_add_ps(_mm512_mul_ps(as, oc), _mm512_mul_ps(ac, os));
+    const __m512 pe_c = _mm512_sub_ps(_mm512_mul_ps(ac, oc), _mm512_mul_ps(as, os));
+    const __m512 rs = _mm512_add_ps(kScaled ? _mm512_mul_ps(u, xs_v) : u, pe_s);
+    const __m512 rc = _mm512_add_ps(kScaled ? _mm512_mul_ps(v, xs_v) : v, pe_c);
+    // min(|rs|, |rc|) >= the bound, neither NaN (VRANGEPS returns the other
+    // operand of a NaN).
+    const __m512 m = _mm512_range_ps(rs, rc, 0x0a);
+    const __mmask16 ok = _mm512_mask_cmp_ps_mask(
+        _knot_mask16(_mm512_cmp_ps_mask(rs, rc, _CMP_UNORD_Q)), m, safe, _CMP_GE_OQ);
+    const __m512i out = (__m512i)_mm512_cvtne2ps_pbh(rc, rs);  // [sin sums, cos sums]
+    if (interleaved) {
+      _mm512_storeu_si512(y + 2 * i, _mm512_permutexvar_epi16(interleave, out));
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), _mm512_castsi512_si256(out));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + half + i),
+                          _mm512_extracti64x4_epi64(out, 1));
+    }
+    if (__builtin_expect(ok != 0xffffu, 0)) {
+      alignas(64) float xu[16], xv[16], sums[2][16];
+      _mm512_store_ps(xu, u);
+      _mm512_store_ps(xv, v);
+      _mm512_store_ps(sums[0], rs);
+      _mm512_store_ps(sums[1], rc);
+      for (uint32_t bad = ~static_cast<uint32_t>(ok) & 0xffffu; bad != 0; bad &= bad - 1) {
+        const int j = __builtin_ctz(bad);
+        for (int channel = 0; channel < 2; ++channel) {  // sin, cos
+          const int64_t e = interleaved ? 2 * (i + j) + channel : channel * half + i + j;
+          const float r = sums[channel][j];
+          y[e] = FromFloat<BFloat16>(r);
+          if (SinusoidalSumNeedsPrecise<BFloat16>(r)) {
+            pending_at[pending] = static_cast<int32_t>(e);
+            pending_x[pending++] = channel == 0 ? xu[j] : xv[j];
+          }
+        }
+      }
+    }
+  }
+  *pending_count = pending;
+}
+#endif
+
 // Frequencies [lo, hi) of the row y of a token whose tables r gives.
 template <typename T, bool kScaled>
 POSENC_ALWAYS_INLINE void FusedRange(const RowSource& r, bool interleaved, int64_t half, T* y,
@@ -404,6 +507,9 @@ POSENC_ALWAYS_INLINE void FusedRange(const RowSource& r, bool interleaved, int64
   if constexpr (std::is_same_v<T, float>) {
     run(kScaled ? FusedRangeF32Scaled : FusedRangeF32);
   } else {
+#ifdef POSENC_CPU_BF16_WIDE
+    if (s.wide) return run(FusedRangeBF16Wide<kScaled>);
+#endif
     run(kScaled ? FusedRangeBF16Scaled : FusedRangeBF16);
   }
 }
@@ -417,7 +523,9 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
   const double x_scale = p.options.x_scale;
   const float xs = static_cast<float>(x_scale);
   const bool interleaved = p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved;
-  const int64_t vector_end = half - half % 8;
+  // Frequencies the vector loops take: multiples of 16 for the wide loop,
+  // of 8 otherwise.
+  const int64_t vector_end = s.wide ? half - half % 16 : half - half % 8;
   for (int64_t t = begin; t < end; ++t) {
     const int64_t pos = p.positions.values[t];
     const RowSource r = SourceOf(p, pos, s);
@@ -441,9 +549,16 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
       AddEncoding(&y[e], pe, x_scale, PeRange::kSinusoidal,
                   [&] { return PreciseEncoding(p, pos, e); });
     };
-    if (interleaved) {
+    if (interleaved && s.pairs) {
       for (int64_t e = 2 * vector_end; e < dim; ++e)
         one(e, InterleavedPe1(r.a, r.b, r.tc, r.ts, e));  // odd d: a sin
+    } else if (interleaved) {                             // the anchor row in halves
+      for (int64_t e = 2 * vector_end; e < dim; ++e) {
+        const int64_t i = e / 2;
+        float sn, cs;
+        RotateSinCos(r.a[i], r.b[i], r.ts[i], r.tc[i], &sn, &cs);
+        one(e, e % 2 == 0 ? sn : cs);  // odd d: a sin
+      }
     } else {
       for (int64_t i = vector_end; i < half; ++i) {
         float sn, cs;

@@ -18,8 +18,11 @@
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(POSENC_NO_CLONES)
 #define POSENC_CPU_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-// Loops chosen at run time on CPUs with AVX-512 BF16 (rope_cpu.cc).
+// Loops chosen at run time on CPUs with AVX-512 BF16 (CpuHasAvx512Bf16),
+// compiled for them by POSENC_BF16_WIDE_TARGET.
 #define POSENC_CPU_BF16_WIDE 1
+#define POSENC_BF16_WIDE_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,bmi2")))
 #else
 #define POSENC_CPU_CLONES
 #endif
@@ -46,6 +49,13 @@ POSENC_ALWAYS_INLINE void ForEachFlagged(const uint8_t* flag, int64_t n, Fix fix
     if (flag[i]) fix(i);
   }
 }
+
+#ifdef POSENC_CPU_BF16_WIDE
+// Whether the POSENC_BF16_WIDE_TARGET loops can run here: AVX-512 F, BW,
+// VL, DQ and BF16, unless POSENC_NO_AVX512BF16 is set (for comparing with
+// the other loops on one machine).
+bool CpuHasAvx512Bf16();
+#endif
 
 // Rotates tokens [begin, end) of query and key in place.
 void RopeTokensCpu(const RopePlan& plan, void* query, void* key, int64_t begin, int64_t end);

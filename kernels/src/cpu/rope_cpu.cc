@@ -197,9 +197,6 @@ POSENC_ALWAYS_INLINE void PrefetchForWrite(const void* p, int64_t bytes) {
 }
 
 #ifdef POSENC_CPU_BF16_WIDE
-#define POSENC_BF16_WIDE_TARGET \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,bmi2")))
-
 // The smallest attention scale RotateBF16Wide takes. Its exactness test
 // relies on the bound (2^-12 |u| + |v|) scale being nonzero whenever an
 // input is: true for bfloat16 inputs (|u| + |v| >= 2^-133) and scale >= 2^-3.
@@ -536,18 +533,6 @@ POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, void* q, void* k, i
       std::abort();  // PlanRope admits floating dtypes only
   }
 }
-
-#ifdef POSENC_CPU_BF16_WIDE
-bool CpuHasAvx512Bf16() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           std::getenv("POSENC_NO_AVX512BF16") == nullptr;
-  }();
-  return has;
-}
-#endif
 
 }  // namespace
 

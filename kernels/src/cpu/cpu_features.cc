@@ -1,0 +1,20 @@
+// Which of the CPU kernels' optional instruction sets this machine has.
+#include <cstdlib>
+
+#include "cpu_kernels.h"
+
+namespace posenc::internal {
+
+#ifdef POSENC_CPU_BF16_WIDE
+bool CpuHasAvx512Bf16() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           std::getenv("POSENC_NO_AVX512BF16") == nullptr;
+  }();
+  return has;
+}
+#endif
+
+}  // namespace posenc::internal
