@@ -88,8 +88,8 @@ struct Scratch {
         row(p.dim),
         saved(p.dim),
         flag(p.dim),
-        pending_at(p.dim),
-        pending_x(p.dim),
+        pending_at(kPhaseAnchorStride * p.dim),
+        pending_x(kPhaseAnchorStride * p.dim),
         current(p.phase_step.size()),
         next(p.phase_step.size()),
         step_hi(p.phase_step.size()),
@@ -420,12 +420,13 @@ POSENC_FUSED_RANGE(FusedRangeBF16Scaled, BFloat16, true)
 // is stored all the same, and then those lanes' two elements are stored
 // again by the scalar operations of FusedRangeBody's `slow`, recording the
 // flagged ones in pending_* for the caller. [lo, hi): multiples of 16 apart.
+// Each step asks for the elements `ahead` past its own (the next row's).
 template <bool kScaled>
 POSENC_BF16_WIDE_TARGET __attribute__((noinline)) void FusedRangeBF16Wide(
     const float* __restrict a, const float* __restrict b, const float* __restrict tc,
     const float* __restrict ts, bool interleaved, int64_t half, BFloat16* __restrict y, int64_t lo,
     int64_t hi, float xs, int32_t* __restrict pending_at, float* __restrict pending_x,
-    int64_t* pending_count) {
+    int64_t* pending_count, int64_t ahead) {
   int64_t pending = *pending_count;
   const __m512 xs_v = _mm512_set1_ps(xs);
   const __m512 safe = _mm512_set1_ps(kSinusoidalSafeSum<BFloat16>);
@@ -436,17 +437,16 @@ POSENC_BF16_WIDE_TARGET __attribute__((noinline)) void FusedRangeBF16Wide(
   const __m512i interleave =
       _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                        21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  constexpr int64_t kAhead = kPrefetchAhead / sizeof(BFloat16);
   for (int64_t i = lo; i < hi; i += 16) {
     __m512 u, v;
     if (interleaved) {
-      __builtin_prefetch(y + 2 * i + kAhead, 1, 3);
+      __builtin_prefetch(y + 2 * i + ahead, 1, 3);
       const __m512i w = _mm512_loadu_si512(y + 2 * i);
       u = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
       v = _mm512_castsi512_ps(_mm512_and_si512(w, odd_half));
     } else {
-      __builtin_prefetch(y + i + kAhead, 1, 3);
-      __builtin_prefetch(y + half + i + kAhead, 1, 3);
+      __builtin_prefetch(y + i + ahead, 1, 3);
+      __builtin_prefetch(y + half + i + ahead, 1, 3);
       u = _mm512_castsi512_ps(_mm512_slli_epi32(
           _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + i))), 16));
       v = _mm512_castsi512_ps(_mm512_slli_epi32(
@@ -496,10 +496,12 @@ POSENC_BF16_WIDE_TARGET __attribute__((noinline)) void FusedRangeBF16Wide(
 }
 #endif
 
-// Frequencies [lo, hi) of the row y of a token whose tables r gives.
+// Frequencies [lo, hi) of the row y of a token whose tables r gives. The
+// wide loop asks for the elements `ahead` on as it goes.
 template <typename T, bool kScaled>
 POSENC_ALWAYS_INLINE void FusedRange(const RowSource& r, bool interleaved, int64_t half, T* y,
-                                     int64_t lo, int64_t hi, float xs, Scratch& s) {
+                                     int64_t lo, int64_t hi, float xs, int64_t ahead, Scratch& s) {
+  (void)ahead;  // the 8-lane loops prefetch kPrefetchAhead on
   auto run = [&](auto* range) {
     range(r.a, r.b, r.tc, r.ts, interleaved, half, y, lo, hi, xs, s.pending_at.data(),
           s.pending_x.data(), &s.pending);
@@ -508,7 +510,11 @@ POSENC_ALWAYS_INLINE void FusedRange(const RowSource& r, bool interleaved, int64
     run(kScaled ? FusedRangeF32Scaled : FusedRangeF32);
   } else {
 #ifdef POSENC_CPU_BF16_WIDE
-    if (s.wide) return run(FusedRangeBF16Wide<kScaled>);
+    if (s.wide) {
+      return FusedRangeBF16Wide<kScaled>(r.a, r.b, r.tc, r.ts, interleaved, half, y, lo, hi, xs,
+                                         s.pending_at.data(), s.pending_x.data(), &s.pending,
+                                         ahead);
+    }
 #endif
     run(kScaled ? FusedRangeBF16Scaled : FusedRangeBF16);
   }
@@ -516,6 +522,13 @@ POSENC_ALWAYS_INLINE void FusedRange(const RowSource& r, bool interleaved, int64
 
 // y = x * x_scale + PE with PE computed in the same pass (see the top of the
 // file), for float32 and bfloat16 rows (Fuses).
+//
+// The wide loop takes tokens in groups that share an anchor (up to 16
+// consecutive tokens), frequency block by block: a block's slice of the
+// anchor row then serves the whole group from L1, where row by row the
+// anchor row, the offset rows, the next anchor row and the row itself
+// (56 KiB for d = 4096) overflowed a 48 KiB L1 every token. The other loops
+// take one token at a time.
 template <typename T, bool kScaled>
 POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, int64_t begin,
                                       int64_t end, Scratch& s) {
@@ -526,48 +539,66 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
   // Frequencies the vector loops take: multiples of 16 for the wide loop,
   // of 8 otherwise.
   const int64_t vector_end = s.wide ? half - half % 16 : half - half % 8;
-  for (int64_t t = begin; t < end; ++t) {
-    const int64_t pos = p.positions.values[t];
-    const RowSource r = SourceOf(p, pos, s);
-    T* __restrict y = x + t * dim;
+  const int64_t max_group = s.wide ? kPhaseAnchorStride : 1;
+  const int64_t* pos = p.positions.values.data();
+  RowSource source[kPhaseAnchorStride];
+  for (int64_t t = begin; t < end;) {
+    const int64_t anchor = PhaseAnchor(pos[t]);
+    int64_t group_end = t + 1;
+    while (group_end < end && group_end - t < max_group && PhaseAnchor(pos[group_end]) == anchor) {
+      ++group_end;
+    }
+    const int64_t group = group_end - t;
+    for (int64_t g = 0; g < group; ++g) source[g] = SourceOf(p, pos[t + g], s);
     // Frequencies in blocks of kNextEvery, with a 16th of that many of the
-    // next anchor row's after each: a 16th of its row per token.
+    // next anchor row's after each, per token: a 16th of its row per token.
+    // Pending elements are numbered from the group's first row.
     s.pending = 0;
     for (int64_t block = 0; block < vector_end; block += kNextEvery) {
-      FusedRange<T, kScaled>(r, interleaved, half, y, block,
-                             std::min(vector_end, block + kNextEvery), xs, s);
-      AdvanceNext(kNextEvery / kPhaseAnchorStride, s);
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t first = s.pending;
+        FusedRange<T, kScaled>(source[g], interleaved, half, x + (t + g) * dim, block,
+                               std::min(vector_end, block + kNextEvery), xs, dim, s);
+        for (int64_t k = first; k < s.pending; ++k) {
+          s.pending_at[k] += static_cast<int32_t>(g * dim);
+        }
+      }
+      AdvanceNext(group * kNextEvery / kPhaseAnchorStride, s);
     }
-    auto precise = [&](int64_t e, float xe) {
-      return static_cast<double>(xe) * x_scale + PreciseEncoding(p, pos, e);
-    };
+    T* __restrict y0 = x + t * dim;
     for (int64_t k = 0; k < s.pending; ++k) {
-      const int64_t e = s.pending_at[k];
-      y[e] = FromFloat<T>(static_cast<float>(precise(e, s.pending_x[k])));
+      const int64_t at = s.pending_at[k], g = at / dim, e = at - g * dim;
+      y0[at] = FromFloat<T>(static_cast<float>(static_cast<double>(s.pending_x[k]) * x_scale +
+                                               PreciseEncoding(p, pos[t + g], e)));
     }
-    auto one = [&](int64_t e, float pe) {
-      AddEncoding(&y[e], pe, x_scale, PeRange::kSinusoidal,
-                  [&] { return PreciseEncoding(p, pos, e); });
-    };
-    if (interleaved && s.pairs) {
-      for (int64_t e = 2 * vector_end; e < dim; ++e)
-        one(e, InterleavedPe1(r.a, r.b, r.tc, r.ts, e));  // odd d: a sin
-    } else if (interleaved) {                             // the anchor row in halves
-      for (int64_t e = 2 * vector_end; e < dim; ++e) {
-        const int64_t i = e / 2;
-        float sn, cs;
-        RotateSinCos(r.a[i], r.b[i], r.ts[i], r.tc[i], &sn, &cs);
-        one(e, e % 2 == 0 ? sn : cs);  // odd d: a sin
+    for (int64_t g = 0; g < group; ++g) {
+      const RowSource& r = source[g];
+      T* __restrict y = y0 + g * dim;
+      auto one = [&](int64_t e, float pe) {
+        AddEncoding(&y[e], pe, x_scale, PeRange::kSinusoidal,
+                    [&] { return PreciseEncoding(p, pos[t + g], e); });
+      };
+      if (interleaved && s.pairs) {
+        for (int64_t e = 2 * vector_end; e < dim; ++e)
+          one(e, InterleavedPe1(r.a, r.b, r.tc, r.ts, e));  // odd d: a sin
+      } else if (interleaved) {                             // the anchor row in halves
+        for (int64_t e = 2 * vector_end; e < dim; ++e) {
+          const int64_t i = e / 2;
+          float sn, cs;
+          RotateSinCos(r.a[i], r.b[i], r.ts[i], r.tc[i], &sn, &cs);
+          one(e, e % 2 == 0 ? sn : cs);  // odd d: a sin
+        }
+      } else {
+        for (int64_t i = vector_end; i < half; ++i) {
+          float sn, cs;
+          RotateSinCos(r.a[i], r.b[i], r.ts[i], r.tc[i], &sn, &cs);
+          one(i, sn);
+          one(half + i, cs);
+        }
+        if (dim % 2 == 1) one(dim - 1, 0.0f);  // fairseq's zero channel for odd d
       }
-    } else {
-      for (int64_t i = vector_end; i < half; ++i) {
-        float sn, cs;
-        RotateSinCos(r.a[i], r.b[i], r.ts[i], r.tc[i], &sn, &cs);
-        one(i, sn);
-        one(half + i, cs);
-      }
-      if (dim % 2 == 1) one(dim - 1, 0.0f);  // fairseq's zero channel for odd d
     }
+    t = group_end;
   }
 }
 
