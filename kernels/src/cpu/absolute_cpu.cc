@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -78,24 +79,44 @@ bool HasWideLoop() {
 #endif
 }
 
+// Elements the fused pass's pending lists hold: a group of rows (FusedTokens)
+// is at most this many elements.
+int64_t PendingCapacity(int64_t dim) { return std::max<int64_t>(dim, int64_t{1} << 16); }
+
 // Per-thread buffers, separately allocated so the compiler can see they do
-// not overlap.
+// not overlap. A thread keeps its Scratch from call to call (ScratchFor).
 struct Scratch {
   explicit Scratch(const AbsolutePlan& p)
-      : frequencies(static_cast<int64_t>(p.phase_step.size())),
+      : dim(p.dim),
+        frequencies(static_cast<int64_t>(p.phase_step.size())),
         wide(p.dtype == DType::kBFloat16 && Fuses(p) && HasWideLoop()),
         pairs(p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved && Fuses(p) && !wide),
         row(p.dim),
         saved(p.dim),
         flag(p.dim),
-        pending_at(kPhaseAnchorStride * p.dim),
-        pending_x(kPhaseAnchorStride * p.dim),
+        pending_at(PendingCapacity(p.dim)),
+        pending_x(PendingCapacity(p.dim)),
         current(p.phase_step.size()),
         next(p.phase_step.size()),
         step_hi(p.phase_step.size()),
         step_lo(p.phase_step.size()),
         stride_hi(p.phase_step.size()),
         stride_lo(p.phase_step.size()) {
+    Restart(p);
+  }
+
+  // Whether this Scratch's buffers and layouts serve plan p.
+  bool Serves(const AbsolutePlan& p) const {
+    const Scratch& s = *this;
+    return s.dim == p.dim && s.frequencies == static_cast<int64_t>(p.phase_step.size()) &&
+           s.wide == (p.dtype == DType::kBFloat16 && Fuses(p) && HasWideLoop()) &&
+           s.pairs == (p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved && Fuses(p) &&
+                       !s.wide);
+  }
+
+  // Readies a Scratch that Serves(p) for a call on p: its phase steps, and no
+  // anchor row computed.
+  void Restart(const AbsolutePlan& p) {
     for (size_t i = 0; i < p.phase_step.size(); ++i) {
       const uint64_t step = p.phase_step[i];
       const uint64_t stride = step * static_cast<uint64_t>(kPhaseAnchorStride);  // mod 2^64
@@ -104,7 +125,15 @@ struct Scratch {
       stride_hi[i] = static_cast<uint32_t>(stride >> 32);
       stride_lo[i] = static_cast<uint32_t>(stride);
     }
+    current.anchor = next.anchor = 1;  // not a multiple of 16: none
+    next_done = 0;
+    pending = 0;
   }
+
+  // Roughly the bytes it holds.
+  int64_t Bytes() const { return 20 * dim + 8 * PendingCapacity(dim) + 64 * frequencies; }
+
+  const int64_t dim;
   const int64_t frequencies;
   const bool wide;   // the fused pass runs FusedRangeBF16Wide (bfloat16, AVX-512 BF16)
   const bool pairs;  // AnchorRow's layout: pairs (the 8-lane fused INTERLEAVED pass) or halves
@@ -114,8 +143,8 @@ struct Scratch {
   // The fused pass's elements to recompute in double, and their inputs: the
   // row loop only records them, so it makes no calls (a call inside it made
   // the compiler spill its pointers for every iteration).
-  std::vector<int32_t> pending_at;
-  std::vector<float> pending_x;
+  UninitializedArray<int32_t> pending_at;  // [PendingCapacity]: a group's rows
+  UninitializedArray<float> pending_x;
   int64_t pending = 0;
   // The anchor of the tokens being processed, and the one 16 positions on,
   // of which frequencies [0, next_done) are computed so far.
@@ -416,8 +445,8 @@ POSENC_FUSED_RANGE(FusedRangeBF16Scaled, BFloat16, true)
 // and odd elements; CONCATENATED: the two halves). PE is RotateSinCos,
 // operation for operation. VCVTNE2PS2BF16 narrows a sum as FloatToBFloat16
 // does wherever |r| >= kSinusoidalSafeSum (2^-10: far from float
-// subnormals, which it would flush); a step with a lane below that or NaN
-// is stored all the same, and then those lanes' two elements are stored
+// subnormals, which it would flush); a step with a lane below that is
+// stored all the same, and then those lanes' two elements are stored
 // again by the scalar operations of FusedRangeBody's `slow`, recording the
 // flagged ones in pending_* for the caller. [lo, hi): multiples of 16 apart.
 // Each step asks for the elements `ahead` past its own (the next row's).
@@ -459,11 +488,12 @@ POSENC_BF16_WIDE_TARGET __attribute__((noinline)) void FusedRangeBF16Wide(
     const __m512 pe_c = _mm512_sub_ps(_mm512_mul_ps(ac, oc), _mm512_mul_ps(as, os));
     const __m512 rs = _mm512_add_ps(kScaled ? _mm512_mul_ps(u, xs_v) : u, pe_s);
     const __m512 rc = _mm512_add_ps(kScaled ? _mm512_mul_ps(v, xs_v) : v, pe_c);
-    // min(|rs|, |rc|) >= the bound, neither NaN (VRANGEPS returns the other
-    // operand of a NaN).
+    // min(|rs|, |rc|) >= the bound. VRANGEPS gives the other operand of a
+    // NaN, so a lane with one NaN sum (a NaN input) may pass: VCVTNE2PS2BF16
+    // narrows a NaN as FloatToBFloat16 does (top bits, quieted), and `slow`
+    // would store just that and record nothing.
     const __m512 m = _mm512_range_ps(rs, rc, 0x0a);
-    const __mmask16 ok = _mm512_mask_cmp_ps_mask(
-        _knot_mask16(_mm512_cmp_ps_mask(rs, rc, _CMP_UNORD_Q)), m, safe, _CMP_GE_OQ);
+    const __mmask16 ok = _mm512_cmp_ps_mask(m, safe, _CMP_GE_OQ);
     const __m512i out = (__m512i)_mm512_cvtne2ps_pbh(rc, rs);  // [sin sums, cos sums]
     if (interleaved) {
       _mm512_storeu_si512(y + 2 * i, _mm512_permutexvar_epi16(interleave, out));
@@ -472,7 +502,7 @@ POSENC_BF16_WIDE_TARGET __attribute__((noinline)) void FusedRangeBF16Wide(
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + half + i),
                           _mm512_extracti64x4_epi64(out, 1));
     }
-    if (__builtin_expect(ok != 0xffffu, 0)) {
+    if (__builtin_expect(!_kortestc_mask16_u8(ok, ok), 0)) {  // a lane below the bound
       alignas(64) float xu[16], xv[16], sums[2][16];
       _mm512_store_ps(xu, u);
       _mm512_store_ps(xv, v);
@@ -539,7 +569,8 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
   // Frequencies the vector loops take: multiples of 16 for the wide loop,
   // of 8 otherwise.
   const int64_t vector_end = s.wide ? half - half % 16 : half - half % 8;
-  const int64_t max_group = s.wide ? kPhaseAnchorStride : 1;
+  const int64_t max_group =
+      s.wide ? std::clamp<int64_t>(PendingCapacity(dim) / dim, 1, kPhaseAnchorStride) : 1;
   const int64_t* pos = p.positions.values.data();
   RowSource source[kPhaseAnchorStride];
   for (int64_t t = begin; t < end;) {
@@ -668,9 +699,21 @@ POSENC_CPU_CLONES void AbsoluteDispatch(const AbsolutePlan& p, void* x, int64_t 
 
 }  // namespace
 
+// A thread keeps its Scratch between calls, up to this size: building one
+// allocated and zeroed ~170 KiB for d = 4096, whose pages went back to the
+// kernel when it was freed, so every call faulted them in again (50-70 us
+// of a one-token call that otherwise takes a few).
+constexpr int64_t kKeptScratchBytes = int64_t{4} << 20;
+
 void AbsoluteTokensCpu(const AbsolutePlan& plan, void* x, int64_t begin, int64_t end) {
-  Scratch scratch(plan);
-  AbsoluteDispatch(plan, x, begin, end, scratch);
+  thread_local std::unique_ptr<Scratch> kept;
+  if (kept != nullptr && kept->Serves(plan)) {
+    kept->Restart(plan);
+  } else {
+    kept = std::make_unique<Scratch>(plan);
+  }
+  AbsoluteDispatch(plan, x, begin, end, *kept);
+  if (kept->Bytes() > kKeptScratchBytes) kept.reset();
 }
 
 }  // namespace posenc::internal

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 
 #include "posenc/absolute.h"
 #include "posenc/attention_bias.h"
@@ -30,6 +31,20 @@
 #define POSENC_ALWAYS_INLINE inline __attribute__((always_inline))
 
 namespace posenc::internal {
+
+// n elements left uninitialised: for scratch lists sized for the worst case
+// and rarely filled (a std::vector would zero them, and a large one gets
+// fresh pages from the kernel, on every call).
+template <typename T>
+class UninitializedArray {
+ public:
+  explicit UninitializedArray(int64_t n) : data_(new T[static_cast<size_t>(n)]) {}
+  T* data() { return data_.get(); }
+  T& operator[](int64_t i) { return data_[i]; }
+
+ private:
+  std::unique_ptr<T[]> data_;
+};
 
 // Calls fix(i) for every nonzero byte of flag[0, n), reading eight bytes at a
 // time: flags are sparse, and a byte-by-byte scan cost more than the work.

@@ -67,8 +67,8 @@ struct Scratch {
   std::vector<float> pending_u, pending_v;
   // bfloat16, AVX-512 BF16: pairs of a run's 16-pair steps to redo (row *
   // half + k), with their inputs.
-  std::vector<int32_t> wide_k;
-  std::vector<float> wide_u, wide_v;
+  UninitializedArray<int32_t> wide_k;
+  UninitializedArray<float> wide_u, wide_v;
 };
 
 POSENC_ALWAYS_INLINE void ComputeRotations(const RopePlan& p, int64_t t0, int64_t t1, Scratch& s) {
@@ -273,7 +273,7 @@ POSENC_BF16_WIDE_TARGET __attribute__((noinline)) int64_t RotateBF16Wide(
       // 0xb9: NaN, infinite or subnormal.
       const __mmask16 ok = _mm512_mask_cmp_ps_mask(_knot_mask16(_mm512_fpclass_ps_mask(m, 0xb9)), m,
                                                    bound, _CMP_GE_OQ);
-      if (__builtin_expect(ok != 0xffffu, 0)) {
+      if (__builtin_expect(!_kortestc_mask16_u8(ok, ok), 0)) {  // a pair to redo
         alignas(64) float us[16], vs[16];
         _mm512_store_ps(us, u);
         _mm512_store_ps(vs, v);
