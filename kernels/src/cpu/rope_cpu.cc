@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "cpu_kernels.h"
@@ -39,10 +40,11 @@ POSENC_ALWAYS_INLINE double SlotAngle(const RopePlan& p, int64_t t, int64_t k) {
 }
 
 // Per-thread buffers, separately allocated so the compiler can see they do
-// not overlap.
+// not overlap. A thread keeps its Scratch from call to call (RopeTokensCpu).
 struct Scratch {
   explicit Scratch(const RopePlan& p)
-      : c(kTokenBlock * p.half()),
+      : half(p.half()),
+        c(kTokenBlock * p.half()),
         n(kTokenBlock * p.half()),
         spread(p.dtype == DType::kBFloat16 && p.style == RopeStyle::kGptj),
         c2(2 * kTokenBlock * p.half()),  // allocated (small) even when unused:
@@ -55,6 +57,18 @@ struct Scratch {
         wide_k(kMaxRowsPerCall * p.half()),
         wide_u(kMaxRowsPerCall * p.half()),
         wide_v(kMaxRowsPerCall * p.half()) {}
+
+  // Whether this Scratch's buffers serve plan p (it holds nothing else
+  // between calls).
+  bool Serves(const RopePlan& p) const {
+    return half == p.half() &&
+           spread == (p.dtype == DType::kBFloat16 && p.style == RopeStyle::kGptj);
+  }
+
+  // Roughly the bytes it holds.
+  int64_t Bytes() const { return (24 * kTokenBlock + 12 * kMaxRowsPerCall + 24) * half; }
+
+  const int64_t half;
   std::vector<float> c, n;  // [kTokenBlock, half] s cos, +-s sin
   // bfloat16 GPT-J (spread): [kTokenBlock, 2 half] [c, c] and [-n, n] per
   // slot, laid out like the pairs they rotate (RotateHeadBF16).
@@ -536,15 +550,21 @@ POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, void* q, void* k, i
 
 }  // namespace
 
+// A thread keeps its Scratch between calls, up to this size, rather than
+// allocating and zeroing it for every call (~75 KiB for 128-dim heads).
+constexpr int64_t kKeptScratchBytes = int64_t{4} << 20;
+
 void RopeTokensCpu(const RopePlan& plan, void* query, void* key, int64_t begin, int64_t end) {
   if (!KnownStyle(plan.style) || !KnownLayout(plan.layout)) std::abort();  // planning checks
-  Scratch scratch(plan);
+  thread_local std::unique_ptr<Scratch> kept;
+  if (kept == nullptr || !kept->Serves(plan)) kept = std::make_unique<Scratch>(plan);
 #ifdef POSENC_CPU_BF16_WIDE
   const bool wide = CpuHasAvx512Bf16();
 #else
   const bool wide = false;
 #endif
-  RopeTokensDispatch(plan, query, key, begin, end, wide, scratch);
+  RopeTokensDispatch(plan, query, key, begin, end, wide, *kept);
+  if (kept->Bytes() > kKeptScratchBytes) kept.reset();
 }
 
 }  // namespace posenc::internal
