@@ -284,14 +284,16 @@ POSENC_BF16_WIDE_TARGET __attribute__((noinline)) int64_t RotateBF16Wide(
       const __m512 bound = kUnitScale ? _mm512_mul_ps(bound_scale, sum)
                                       : _mm512_mul_ps(_mm512_mul_ps(bound_scale, sum), scale_v);
       const __m512 m = _mm512_range_ps(a, b, 0x0a);  // min(|a|, |b|), sign cleared
-      // 0xb9: NaN, infinite or subnormal.
-      const __mmask16 ok = _mm512_mask_cmp_ps_mask(_knot_mask16(_mm512_fpclass_ps_mask(m, 0xb9)), m,
-                                                   bound, _CMP_GE_OQ);
-      if (__builtin_expect(!_kortestc_mask16_u8(ok, ok), 0)) {  // a pair to redo
+      // Lanes that fail: m NaN, infinite or subnormal (0xb9), or below the
+      // bound; two independent tests, one KORTEST.
+      const __mmask16 odd = _mm512_fpclass_ps_mask(m, 0xb9);
+      const __mmask16 low = _mm512_cmp_ps_mask(m, bound, _CMP_NGE_UQ);
+      if (__builtin_expect(!_kortestz_mask16_u8(odd, low), 0)) {  // a pair to redo
         alignas(64) float us[16], vs[16];
         _mm512_store_ps(us, u);
         _mm512_store_ps(vs, v);
-        for (uint32_t bad = ~static_cast<uint32_t>(ok) & 0xffffu; bad != 0; bad &= bad - 1) {
+        for (uint32_t bad = static_cast<uint32_t>(_kor_mask16(odd, low)); bad != 0;
+             bad &= bad - 1) {
           const int i = __builtin_ctz(bad);
           slow_k[slow] = static_cast<int32_t>(row * half + k0 + i);
           slow_u[slow] = us[i];
