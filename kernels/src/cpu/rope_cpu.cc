@@ -39,6 +39,15 @@ POSENC_ALWAYS_INLINE double SlotAngle(const RopePlan& p, int64_t t, int64_t k) {
   return static_cast<double>(pos[p.num_axes == 1 ? 0 : p.slot_axis[k]]) * f[k];
 }
 
+// Whether bfloat16 takes RotateBF16Wide here (AVX-512 BF16).
+bool WideLoop() {
+#ifdef POSENC_CPU_BF16_WIDE
+  return CpuHasAvx512Bf16();
+#else
+  return false;
+#endif
+}
+
 // Per-thread buffers, separately allocated so the compiler can see they do
 // not overlap. A thread keeps its Scratch from call to call (RopeTokensCpu).
 struct Scratch {
@@ -47,6 +56,9 @@ struct Scratch {
         c(kTokenBlock * p.half()),
         n(kTokenBlock * p.half()),
         spread(p.dtype == DType::kBFloat16 && p.style == RopeStyle::kGptj),
+        paired(p.dtype == DType::kBFloat16 && p.style == RopeStyle::kNeox && WideLoop()),
+        cp(paired ? kTokenBlock * p.half() : 0),
+        np(paired ? kTokenBlock * p.half() : 0),
         c2(2 * kTokenBlock * p.half()),  // allocated (small) even when unused:
         n2(2 * kTokenBlock * p.half()),  // callers offset into them
         saved(p.half()),
@@ -62,7 +74,8 @@ struct Scratch {
   // between calls).
   bool Serves(const RopePlan& p) const {
     return half == p.half() &&
-           spread == (p.dtype == DType::kBFloat16 && p.style == RopeStyle::kGptj);
+           spread == (p.dtype == DType::kBFloat16 && p.style == RopeStyle::kGptj) &&
+           paired == (p.dtype == DType::kBFloat16 && p.style == RopeStyle::kNeox && WideLoop());
   }
 
   // Roughly the bytes it holds.
@@ -74,6 +87,10 @@ struct Scratch {
   // slot, laid out like the pairs they rotate (RotateHeadBF16).
   const bool spread;
   std::vector<float> c2, n2;
+  // bfloat16 NEOX on AVX-512 BF16 (paired): [kTokenBlock, half] c and n with
+  // each 32 slots' even ones first, then their odd ones (RotateBF16Wide).
+  const bool paired;
+  std::vector<float> cp, np;
   std::vector<uint32_t> saved;  // a float16 head's rotary dims before rotation (2 x half)
   std::vector<uint8_t> flag;    // [half] pairs to recompute in double (float16)
   // bfloat16: a head's pairs to recompute in double, with their inputs.
@@ -110,6 +127,22 @@ POSENC_ALWAYS_INLINE void ComputeRotations(const RopePlan& p, int64_t t0, int64_
             RotationOf(static_cast<double>(pos[axis[k]]) * f[k], scale, p.inverse);
         c[k] = r.c;
         n[k] = r.n;
+      }
+    }
+  }
+  if (s.paired) {
+    for (int64_t t = 0; t < t1 - t0; ++t) {
+      const float* __restrict c = s.c.data() + t * half;
+      const float* __restrict n = s.n.data() + t * half;
+      float* __restrict cp = s.cp.data() + t * half;
+      float* __restrict np = s.np.data() + t * half;
+      for (int64_t k0 = 0; k0 + 32 <= half; k0 += 32) {
+        for (int64_t i = 0; i < 16; ++i) {
+          cp[k0 + i] = c[k0 + 2 * i];
+          cp[k0 + 16 + i] = c[k0 + 2 * i + 1];
+          np[k0 + i] = n[k0 + 2 * i];
+          np[k0 + 16 + i] = n[k0 + 2 * i + 1];
+        }
       }
     }
   }
@@ -201,6 +234,7 @@ struct Rows {
   T* x;
   int64_t count, t0, dt;
   const float *c, *n, *c2, *n2;
+  const float *cp, *np;  // c and n as Scratch::cp/np (bfloat16 NEOX, wide), else null
   int64_t prefetch_bytes;
 };
 
@@ -217,17 +251,57 @@ POSENC_ALWAYS_INLINE void PrefetchForWrite(const void* p, int64_t bytes) {
 // Smaller scales (no published model has one) take the 8-pair loop.
 inline constexpr float kWideMinScale = 0x1p-3f;
 
-// 16 stored bfloat16 values widened to float.
-POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __m512 WidenBFloat16x16(const BFloat16* y) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+// The even and the odd elements of 32 stored bfloat16 values, widened.
+POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __m512 EvenBF16(__m512i w) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __m512 OddBF16(__m512i w) {
+  return _mm512_castsi512_ps(
+      _mm512_and_si512(w, _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u))));
 }
 
-// The 16-pair steps (pairs [0, returned) of every row) of a run of bfloat16
-// rows, in 512-bit registers and narrowed by VCVTNE2PS2BF16: one call per
-// run rather than per head, since a head is only four steps (128 dims).
-// A step holds pair k0 + i in lane i of u and v: NEOX loads the two halves,
-// GPT-J 16 adjacent pairs at once, split into even (u) and odd (v) elements.
+// One 16-lane step's arithmetic: the rotated pairs (a, b) of (u, v), and
+// the lanes VCVTNE2PS2BF16 may not narrow as above: m NaN, infinite or
+// subnormal (*odd), or below the bound (*low).
+template <bool kUnitScale>
+POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE void Rotate16(__m512 u, __m512 v, __m512 ck, __m512 nk,
+                                                           __m512 bound_scale, __m512 scale_v,
+                                                           __m512* a, __m512* b, __mmask16* odd,
+                                                           __mmask16* low) {
+  *a = _mm512_sub_ps(_mm512_mul_ps(u, ck), _mm512_mul_ps(v, nk));
+  *b = _mm512_add_ps(_mm512_mul_ps(v, ck), _mm512_mul_ps(u, nk));
+  const __m512 sum = _mm512_add_ps(_mm512_abs_ps(u), _mm512_abs_ps(v));
+  const __m512 bound = kUnitScale ? _mm512_mul_ps(bound_scale, sum)
+                                  : _mm512_mul_ps(_mm512_mul_ps(bound_scale, sum), scale_v);
+  const __m512 m = _mm512_range_ps(*a, *b, 0x0a);  // min(|a|, |b|), sign cleared
+  *odd = _mm512_fpclass_ps_mask(m, 0xb9);          // NaN, infinite or subnormal
+  *low = _mm512_cmp_ps_mask(m, bound, _CMP_NGE_UQ);
+}
+
+// Appends the pairs of the lanes in `bad` to slow_k/u/v: lane i is pair
+// first + i * stride of the row.
+POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE void KeepSlow(
+    __mmask16 bad, __m512 u, __m512 v, int64_t first, int64_t stride, int32_t* __restrict slow_k,
+    float* __restrict slow_u, float* __restrict slow_v, int64_t* slow) {
+  alignas(64) float us[16], vs[16];
+  _mm512_store_ps(us, u);
+  _mm512_store_ps(vs, v);
+  for (uint32_t rest = bad; rest != 0; rest &= rest - 1) {
+    const int i = __builtin_ctz(rest);
+    slow_k[*slow] = static_cast<int32_t>(first + i * stride);
+    slow_u[*slow] = us[i];
+    slow_v[(*slow)++] = vs[i];
+  }
+}
+
+// The 32- (NEOX) or 16-pair (GPT-J) steps, pairs [0, returned) of every row
+// of a run of bfloat16 rows, in 512-bit registers and narrowed by
+// VCVTNE2PS2BF16: one call per run rather than per head, since a head is
+// only a few steps. A step splits 64-byte loads into even and odd elements
+// (shift, mask): GPT-J's 16 adjacent pairs into u and v; NEOX's 32 first
+// and 32 second elements into pairs k0 + 2i and k0 + 2i + 1, rotated by
+// Scratch::cp/np, whose slots are in that order. The results go back
+// interleaved by one VPERMW.
 //
 // VCVTNE2PS2BF16 rounds as FloatToBFloat16 does (to nearest even), except
 // that it reads float subnormals as zero and keeps a NaN's payload where
@@ -244,20 +318,21 @@ POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __m512 WidenBFloat16x16(const BFloa
 // row * half + k with its inputs, to slow_k/u/v[*num_slow], for the caller
 // to redo by the scalar contract. Not inlined: a default-target caller
 // cannot inline AVX-512 code.
-// REQUIRES: scale_f >= kWideMinScale; kUnitScale: scale_f == 1.
+// REQUIRES: scale_f >= kWideMinScale; kUnitScale: scale_f == 1; NEOX:
+// rows.cp/np set.
 template <RopeStyle kStyle, bool kUnitScale>
 POSENC_BF16_WIDE_TARGET __attribute__((noinline)) int64_t RotateBF16Wide(
     const Rows<BFloat16>& rows, int64_t D, int64_t half, float scale_f, int32_t* __restrict slow_k,
     float* __restrict slow_u, float* __restrict slow_v, int64_t* num_slow) {
   const __m512 bound_scale = _mm512_set1_ps(kCancellationBound<BFloat16>);
   const __m512 scale_v = _mm512_set1_ps(scale_f);
-  const __m512i odd_half = _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u));
-  // 16-bit lane j of a GPT-J step's output: a_(j/2) for even j, b_(j/2) for
-  // odd j, from VCVTNE2PS2BF16's [a_0 .. a_15, b_0 .. b_15].
+  // 16-bit lane j of an output: p_(j/2) for even j, q_(j/2) for odd j, from
+  // VCVTNE2PS2BF16's [p_0 .. p_15, q_0 .. q_15].
   const __m512i interleave =
       _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                        21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  const int64_t k_end = half / 16 * 16;
+  constexpr int64_t kStep = kStyle == RopeStyle::kNeox ? 32 : 16;
+  const int64_t k_end = half / kStep * kStep;
   int64_t slow = *num_slow;
   for (int64_t row = 0; row < rows.count; ++row) {
     BFloat16* __restrict x = rows.x + row * D;
@@ -265,48 +340,44 @@ POSENC_BF16_WIDE_TARGET __attribute__((noinline)) int64_t RotateBF16Wide(
       PrefetchForWrite(reinterpret_cast<const char*>(x) + rows.prefetch_bytes,
                        D * static_cast<int64_t>(sizeof(BFloat16)));
     }
-    const float* __restrict c = rows.c + row * rows.dt * half;
-    const float* __restrict n = rows.n + row * rows.dt * half;
-    for (int64_t k0 = 0; k0 < k_end; k0 += 16) {
-      __m512 u, v;
+    const int64_t cn = row * rows.dt * half;
+    for (int64_t k0 = 0; k0 < k_end; k0 += kStep) {
       if constexpr (kStyle == RopeStyle::kNeox) {
-        u = WidenBFloat16x16(x + k0);
-        v = WidenBFloat16x16(x + half + k0);
-      } else {
-        const __m512i w = _mm512_loadu_si512(x + 2 * k0);
-        u = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-        v = _mm512_castsi512_ps(_mm512_and_si512(w, odd_half));
-      }
-      const __m512 ck = _mm512_loadu_ps(c + k0), nk = _mm512_loadu_ps(n + k0);
-      const __m512 a = _mm512_sub_ps(_mm512_mul_ps(u, ck), _mm512_mul_ps(v, nk));
-      const __m512 b = _mm512_add_ps(_mm512_mul_ps(v, ck), _mm512_mul_ps(u, nk));
-      const __m512 sum = _mm512_add_ps(_mm512_abs_ps(u), _mm512_abs_ps(v));
-      const __m512 bound = kUnitScale ? _mm512_mul_ps(bound_scale, sum)
-                                      : _mm512_mul_ps(_mm512_mul_ps(bound_scale, sum), scale_v);
-      const __m512 m = _mm512_range_ps(a, b, 0x0a);  // min(|a|, |b|), sign cleared
-      // Lanes that fail: m NaN, infinite or subnormal (0xb9), or below the
-      // bound; two independent tests, one KORTEST.
-      const __mmask16 odd = _mm512_fpclass_ps_mask(m, 0xb9);
-      const __mmask16 low = _mm512_cmp_ps_mask(m, bound, _CMP_NGE_UQ);
-      if (__builtin_expect(!_kortestz_mask16_u8(odd, low), 0)) {  // a pair to redo
-        alignas(64) float us[16], vs[16];
-        _mm512_store_ps(us, u);
-        _mm512_store_ps(vs, v);
-        for (uint32_t bad = static_cast<uint32_t>(_kor_mask16(odd, low)); bad != 0;
-             bad &= bad - 1) {
-          const int i = __builtin_ctz(bad);
-          slow_k[slow] = static_cast<int32_t>(row * half + k0 + i);
-          slow_u[slow] = us[i];
-          slow_v[slow++] = vs[i];
+        const float* __restrict cp = rows.cp + cn;
+        const float* __restrict np = rows.np + cn;
+        const __m512i uw = _mm512_loadu_si512(x + k0), vw = _mm512_loadu_si512(x + half + k0);
+        const __m512 ue = EvenBF16(uw), uo = OddBF16(uw), ve = EvenBF16(vw), vo = OddBF16(vw);
+        __m512 ae, be, ao, bo;
+        __mmask16 odd_e, low_e, odd_o, low_o;
+        Rotate16<kUnitScale>(ue, ve, _mm512_loadu_ps(cp + k0), _mm512_loadu_ps(np + k0),
+                             bound_scale, scale_v, &ae, &be, &odd_e, &low_e);
+        Rotate16<kUnitScale>(uo, vo, _mm512_loadu_ps(cp + k0 + 16), _mm512_loadu_ps(np + k0 + 16),
+                             bound_scale, scale_v, &ao, &bo, &odd_o, &low_o);
+        if (__builtin_expect(
+                !_kortestz_mask16_u8(_kor_mask16(odd_e, odd_o), _kor_mask16(low_e, low_o)), 0)) {
+          KeepSlow(_kor_mask16(odd_e, low_e), ue, ve, row * half + k0, 2, slow_k, slow_u, slow_v,
+                   &slow);
+          KeepSlow(_kor_mask16(odd_o, low_o), uo, vo, row * half + k0 + 1, 2, slow_k, slow_u,
+                   slow_v, &slow);
         }
-      }
-      const __m512i out = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // [a_0 .. a_15, b_0 .. b_15]
-      if constexpr (kStyle == RopeStyle::kNeox) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + k0), _mm512_castsi512_si256(out));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + half + k0),
-                            _mm512_extracti64x4_epi64(out, 1));
+        _mm512_storeu_si512(
+            x + k0, _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(ao, ae)));
+        _mm512_storeu_si512(x + half + k0, _mm512_permutexvar_epi16(
+                                               interleave, (__m512i)_mm512_cvtne2ps_pbh(bo, be)));
       } else {
-        _mm512_storeu_si512(x + 2 * k0, _mm512_permutexvar_epi16(interleave, out));
+        const float* __restrict c = rows.c + cn;
+        const float* __restrict n = rows.n + cn;
+        const __m512i w = _mm512_loadu_si512(x + 2 * k0);
+        const __m512 u = EvenBF16(w), v = OddBF16(w);
+        __m512 a, b;
+        __mmask16 odd, low;
+        Rotate16<kUnitScale>(u, v, _mm512_loadu_ps(c + k0), _mm512_loadu_ps(n + k0), bound_scale,
+                             scale_v, &a, &b, &odd, &low);
+        if (__builtin_expect(!_kortestz_mask16_u8(odd, low), 0)) {  // a pair to redo
+          KeepSlow(_kor_mask16(odd, low), u, v, row * half + k0, 1, slow_k, slow_u, slow_v, &slow);
+        }
+        _mm512_storeu_si512(
+            x + 2 * k0, _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(b, a)));
       }
     }
   }
@@ -490,7 +561,9 @@ POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, T* q, T* k, int64_t t0, i
           RotateRows<T, kStyle, kWide>(
               p,
               Rows<T>{base + span.first + h * span.stride, run_end - run, run, 1, s.c.data() + cn,
-                      s.n.data() + cn, s.c2.data() + 2 * cn, s.n2.data() + 2 * cn, ahead},
+                      s.n.data() + cn, s.c2.data() + 2 * cn, s.n2.data() + 2 * cn,
+                      s.paired ? s.cp.data() + cn : nullptr, s.paired ? s.np.data() + cn : nullptr,
+                      ahead},
               s);
         }
         run = run_end;
@@ -504,7 +577,9 @@ POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, T* q, T* k, int64_t t0, i
           RotateRows<T, kStyle, kWide>(
               p,
               Rows<T>{x + h0 * D, std::min(kMaxRowsPerCall, heads - h0), t, 0, s.c.data() + cn,
-                      s.n.data() + cn, s.c2.data() + 2 * cn, s.n2.data() + 2 * cn, kPrefetchAhead},
+                      s.n.data() + cn, s.c2.data() + 2 * cn, s.n2.data() + 2 * cn,
+                      s.paired ? s.cp.data() + cn : nullptr, s.paired ? s.np.data() + cn : nullptr,
+                      kPrefetchAhead},
               s);
         }
       }
