@@ -221,7 +221,7 @@ int main(int argc, char** argv) {
     auto one = posenc::CreateCpuBackend(1);
     std::printf("\nsmall requests, 1 thread vs %d (median us; must not be slower on more)\n",
                 threads);
-    for (int64_t tokens : {1, 8, 32, 128}) {
+    for (int64_t tokens : {1, 8, 32, 128, 512}) {
       std::vector<uint8_t> q, k;
       posenc::RopePlan plan_one, plan_many;
       auto k1 = RopeKernel(*one, posenc::DType::kBFloat16, posenc::RopeStyle::kNeox,

@@ -24,7 +24,8 @@ class ThreadPool {
   int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Calls fn(begin, end) over disjoint ranges covering [0, n), each at least
-  // `grain` long (but the last) and at most max(grain, max_chunk), and
+  // `grain` long (but the last) and at most max(grain, max_chunk), all of one
+  // length but the last where max_chunk is at least twice the grain, and
   // returns when all have run. Safe to call from several threads at once; the
   // caller takes chunks itself, so a busy pool never leaves a loop waiting on
   // workers that have not started. If fn throws, the remaining chunks still

@@ -18,11 +18,13 @@ namespace {
 // Chunks of at least this many elements amortise the per-chunk overhead
 // (angle buffers, scheduling) without starving threads on small requests;
 // chunks of at most this many (a few ms of work) let a cancelled call stop
-// soon, since cancellation is checked between chunks. (At 2^17 a 32-token
-// bf16 RoPE request, 25 + 7 tokens, ran up to 33% slower on 2 threads than
-// on 1 once the single thread got faster; split evenly, 16 + 16, slower
-// still: the wake-up costs more than 16 tokens of work.)
-constexpr int64_t kMinElementsPerChunk = 1 << 18;
+// soon, since cancellation is checked between chunks. The minimum follows
+// the kernels' speed: waking the second thread (an idle vCPU here) costs
+// about as much as 100 us of work. At 2^18 a 128-token bf16 RoPE request
+// (655K elements, ~125 us on one thread) was split and ran 0-40% slower on
+// 2 threads than on 1, split 51 + 51 + 26 or 64 + 64 alike; 512 tokens (2
+// chunks of 256 at 2^20) gain 5-30%.
+constexpr int64_t kMinElementsPerChunk = 1 << 20;
 constexpr int64_t kMaxElementsPerChunk = 1 << 22;
 
 int64_t Grain(int64_t elements_per_item) {

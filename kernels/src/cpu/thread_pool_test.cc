@@ -1,7 +1,10 @@
 #include "posenc/thread_pool.h"
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -35,6 +38,31 @@ TEST(ThreadPool, ChunksRespectGrainAndMaximum) {
         1000);
     EXPECT_LE(largest.load(), 1000);
     EXPECT_GE(calls.load(), 100);
+  }
+}
+
+// Small loops split evenly: 128 items at a grain of 51 are two chunks of 64
+// (not 51, 51 and 26, whose longest thread saved little over one thread);
+// every chunk holds at least a grain.
+TEST(ThreadPool, ChunksAreEvenAndAtLeastTheGrain) {
+  ThreadPool pool(2);
+  for (auto [n, grain, want] : {std::tuple<int64_t, int64_t, int64_t>{128, 51, 2},
+                                {100, 51, 1},
+                                {1000, 10, 8},
+                                {1001, 100, 8}}) {
+    std::mutex mu;
+    std::vector<int64_t> sizes;
+    pool.ParallelFor(n, grain, [&](int64_t b, int64_t e) {
+      std::lock_guard<std::mutex> lock(mu);
+      sizes.push_back(e - b);
+    });
+    std::sort(sizes.begin(), sizes.end());
+    ASSERT_EQ(static_cast<int64_t>(sizes.size()), want) << n << " items, grain " << grain;
+    // One size, the last chunk (the smallest) perhaps shorter.
+    const int64_t chunk = (n + want - 1) / want;
+    EXPECT_EQ(sizes[0], n - chunk * (want - 1)) << n;
+    for (size_t i = 1; i < sizes.size(); ++i) EXPECT_EQ(sizes[i], chunk) << n;
+    EXPECT_GE(chunk, grain) << n;
   }
 }
 
