@@ -311,7 +311,7 @@ TEST_P(BackendTest, RopeAwkwardHeadDimsBothStylesAllDtypes) {
 // Pairs whose rotated values cancel (MakePairsCancel), where 16-bit outputs
 // lean on the cancellation bound: each must still land within one ulp of
 // the float64 result, and (RunMatchingCpu) every backend must pick the same
-// pairs for double. head_dim 80 leaves the CPU's 16-pair loop a tail.
+// pairs for double. head_dim 80 leaves the CPU's AVX-512 loop a tail.
 TEST_P(BackendTest, RopeCancellingPairsMeetTheBar) {
   for (int64_t D : {128, 80}) {
     for (RopeStyle style : kStyles) {

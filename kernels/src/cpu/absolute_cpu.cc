@@ -17,15 +17,12 @@
 #include <utility>
 #include <vector>
 
+#include "bf16_wide.h"
 #include "cpu_kernels.h"
 #include "math/absolute_math.h"
 #include "math/phase.h"
 #include "posenc/dtype.h"
 #include "vec.h"
-
-#ifdef POSENC_CPU_BF16_WIDE
-#include <immintrin.h>
-#endif
 
 namespace posenc::internal {
 namespace {
@@ -459,28 +456,18 @@ POSENC_BF16_WIDE_TARGET __attribute__((noinline)) void FusedRangeBF16Wide(
   int64_t pending = *pending_count;
   const __m512 xs_v = _mm512_set1_ps(xs);
   const __m512 safe = _mm512_set1_ps(kSinusoidalSafeSum<BFloat16>);
-  const __m512i odd_half = _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u));
-  // 16-bit lane k of an INTERLEAVED step's output: the sin sum of frequency
-  // k/2 for even k, its cos sum for odd k, from VCVTNE2PS2BF16's
-  // [sin_0 .. sin_15, cos_0 .. cos_15].
-  const __m512i interleave =
-      _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                       21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   for (int64_t i = lo; i < hi; i += 16) {
     __m512 u, v;
     if (interleaved) {
       __builtin_prefetch(y + 2 * i + ahead, 1, 3);
       const __m512i w = _mm512_loadu_si512(y + 2 * i);
-      u = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-      v = _mm512_castsi512_ps(_mm512_and_si512(w, odd_half));
+      u = EvenBF16(w);
+      v = OddBF16(w);
     } else {
       __builtin_prefetch(y + i + ahead, 1, 3);
       __builtin_prefetch(y + half + i + ahead, 1, 3);
-      u = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + i))), 16));
-      v = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y + half + i))),
-          16));
+      u = WidenBF16x16(y + i);
+      v = WidenBF16x16(y + half + i);
     }
     const __m512 as = _mm512_loadu_ps(a + i), ac = _mm512_loadu_ps(b + i);
     const __m512 oc = _mm512_loadu_ps(tc + i), os = _mm512_loadu_ps(ts + i);
@@ -494,13 +481,10 @@ POSENC_BF16_WIDE_TARGET __attribute__((noinline)) void FusedRangeBF16Wide(
     // would store just that and record nothing.
     const __m512 m = _mm512_range_ps(rs, rc, 0x0a);
     const __mmask16 ok = _mm512_cmp_ps_mask(m, safe, _CMP_GE_OQ);
-    const __m512i out = (__m512i)_mm512_cvtne2ps_pbh(rc, rs);  // [sin sums, cos sums]
     if (interleaved) {
-      _mm512_storeu_si512(y + 2 * i, _mm512_permutexvar_epi16(interleave, out));
+      _mm512_storeu_si512(y + 2 * i, InterleaveBF16(rs, rc));
     } else {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), _mm512_castsi512_si256(out));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + half + i),
-                          _mm512_extracti64x4_epi64(out, 1));
+      StoreBF16x16Twice(rs, rc, y + i, y + half + i);
     }
     if (__builtin_expect(!_kortestc_mask16_u8(ok, ok), 0)) {  // a lane below the bound
       alignas(64) float xu[16], xv[16], sums[2][16];

@@ -12,14 +12,11 @@
 #include <memory>
 #include <vector>
 
+#include "bf16_wide.h"
 #include "cpu_kernels.h"
 #include "math/rope_math.h"
 #include "posenc/dtype.h"
 #include "vec.h"
-
-#ifdef POSENC_CPU_BF16_WIDE
-#include <immintrin.h>
-#endif
 
 namespace posenc::internal {
 namespace {
@@ -56,11 +53,11 @@ struct Scratch {
         c(kTokenBlock * p.half()),
         n(kTokenBlock * p.half()),
         spread(p.dtype == DType::kBFloat16 && p.style == RopeStyle::kGptj),
+        c2(2 * kTokenBlock * p.half()),  // allocated (small) even when unused:
+        n2(2 * kTokenBlock * p.half()),  // callers offset into them
         paired(p.dtype == DType::kBFloat16 && p.style == RopeStyle::kNeox && WideLoop()),
         cp(paired ? kTokenBlock * p.half() : 0),
         np(paired ? kTokenBlock * p.half() : 0),
-        c2(2 * kTokenBlock * p.half()),  // allocated (small) even when unused:
-        n2(2 * kTokenBlock * p.half()),  // callers offset into them
         saved(p.half()),
         flag(p.half()),
         pending_k(p.half()),
@@ -251,15 +248,6 @@ POSENC_ALWAYS_INLINE void PrefetchForWrite(const void* p, int64_t bytes) {
 // Smaller scales (no published model has one) take the 8-pair loop.
 inline constexpr float kWideMinScale = 0x1p-3f;
 
-// The even and the odd elements of 32 stored bfloat16 values, widened.
-POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __m512 EvenBF16(__m512i w) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
-POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __m512 OddBF16(__m512i w) {
-  return _mm512_castsi512_ps(
-      _mm512_and_si512(w, _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u))));
-}
-
 // One 16-lane step's arithmetic: the rotated pairs (a, b) of (u, v), and
 // the lanes VCVTNE2PS2BF16 may not narrow as above: m NaN, infinite or
 // subnormal (*odd), or below the bound (*low).
@@ -326,11 +314,6 @@ POSENC_BF16_WIDE_TARGET __attribute__((noinline)) int64_t RotateBF16Wide(
     float* __restrict slow_u, float* __restrict slow_v, int64_t* num_slow) {
   const __m512 bound_scale = _mm512_set1_ps(kCancellationBound<BFloat16>);
   const __m512 scale_v = _mm512_set1_ps(scale_f);
-  // 16-bit lane j of an output: p_(j/2) for even j, q_(j/2) for odd j, from
-  // VCVTNE2PS2BF16's [p_0 .. p_15, q_0 .. q_15].
-  const __m512i interleave =
-      _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                       21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   constexpr int64_t kStep = kStyle == RopeStyle::kNeox ? 32 : 16;
   const int64_t k_end = half / kStep * kStep;
   int64_t slow = *num_slow;
@@ -360,10 +343,8 @@ POSENC_BF16_WIDE_TARGET __attribute__((noinline)) int64_t RotateBF16Wide(
           KeepSlow(_kor_mask16(odd_o, low_o), uo, vo, row * half + k0 + 1, 2, slow_k, slow_u,
                    slow_v, &slow);
         }
-        _mm512_storeu_si512(
-            x + k0, _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(ao, ae)));
-        _mm512_storeu_si512(x + half + k0, _mm512_permutexvar_epi16(
-                                               interleave, (__m512i)_mm512_cvtne2ps_pbh(bo, be)));
+        _mm512_storeu_si512(x + k0, InterleaveBF16(ae, ao));
+        _mm512_storeu_si512(x + half + k0, InterleaveBF16(be, bo));
       } else {
         const float* __restrict c = rows.c + cn;
         const float* __restrict n = rows.n + cn;
@@ -376,8 +357,7 @@ POSENC_BF16_WIDE_TARGET __attribute__((noinline)) int64_t RotateBF16Wide(
         if (__builtin_expect(!_kortestz_mask16_u8(odd, low), 0)) {  // a pair to redo
           KeepSlow(_kor_mask16(odd, low), u, v, row * half + k0, 1, slow_k, slow_u, slow_v, &slow);
         }
-        _mm512_storeu_si512(
-            x + 2 * k0, _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(b, a)));
+        _mm512_storeu_si512(x + 2 * k0, InterleaveBF16(a, b));
       }
     }
   }
