@@ -39,8 +39,11 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   const int64_t largest = std::max(grain, std::max<int64_t>(1, max_chunk));
+  // a / b rounded up, without the overflow of (a + b - 1) / b when b is
+  // large (max_chunk defaults to the largest int64_t). a >= 0, b > 0.
+  auto ceil_div = [](int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); };
   int64_t chunk;
-  if (largest < 2 * grain) {
+  if (largest / 2 < grain) {
     chunk = grain;  // no room to balance between the two bounds
   } else {
     // Chunks of one size (the last may be shorter), each at least `grain`:
@@ -50,10 +53,10 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     // chunks of 51, 51 and 26, and 2 threads ran no faster than one.
     const int64_t max_chunks = static_cast<int64_t>(num_threads()) * 4;
     int64_t chunks = std::clamp<int64_t>(n / grain, 1, max_chunks);
-    chunks = std::max(chunks, (n + largest - 1) / largest);
-    chunk = (n + chunks - 1) / chunks;
+    chunks = std::max(chunks, ceil_div(n, largest));
+    chunk = ceil_div(n, chunks);
   }
-  const int64_t num_chunks = (n + chunk - 1) / chunk;
+  const int64_t num_chunks = ceil_div(n, chunk);
   if (num_chunks == 1) {
     fn(0, n);
     return;
@@ -78,7 +81,7 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
       // caller waiting for a chunk that never finishes: it is kept and
       // rethrown on the calling thread once every chunk is accounted for.
       try {
-        fn(begin, std::min(n, begin + chunk));
+        fn(begin, begin + std::min(chunk, n - begin));
       } catch (...) {
         std::lock_guard<std::mutex> lock(loop->mu);
         if (!loop->error) loop->error = std::current_exception();

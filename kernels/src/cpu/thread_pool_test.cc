@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <tuple>
@@ -63,6 +64,28 @@ TEST(ThreadPool, ChunksAreEvenAndAtLeastTheGrain) {
     EXPECT_EQ(sizes[0], n - chunk * (want - 1)) << n;
     for (size_t i = 1; i < sizes.size(); ++i) EXPECT_EQ(sizes[i], chunk) << n;
     EXPECT_GE(chunk, grain) << n;
+  }
+}
+
+// Sizes near the int64_t limit (the default max_chunk is the largest one)
+// cover the range once, without overflowing (UBSan checks this build).
+TEST(ThreadPool, HugeGrainsAndChunksDoNotOverflow) {
+  ThreadPool pool(2);
+  const int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (auto [n, grain, max_chunk] : {std::tuple<int64_t, int64_t, int64_t>{1000, kMax, kMax},
+                                     {1000, 3, kMax},
+                                     {1000, kMax, 7},
+                                     {kMax, kMax, kMax}}) {
+    std::atomic<int64_t> covered{0}, calls{0};
+    pool.ParallelFor(
+        n, grain,
+        [&](int64_t b, int64_t e) {
+          covered += e - b;
+          calls++;
+        },
+        max_chunk);
+    EXPECT_EQ(covered.load(), n) << n << " " << grain << " " << max_chunk;
+    EXPECT_GE(calls.load(), 1);
   }
 }
 
