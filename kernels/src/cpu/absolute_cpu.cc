@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -67,27 +66,19 @@ struct AnchorRow {
   std::vector<uint32_t> phase_hi, phase_lo;
 };
 
-// Whether this CPU runs FusedRangeBF16Wide.
-bool HasWideLoop() {
-#ifdef POSENC_CPU_BF16_WIDE
-  return CpuHasAvx512Bf16();
-#else
-  return false;
-#endif
-}
-
 // Elements the fused pass's pending lists hold: a group of rows (FusedTokens)
 // is at most this many elements.
 int64_t PendingCapacity(int64_t dim) { return std::max<int64_t>(dim, int64_t{1} << 16); }
 
 // Per-thread buffers, separately allocated so the compiler can see they do
-// not overlap. A thread keeps its Scratch from call to call (ScratchFor).
+// not overlap. A thread keeps its Scratch from call to call
+// (WithThreadScratch).
 struct Scratch {
   explicit Scratch(const AbsolutePlan& p)
       : dim(p.dim),
         frequencies(static_cast<int64_t>(p.phase_step.size())),
-        wide(p.dtype == DType::kBFloat16 && Fuses(p) && HasWideLoop()),
-        pairs(p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved && Fuses(p) && !wide),
+        wide(WideFor(p)),
+        pairs(PairsFor(p)),
         row(p.dim),
         saved(p.dim),
         flag(p.dim),
@@ -102,13 +93,19 @@ struct Scratch {
     Restart(p);
   }
 
+  // Whether plan p's fused pass runs FusedRangeBF16Wide, and whether it
+  // keeps the anchor row in pairs.
+  static bool WideFor(const AbsolutePlan& p) {
+    return p.dtype == DType::kBFloat16 && Fuses(p) && CpuHasAvx512Bf16();
+  }
+  static bool PairsFor(const AbsolutePlan& p) {
+    return p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved && Fuses(p) && !WideFor(p);
+  }
+
   // Whether this Scratch's buffers and layouts serve plan p.
   bool Serves(const AbsolutePlan& p) const {
-    const Scratch& s = *this;
-    return s.dim == p.dim && s.frequencies == static_cast<int64_t>(p.phase_step.size()) &&
-           s.wide == (p.dtype == DType::kBFloat16 && Fuses(p) && HasWideLoop()) &&
-           s.pairs == (p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved && Fuses(p) &&
-                       !s.wide);
+    return dim == p.dim && frequencies == static_cast<int64_t>(p.phase_step.size()) &&
+           wide == WideFor(p) && pairs == PairsFor(p);
   }
 
   // Readies a Scratch that Serves(p) for a call on p: its phase steps, and no
@@ -683,21 +680,8 @@ POSENC_CPU_CLONES void AbsoluteDispatch(const AbsolutePlan& p, void* x, int64_t 
 
 }  // namespace
 
-// A thread keeps its Scratch between calls, up to this size: building one
-// allocated and zeroed ~170 KiB for d = 4096, whose pages went back to the
-// kernel when it was freed, so every call faulted them in again (50-70 us
-// of a one-token call that otherwise takes a few).
-constexpr int64_t kKeptScratchBytes = int64_t{4} << 20;
-
 void AbsoluteTokensCpu(const AbsolutePlan& plan, void* x, int64_t begin, int64_t end) {
-  thread_local std::unique_ptr<Scratch> kept;
-  if (kept != nullptr && kept->Serves(plan)) {
-    kept->Restart(plan);
-  } else {
-    kept = std::make_unique<Scratch>(plan);
-  }
-  AbsoluteDispatch(plan, x, begin, end, *kept);
-  if (kept->Bytes() > kKeptScratchBytes) kept.reset();
+  WithThreadScratch<Scratch>(plan, [&](Scratch& s) { AbsoluteDispatch(plan, x, begin, end, s); });
 }
 
 }  // namespace posenc::internal

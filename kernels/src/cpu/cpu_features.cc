@@ -5,8 +5,8 @@
 
 namespace posenc::internal {
 
-#ifdef POSENC_CPU_BF16_WIDE
 bool CpuHasAvx512Bf16() {
+#ifdef POSENC_CPU_BF16_WIDE
   static const bool has = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
@@ -14,7 +14,9 @@ bool CpuHasAvx512Bf16() {
            std::getenv("POSENC_NO_AVX512BF16") == nullptr;
   }();
   return has;
-}
+#else
+  return false;  // the loops are not compiled in
 #endif
+}
 
 }  // namespace posenc::internal

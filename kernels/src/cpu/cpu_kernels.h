@@ -65,12 +65,29 @@ POSENC_ALWAYS_INLINE void ForEachFlagged(const uint8_t* flag, int64_t n, Fix fix
   }
 }
 
-#ifdef POSENC_CPU_BF16_WIDE
-// Whether the POSENC_BF16_WIDE_TARGET loops can run here: AVX-512 F, BW,
-// VL, DQ and BF16, unless POSENC_NO_AVX512BF16 is set (for comparing with
-// the other loops on one machine).
+// Whether the POSENC_BF16_WIDE_TARGET loops run here: compiled in, and the
+// CPU has AVX-512 F, BW, VL, DQ and BF16, unless POSENC_NO_AVX512BF16 is set
+// (for comparing with the other loops on one machine).
 bool CpuHasAvx512Bf16();
-#endif
+
+// Runs fn(scratch) with the calling thread's Scratch for `plan`, kept from
+// call to call: building one per call zeroed ~75-170 KiB, whose pages went
+// back to the kernel when it was freed, so every call faulted them in again
+// (50-70 us of a one-token sinusoidal call that otherwise takes a few).
+// Scratch provides Serves(plan) (its buffers fit the plan), Restart(plan)
+// (readies kept buffers for it) and Bytes(); one over 4 MiB is not kept.
+template <typename Scratch, typename Plan, typename Fn>
+void WithThreadScratch(const Plan& plan, Fn fn) {
+  constexpr int64_t kKeptBytes = int64_t{4} << 20;
+  thread_local std::unique_ptr<Scratch> kept;
+  if (kept != nullptr && kept->Serves(plan)) {
+    kept->Restart(plan);
+  } else {
+    kept = std::make_unique<Scratch>(plan);
+  }
+  fn(*kept);
+  if (kept->Bytes() > kKeptBytes) kept.reset();
+}
 
 // Rotates tokens [begin, end) of query and key in place.
 void RopeTokensCpu(const RopePlan& plan, void* query, void* key, int64_t begin, int64_t end);

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <vector>
 
 #include "bf16_wide.h"
@@ -36,26 +35,31 @@ POSENC_ALWAYS_INLINE double SlotAngle(const RopePlan& p, int64_t t, int64_t k) {
   return static_cast<double>(pos[p.num_axes == 1 ? 0 : p.slot_axis[k]]) * f[k];
 }
 
-// Whether bfloat16 takes RotateBF16Wide here (AVX-512 BF16).
-bool WideLoop() {
-#ifdef POSENC_CPU_BF16_WIDE
-  return CpuHasAvx512Bf16();
-#else
-  return false;
-#endif
+// The smallest attention scale RotateBF16Wide takes. Its exactness test
+// relies on the bound 2^-12 (|u| + |v|) scale being nonzero whenever an
+// input is: true for bfloat16 inputs (|u| + |v| >= 2^-133) and scale >= 2^-3.
+// Smaller scales (no published model has one) take the 8-pair loop.
+inline constexpr float kWideMinScale = 0x1p-3f;
+
+// Whether token t's heads take RotateBF16Wide, on a CPU that has it: its
+// attention scale is one the loop takes.
+POSENC_ALWAYS_INLINE bool WideScale(const RopePlan& p, int64_t t) {
+  return static_cast<float>(p.attention_scale[p.FreqSetOfToken(t)]) >= kWideMinScale;
 }
 
 // Per-thread buffers, separately allocated so the compiler can see they do
-// not overlap. A thread keeps its Scratch from call to call (RopeTokensCpu).
+// not overlap. A thread keeps its Scratch from call to call
+// (WithThreadScratch).
 struct Scratch {
   explicit Scratch(const RopePlan& p)
       : half(p.half()),
         c(kTokenBlock * p.half()),
         n(kTokenBlock * p.half()),
-        spread(p.dtype == DType::kBFloat16 && p.style == RopeStyle::kGptj),
+        wide(WideFor(p)),
+        spread(SpreadFor(p)),
         c2(2 * kTokenBlock * p.half()),  // allocated (small) even when unused:
         n2(2 * kTokenBlock * p.half()),  // callers offset into them
-        paired(p.dtype == DType::kBFloat16 && p.style == RopeStyle::kNeox && WideLoop()),
+        paired(wide && p.style == RopeStyle::kNeox),
         cp(paired ? kTokenBlock * p.half() : 0),
         np(paired ? kTokenBlock * p.half() : 0),
         saved(p.half()),
@@ -67,25 +71,36 @@ struct Scratch {
         wide_u(kMaxRowsPerCall * p.half()),
         wide_v(kMaxRowsPerCall * p.half()) {}
 
-  // Whether this Scratch's buffers serve plan p (it holds nothing else
-  // between calls).
-  bool Serves(const RopePlan& p) const {
-    return half == p.half() &&
-           spread == (p.dtype == DType::kBFloat16 && p.style == RopeStyle::kGptj) &&
-           paired == (p.dtype == DType::kBFloat16 && p.style == RopeStyle::kNeox && WideLoop());
+  // Which lists plan p needs (see the members).
+  static bool WideFor(const RopePlan& p) {
+    return p.dtype == DType::kBFloat16 && CpuHasAvx512Bf16();
   }
+  static bool SpreadFor(const RopePlan& p) {
+    return p.dtype == DType::kBFloat16 && p.style == RopeStyle::kGptj;
+  }
+
+  // Whether this Scratch's buffers serve plan p. It holds nothing else
+  // between calls, so Restart has nothing to do.
+  bool Serves(const RopePlan& p) const {
+    return half == p.half() && wide == WideFor(p) && spread == SpreadFor(p) &&
+           paired == (WideFor(p) && p.style == RopeStyle::kNeox);
+  }
+  void Restart(const RopePlan&) {}
 
   // Roughly the bytes it holds.
   int64_t Bytes() const { return (24 * kTokenBlock + 12 * kMaxRowsPerCall + 24) * half; }
 
   const int64_t half;
   std::vector<float> c, n;  // [kTokenBlock, half] s cos, +-s sin
+  const bool wide;          // bfloat16 on a CPU with RotateBF16Wide
   // bfloat16 GPT-J (spread): [kTokenBlock, 2 half] [c, c] and [-n, n] per
-  // slot, laid out like the pairs they rotate (RotateHeadBF16).
+  // slot, laid out like the pairs they rotate (RotateHeadBF16's 8-pair
+  // loop; only past RotateBF16Wide's steps for a token that takes those).
   const bool spread;
   std::vector<float> c2, n2;
   // bfloat16 NEOX on AVX-512 BF16 (paired): [kTokenBlock, half] c and n with
-  // each 32 slots' even ones first, then their odd ones (RotateBF16Wide).
+  // each 32 slots' even ones first, then their odd ones (RotateBF16Wide),
+  // for the tokens that take it.
   const bool paired;
   std::vector<float> cp, np;
   std::vector<uint32_t> saved;  // a float16 head's rotary dims before rotation (2 x half)
@@ -93,8 +108,8 @@ struct Scratch {
   // bfloat16: a head's pairs to recompute in double, with their inputs.
   std::vector<int32_t> pending_k;
   std::vector<float> pending_u, pending_v;
-  // bfloat16, AVX-512 BF16: pairs of a run's 16-pair steps to redo (row *
-  // half + k), with their inputs.
+  // bfloat16, AVX-512 BF16: pairs of a run's RotateBF16Wide steps to redo
+  // (row * half + k), with their inputs.
   UninitializedArray<int32_t> wide_k;
   UninitializedArray<float> wide_u, wide_v;
 };
@@ -129,6 +144,7 @@ POSENC_ALWAYS_INLINE void ComputeRotations(const RopePlan& p, int64_t t0, int64_
   }
   if (s.paired) {
     for (int64_t t = 0; t < t1 - t0; ++t) {
+      if (!WideScale(p, t0 + t)) continue;
       const float* __restrict c = s.c.data() + t * half;
       const float* __restrict n = s.n.data() + t * half;
       float* __restrict cp = s.cp.data() + t * half;
@@ -149,7 +165,9 @@ POSENC_ALWAYS_INLINE void ComputeRotations(const RopePlan& p, int64_t t0, int64_
       const float* __restrict n = s.n.data() + t * half;
       float* __restrict c2 = s.c2.data() + t * 2 * half;
       float* __restrict n2 = s.n2.data() + t * 2 * half;
-      for (int64_t k = 0; k < half; ++k) {
+      // RotateBF16Wide takes the 16-pair steps without them.
+      const int64_t from = s.wide && WideScale(p, t0 + t) ? half / 16 * 16 : 0;
+      for (int64_t k = from; k < half; ++k) {
         c2[2 * k] = c2[2 * k + 1] = c[k];
         n2[2 * k] = -n[k];
         n2[2 * k + 1] = n[k];
@@ -242,12 +260,6 @@ POSENC_ALWAYS_INLINE void PrefetchForWrite(const void* p, int64_t bytes) {
 }
 
 #ifdef POSENC_CPU_BF16_WIDE
-// The smallest attention scale RotateBF16Wide takes. Its exactness test
-// relies on the bound (2^-12 |u| + |v|) scale being nonzero whenever an
-// input is: true for bfloat16 inputs (|u| + |v| >= 2^-133) and scale >= 2^-3.
-// Smaller scales (no published model has one) take the 8-pair loop.
-inline constexpr float kWideMinScale = 0x1p-3f;
-
 // One 16-lane step's arithmetic: the rotated pairs (a, b) of (u, v), and
 // the lanes VCVTNE2PS2BF16 may not narrow as above: m NaN, infinite or
 // subnormal (*odd), or below the bound (*low).
@@ -471,15 +483,15 @@ POSENC_ALWAYS_INLINE void RotateHead(const RopePlan& p, int64_t t, T* head, cons
 }
 
 // Rotates a run of rows. kWide (bfloat16 on AVX-512 BF16 CPUs): every row's
-// 16-pair steps in one RotateBF16Wide call, then each row's remaining pairs
-// and fix-ups.
+// RotateBF16Wide steps in one call, then each row's remaining pairs and
+// fix-ups.
 template <typename T, RopeStyle kStyle, bool kWide>
 POSENC_ALWAYS_INLINE void RotateRows(const RopePlan& p, const Rows<T>& rows, Scratch& s) {
   const int64_t half = p.half(), D = p.head_dim;
 #ifdef POSENC_CPU_BF16_WIDE
   if constexpr (kWide && std::is_same_v<T, BFloat16>) {
-    const float scale_f = static_cast<float>(p.attention_scale[p.FreqSetOfToken(rows.t0)]);
-    if (scale_f >= kWideMinScale) {
+    if (WideScale(p, rows.t0)) {
+      const float scale_f = static_cast<float>(p.attention_scale[p.FreqSetOfToken(rows.t0)]);
       int64_t slow = 0;
       const int64_t k0 =
           scale_f == 1.0f ? RotateBF16Wide<kStyle, true>(rows, D, half, scale_f, s.wide_k.data(),
@@ -567,6 +579,7 @@ POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, T* q, T* k, int64_t t0, i
     }
   }
 }
+
 template <typename T, RopeStyle kStyle, bool kWide = false>
 POSENC_ALWAYS_INLINE void RopeTokensTyped(const RopePlan& p, void* q, void* k, int64_t begin,
                                           int64_t end, Scratch& s) {
@@ -578,8 +591,8 @@ POSENC_ALWAYS_INLINE void RopeTokensTyped(const RopePlan& p, void* q, void* k, i
 
 // The one function compiled per instruction set: every dtype and style
 // inlined into it.
-// `wide`: bfloat16 takes RotateBF16Wide's 16-pair steps (AVX-512 BF16 CPUs,
-// which run the x86-64-v4 clone).
+// `wide`: bfloat16 takes RotateBF16Wide's steps (AVX-512 BF16 CPUs, which
+// run the x86-64-v4 clone).
 POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, void* q, void* k, int64_t begin,
                                           int64_t end, bool wide, Scratch& s) {
   const bool neox = p.style == RopeStyle::kNeox;
@@ -608,21 +621,10 @@ POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, void* q, void* k, i
 
 }  // namespace
 
-// A thread keeps its Scratch between calls, up to this size, rather than
-// allocating and zeroing it for every call (~75 KiB for 128-dim heads).
-constexpr int64_t kKeptScratchBytes = int64_t{4} << 20;
-
 void RopeTokensCpu(const RopePlan& plan, void* query, void* key, int64_t begin, int64_t end) {
   if (!KnownStyle(plan.style) || !KnownLayout(plan.layout)) std::abort();  // planning checks
-  thread_local std::unique_ptr<Scratch> kept;
-  if (kept == nullptr || !kept->Serves(plan)) kept = std::make_unique<Scratch>(plan);
-#ifdef POSENC_CPU_BF16_WIDE
-  const bool wide = CpuHasAvx512Bf16();
-#else
-  const bool wide = false;
-#endif
-  RopeTokensDispatch(plan, query, key, begin, end, wide, *kept);
-  if (kept->Bytes() > kKeptScratchBytes) kept.reset();
+  WithThreadScratch<Scratch>(
+      plan, [&](Scratch& s) { RopeTokensDispatch(plan, query, key, begin, end, s.wide, s); });
 }
 
 }  // namespace posenc::internal
