@@ -13,8 +13,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <random>
 #include <regex>
 #include <string>
 #include <vector>
@@ -25,26 +27,45 @@
 
 namespace posenc::testing {
 
-// A port nobody listens on now: bound and released, for a replica that is
-// listed before it starts.
-inline int UnusedPort() {
+// Whether `port` on `host` can be bound now (nobody listens on it).
+inline bool PortIsFree(const std::string& host, int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_port = 0;
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  socklen_t len = sizeof addr;
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
+  const bool free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
   close(fd);
-  return port;
+  return free;
 }
 
-// One replica. Start() the first time takes the port given (0: any free
-// one) and keeps it, so a restart comes back at the same address.
+// A port nobody listens on now, below the kernel's ephemeral range
+// (/proc/sys/net/ipv4/ip_local_port_range). A replica keeps its port across
+// restarts, and while it is down a port from that range can be handed to
+// any outgoing connection, another test's client included: a restart then
+// found its address in use (ScaleOut.RollingRestartUnderLoadLosesNoCall,
+// once in a CI run). Ports below the range are only ever taken by a listener
+// that names them. 0 if none is found.
+inline int UnusedPort(const std::string& host = "127.0.0.1") {
+  int ephemeral_low = 32768;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d", &ephemeral_low) != 1) ephemeral_low = 32768;
+    std::fclose(f);
+  }
+  constexpr int kLowest = 10000;
+  if (ephemeral_low <= kLowest + 1000) return 0;
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> pick(kLowest, ephemeral_low - 1);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = pick(rng);
+    if (PortIsFree(host, port)) return port;
+  }
+  return 0;
+}
+
+// One replica. Start() the first time takes the port given (0: an
+// UnusedPort) and keeps it, so a restart comes back at the same address.
 class Replica {
  public:
   Replica(std::string binary, std::vector<std::string> flags, int port = 0,
@@ -53,6 +74,7 @@ class Replica {
 
   // Starts the process and waits until it serves gRPC and /metrics.
   bool Start() {
+    if (port_ == 0) port_ = UnusedPort(host_);
     process_ = std::make_unique<ServerProcess>();
     std::vector<std::string> flags = {"--listen=" + host_ + ":" + std::to_string(port_),
                                       "--metrics_listen=127.0.0.1:0", "--log_level=info",
