@@ -311,24 +311,29 @@ TEST_P(BackendTest, RopeAwkwardHeadDimsBothStylesAllDtypes) {
 // Pairs whose rotated values cancel (MakePairsCancel), where 16-bit outputs
 // lean on the cancellation bound: each must still land within one ulp of
 // the float64 result, and (RunMatchingCpu) every backend must pick the same
-// pairs for double. head_dim 80 leaves the CPU's AVX-512 loop a tail.
+// pairs for double. head_dim 80 leaves the CPU's AVX-512 loop a tail; BHSD
+// gives each row of the CPU's runs its own token (and rotation and angle).
 TEST_P(BackendTest, RopeCancellingPairsMeetTheBar) {
   for (int64_t D : {128, 80}) {
     for (RopeStyle style : kStyles) {
       for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
         for (int64_t center : {0, 1000000}) {
-          SCOPED_TRACE(::testing::Message() << "head_dim " << D << " style " << int(style) << " "
-                                            << DTypeName(dtype) << " positions near " << center);
-          RopeCase c;
-          c.options.style = style;
-          c.dtype = dtype;
-          c.head_dim = D;
-          c.seq = 16;
-          c.query_heads = 8;
-          c.key_heads = 2;
-          c.pos_center = center;
-          c.cancelling = true;
-          CheckRope(*backend_, c);
+          for (RopeLayout layout : {RopeLayout::kBSHD, RopeLayout::kBHSD}) {
+            SCOPED_TRACE(::testing::Message()
+                         << "head_dim " << D << " style " << int(style) << " " << DTypeName(dtype)
+                         << " positions near " << center << " layout " << int(layout));
+            RopeCase c;
+            c.options.style = style;
+            c.options.layout = layout;
+            c.dtype = dtype;
+            c.head_dim = D;
+            c.seq = 16;
+            c.query_heads = 8;
+            c.key_heads = 2;
+            c.pos_center = center;
+            c.cancelling = true;
+            CheckRope(*backend_, c);
+          }
         }
       }
     }

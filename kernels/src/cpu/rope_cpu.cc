@@ -467,6 +467,33 @@ POSENC_ALWAYS_INLINE void RotateHeadBF16(
   }
 }
 
+// The pairs RotateBF16Wide left in slow_k/u/v[0, num_slow) (row * half + k,
+// rows in order), redone by the scalar contract, RotatePair's steps: float32,
+// then double where PairNeedsPrecise flags. One loop for the whole run: a
+// call per row that has one (one row in 40 on random data) cost BHSD, whose
+// rows are each a different token, 15% of its time.
+template <RopeStyle kStyle>
+POSENC_ALWAYS_INLINE void RedoSlowPairs(const RopePlan& p, const Rows<BFloat16>& rows,
+                                        const int32_t* slow_k, const float* slow_u,
+                                        const float* slow_v, int64_t num_slow) {
+  const int64_t half = p.half(), D = p.head_dim;
+  const double scale = p.attention_scale[p.FreqSetOfToken(rows.t0)];
+  const float scale_f = static_cast<float>(scale);
+  for (int64_t m = 0; m < num_slow; ++m) {
+    const int64_t row = slow_k[m] / half, k = slow_k[m] - row * half;
+    const int64_t kr = row * rows.dt * half + k;  // the slot's rotation
+    const float u = slow_u[m], v = slow_v[m];
+    float a, b;
+    RotateF32(u, v, rows.c[kr], rows.n[kr], &a, &b);
+    if (PairNeedsPrecise<BFloat16>(a, b, u, v, scale_f)) {
+      RotatePrecise(u, v, SlotAngle(p, rows.t0 + row * rows.dt, k), scale, p.inverse, &a, &b);
+    }
+    BFloat16* x = rows.x + row * D;
+    x[PairFirst(kStyle, k, half)] = FromFloat<BFloat16>(a);
+    x[PairSecond(kStyle, k, half)] = FromFloat<BFloat16>(b);
+  }
+}
+
 // One head of token t: ct/nt are its slots' rotations (and ct2/nt2 their
 // spread form for bfloat16 GPT-J).
 template <typename T, RopeStyle kStyle>
@@ -498,6 +525,10 @@ POSENC_ALWAYS_INLINE void RotateRows(const RopePlan& p, const Rows<T>& rows, Scr
                                                          s.wide_u.data(), s.wide_v.data(), &slow)
                           : RotateBF16Wide<kStyle, false>(rows, D, half, scale_f, s.wide_k.data(),
                                                           s.wide_u.data(), s.wide_v.data(), &slow);
+      if (k0 == half) {  // every pair took a wide step: only the slow ones are left
+        RedoSlowPairs<kStyle>(p, rows, s.wide_k.data(), s.wide_u.data(), s.wide_v.data(), slow);
+        return;
+      }
       int64_t m = 0;  // the row's first slow pair
       for (int64_t i = 0; i < rows.count; ++i) {
         int64_t m_end = m;
