@@ -531,6 +531,37 @@ POSENC_ALWAYS_INLINE void FusedRange(const RowSource& r, bool interleaved, int64
   }
 }
 
+// The fused pass's flagged elements s.pending_at/x[0, s.pending) (offsets
+// from y0, the row of the token at pos[0]), stored again with PE in double:
+// PreciseEncoding's operations, a batch at a time so that SinCosPrecise runs
+// in a loop the compiler vectorises. One by one, each was a chain of ~60
+// dependent double operations behind a call.
+template <typename T>
+POSENC_ALWAYS_INLINE void FinishPending(const AbsolutePlan& p, const int64_t* pos, T* y0,
+                                        Scratch& s) {
+  constexpr int64_t kBatch = 64;
+  const int64_t dim = p.dim;
+  const bool interleaved = p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved;
+  for (int64_t k0 = 0; k0 < s.pending; k0 += kBatch) {
+    const int64_t n = std::min(kBatch, s.pending - k0);
+    const int32_t* at = s.pending_at.data() + k0;
+    alignas(64) double angle[kBatch] = {}, sn[kBatch], cs[kBatch];
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t g = at[j] / dim;
+      const SinusoidalChannel ch = ChannelOf(interleaved, dim, at[j] - g * dim);
+      angle[j] = static_cast<double>(pos[g]) * p.omega[ch.frequency];
+    }
+    for (int64_t j = 0; j < kBatch; ++j) SinCosPrecise(angle[j], &sn[j], &cs[j]);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t g = at[j] / dim;
+      const SinusoidalChannel ch = ChannelOf(interleaved, dim, at[j] - g * dim);
+      const double pe = ch.is_zero ? 0.0 : ch.is_sin ? sn[j] : cs[j];
+      y0[at[j]] = FromFloat<T>(
+          static_cast<float>(static_cast<double>(s.pending_x[k0 + j]) * p.options.x_scale + pe));
+    }
+  }
+}
+
 // y = x * x_scale + PE with PE computed in the same pass (see the top of the
 // file), for float32 and bfloat16 rows (Fuses).
 //
@@ -578,11 +609,7 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
       AdvanceNext(group * kNextEvery / kPhaseAnchorStride, s);
     }
     T* __restrict y0 = x + t * dim;
-    for (int64_t k = 0; k < s.pending; ++k) {
-      const int64_t at = s.pending_at[k], g = at / dim, e = at - g * dim;
-      y0[at] = FromFloat<T>(static_cast<float>(static_cast<double>(s.pending_x[k]) * x_scale +
-                                               PreciseEncoding(p, pos[t + g], e)));
-    }
+    FinishPending(p, pos + t, y0, s);
     for (int64_t g = 0; g < group; ++g) {
       const RowSource& r = source[g];
       T* __restrict y = y0 + g * dim;

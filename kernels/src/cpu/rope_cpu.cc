@@ -470,8 +470,9 @@ POSENC_ALWAYS_INLINE void RotateHeadBF16(
 // The pairs RotateBF16Wide left in slow_k/u/v[0, num_slow) (row * half + k,
 // rows in order), redone by the scalar contract, RotatePair's steps: float32,
 // then double where PairNeedsPrecise flags. One loop for the whole run: a
-// call per row that has one (one row in 40 on random data) cost BHSD, whose
-// rows are each a different token, 15% of its time.
+// RotateHeadBF16 call for each row that has one (one row in 43 on random
+// data) made bfloat16 RoPE 10-25% slower, BHSD most (bench/RESULTS.md,
+// seventh change).
 template <RopeStyle kStyle>
 POSENC_ALWAYS_INLINE void RedoSlowPairs(const RopePlan& p, const Rows<BFloat16>& rows,
                                         const int32_t* slow_k, const float* slow_u,
@@ -510,8 +511,9 @@ POSENC_ALWAYS_INLINE void RotateHead(const RopePlan& p, int64_t t, T* head, cons
 }
 
 // Rotates a run of rows. kWide (bfloat16 on AVX-512 BF16 CPUs): every row's
-// RotateBF16Wide steps in one call, then each row's remaining pairs and
-// fix-ups.
+// RotateBF16Wide steps in one call, then the pairs those left (the head's
+// tail, past the last whole step, and its slow pairs): in one loop when only
+// slow pairs are left, else row by row.
 template <typename T, RopeStyle kStyle, bool kWide>
 POSENC_ALWAYS_INLINE void RotateRows(const RopePlan& p, const Rows<T>& rows, Scratch& s) {
   const int64_t half = p.half(), D = p.head_dim;
@@ -533,7 +535,6 @@ POSENC_ALWAYS_INLINE void RotateRows(const RopePlan& p, const Rows<T>& rows, Scr
       for (int64_t i = 0; i < rows.count; ++i) {
         int64_t m_end = m;
         while (m_end < slow && s.wide_k[m_end] < (i + 1) * half) ++m_end;
-        if (m_end == m && k0 == half) continue;  // the common row: nothing left
         const int64_t cn = i * rows.dt * half;
         RotateHeadBF16<kStyle>(p, rows.t0 + i * rows.dt, rows.x + i * D, rows.c + cn, rows.n + cn,
                                rows.c2 + 2 * cn, rows.n2 + 2 * cn, s, k0, s.wide_k.data() + m,
