@@ -468,30 +468,27 @@ POSENC_ALWAYS_INLINE void RotateHeadBF16(
 }
 
 // The pairs RotateBF16Wide left in slow_k/u/v[0, num_slow) (row * half + k,
-// rows in order), redone by the scalar contract, RotatePair's steps: float32,
-// then double where PairNeedsPrecise flags. One loop for the whole run: a
-// RotateHeadBF16 call for each row that has one (one row in 43 on random
-// data) made bfloat16 RoPE 10-25% slower, BHSD most (bench/RESULTS.md,
-// seventh change).
+// rows in order), redone by RotatePair from their inputs, which go back in
+// place first (they are bfloat16 values, so exactly). One loop for the
+// whole run: a RotateHeadBF16 call for each row that has one (one row in 43
+// on random data) made bfloat16 RoPE 10-25% slower, BHSD most
+// (bench/RESULTS.md, seventh change).
 template <RopeStyle kStyle>
 POSENC_ALWAYS_INLINE void RedoSlowPairs(const RopePlan& p, const Rows<BFloat16>& rows,
                                         const int32_t* slow_k, const float* slow_u,
                                         const float* slow_v, int64_t num_slow) {
   const int64_t half = p.half(), D = p.head_dim;
   const double scale = p.attention_scale[p.FreqSetOfToken(rows.t0)];
-  const float scale_f = static_cast<float>(scale);
   for (int64_t m = 0; m < num_slow; ++m) {
     const int64_t row = slow_k[m] / half, k = slow_k[m] - row * half;
     const int64_t kr = row * rows.dt * half + k;  // the slot's rotation
-    const float u = slow_u[m], v = slow_v[m];
-    float a, b;
-    RotateF32(u, v, rows.c[kr], rows.n[kr], &a, &b);
-    if (PairNeedsPrecise<BFloat16>(a, b, u, v, scale_f)) {
-      RotatePrecise(u, v, SlotAngle(p, rows.t0 + row * rows.dt, k), scale, p.inverse, &a, &b);
-    }
     BFloat16* x = rows.x + row * D;
-    x[PairFirst(kStyle, k, half)] = FromFloat<BFloat16>(a);
-    x[PairSecond(kStyle, k, half)] = FromFloat<BFloat16>(b);
+    BFloat16 *first = x + PairFirst(kStyle, k, half), *second = x + PairSecond(kStyle, k, half);
+    *first = FromFloat<BFloat16>(slow_u[m]);
+    *second = FromFloat<BFloat16>(slow_v[m]);
+    RotatePair(
+        first, second, SlotRotation{rows.c[kr], rows.n[kr]},
+        [&] { return SlotAngle(p, rows.t0 + row * rows.dt, k); }, scale, p.inverse);
   }
 }
 
