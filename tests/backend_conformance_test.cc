@@ -311,20 +311,25 @@ TEST_P(BackendTest, RopeAwkwardHeadDimsBothStylesAllDtypes) {
 // Pairs whose rotated values cancel (MakePairsCancel), where 16-bit outputs
 // lean on the cancellation bound: each must still land within one ulp of
 // the float64 result, and (RunMatchingCpu) every backend must pick the same
-// pairs for double. head_dim 80 leaves the CPU's AVX-512 loop a tail; BHSD
-// gives each row of the CPU's runs its own token (and rotation and angle).
+// pairs for double. The head sizes give the CPU's AVX-512 loop each kind
+// of tail: 8 pairs (80), 16 (96, and rotary dim 32), 8 and 4 one by one
+// (rotary dim 24); BHSD gives each row of its runs its own token (and
+// rotation and angle).
 TEST_P(BackendTest, RopeCancellingPairsMeetTheBar) {
-  for (int64_t D : {128, 80}) {
+  for (auto [D, R] :
+       {std::pair<int64_t, int64_t>{128, 128}, {80, 80}, {96, 96}, {128, 32}, {64, 24}}) {
     for (RopeStyle style : kStyles) {
       for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
         for (int64_t center : {0, 1000000}) {
           for (RopeLayout layout : {RopeLayout::kBSHD, RopeLayout::kBHSD}) {
             SCOPED_TRACE(::testing::Message()
-                         << "head_dim " << D << " style " << int(style) << " " << DTypeName(dtype)
-                         << " positions near " << center << " layout " << int(layout));
+                         << "head_dim " << D << " rotary " << R << " style " << int(style) << " "
+                         << DTypeName(dtype) << " positions near " << center << " layout "
+                         << int(layout));
             RopeCase c;
             c.options.style = style;
             c.options.layout = layout;
+            c.options.rotary_dim = R;
             c.dtype = dtype;
             c.head_dim = D;
             c.seq = 16;

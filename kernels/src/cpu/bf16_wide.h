@@ -26,10 +26,16 @@ POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __m512 OddBF16(__m512i w) {
       _mm512_and_si512(w, _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u))));
 }
 
-// 16 stored bfloat16 values, in order, as floats.
-POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __m512 WidenBF16x16(const BFloat16* y) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y));
+// 16 bfloat16 values (loaded, or stored at y), in order, as floats.
+POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __m512 WidenBF16x16(__m256i h) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __m512 WidenBF16x16(const BFloat16* y) {
+  return WidenBF16x16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(y)));
+}
+// 8 stored bfloat16 values, in order, as floats in lanes 0-7 (8-15 zero).
+POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __m512 WidenBF16x8(const BFloat16* y) {
+  return WidenBF16x16(_mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(y))));
 }
 
 // even and odd narrowed and interleaved back, the inverse of EvenBF16 and

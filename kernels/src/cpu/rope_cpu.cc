@@ -95,7 +95,7 @@ struct Scratch {
   const bool wide;          // bfloat16 on a CPU with RotateBF16Wide
   // bfloat16 GPT-J (spread): [kTokenBlock, 2 half] [c, c] and [-n, n] per
   // slot, laid out like the pairs they rotate (RotateHeadBF16's 8-pair
-  // loop; only past RotateBF16Wide's steps for a token that takes those).
+  // loop; not for the tokens RotateBF16Wide takes).
   const bool spread;
   std::vector<float> c2, n2;
   // bfloat16 NEOX on AVX-512 BF16 (paired): [kTokenBlock, half] c and n with
@@ -165,9 +165,8 @@ POSENC_ALWAYS_INLINE void ComputeRotations(const RopePlan& p, int64_t t0, int64_
       const float* __restrict n = s.n.data() + t * half;
       float* __restrict c2 = s.c2.data() + t * 2 * half;
       float* __restrict n2 = s.n2.data() + t * 2 * half;
-      // RotateBF16Wide takes the 16-pair steps without them.
-      const int64_t from = s.wide && WideScale(p, t0 + t) ? half / 16 * 16 : 0;
-      for (int64_t k = from; k < half; ++k) {
+      if (s.wide && WideScale(p, t0 + t)) continue;  // RotateBF16Wide takes the token
+      for (int64_t k = 0; k < half; ++k) {
         c2[2 * k] = c2[2 * k + 1] = c[k];
         n2[2 * k] = -n[k];
         n2[2 * k + 1] = n[k];
@@ -294,14 +293,31 @@ POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE void KeepSlow(
   }
 }
 
-// The 32- (NEOX) or 16-pair (GPT-J) steps, pairs [0, returned) of every row
-// of a run of bfloat16 rows, in 512-bit registers and narrowed by
-// VCVTNE2PS2BF16: one call per run rather than per head, since a head is
-// only a few steps. A step splits 64-byte loads into even and odd elements
-// (shift, mask): GPT-J's 16 adjacent pairs into u and v; NEOX's 32 first
-// and 32 second elements into pairs k0 + 2i and k0 + 2i + 1, rotated by
+// Rotate16 on the `lanes` of u and v that hold pairs (the others zero):
+// pair first + i in lane i, rotated by c[i] and n[i]; the lanes that fail
+// go to KeepSlow.
+template <bool kUnitScale>
+POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE void RotateLanes(
+    __mmask16 lanes, __m512 u, __m512 v, const float* c, const float* n, __m512 bound_scale,
+    __m512 scale_v, int64_t first, __m512* a, __m512* b, int32_t* __restrict slow_k,
+    float* __restrict slow_u, float* __restrict slow_v, int64_t* slow) {
+  __mmask16 odd, low;
+  Rotate16<kUnitScale>(u, v, _mm512_maskz_loadu_ps(lanes, c), _mm512_maskz_loadu_ps(lanes, n),
+                       bound_scale, scale_v, a, b, &odd, &low);
+  const __mmask16 bad = _kand_mask16(_kor_mask16(odd, low), lanes);
+  if (__builtin_expect(bad != 0, 0)) KeepSlow(bad, u, v, first, 1, slow_k, slow_u, slow_v, slow);
+}
+
+// bfloat16 RoPE of a run of rows, pairs [0, returned) of each, in 512-bit
+// registers and narrowed by VCVTNE2PS2BF16: one call per run rather than
+// per head, since a head is only a few steps. NEOX takes 32 pairs a step,
+// GPT-J 16. A step splits 64-byte loads into even and odd elements (shift,
+// mask): GPT-J's 16 adjacent pairs into u and v; NEOX's 32 first and 32
+// second elements into pairs k0 + 2i and k0 + 2i + 1, rotated by
 // Scratch::cp/np, whose slots are in that order. The results go back
-// interleaved by one VPERMW.
+// interleaved by one VPERMW. The pairs past the last whole step (rotary dim
+// 32 as in Pythia's and Phi-2's partial rotary, 80- and 96-dim heads) are
+// RotateTailsBF16Wide's.
 //
 // VCVTNE2PS2BF16 rounds as FloatToBFloat16 does (to nearest even), except
 // that it reads float subnormals as zero and keeps a NaN's payload where
@@ -317,8 +333,8 @@ POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE void KeepSlow(
 // that fails (one 32-pair step in 76, one 16-pair step in 150, for uniform
 // inputs and angles) is also appended, as
 // row * half + k with its inputs, to slow_k/u/v[*num_slow], for the caller
-// to redo by the scalar contract. Not inlined: a default-target caller
-// cannot inline AVX-512 code.
+// to redo by the scalar contract (RedoSlowPairs). Not inlined: a
+// default-target caller cannot inline AVX-512 code.
 // REQUIRES: scale_f >= kWideMinScale; kUnitScale: scale_f == 1; NEOX:
 // rows.cp/np set.
 template <RopeStyle kStyle, bool kUnitScale>
@@ -377,12 +393,78 @@ POSENC_BF16_WIDE_TARGET __attribute__((noinline)) int64_t RotateBF16Wide(
   *num_slow = slow;
   return k_end;
 }
+
+// The pairs of every row of the run past RotateBF16Wide's whole steps,
+// pairs [k_end, half): a step of 16 (NEOX) and of 8 where that many are
+// left, then the last few one by one (those PairNeedsPrecise flags left to
+// RedoSlowPairs). Loads and stores take exactly their elements: masked ones
+// that reach past them, into the elements this row has just stored or into
+// the next row's, stall the loads that follow (80-dim heads ran 1.7x slower
+// so). A pass of its own after the whole steps: inside their row loop, its
+// code slowed 128-dim heads, which have no tail, by about 10% (bf16 NEOX
+// BHSD 0.74-0.80 against 0.88-0.91 in the bench).
+template <RopeStyle kStyle, bool kUnitScale>
+POSENC_BF16_WIDE_TARGET __attribute__((noinline)) void RotateTailsBF16Wide(
+    const Rows<BFloat16>& rows, int64_t D, int64_t half, int64_t k_end, float scale_f,
+    int32_t* __restrict slow_k, float* __restrict slow_u, float* __restrict slow_v,
+    int64_t* num_slow) {
+  const __m512 bound_scale = _mm512_set1_ps(kCancellationBound<BFloat16>);
+  const __m512 scale_v = _mm512_set1_ps(scale_f);
+  int64_t slow = *num_slow;
+  for (int64_t row = 0; row < rows.count; ++row) {
+    BFloat16* __restrict x = rows.x + row * D;
+    const int64_t cn = row * rows.dt * half;
+    int64_t k0 = k_end;
+    __m512 a, b;
+    if constexpr (kStyle == RopeStyle::kNeox) {
+      if (half - k0 >= 16) {
+        RotateLanes<kUnitScale>(0xffff, WidenBF16x16(x + k0), WidenBF16x16(x + half + k0),
+                                rows.c + cn + k0, rows.n + cn + k0, bound_scale, scale_v,
+                                row * half + k0, &a, &b, slow_k, slow_u, slow_v, &slow);
+        StoreBF16x16Twice(a, b, x + k0, x + half + k0);
+        k0 += 16;
+      }
+      if (half - k0 >= 8) {
+        RotateLanes<kUnitScale>(0xff, WidenBF16x8(x + k0), WidenBF16x8(x + half + k0),
+                                rows.c + cn + k0, rows.n + cn + k0, bound_scale, scale_v,
+                                row * half + k0, &a, &b, slow_k, slow_u, slow_v, &slow);
+        const __m512i out = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // a in 0-15, b in 16-31
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(x + k0), _mm512_castsi512_si128(out));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(x + half + k0),
+                         _mm512_extracti32x4_epi32(out, 2));
+        k0 += 8;
+      }
+    } else if (half - k0 >= 8) {
+      const __m512i w =
+          _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 2 * k0)));
+      RotateLanes<kUnitScale>(0xff, EvenBF16(w), OddBF16(w), rows.c + cn + k0, rows.n + cn + k0,
+                              bound_scale, scale_v, row * half + k0, &a, &b, slow_k, slow_u, slow_v,
+                              &slow);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + 2 * k0),
+                          _mm512_castsi512_si256(InterleaveBF16(a, b)));
+      k0 += 8;
+    }
+    for (; k0 < half; ++k0) {  // pair by pair, RotatePair's float32 half
+      BFloat16 &first = x[PairFirst(kStyle, k0, half)], &second = x[PairSecond(kStyle, k0, half)];
+      const float u = ToFloat(first), v = ToFloat(second);
+      float ra, rb;
+      RotateF32(u, v, rows.c[cn + k0], rows.n[cn + k0], &ra, &rb);
+      if (PairNeedsPrecise<BFloat16>(ra, rb, u, v, scale_f)) {
+        slow_k[slow] = static_cast<int32_t>(row * half + k0);
+        slow_u[slow] = u;
+        slow_v[slow++] = v;
+      }
+      first = FromFloat<BFloat16>(ra);
+      second = FromFloat<BFloat16>(rb);
+    }
+  }
+  *num_slow = slow;
+}
 #endif
 
-// bfloat16 RoPE of one head of token t, in place, from pair k0 on (the
-// pairs before it done by RotateBF16Wide, which left those it could not
-// narrow exactly in slow_k/u/v[0, num_slow), as k_base + k), 8 pairs per
-// step in hand-written vectors (vec.h): RotateF32 lane by lane,
+// bfloat16 RoPE of one head of token t, in place, on CPUs without
+// RotateBF16Wide, 8 pairs per step in hand-written vectors (vec.h):
+// RotateF32 lane by lane,
 // PairNeedsPrecise as "both |a| and |b| >= its bound" (false for NaN as
 // well), and one test per 8 pairs. Steps with a lane that fails it, and the
 // pairs past the last multiple of 8, go pair by pair through the scalar
@@ -391,18 +473,11 @@ POSENC_BF16_WIDE_TARGET __attribute__((noinline)) int64_t RotateBF16Wide(
 // rotates 16 consecutive elements as (u c + v (-n), v c + u n) with the
 // slot's [c, c] and [-n, n] spread to match (ComputeRotations): x + (-y) is
 // x - y in IEEE arithmetic, so the results are RotateF32's bit for bit.
-//
-// RotateBF16Wide (AVX-512 BF16 CPUs only) narrows by VCVTNE2PS2BF16, whose
-// rounding is FloatToBFloat16's (to nearest even, NaN quieted) except that
-// it flushes results below 2^-126 to zero: a pair with such a result, like
-// one the cancellation bound flags, is redone here by pair_from from the
-// inputs it kept.
 template <RopeStyle kStyle>
-POSENC_ALWAYS_INLINE void RotateHeadBF16(
-    const RopePlan& p, int64_t t, BFloat16* __restrict x, const float* __restrict c,
-    const float* __restrict n, const float* __restrict c2, const float* __restrict n2, Scratch& s,
-    int64_t k0 = 0, const int32_t* slow_k = nullptr, const float* slow_u = nullptr,
-    const float* slow_v = nullptr, int64_t num_slow = 0, int64_t k_base = 0) {
+POSENC_ALWAYS_INLINE void RotateHeadBF16(const RopePlan& p, int64_t t, BFloat16* __restrict x,
+                                         const float* __restrict c, const float* __restrict n,
+                                         const float* __restrict c2, const float* __restrict n2,
+                                         Scratch& s) {
   const int64_t half = p.half();
   const double scale = p.attention_scale[p.FreqSetOfToken(t)];
   const float scale_f = static_cast<float>(scale);
@@ -410,9 +485,10 @@ POSENC_ALWAYS_INLINE void RotateHeadBF16(
   float* __restrict pending_u = s.pending_u.data();
   float* __restrict pending_v = s.pending_v.data();
   int64_t pending = 0;
-  // The scalar contract for pair k from its inputs u, v.
-  auto pair_from = [=, &pending](int64_t k, float u, float v) {
+  // The scalar contract for pair k; the double half after the loop.
+  auto pair = [=, &pending](int64_t k) {
     const int64_t i = PairFirst(kStyle, k, half), j = PairSecond(kStyle, k, half);
+    const float u = ToFloat(x[i]), v = ToFloat(x[j]);
     float a, b;
     RotateF32(u, v, c[k], n[k], &a, &b);
     if (PairNeedsPrecise<BFloat16>(a, b, u, v, scale_f)) {
@@ -423,12 +499,8 @@ POSENC_ALWAYS_INLINE void RotateHeadBF16(
     x[i] = FromFloat<BFloat16>(a);
     x[j] = FromFloat<BFloat16>(b);
   };
-  auto pair = [=, &pair_from](int64_t k) {
-    pair_from(k, ToFloat(x[PairFirst(kStyle, k, half)]), ToFloat(x[PairSecond(kStyle, k, half)]));
-  };
-  for (int64_t m = 0; m < num_slow; ++m) pair_from(slow_k[m] - k_base, slow_u[m], slow_v[m]);
-  const int64_t steps_end = k0 + (half - k0) / 8 * 8;
-  for (int64_t k = k0; k < steps_end; k += 8) {
+  const int64_t steps_end = half / 8 * 8;
+  for (int64_t k = 0; k < steps_end; k += 8) {
     V8 r0, r1, bound0, bound1;
     BFloat16 *y0, *y1;
     if constexpr (kStyle == RopeStyle::kNeox) {
@@ -507,10 +579,9 @@ POSENC_ALWAYS_INLINE void RotateHead(const RopePlan& p, int64_t t, T* head, cons
   }
 }
 
-// Rotates a run of rows. kWide (bfloat16 on AVX-512 BF16 CPUs): every row's
-// RotateBF16Wide steps in one call, then the pairs those left (the head's
-// tail, past the last whole step, and its slow pairs): in one loop when only
-// slow pairs are left, else row by row.
+// Rotates a run of rows. kWide (bfloat16 on AVX-512 BF16 CPUs): every row
+// by RotateBF16Wide (and RotateTailsBF16Wide) in one call, then the pairs
+// those left by RedoSlowPairs.
 template <typename T, RopeStyle kStyle, bool kWide>
 POSENC_ALWAYS_INLINE void RotateRows(const RopePlan& p, const Rows<T>& rows, Scratch& s) {
   const int64_t half = p.half(), D = p.head_dim;
@@ -519,25 +590,22 @@ POSENC_ALWAYS_INLINE void RotateRows(const RopePlan& p, const Rows<T>& rows, Scr
     if (WideScale(p, rows.t0)) {
       const float scale_f = static_cast<float>(p.attention_scale[p.FreqSetOfToken(rows.t0)]);
       int64_t slow = 0;
-      const int64_t k0 =
-          scale_f == 1.0f ? RotateBF16Wide<kStyle, true>(rows, D, half, scale_f, s.wide_k.data(),
-                                                         s.wide_u.data(), s.wide_v.data(), &slow)
-                          : RotateBF16Wide<kStyle, false>(rows, D, half, scale_f, s.wide_k.data(),
-                                                          s.wide_u.data(), s.wide_v.data(), &slow);
-      if (k0 == half) {  // every pair took a wide step: only the slow ones are left
-        RedoSlowPairs<kStyle>(p, rows, s.wide_k.data(), s.wide_u.data(), s.wide_v.data(), slow);
-        return;
+      if (scale_f == 1.0f) {
+        const int64_t k_end = RotateBF16Wide<kStyle, true>(rows, D, half, scale_f, s.wide_k.data(),
+                                                           s.wide_u.data(), s.wide_v.data(), &slow);
+        if (k_end < half) {
+          RotateTailsBF16Wide<kStyle, true>(rows, D, half, k_end, scale_f, s.wide_k.data(),
+                                            s.wide_u.data(), s.wide_v.data(), &slow);
+        }
+      } else {
+        const int64_t k_end = RotateBF16Wide<kStyle, false>(
+            rows, D, half, scale_f, s.wide_k.data(), s.wide_u.data(), s.wide_v.data(), &slow);
+        if (k_end < half) {
+          RotateTailsBF16Wide<kStyle, false>(rows, D, half, k_end, scale_f, s.wide_k.data(),
+                                             s.wide_u.data(), s.wide_v.data(), &slow);
+        }
       }
-      int64_t m = 0;  // the row's first slow pair
-      for (int64_t i = 0; i < rows.count; ++i) {
-        int64_t m_end = m;
-        while (m_end < slow && s.wide_k[m_end] < (i + 1) * half) ++m_end;
-        const int64_t cn = i * rows.dt * half;
-        RotateHeadBF16<kStyle>(p, rows.t0 + i * rows.dt, rows.x + i * D, rows.c + cn, rows.n + cn,
-                               rows.c2 + 2 * cn, rows.n2 + 2 * cn, s, k0, s.wide_k.data() + m,
-                               s.wide_u.data() + m, s.wide_v.data() + m, m_end - m, i * half);
-        m = m_end;
-      }
+      RedoSlowPairs<kStyle>(p, rows, s.wide_k.data(), s.wide_u.data(), s.wide_v.data(), slow);
       return;
     }
   }
