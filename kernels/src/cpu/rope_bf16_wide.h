@@ -161,8 +161,8 @@ POSENC_BF16_WIDE_TARGET __attribute__((noinline)) int64_t RotateBF16Wide(
 
 // The pairs of every row of the run past RotateBF16Wide's whole steps,
 // pairs [k_end, half): a step of 16 (NEOX) and of 8 where that many are
-// left, then the last few one by one (those PairNeedsPrecise flags left to
-// RedoSlowPairs). Loads and stores take exactly their elements: masked ones
+// left, then the last few in masked lanes. Loads and stores of the steps
+// take exactly their elements: masked ones
 // that reach past them, into the elements this row has just stored or into
 // the next row's, stall the loads that follow (80-dim heads ran 1.7x slower
 // so). A pass of its own after the whole steps: inside their row loop, its
@@ -209,18 +209,42 @@ POSENC_BF16_WIDE_TARGET __attribute__((noinline)) void RotateTailsBF16Wide(
                           _mm512_castsi512_si256(InterleaveBF16(a, b)));
       k0 += 8;
     }
-    for (; k0 < half; ++k0) {  // pair by pair, RotatePair's float32 half
-      BFloat16 &first = x[PairFirst(kStyle, k0, half)], &second = x[PairSecond(kStyle, k0, half)];
-      const float u = ToFloat(first), v = ToFloat(second);
-      float ra, rb;
-      RotateF32(u, v, rows.c[cn + k0], rows.n[cn + k0], &ra, &rb);
-      if (PairNeedsPrecise<BFloat16>(ra, rb, u, v, scale_f)) {
-        slow_k[slow] = static_cast<int32_t>(row * half + k0);
-        slow_u[slow] = u;
-        slow_v[slow++] = v;
-      }
-      first = FromFloat<BFloat16>(ra);
-      second = FromFloat<BFloat16>(rb);
+  }
+  // The last few pairs of every row (fewer than 8), in masked lanes, after
+  // every row's steps above: a masked load or store spans whole vectors, and
+  // where that span reaches elements stored just before (this row's own
+  // steps) the load waits for those stores.
+  const int64_t k_rest =
+      k_end + (kStyle == RopeStyle::kNeox ? (half - k_end) / 8 * 8 : (half - k_end >= 8 ? 8 : 0));
+  const int64_t r = half - k_rest;
+  if (r == 0) {
+    *num_slow = slow;
+    return;
+  }
+  const __mmask16 lanes = static_cast<__mmask16>((1u << r) - 1);
+  for (int64_t row = 0; row < rows.count; ++row) {
+    BFloat16* __restrict x = rows.x + row * D;
+    const int64_t cn = row * rows.dt * half;
+    __m512 a, b;
+    if constexpr (kStyle == RopeStyle::kNeox) {
+      const __mmask8 lanes8 = static_cast<__mmask8>(lanes);
+      const __m512 u =
+          WidenBF16x16(_mm256_zextsi128_si256(_mm_maskz_loadu_epi16(lanes8, x + k_rest)));
+      const __m512 v =
+          WidenBF16x16(_mm256_zextsi128_si256(_mm_maskz_loadu_epi16(lanes8, x + half + k_rest)));
+      RotateLanes<kUnitScale>(lanes, u, v, rows.c + cn + k_rest, rows.n + cn + k_rest, bound_scale,
+                              scale_v, row * half + k_rest, &a, &b, slow_k, slow_u, slow_v, &slow);
+      const __m512i out = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // a in 0-15, b in 16-31
+      _mm_mask_storeu_epi16(x + k_rest, lanes8, _mm512_castsi512_si128(out));
+      _mm_mask_storeu_epi16(x + half + k_rest, lanes8, _mm512_extracti32x4_epi32(out, 2));
+    } else {
+      const __mmask16 elements = static_cast<__mmask16>((1u << (2 * r)) - 1);
+      const __m512i w = _mm512_zextsi256_si512(_mm256_maskz_loadu_epi16(elements, x + 2 * k_rest));
+      RotateLanes<kUnitScale>(lanes, EvenBF16(w), OddBF16(w), rows.c + cn + k_rest,
+                              rows.n + cn + k_rest, bound_scale, scale_v, row * half + k_rest, &a,
+                              &b, slow_k, slow_u, slow_v, &slow);
+      _mm256_mask_storeu_epi16(x + 2 * k_rest, elements,
+                               _mm512_castsi512_si256(InterleaveBF16(a, b)));
     }
   }
   *num_slow = slow;
