@@ -11,7 +11,6 @@
 #ifdef POSENC_CPU_BF16_WIDE
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "math/rope_math.h"
