@@ -14,15 +14,15 @@
 #include <string>
 #include <vector>
 
-#include "engine.h"
+#include "engine/engine.h"
 #include "grpc/grpc.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "kserve/grpc_service.pb.h"
-#include "kserve_service.h"
+#include "kserve/service.h"
 #include "posenc/v1/posenc.pb.h"
 #include "posenc/wire/requests.h"
 #include "posenc/wire/tensors.h"
-#include "tensor_calls.h"
+#include "v1/tensor_service.h"
 
 namespace {
 

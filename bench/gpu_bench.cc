@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda_kernels.h"
+#include "cuda/cuda_kernels.h"
 #include "math/phase.h"
 
 namespace {

@@ -3,8 +3,9 @@
 #
 # Here (no GPU needed), build with CUDA and bundle the binaries:
 #   scripts/build.sh
-#   ../shared/tools/gpu-bundle .gpu/bundle build/tests/backend_conformance_test \
-#     build/tests/hf_agreement_test build/tests/bloom_left_padding_test build/tests/e2e_test \
+#   ../shared/tools/gpu-bundle .gpu/bundle build/tests/conformance/backend_conformance_test \
+#     build/tests/conformance/hf_agreement_test build/tests/conformance/bloom_left_padding_test \
+#     build/tests/system/e2e_test \
 #     build/bench/posenc-bench-gpu
 #   (.gpu/ is git-ignored; pass it in the device tool's `carry`)
 # There, from the repository root, in one call (all steps took 99 s of run
@@ -33,7 +34,7 @@ bundle=${1:?usage: gpu-check.sh BUNDLE_DIR [STEP...]}
 shift
 out=${OUT:-/tmp/gpu-check}
 mkdir -p "$out"
-export POSENC_HF_FIXTURES=$PWD/tests/hf/hf_fixtures.json
+export POSENC_HF_FIXTURES=$PWD/tests/conformance/hf/hf_fixtures.json
 lib="$bundle/lib"
 summary="$out/summary.txt"
 tmp=$(mktemp -d)

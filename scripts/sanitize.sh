@@ -30,9 +30,11 @@ export LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressi
 
 tsan=${POSENC_TSAN_DIR:-build-tsan}
 cmake -S . -B "$tsan" "${common[@]}" -DPOSENC_SANITIZE=thread
-cmake --build "$tsan" -j "$jobs" --target kernels_test server_test engine_test
+cmake --build "$tsan" -j "$jobs" --target kernels_test admission_test model_registry_test \
+  operations_test
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 "$tsan"/kernels/kernels_test --gtest_filter='ThreadPool*'
-"$tsan"/server/server_test --gtest_filter='Admission*:ModelRegistry*'
-"$tsan"/tests/engine_test
+"$tsan"/server/engine/admission_test
+"$tsan"/server/kserve/model_registry_test
+"$tsan"/server/v1/operations_test
 echo "sanitize: ASan+UBSan, fuzzers and TSan all passed"

@@ -19,14 +19,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "call_support.h"
-#include "logging.h"
-#include "operations.h"
+#include "rpc/call_support.h"
+#include "rpc/logging.h"
+#include "v1/operations.h"
 #include "posenc/backend.h"
 #include "posenc/wire/enums.h"
 #include "server.h"
 #include "spdlog/spdlog.h"
-#include "tls_files.h"
+#include "rpc/tls_files.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
           "Address to serve gRPC on (port 0: any free port).");

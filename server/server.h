@@ -12,13 +12,14 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "engine.h"
+#include "engine/engine.h"
 #include "grpcpp/server.h"
-#include "kserve_service.h"
-#include "reflection_v1.h"
-#include "service.h"
-#include "shared_memory.h"
-#include "tensor_calls.h"
+#include "kserve/service.h"
+#include "rpc/reflection_v1.h"
+#include "rpc/tls_files.h"
+#include "v1/control_service.h"
+#include "engine/shared_memory_registry.h"
+#include "v1/tensor_service.h"
 
 namespace posenc::server {
 
@@ -26,14 +27,6 @@ namespace posenc::server {
 // overall "" and the API's own name) turns NOT_SERVING when draining starts.
 inline constexpr char kLivenessService[] = "liveness";
 inline constexpr char kReadinessService[] = "posenc.v1.PositionalEncoding";
-
-// TLS for the gRPC port: PEM contents. An empty cert serves plaintext; a
-// client CA requires and verifies client certificates (mutual TLS).
-struct TlsOptions {
-  std::string cert_pem;
-  std::string key_pem;
-  std::string client_ca_pem;
-};
 
 struct ServerOptions {
   std::string listen_address = "0.0.0.0:50051";  // port 0 picks a free port

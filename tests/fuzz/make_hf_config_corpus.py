@@ -10,7 +10,7 @@ import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "hf_config_fuzz")
-FIXTURES = os.path.join(HERE, "..", "hf", "hf_fixtures.json")
+FIXTURES = os.path.join(HERE, "..", "conformance", "hf", "hf_fixtures.json")
 
 BAD = {
     "bad_not_object": "[1, 2, 3]",

@@ -17,7 +17,7 @@ from conftest import ROOT
 
 
 def fixture_config(name: str) -> str:
-    fixtures = json.loads((ROOT / "tests" / "hf" / "hf_fixtures.json").read_text())
+    fixtures = json.loads((ROOT / "tests" / "conformance" / "hf" / "hf_fixtures.json").read_text())
     return next(c["config"] for c in fixtures["configs"] if c["name"] == name)
 
 

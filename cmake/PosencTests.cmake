@@ -1,0 +1,16 @@
+# posenc_unit_test(<name> SOURCES <src>... LIBS <lib>... [DEFINES <def>...])
+#
+# One GoogleTest executable for one unit, beside its code: linked with
+# gtest_main, its cases registered with ctest under the label cpu.
+function(posenc_unit_test name)
+  if(NOT POSENC_BUILD_TESTS)
+    return()
+  endif()
+  cmake_parse_arguments(T "" "" "SOURCES;LIBS;DEFINES" ${ARGN})
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest_main)
+  if(T_DEFINES)
+    target_compile_definitions(${name} PRIVATE ${T_DEFINES})
+  endif()
+  gtest_discover_tests(${name} PROPERTIES LABELS cpu DISCOVERY_TIMEOUT 60)
+endfunction()

@@ -1,0 +1,147 @@
+// Admission control: the one place that decides whether the server takes on
+// a call and the memory it will hold. A call holds a Ticket from arrival:
+// a slot (--max_inflight) until its answer is final, and bytes
+// (--max_inflight_bytes), reserved before it reads or allocates anything,
+// until the answer has been sent. Because every byte a call will hold is reserved first, the
+// memory of calls in flight never exceeds the budget, whatever the mix.
+//
+// Reservations that do not fit wait in arrival order (a call that has not
+// been read holds no memory: its body stays behind HTTP/2 flow control)
+// until bytes are released, the call's deadline or --admission_wait passes
+// (RESOURCE_EXHAUSTED), the caller cancels, or the server drains
+// (UNAVAILABLE).
+#ifndef POSENC_SERVER_ENGINE_ADMISSION_H_
+#define POSENC_SERVER_ENGINE_ADMISSION_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace posenc::server {
+
+struct AdmissionOptions {
+  int max_calls = 64;                          // --max_inflight
+  int64_t max_bytes = int64_t{4} << 30;        // --max_inflight_bytes
+  absl::Duration max_wait = absl::Seconds(1);  // --admission_wait_ms
+};
+
+class AdmissionControl {
+ public:
+  class Ticket;
+
+  explicit AdmissionControl(const AdmissionOptions& options);
+  // Ends waiting reservations (UNAVAILABLE). REQUIRES: no Ticket outlives it.
+  ~AdmissionControl();
+  AdmissionControl(const AdmissionControl&) = delete;
+  AdmissionControl& operator=(const AdmissionControl&) = delete;
+
+  // A slot for a new call holding no bytes yet: UNAVAILABLE while draining,
+  // RESOURCE_EXHAUSTED when --max_inflight calls are in flight.
+  [[nodiscard]] absl::StatusOr<Ticket> Enter();
+
+  // Refuses new calls (UNAVAILABLE) and ends waiting reservations.
+  void StartDraining();
+  bool draining() const;
+
+  int calls() const;
+  int64_t bytes() const;
+  int waiting() const;
+  const AdmissionOptions& options() const { return options_; }
+  // When a call was last let in: a drain waits for admitted work, not for
+  // refused arrivals (which would extend it without end).
+  absl::Time last_entry() const;
+
+ private:
+  struct Waiter {
+    Ticket* ticket;
+    int64_t bytes;
+    absl::Time deadline;
+    std::function<void(absl::Status)> done;
+  };
+  void Release(int64_t bytes, bool slot);
+  // Grants waiters that fit, in order, and expires those past deadline;
+  // returns the callbacks to run (outside the lock) with their statuses.
+  std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> ServiceQueueLocked(
+      absl::Time now);
+  void TimerLoop();
+
+  const AdmissionOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int calls_ = 0;
+  int64_t bytes_ = 0;
+  bool draining_ = false;
+  bool stopping_ = false;
+  absl::Time last_entry_ = absl::InfinitePast();
+  std::deque<Waiter> waiters_;
+  std::thread timer_;
+};
+
+// A call's claim: one slot and the bytes it holds. Released when destroyed.
+class AdmissionControl::Ticket {
+ public:
+  Ticket() = default;
+  Ticket(Ticket&& o) noexcept : control_(o.control_), bytes_(o.bytes_), slot_(o.slot_) {
+    o.control_ = nullptr;
+  }
+  Ticket& operator=(Ticket&& o) noexcept;
+  ~Ticket() { Reset(); }
+
+  // Holds `bytes` more now, or RESOURCE_EXHAUSTED (holding nothing more)
+  // when that would exceed the budget. Never waits.
+  [[nodiscard]] absl::Status TryGrow(int64_t bytes);
+  // Holds `bytes` more now if they fit and no reservation is waiting (a
+  // call reading ahead must not overtake calls queued for memory); returns
+  // whether it did. Never waits.
+  [[nodiscard]] bool TryReserve(int64_t bytes);
+  // Holds `bytes` more as soon as they fit (see the file comment); `done`
+  // runs exactly once, perhaps on this thread before Reserve returns,
+  // perhaps on another. At most one Reserve may wait per ticket.
+  void Reserve(int64_t bytes, absl::Time deadline, std::function<void(absl::Status)> done);
+  // Ends a waiting Reserve with `why` (e.g. CANCELLED); no effect otherwise.
+  void CancelWait(const absl::Status& why);
+  // Returns bytes to the budget (at most what it holds).
+  void Shrink(int64_t bytes);
+  // Holds exactly `bytes`: shrinks, or grows without waiting.
+  [[nodiscard]] absl::Status Resize(int64_t bytes);
+  // Releases the slot and the bytes.
+  void Reset();
+  // Gives the slot back and keeps the bytes: for a call whose answer is
+  // final and handed to gRPC to send. The bytes stay until the call object
+  // goes (gRPC's OnDone), because the answer's buffers live until then; the
+  // slot does not, because OnDone runs on gRPC's own threads and under CPU
+  // pressure lags the caller's receipt of the answer by tens of
+  // milliseconds, so a caller at concurrency 2 could be told "64 requests
+  // in flight". Slots bound the work in progress, bytes the memory.
+  void ReleaseSlot();
+
+  // A ticket for more of this call's bytes that holds no slot of its own
+  // (one stream message of several in flight). REQUIRES: valid(); it is
+  // reset before this ticket is.
+  [[nodiscard]] Ticket BytesOnly() const;
+  // Moves `bytes` this ticket holds to `to` (same control) without
+  // releasing them to the budget, so no waiting call can take them between.
+  void GiveBytes(int64_t bytes, Ticket* to);
+
+  int64_t bytes() const { return bytes_; }
+  bool valid() const { return control_ != nullptr; }
+
+ private:
+  friend class AdmissionControl;
+  Ticket(AdmissionControl* control, bool slot) : control_(control), slot_(slot) {}
+  AdmissionControl* control_ = nullptr;
+  int64_t bytes_ = 0;
+  bool slot_ = true;
+};
+
+}  // namespace posenc::server
+
+#endif  // POSENC_SERVER_ENGINE_ADMISSION_H_

@@ -1,0 +1,314 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <exception>
+#include <functional>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "posenc/limits.h"
+#include "posenc/status_macros.h"
+
+namespace posenc::server {
+namespace {
+
+// Runs an operation so that nothing escapes as an exception: allocation
+// failure is RESOURCE_EXHAUSTED (the server keeps serving), anything else
+// INTERNAL.
+template <typename Fn>
+absl::Status Guarded(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        "the server could not allocate memory for this request; retry later or send less");
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("unexpected error: ", e.what()));
+  } catch (...) {
+    return absl::InternalError("unexpected error");
+  }
+}
+
+// Sizes a result buffer in steps, so that a large answer stops growing when
+// its caller leaves instead of zero-filling hundreds of MiB first.
+absl::Status ResizeCancellable(std::string* out, int64_t bytes, const RunContext& ctx) {
+  constexpr int64_t kStep = int64_t{16} << 20;
+  out->clear();
+  out->reserve(bytes);
+  while (static_cast<int64_t>(out->size()) < bytes) {
+    if (ctx.IsCancelled()) return absl::CancelledError("the call was cancelled");
+    out->append(std::min<int64_t>(kStep, bytes - out->size()), '\0');
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Engine::Engine(const EngineOptions& options)
+    : options_(options),
+      tables_([&] {
+        TableRepositoryOptions t;
+        t.dir = options.table_dir;
+        t.allow_external_symlinks = options.table_dir_allow_external_symlinks;
+        t.max_total_bytes = options.max_table_bytes;
+        return t;
+      }()),
+      admission_(AdmissionOptions{options.max_inflight_requests, options.max_inflight_bytes,
+                                  options.admission_wait}) {}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
+  if (options.max_inflight_requests <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_inflight must be > 0, got ", options.max_inflight_requests));
+  }
+  if (options.max_request_tensor_bytes <= 0 || options.max_message_bytes <= 0) {
+    return absl::InvalidArgumentError("--max_request_bytes and --max_message_bytes must be > 0");
+  }
+  // The largest call holds its message twice: read and parsed, then the
+  // answer and its serialised copy.
+  if (options.max_inflight_bytes / 2 < options.max_message_bytes ||
+      options.max_inflight_bytes / 2 < options.max_request_tensor_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_inflight_bytes (", options.max_inflight_bytes,
+                     ") must be at least twice --max_message_bytes (", options.max_message_bytes,
+                     ") and --max_request_bytes (", options.max_request_tensor_bytes,
+                     "): a call holds its message twice, parsed and serialised"));
+  }
+  std::unique_ptr<Engine> e(new Engine(options));
+  e->cpu_ = CreateCpuBackend(options.cpu_threads);
+  if (options.enable_cuda) {
+    auto cuda = CreateCudaBackend(options.cuda_device);
+    if (cuda.ok()) {
+      e->cuda_ = std::move(*cuda);
+    } else {
+      e->cuda_unavailable_reason_ = std::string(cuda.status().message());
+    }
+  } else {
+    e->cuda_unavailable_reason_ = "disabled by --enable_cuda=false";
+  }
+  if (options.default_backend == BackendChoice::kCuda && e->cuda_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--default_backend=cuda but no CUDA backend: ", e->cuda_unavailable_reason_));
+  }
+  e->tables_.Reload();
+  return e;
+}
+
+absl::StatusOr<Engine::Admission> Engine::Admit(int64_t tensor_bytes) {
+  POSENC_RETURN_IF_ERROR(CheckRequestSize(tensor_bytes));
+  POSENC_ASSIGN_OR_RETURN(Admission a, admission_.Enter());
+  POSENC_RETURN_IF_ERROR(a.TryGrow(tensor_bytes));
+  return a;
+}
+
+absl::StatusOr<Backend*> Engine::Choose(BackendChoice requested, int64_t bytes) {
+  switch (Resolve(requested)) {
+    case BackendChoice::kCpu:
+      return cpu_.get();
+    case BackendChoice::kCuda: {
+      if (cuda_ == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("backend CUDA was requested but this server has no GPU backend: ",
+                         cuda_unavailable_reason_, ". Use backend AUTO or CPU."));
+      }
+      const absl::Status health = cuda_->health();
+      if (!health.ok()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("backend CUDA was requested but the GPU has failed: ", health.message(),
+                         ". Use backend AUTO or CPU."));
+      }
+      return cuda_.get();
+    }
+    case BackendChoice::kAuto:
+    case BackendChoice::kDefault:
+      // A failed GPU (a sticky device error) is routed around.
+      return (cuda_ != nullptr && bytes >= options_.auto_gpu_min_bytes && cuda_->health().ok())
+                 ? cuda_.get()
+                 : cpu_.get();
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("backend has unknown value ", static_cast<int>(requested)));
+  }
+}
+
+absl::Status Engine::RunWithFallback(BackendChoice requested, Backend** backend,
+                                     const std::function<absl::Status(Backend*)>& run) {
+  absl::Status s = run(*backend);
+  requested = Resolve(requested);
+  // Under AUTO the CPU serves what the GPU kernels do not cover
+  // (UNIMPLEMENTED) or what a failing GPU could not do; the GPU path only
+  // writes the caller's buffers once it has succeeded.
+  const bool gpu_gave_up = s.code() == absl::StatusCode::kUnimplemented ||
+                           ((*backend)->kind() == BackendKind::kCuda && !(*backend)->health().ok());
+  if (!s.ok() && gpu_gave_up && requested == BackendChoice::kAuto &&
+      (*backend)->kind() == BackendKind::kCuda) {
+    *backend = cpu_.get();
+    s = run(*backend);
+  }
+  return s;
+}
+
+absl::Status Engine::Ready() const {
+  if (options_.default_backend == BackendChoice::kCuda && cuda_ != nullptr) return cuda_->health();
+  return absl::OkStatus();
+}
+
+std::string Engine::BackendName(const Backend* b) const {
+  return b->kind() == BackendKind::kCuda ? absl::StrCat("cuda:", options_.cuda_device) : "cpu";
+}
+
+std::string Engine::LongestBackendName() const {
+  return absl::StrCat("cuda:", options_.cuda_device);
+}
+
+absl::Status Engine::CheckRequestSize(int64_t tensor_bytes) const {
+  if (tensor_bytes > options_.max_request_tensor_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("request carries ", tensor_bytes, " tensor bytes, over the server's limit of ",
+                     options_.max_request_tensor_bytes, " (--max_request_bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::CheckAnswerSize(int64_t tensor_bytes, int64_t message_bytes,
+                                     absl::string_view what) const {
+  if (tensor_bytes > options_.max_request_tensor_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, " would be ", tensor_bytes, " bytes, over the server's limit of ",
+                     options_.max_request_tensor_bytes, " bytes (--max_request_bytes)"));
+  }
+  if (message_bytes > options_.max_message_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the answer would be a ", message_bytes, "-byte message, over the transport's limit of ",
+        options_.max_message_bytes, " bytes (--max_message_bytes); send less per call"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Engine::ApplyRope(const RopeOptions& options, RopeTensors& t,
+                                              const CallEnv& env) {
+  std::string served;
+  POSENC_RETURN_IF_ERROR(Guarded([&]() -> absl::Status {
+    const int64_t tensor_bytes = t.query.nbytes + t.key.nbytes;
+    POSENC_RETURN_IF_ERROR(CheckRequestSize(tensor_bytes));
+    // The caller's buffers become the answer; its admission holds them and
+    // their serialised copy already. The plan is new.
+    POSENC_ASSIGN_OR_RETURN(RopePlan plan, PlanRope(options, t, [&](const PlanCost& c) {
+                              return env.admission.TryGrow(c.plan_bytes);
+                            }));
+    POSENC_RETURN_IF_ERROR(
+        CheckAnswerSize(tensor_bytes, tensor_bytes + env.message_overhead, "the answer"));
+    POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, tensor_bytes));
+    const bool has_key = t.key.present();
+    POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
+      return b->ApplyRope(plan, t.query.data, has_key ? t.key.data : nullptr, env.ctx);
+    }));
+    served = BackendName(backend);
+    return absl::OkStatus();
+  }));
+  return served;
+}
+
+absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTensors& t,
+                                                const CallEnv& env) {
+  std::string served;
+  POSENC_RETURN_IF_ERROR(Guarded([&]() -> absl::Status {
+    const int64_t tensor_bytes = t.x.nbytes;
+    POSENC_RETURN_IF_ERROR(CheckRequestSize(tensor_bytes));
+    if (o.kind == AbsoluteOptions::Kind::kLearned) {
+      POSENC_ASSIGN_OR_RETURN(o.table, tables_.Find(o.table_name));
+    }
+    POSENC_ASSIGN_OR_RETURN(AbsolutePlan plan, PlanAbsolute(o, t, [&](const PlanCost& c) {
+                              return env.admission.TryGrow(c.plan_bytes);
+                            }));
+    POSENC_RETURN_IF_ERROR(
+        CheckAnswerSize(tensor_bytes, tensor_bytes + env.message_overhead, "the answer"));
+    POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, tensor_bytes));
+    POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
+      return b->ApplyAbsolute(plan, t.x.data, env.ctx);
+    }));
+    served = BackendName(backend);
+    return absl::OkStatus();
+  }));
+  return served;
+}
+
+absl::StatusOr<Produced> Engine::EncodingTable(AbsoluteOptions o, int64_t dim, int64_t count,
+                                               const TensorView& positions, DType dtype,
+                                               std::string* out, const CallEnv& env) {
+  Produced produced;
+  POSENC_RETURN_IF_ERROR(Guarded([&]() -> absl::Status {
+    POSENC_RETURN_IF_ERROR(CheckRequestSize(static_cast<int64_t>(positions.nbytes)));
+    if (o.kind == AbsoluteOptions::Kind::kLearned) {
+      POSENC_ASSIGN_OR_RETURN(o.table, tables_.Find(o.table_name));
+      if (dim == 0) dim = o.table->dim;
+      if (count == 0 && !positions.present()) count = o.table->rows;
+    } else if (dim <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("dim must be > 0, got ", dim));
+    }
+    // The answer's size is known once shapes are valid: refused or admitted
+    // before it is allocated.
+    POSENC_ASSIGN_OR_RETURN(
+        AbsolutePlan plan,
+        PlanEncodingTable(o, dim, dtype, positions, count, [&](const PlanCost& c) -> absl::Status {
+          POSENC_RETURN_IF_ERROR(
+              CheckAnswerSize(c.output_bytes, c.output_bytes + env.message_overhead, "the table"));
+          return env.admission.TryGrow(c.plan_bytes + c.output_bytes);
+        }));
+    const int64_t out_bytes = plan.num_tokens * dim * static_cast<int64_t>(SizeOf(dtype));
+    POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, out_bytes));
+    POSENC_RETURN_IF_ERROR(ResizeCancellable(out, out_bytes, env.ctx));
+    POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
+      return b->ApplyAbsolute(plan, out->data(), env.ctx);
+    }));
+    produced.dtype = dtype;
+    produced.shape = {plan.num_tokens, dim};
+    produced.backend = BackendName(backend);
+    return absl::OkStatus();
+  }));
+  return produced;
+}
+
+absl::StatusOr<Produced> Engine::AttentionBias(const BiasOptions& o, MutableTensor& logits,
+                                               std::string* out, const CallEnv& env) {
+  Produced produced;
+  POSENC_RETURN_IF_ERROR(Guarded([&]() -> absl::Status {
+    const bool has_logits = logits.present();
+    POSENC_RETURN_IF_ERROR(CheckRequestSize(
+        static_cast<int64_t>(logits.nbytes + o.k_lens.nbytes + o.k_starts.nbytes)));
+    POSENC_ASSIGN_OR_RETURN(
+        BiasPlan plan, PlanAttentionBias(o, logits.view(), [&](const PlanCost& c) -> absl::Status {
+          // The answer: the bias (new, or the logits it was added to) and
+          // the slopes (one double each, packed).
+          const int64_t tensor_bytes =
+              has_logits ? static_cast<int64_t>(logits.nbytes) : c.output_bytes;
+          const int64_t slopes_bytes =
+              8 * std::max<int64_t>(o.num_heads, logits.rank() == 4 ? logits.shape[1] : 0);
+          POSENC_RETURN_IF_ERROR(CheckAnswerSize(
+              tensor_bytes, tensor_bytes + slopes_bytes + env.message_overhead, "the bias"));
+          return env.admission.TryGrow(c.plan_bytes + c.output_bytes);
+        }));
+    const int64_t out_bytes = plan.NumElements() * static_cast<int64_t>(SizeOf(plan.dtype));
+    void* target = logits.data;
+    if (!has_logits) {
+      POSENC_RETURN_IF_ERROR(ResizeCancellable(out, out_bytes, env.ctx));
+      target = out->data();
+    }
+    POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, out_bytes));
+    POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
+      return b->ApplyAttentionBias(plan, target, env.ctx);
+    }));
+    produced.dtype = plan.dtype;
+    produced.shape = {plan.batch, plan.num_heads, plan.q_len, plan.k_len};
+    produced.slopes = plan.slopes;
+    produced.backend = BackendName(backend);
+    return absl::OkStatus();
+  }));
+  return produced;
+}
+
+void Engine::ReloadTables() {
+  tables_.Reload([this] { return draining(); });
+}
+
+}  // namespace posenc::server

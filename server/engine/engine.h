@@ -1,0 +1,160 @@
+// The service's work behind a plain C++ API in the kernel library's types:
+// admits memory, resolves tables, plans, chooses a backend (falling back
+// from a failed GPU), runs the kernels. Knows neither protobuf nor gRPC
+// (operations.h adapts posenc.v1 messages to it through wire/); errors are
+// absl::Status with the SPEC §3 codes.
+#ifndef POSENC_SERVER_ENGINE_ENGINE_H_
+#define POSENC_SERVER_ENGINE_ENGINE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "engine/admission.h"
+#include "posenc/backend.h"
+#include "engine/table_repository.h"
+
+namespace posenc::server {
+
+struct EngineOptions {
+  BackendChoice default_backend = BackendChoice::kAuto;
+  int cpu_threads = 0;  // 0: every hardware thread
+  bool enable_cuda = true;
+  int cuda_device = 0;
+  // AUTO sends requests of at least this many tensor bytes to the GPU.
+  int64_t auto_gpu_min_bytes = int64_t{1} << 20;
+  // Largest total of tensor bytes in one request, and in one response.
+  int64_t max_request_tensor_bytes = int64_t{64} << 20;
+  // Requests in flight (from arrival until the answer is final), and the
+  // memory they hold: request and response tensors, gRPC's serialised copy
+  // of the response, and plans. Beyond either, RESOURCE_EXHAUSTED. Must be
+  // at least twice max_request_tensor_bytes, or the largest request could
+  // never be admitted.
+  int max_inflight_requests = 64;
+  int64_t max_inflight_bytes = int64_t{4} << 30;
+  // How long a call may wait for memory before RESOURCE_EXHAUSTED.
+  absl::Duration admission_wait = absl::Seconds(1);
+  std::string table_dir;
+  // Table repository safeguards (table_repository.h).
+  bool table_dir_allow_external_symlinks = false;
+  int64_t max_table_bytes = int64_t{2} << 30;
+  // The transport's limit on one message: answers larger than this are
+  // refused before they are computed (the transport would drop them).
+  int64_t max_message_bytes = (int64_t{64} << 20) + (4 << 20);
+};
+
+// What a call brings besides its operands.
+struct CallEnv {
+  const RunContext& ctx;
+  // Already holds the request; grows by what the operation allocates (plans,
+  // new outputs) before it is allocated.
+  AdmissionControl::Ticket& admission;
+  BackendChoice backend = BackendChoice::kDefault;
+  // Bytes the answer's message carries besides its tensor data (descriptors,
+  // ids, field tags): with the data, checked against --max_message_bytes
+  // before any work, since the transport would drop a larger answer.
+  int64_t message_overhead = 0;
+};
+
+// A new tensor an operation produced (a table or a bias).
+struct Produced {
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  std::vector<double> slopes;  // the bias's per-head slopes
+  std::string backend;
+};
+
+class Engine {
+ public:
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
+
+  // A call's claim on the in-flight budget (admission.h).
+  using Admission = AdmissionControl::Ticket;
+  // Admission for a request already in memory: a slot and its bytes now.
+  // UNAVAILABLE while draining, RESOURCE_EXHAUSTED over --max_request_bytes,
+  // --max_inflight or --max_inflight_bytes.
+  [[nodiscard]] absl::StatusOr<Admission> Admit(int64_t tensor_bytes);
+  AdmissionControl& admission() { return admission_; }
+  // RESOURCE_EXHAUSTED when a request's tensors exceed --max_request_bytes.
+  [[nodiscard]] absl::Status CheckRequestSize(int64_t tensor_bytes) const;
+
+  // The operations, on an admitted call. Each returns the backend that ran
+  // it ("cpu", "cuda:0"), refuses answers larger than the transport's limit
+  // before computing them, and turns allocation failure into
+  // RESOURCE_EXHAUSTED: nothing escapes as an exception.
+  //
+  // RoPE and the absolute encoding work in place on the caller's tensors.
+  [[nodiscard]] absl::StatusOr<std::string> ApplyRope(const RopeOptions& options, RopeTensors& t,
+                                                      const CallEnv& env);
+  // `options.table_name` names the learned table (resolved here).
+  [[nodiscard]] absl::StatusOr<std::string> AddAbsolute(AbsoluteOptions options, AbsoluteTensors& t,
+                                                        const CallEnv& env);
+  // PE rows for `positions` (or 0..count-1) into *out, sized here. dim and
+  // count 0 for a learned table mean its own.
+  [[nodiscard]] absl::StatusOr<Produced> EncodingTable(AbsoluteOptions options, int64_t dim,
+                                                       int64_t count, const TensorView& positions,
+                                                       DType dtype, std::string* out,
+                                                       const CallEnv& env);
+  // The bias added to `logits` in place when present, else built into *out.
+  [[nodiscard]] absl::StatusOr<Produced> AttentionBias(const BiasOptions& options,
+                                                       MutableTensor& logits, std::string* out,
+                                                       const CallEnv& env);
+
+  const TableRepository& tables() const { return tables_; }
+  // A drain abandons a reload in progress (the old tables stay).
+  void ReloadTables();
+
+  // After this, new work is refused with UNAVAILABLE (graceful drain).
+  void StartDraining() { admission_.StartDraining(); }
+  bool draining() const { return admission_.draining(); }
+  // When a request was last admitted: a drain waits for admitted work, not
+  // for refused arrivals, which would otherwise extend it without end.
+  absl::Time last_admission() const { return admission_.last_entry(); }
+  int inflight() const { return admission_.calls(); }
+  int64_t inflight_bytes() const { return admission_.bytes(); }
+  const EngineOptions& options() const { return options_; }
+  // OK while the server can serve its default backend; the CUDA backend's
+  // failure when that default is CUDA and the GPU has failed (readiness
+  // turns NOT_SERVING so Kubernetes routes elsewhere).
+  absl::Status Ready() const;
+  const Backend* cpu() const { return cpu_.get(); }
+  const Backend* cuda() const { return cuda_.get(); }  // null without a GPU
+  // Why there is no CUDA backend ("" when there is one).
+  const std::string& cuda_unavailable_reason() const { return cuda_unavailable_reason_; }
+  // The longest name BackendName gives (answers are sized with it).
+  std::string LongestBackendName() const;
+
+ private:
+  explicit Engine(const EngineOptions& options);
+
+  [[nodiscard]] absl::StatusOr<Backend*> Choose(BackendChoice requested, int64_t bytes);
+  // Runs `run` on *backend; under AUTO, retries on the CPU (updating
+  // *backend) when the GPU does not cover the request or has failed.
+  [[nodiscard]] absl::Status RunWithFallback(BackendChoice requested, Backend** backend,
+                                             const std::function<absl::Status(Backend*)>& run);
+  // RESOURCE_EXHAUSTED when an answer's tensors exceed --max_request_bytes or
+  // its message exceeds --max_message_bytes (the transport would drop it
+  // after the work was done).
+  [[nodiscard]] absl::Status CheckAnswerSize(int64_t tensor_bytes, int64_t message_bytes,
+                                             absl::string_view what) const;
+  std::string BackendName(const Backend* b) const;
+  BackendChoice Resolve(BackendChoice requested) const {
+    return requested == BackendChoice::kDefault ? options_.default_backend : requested;
+  }
+
+  const EngineOptions options_;
+  std::unique_ptr<Backend> cpu_;
+  std::unique_ptr<Backend> cuda_;
+  std::string cuda_unavailable_reason_;
+  TableRepository tables_;
+  AdmissionControl admission_;
+};
+
+}  // namespace posenc::server
+
+#endif  // POSENC_SERVER_ENGINE_ENGINE_H_

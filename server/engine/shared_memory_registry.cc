@@ -1,0 +1,289 @@
+#include "engine/shared_memory_registry.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace posenc::server {
+namespace {
+
+constexpr size_t kMaxNameBytes = 128;
+constexpr size_t kMaxKeyBytes = 255;  // NAME_MAX: one directory entry
+
+// A name or key cut short and stripped of control bytes for messages.
+std::string Shown(absl::string_view s) {
+  std::string out;
+  for (char c : s.substr(0, 64)) out += absl::ascii_isprint(c) ? c : '?';
+  if (s.size() > 64) out += "...";
+  return out;
+}
+
+absl::Status CheckName(absl::string_view name) {
+  if (name.empty() || name.size() > kMaxNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("shared memory region name must be 1 to ",
+                                                   kMaxNameBytes, " bytes, got ", name.size()));
+  }
+  for (char c : name) {
+    if (!absl::ascii_isprint(c)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shared memory region name must be printable ASCII, got \"", Shown(name), "\""));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The key as a file name under the directory: "name" or "/name", one path
+// component of [A-Za-z0-9._-], never "." or "..", so it cannot leave
+// /dev/shm.
+absl::StatusOr<std::string> FileOfKey(absl::string_view key) {
+  absl::string_view file = key;
+  absl::ConsumePrefix(&file, "/");
+  const auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared memory key must name an object under /dev/shm (\"/name\", at most ", kMaxKeyBytes,
+        " bytes of letters, digits, '.', '_' or '-'): ", why, ", got \"", Shown(key), "\""));
+  };
+  if (file.empty() || file.size() > kMaxKeyBytes) return bad("wrong length");
+  for (char c : file) {
+    if (!absl::ascii_isalnum(c) && c != '.' && c != '_' && c != '-') {
+      return bad(c == '/' ? "it has a '/' after the leading one" : "it has another character");
+    }
+  }
+  if (absl::StrContains(file, "..") || file == ".") return bad("it has \"..\" or is \".\"");
+  return std::string(file);
+}
+
+std::string Errno(int e) { return std::strerror(e); }
+
+}  // namespace
+
+absl::Status SharedMemoryDisabledError() {
+  return absl::FailedPreconditionError(
+      "system shared memory is off on this server; start posenc-server with "
+      "--enable_system_shared_memory (callers on the same node only; see README)");
+}
+
+SharedMemoryRegion::SharedMemoryRegion(std::string name, std::string key, int fd, int64_t offset,
+                                       int64_t byte_size)
+    : name_(std::move(name)),
+      key_(std::move(key)),
+      fd_(fd),
+      offset_(offset),
+      byte_size_(byte_size) {}
+
+SharedMemoryRegion::~SharedMemoryRegion() { ::close(fd_); }
+
+absl::Status SharedMemoryRegion::CheckSlice(absl::string_view field, int64_t offset,
+                                            int64_t size) const {
+  if (offset < 0 || size < 0 || offset > byte_size_ || size > byte_size_ - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": shared_memory_offset ", offset, " and shared_memory_byte_size ", size,
+        " must lie within region \"", Shown(name_), "\" of ", byte_size_, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SharedMemoryRegion::Read(absl::string_view field, int64_t offset, int64_t size,
+                                      std::string* out) const {
+  if (absl::Status s = CheckSlice(field, offset, size); !s.ok()) return s;
+  out->resize(static_cast<size_t>(size));
+  int64_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(fd_, out->data() + done, static_cast<size_t>(size - done),
+                              static_cast<off_t>(offset_ + offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return absl::InternalError(absl::StrCat(field, ": reading shared memory region \"",
+                                              Shown(name_), "\" failed: ", Errno(errno)));
+    }
+    if (n == 0) {
+      out->clear();
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": shared memory region \"", Shown(name_), "\" (key ", Shown(key_),
+                       ") ends before the ", size, " bytes at offset ", offset,
+                       ": the object was truncated after registration"));
+    }
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SharedMemoryRegion::Write(absl::string_view field, int64_t offset,
+                                       absl::string_view data) const {
+  const int64_t size = static_cast<int64_t>(data.size());
+  if (absl::Status s = CheckSlice(field, offset, size); !s.ok()) return s;
+  // pwrite past the end would grow the object; the caller shrank it, so
+  // refuse instead. (A shrink racing this check only lets pwrite restore
+  // the registered size, never more.)
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) {
+    return absl::InternalError(absl::StrCat(field, ": shared memory region \"", Shown(name_),
+                                            "\": fstat failed: ", Errno(errno)));
+  }
+  if (st.st_size < offset_ + offset + size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": shared memory region \"", Shown(name_), "\" (key ", Shown(key_),
+                     ") now holds ", st.st_size, " bytes, fewer than the ", size,
+                     " bytes at offset ", offset, ": the object was truncated after registration"));
+  }
+  int64_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pwrite(fd_, data.data() + done, static_cast<size_t>(size - done),
+                               static_cast<off_t>(offset_ + offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::InternalError(absl::StrCat(field, ": writing shared memory region \"",
+                                              Shown(name_),
+                                              "\" failed: ", n < 0 ? Errno(errno) : "no progress"));
+    }
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+SharedMemoryRegistry::SharedMemoryRegistry(SharedMemoryOptions options)
+    : options_(std::move(options)) {}
+
+absl::Status SharedMemoryRegistry::CheckEnabled() const {
+  return options_.enabled ? absl::OkStatus() : SharedMemoryDisabledError();
+}
+
+absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string_view key,
+                                            uint64_t offset, uint64_t byte_size) {
+  if (absl::Status s = CheckEnabled(); !s.ok()) return s;
+  if (absl::Status s = CheckName(name); !s.ok()) return s;
+  absl::StatusOr<std::string> file = FileOfKey(key);
+  if (!file.ok()) return file.status();
+  constexpr uint64_t kMax = std::numeric_limits<int64_t>::max();
+  if (byte_size == 0 || byte_size > kMax || offset > kMax) {
+    return absl::InvalidArgumentError(absl::StrCat("shared memory region \"", Shown(name),
+                                                   "\": byte_size must be 1 to 2^63-1 and offset "
+                                                   "below 2^63, got byte_size ",
+                                                   byte_size, " and offset ", offset));
+  }
+  {
+    // Cheap refusals before opening anything.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (regions_.count(name) > 0) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "shared memory region \"", Shown(name), "\" is already registered; unregister it first"));
+    }
+    if (static_cast<int>(regions_.size()) >= options_.max_regions) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("at most ", options_.max_regions,
+                       " shared memory regions may be registered (--max_shared_memory_regions)"));
+    }
+  }
+  // O_NOFOLLOW: no symlink out of /dev/shm; O_NONBLOCK: a FIFO planted
+  // there cannot hang the call (it is then refused as not a regular file).
+  const std::string path = absl::StrCat(options_.directory, "/", *file);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) {
+    const int e = errno;
+    const std::string what =
+        absl::StrCat("shared memory key \"", Shown(key), "\" (", Shown(path), "): ", Errno(e));
+    if (e == ENOENT) return absl::NotFoundError(what);
+    if (e == EACCES || e == EPERM) return absl::PermissionDeniedError(what);
+    if (e == EMFILE || e == ENFILE) return absl::ResourceExhaustedError(what);
+    return absl::InvalidArgumentError(what);
+  }
+  auto region = std::make_shared<const SharedMemoryRegion>(std::string(name), std::string(key), fd,
+                                                           static_cast<int64_t>(offset),
+                                                           static_cast<int64_t>(byte_size));
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared memory key \"", Shown(key), "\" is not a shared-memory object"));
+  }
+  const uint64_t object = static_cast<uint64_t>(st.st_size);
+  if (offset > object || byte_size > object - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared memory region \"", Shown(name), "\": offset ", offset, " + byte_size ", byte_size,
+        " must lie within the object \"", Shown(key), "\" of ", object, " bytes"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (regions_.count(name) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat("shared memory region \"", Shown(name),
+                                                 "\" is already registered; unregister it first"));
+  }
+  if (static_cast<int>(regions_.size()) >= options_.max_regions) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("at most ", options_.max_regions,
+                     " shared memory regions may be registered (--max_shared_memory_regions)"));
+  }
+  if (region->byte_size() > options_.max_total_bytes - total_bytes_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("shared memory region \"", Shown(name), "\" of ", byte_size,
+                     " bytes would bring the "
+                     "registered total over ",
+                     options_.max_total_bytes, " bytes (--max_shared_memory_bytes; ", total_bytes_,
+                     " registered)"));
+  }
+  total_bytes_ += region->byte_size();
+  regions_.emplace(std::string(name), std::move(region));
+  return absl::OkStatus();
+}
+
+absl::Status SharedMemoryRegistry::Unregister(absl::string_view name) {
+  if (absl::Status s = CheckEnabled(); !s.ok()) return s;
+  // Destroyed outside the lock: a region still in use lives on in its
+  // requests; one that is not closes here.
+  std::map<std::string, std::shared_ptr<const SharedMemoryRegion>, std::less<>> gone;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (name.empty()) {
+    gone.swap(regions_);
+    total_bytes_ = 0;
+  } else if (auto it = regions_.find(name); it != regions_.end()) {
+    total_bytes_ -= it->second->byte_size();
+    gone.insert(regions_.extract(it));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<const SharedMemoryRegion>>> SharedMemoryRegistry::Status(
+    absl::string_view name) const {
+  if (absl::Status s = CheckEnabled(); !s.ok()) return s;
+  std::vector<std::shared_ptr<const SharedMemoryRegion>> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (name.empty()) {
+    for (const auto& [n, r] : regions_) out.push_back(r);
+    return out;
+  }
+  auto it = regions_.find(name);
+  if (it == regions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("no shared memory region \"", Shown(name), "\" is registered"));
+  }
+  out.push_back(it->second);
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<const SharedMemoryRegion>> SharedMemoryRegistry::Find(
+    absl::string_view field, absl::string_view name) const {
+  if (absl::Status s = CheckEnabled(); !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(field, ": ", s.message()));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = regions_.find(name);
+  if (it == regions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat(field, ": no shared memory region \"", Shown(name), "\" is registered"));
+  }
+  return it->second;
+}
+
+int SharedMemoryRegistry::count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(regions_.size());
+}
+
+}  // namespace posenc::server

@@ -1,0 +1,224 @@
+// The shared-memory registry against real objects in /dev/shm: keys that
+// would leave it, slices beyond the object, the caps, names taken, a caller
+// shrinking the object after registering it (a mapping would SIGBUS the
+// server), and unregistering a region a request still reads.
+#include "engine/shared_memory_registry.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <random>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace posenc::server {
+namespace {
+
+// A shared-memory object of `size` seeded random bytes, removed at the end.
+class ShmObject {
+ public:
+  explicit ShmObject(int64_t size) {
+    static int n = 0;
+    key_ = absl::StrCat("/posenc-test-", ::getpid(), "-", n++);
+    path_ = "/dev/shm" + key_;
+    const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    EXPECT_GE(fd, 0) << path_;
+    const unsigned seed = std::random_device()();
+    std::printf("ShmObject %s: seed %u\n", key_.c_str(), seed);
+    std::mt19937 rng(seed);
+    bytes_.resize(size);
+    for (char& c : bytes_) c = static_cast<char>(rng());
+    EXPECT_EQ(::pwrite(fd, bytes_.data(), bytes_.size(), 0), size);
+    ::close(fd);
+  }
+  ~ShmObject() { ::unlink(path_.c_str()); }
+  const std::string& key() const { return key_; }
+  const std::string& path() const { return path_; }
+  const std::string& bytes() const { return bytes_; }
+  void Truncate(int64_t size) const { ASSERT_EQ(::truncate(path_.c_str(), size), 0); }
+  std::string Contents() const {
+    std::string out(bytes_.size(), '\0');
+    const int fd = ::open(path_.c_str(), O_RDONLY);
+    out.resize(std::max<ssize_t>(0, ::pread(fd, out.data(), out.size(), 0)));
+    ::close(fd);
+    return out;
+  }
+
+ private:
+  std::string key_;
+  std::string path_;
+  std::string bytes_;
+};
+
+SharedMemoryOptions On() {
+  SharedMemoryOptions o;
+  o.enabled = true;
+  return o;
+}
+
+TEST(SharedMemoryTest, OffRefusesEverythingSayingHowToEnable) {
+  SharedMemoryRegistry r{SharedMemoryOptions{}};
+  ShmObject obj(64);
+  for (const absl::Status& s : {r.Register("a", obj.key(), 0, 64), r.Unregister(""),
+                                r.Status("").status(), r.Find("input 0", "a").status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("--enable_system_shared_memory"), std::string::npos) << s;
+  }
+}
+
+TEST(SharedMemoryTest, ReadsAndWritesTheRegisteredSlice) {
+  SharedMemoryRegistry r(On());
+  ShmObject obj(4096);
+  ASSERT_TRUE(r.Register("in", obj.key(), 1024, 2048).ok());
+  auto region = r.Find("input 0", "in");
+  ASSERT_TRUE(region.ok()) << region.status();
+  std::string got = "poison";
+  ASSERT_TRUE((*region)->Read("input 0", 16, 100, &got).ok());
+  EXPECT_EQ(got, obj.bytes().substr(1024 + 16, 100));
+  ASSERT_TRUE((*region)->Write("output 0", 2000, std::string(48, 'z')).ok());
+  EXPECT_EQ(obj.Contents().substr(1024 + 2000, 48), std::string(48, 'z'));
+  EXPECT_EQ(obj.Contents().substr(0, 1024 + 2000), obj.bytes().substr(0, 1024 + 2000));
+  // Slices beyond the region, overflow-safe.
+  for (auto [off, size] : {std::pair<int64_t, int64_t>{2000, 49},
+                           {2049, 0},
+                           {-1, 1},
+                           {0, -1},
+                           {INT64_MAX, INT64_MAX},
+                           {1, INT64_MAX}}) {
+    absl::Status s = (*region)->Read("input 0", off, size, &got);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << off << " " << size;
+    EXPECT_NE(s.message().find("input 0"), std::string::npos) << s;
+  }
+  EXPECT_EQ((*region)->Write("output 0", 2040, std::string(9, 'x')).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SharedMemoryTest, KeysMustStayUnderDevShm) {
+  SharedMemoryRegistry r(On());
+  ShmObject obj(64);
+  for (const std::string& key :
+       {std::string(""), std::string("/"), std::string("/a/b"), std::string("//x"),
+        std::string("/.."), std::string(".."), std::string("/."), std::string("/x..y"),
+        std::string("../etc/passwd"), std::string("/dev/shm/x"), std::string("/x\n"),
+        std::string("/a b"), std::string("/") + std::string(256, 'k'), std::string("x\0y", 3)}) {
+    absl::Status s = r.Register("a", key, 0, 1);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << key << ": " << s;
+  }
+  // Both spellings of a good key.
+  EXPECT_TRUE(r.Register("a", obj.key(), 0, 64).ok());
+  EXPECT_TRUE(r.Register("b", obj.key().substr(1), 0, 64).ok());
+  EXPECT_EQ(r.Register("c", "/posenc-test-does-not-exist", 0, 1).code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(SharedMemoryTest, OnlyRegularObjectsAndNoSymlinks) {
+  SharedMemoryRegistry r(On());
+  ShmObject obj(64);
+  const std::string fifo = obj.path() + "-fifo";
+  const std::string link = obj.path() + "-link";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ASSERT_EQ(::symlink("/etc/hostname", link.c_str()), 0);
+  // A FIFO would block a plain open; it must be refused at once.
+  EXPECT_EQ(r.Register("fifo", obj.key() + "-fifo", 0, 1).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(r.Register("link", obj.key() + "-link", 0, 1).ok());
+  EXPECT_EQ(r.count(), 0);
+  ::unlink(fifo.c_str());
+  ::unlink(link.c_str());
+}
+
+TEST(SharedMemoryTest, SlicesMustLieWithinTheObject) {
+  SharedMemoryRegistry r(On());
+  ShmObject obj(100);
+  EXPECT_EQ(r.Register("a", obj.key(), 0, 101).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.Register("a", obj.key(), 1, 100).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.Register("a", obj.key(), 0, 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.Register("a", obj.key(), UINT64_MAX, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.Register("a", obj.key(), 50, UINT64_MAX - 10).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.Register("a", obj.key(), uint64_t{1} << 63, uint64_t{1} << 63).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(r.Register("a", obj.key(), 99, 1).ok());
+  EXPECT_EQ(r.count(), 1);
+}
+
+TEST(SharedMemoryTest, NamesAreUniqueAndCapsHold) {
+  SharedMemoryOptions o = On();
+  o.max_regions = 2;
+  o.max_total_bytes = 150;
+  SharedMemoryRegistry r(o);
+  ShmObject obj(100);
+  ASSERT_TRUE(r.Register("a", obj.key(), 0, 100).ok());
+  EXPECT_EQ(r.Register("a", obj.key(), 0, 10).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(r.Register("b", obj.key(), 0, 51).code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(r.Register("b", obj.key(), 0, 50).ok());
+  EXPECT_EQ(r.Register("c", obj.key(), 0, 1).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(r.Register("", obj.key(), 0, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.Register(std::string(129, 'n'), obj.key(), 0, 1).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Unregistering gives the room back; unknown names are not an error.
+  ASSERT_TRUE(r.Unregister("a").ok());
+  ASSERT_TRUE(r.Unregister("a").ok());
+  EXPECT_TRUE(r.Register("c", obj.key(), 0, 100).ok());
+  auto all = r.Status("");
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0]->name(), "b");
+  EXPECT_EQ((*all)[1]->name(), "c");
+  EXPECT_EQ(r.Status("a").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(r.Find("input 0", "a").status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(r.Unregister("").ok());
+  EXPECT_EQ(r.count(), 0);
+  EXPECT_TRUE(r.Register("d", obj.key(), 0, 100).ok());
+}
+
+TEST(SharedMemoryTest, TruncatedAfterRegisteringIsAnErrorNotASignal) {
+  SharedMemoryRegistry r(On());
+  ShmObject obj(1 << 20);
+  ASSERT_TRUE(r.Register("r", obj.key(), 4096, (1 << 20) - 4096).ok());
+  auto region = r.Find("input 0", "r");
+  ASSERT_TRUE(region.ok());
+  obj.Truncate(8192);
+  std::string got;
+  absl::Status s = (*region)->Read("input 0", 0, 65536, &got);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("truncated"), std::string::npos) << s;
+  EXPECT_TRUE(got.empty());
+  // What is still there reads.
+  ASSERT_TRUE((*region)->Read("input 0", 0, 4096, &got).ok());
+  EXPECT_EQ(got, obj.bytes().substr(4096, 4096));
+  // Writes do not grow what the caller shrank.
+  s = (*region)->Write("output 0", 0, std::string(65536, 'w'));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  struct stat st;
+  ASSERT_EQ(::stat(obj.path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 8192);
+  obj.Truncate(0);
+  EXPECT_EQ((*region)->Read("input 0", 0, 1, &got).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SharedMemoryTest, UnregisterWhileInUseKeepsTheRegionForItsRequest) {
+  SharedMemoryRegistry r(On());
+  ShmObject obj(4096);
+  ASSERT_TRUE(r.Register("r", obj.key(), 0, 4096).ok());
+  auto held = r.Find("input 0", "r");  // a request in flight holds it
+  ASSERT_TRUE(held.ok());
+  ASSERT_TRUE(r.Unregister("r").ok());
+  EXPECT_EQ(r.Find("input 0", "r").status().code(), absl::StatusCode::kNotFound);
+  // The caller even removes the object: the held descriptor still reads it.
+  ::unlink(obj.path().c_str());
+  std::string got;
+  ASSERT_TRUE((*held)->Read("input 0", 0, 4096, &got).ok());
+  EXPECT_EQ(got, obj.bytes());
+  ASSERT_TRUE((*held)->Write("output 0", 0, "abc").ok());
+  // The name is free again for a new region.
+  ShmObject other(16);
+  EXPECT_TRUE(r.Register("r", other.key(), 0, 16).ok());
+}
+
+}  // namespace
+}  // namespace posenc::server

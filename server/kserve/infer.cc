@@ -1,0 +1,280 @@
+#include "kserve/infer.h"
+
+#include <cstring>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kserve/parameters.h"
+#include "kserve/tensors.h"
+#include "posenc/status_macros.h"
+
+namespace posenc::server::kserve {
+namespace {
+
+// What an answer carries besides tensor data: names, datatypes, shapes,
+// ids and field tags (generously).
+int64_t Overhead(const inference::ModelInferRequest& req) {
+  return 1024 + static_cast<int64_t>(req.id().size() + req.model_name().size());
+}
+
+// The request's inputs by name, checked against the model's.
+class InputSet {
+ public:
+  static absl::StatusOr<InputSet> Of(const Model& model, std::vector<Input> inputs) {
+    for (const Input& in : inputs) {
+      if (FindInput(model, in.name) == nullptr) {
+        std::vector<std::string> names;
+        for (const TensorSpec& t : model.inputs) names.push_back(t.name);
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model ", model.name, " has no input \"", absl::string_view(in.name).substr(0, 64),
+            "\"; its inputs are ", absl::StrJoin(names, ", ")));
+      }
+    }
+    for (const TensorSpec& t : model.inputs) {
+      bool given = false;
+      for (const Input& in : inputs) given = given || in.name == t.name;
+      if (!t.optional && !given) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("model ", model.name, " needs the input \"", t.name, "\""));
+      }
+    }
+    return InputSet(std::move(inputs));
+  }
+
+  Input* Find(absl::string_view name) {
+    for (Input& in : inputs_) {
+      if (in.name == name) return &in;
+    }
+    return nullptr;
+  }
+  TensorView View(absl::string_view name) {
+    Input* in = Find(name);
+    return in == nullptr ? TensorView() : in->view();
+  }
+  MutableTensor Mutable(absl::string_view name) {
+    Input* in = Find(name);
+    return in == nullptr ? MutableTensor() : in->mutable_view();
+  }
+
+ private:
+  explicit InputSet(std::vector<Input> inputs) : inputs_(std::move(inputs)) {}
+  std::vector<Input> inputs_;
+};
+
+// The outputs the caller asked for (all the model gives when none), and
+// where each goes: the answer's raw contents, or a shared-memory region.
+class OutputSet {
+ public:
+  static absl::StatusOr<OutputSet> Of(const Model& model, const inference::ModelInferRequest& req,
+                                      const SharedMemoryRegistry* registry) {
+    OutputSet s;
+    for (const auto& out : req.outputs()) {
+      const std::string field =
+          absl::StrCat("requested output \"", absl::string_view(out.name()).substr(0, 64), "\"");
+      if (FindOutput(model, out.name()) == nullptr) {
+        std::vector<std::string> names;
+        for (const TensorSpec& t : model.outputs) names.push_back(t.name);
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ": model ", model.name, " has outputs ", absl::StrJoin(names, ", ")));
+      }
+      POSENC_ASSIGN_OR_RETURN(std::optional<ShmRef> ref,
+                              ShmRefOf(field, out.parameters(), registry, /*only_shm=*/true));
+      s.wanted_.push_back({out.name(), std::move(ref)});
+    }
+    return s;
+  }
+  bool Wants(absl::string_view name) const { return wanted_.empty() || Find(name) != nullptr; }
+
+  // Adds an output: its raw contents move into the answer, or its bytes go
+  // to the shared-memory slice the caller named (which must hold them).
+  absl::Status Add(absl::string_view name, const char* datatype, const std::vector<int64_t>& shape,
+                   std::string* data, inference::ModelInferResponse* resp) {
+    const Wanted* w = Find(name);
+    if (w == nullptr || !w->shm.has_value()) {
+      inference::ModelInferResponse::InferOutputTensor* out = resp->add_outputs();
+      Describe(name, datatype, shape, out);
+      resp->add_raw_output_contents()->swap(*data);
+      return absl::OkStatus();
+    }
+    const ShmRef& ref = *w->shm;
+    const std::string field = absl::StrCat("requested output \"", name, "\"");
+    const int64_t size = static_cast<int64_t>(data->size());
+    if (size > ref.byte_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " has ", size, " bytes; its shared_memory_byte_size is ", ref.byte_size));
+    }
+    POSENC_RETURN_IF_ERROR(ref.region->Write(field, ref.offset, *data));
+    shm_bytes_ += size;
+    inference::ModelInferResponse::InferOutputTensor* out = resp->add_outputs();
+    Describe(name, datatype, shape, out);
+    auto& p = *out->mutable_parameters();
+    p[kShmRegion].set_string_param(ref.region->name());
+    p[kShmByteSize].set_int64_param(size);
+    p[kShmOffset].set_int64_param(ref.offset);
+    // An empty entry keeps raw_output_contents one per output: clients pair
+    // them by position (tritonclient's C++ reads entry i for output i
+    // unchecked, as Triton always sends one).
+    resp->add_raw_output_contents();
+    return absl::OkStatus();
+  }
+
+  int64_t shm_bytes() const { return shm_bytes_; }
+
+ private:
+  struct Wanted {
+    std::string name;
+    std::optional<ShmRef> shm;
+  };
+  const Wanted* Find(absl::string_view name) const {
+    for (const Wanted& w : wanted_) {
+      if (w.name == name) return &w;
+    }
+    return nullptr;
+  }
+  static void Describe(absl::string_view name, const char* datatype,
+                       const std::vector<int64_t>& shape,
+                       inference::ModelInferResponse::InferOutputTensor* out) {
+    out->set_name(std::string(name));
+    out->set_datatype(datatype);
+    for (int64_t d : shape) out->add_shape(d);
+  }
+
+  std::vector<Wanted> wanted_;
+  int64_t shm_bytes_ = 0;
+};
+
+// A model fixing head_dim rotates only tensors of that head size.
+absl::Status CheckHeadDim(const Model& model, InputSet& in) {
+  if (model.head_dim == 0) return absl::OkStatus();
+  for (const char* name : {"query", "key"}) {
+    const Input* t = in.Find(name);
+    if (t != nullptr && (t->shape.empty() || t->shape.back() != model.head_dim)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input \"", name, "\": model ", model.name, " has head_dim ", model.head_dim,
+                       " (the last dimension), got shape [", absl::StrJoin(t->shape, ", "), "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params, InputSet& in,
+                     OutputSet& want, const CallEnv& env_in, inference::ModelInferResponse* resp,
+                     std::string* backend_out) {
+  RopeOptions options;
+  CallEnv env = env_in;
+  const Input* query = in.Find("query");
+  POSENC_RETURN_IF_ERROR(
+      ReadRopeOptions(params, &options, &env.backend,
+                      query != nullptr && !query->shape.empty() ? query->shape.back() : 0));
+  POSENC_RETURN_IF_ERROR(params.Finish(model.name));
+  POSENC_RETURN_IF_ERROR(CheckHeadDim(model, in));
+  RopeTensors t;
+  t.query = in.Mutable("query");
+  t.key = in.Mutable("key");
+  t.positions.position_ids = in.View("position_ids");
+  t.positions.offsets = in.View("offsets");
+  t.cu_seqlens = in.View("cu_seqlens");
+  POSENC_ASSIGN_OR_RETURN(*backend_out, engine.ApplyRope(options, t, env));
+  if (want.Wants("query_out")) {
+    Input* q = in.Find("query");
+    POSENC_RETURN_IF_ERROR(want.Add("query_out", DatatypeOf(q->dtype), q->shape, &q->data, resp));
+  }
+  if (Input* k = in.Find("key"); k != nullptr && want.Wants("key_out")) {
+    POSENC_RETURN_IF_ERROR(want.Add("key_out", DatatypeOf(k->dtype), k->shape, &k->data, resp));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunAbsolute(Engine& engine, const Model& model, ParameterReader& params, InputSet& in,
+                         OutputSet& want, const CallEnv& env_in,
+                         inference::ModelInferResponse* resp, std::string* backend_out) {
+  AbsoluteOptions options;
+  CallEnv env = env_in;
+  POSENC_RETURN_IF_ERROR(
+      ReadAbsoluteOptions(params, model.kind == ModelKind::kLearned, &options, &env.backend));
+  POSENC_RETURN_IF_ERROR(params.Finish(model.name));
+  AbsoluteTensors t;
+  t.x = in.Mutable("x");
+  t.positions.position_ids = in.View("position_ids");
+  t.positions.offsets = in.View("offsets");
+  t.cu_seqlens = in.View("cu_seqlens");
+  POSENC_ASSIGN_OR_RETURN(*backend_out, engine.AddAbsolute(std::move(options), t, env));
+  Input* x = in.Find("x");
+  return want.Add("y", DatatypeOf(x->dtype), x->shape, &x->data, resp);
+}
+
+absl::Status RunBias(Engine& engine, const Model& model, ParameterReader& params, InputSet& in,
+                     OutputSet& want, const CallEnv& env_in, inference::ModelInferResponse* resp,
+                     std::string* backend_out) {
+  BiasOptions options;
+  CallEnv env = env_in;
+  POSENC_RETURN_IF_ERROR(ReadBiasOptions(params, &options, &env.backend));
+  POSENC_RETURN_IF_ERROR(params.Finish(model.name));
+  options.k_lens = in.View("k_lens");
+  options.k_starts = in.View("k_starts");
+  MutableTensor logits = in.Mutable("logits");
+  std::string built;
+  POSENC_ASSIGN_OR_RETURN(Produced bias, engine.AttentionBias(options, logits, &built, env));
+  *backend_out = bias.backend;
+  if (want.Wants("bias")) {
+    Input* l = in.Find("logits");
+    POSENC_RETURN_IF_ERROR(want.Add("bias", DatatypeOf(bias.dtype), bias.shape,
+                                    l != nullptr ? &l->data : &built, resp));
+  }
+  if (want.Wants("slopes")) {
+    std::string slopes(bias.slopes.size() * sizeof(double), '\0');
+    if (!slopes.empty()) std::memcpy(slopes.data(), bias.slopes.data(), slopes.size());
+    POSENC_RETURN_IF_ERROR(
+        want.Add("slopes", "FP64", {static_cast<int64_t>(bias.slopes.size())}, &slopes, resp));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunInfer(Engine& engine, const Model& model, inference::ModelInferRequest* req,
+                      inference::ModelInferResponse* resp, const RunContext& ctx,
+                      Engine::Admission& admission, std::string* backend,
+                      const SharedMemoryRegistry* shm, ShmTraffic* traffic) {
+  int64_t shm_in = 0;
+  POSENC_ASSIGN_OR_RETURN(ShmInputs shm_inputs, ShmInputsOf(*req, shm, &shm_in));
+  const int64_t message_bytes = TensorBytes(*req);
+  POSENC_RETURN_IF_ERROR(engine.CheckRequestSize(
+      shm_in > INT64_MAX - message_bytes ? INT64_MAX : message_bytes + shm_in));
+  // Inputs read from shared memory come into memory the call owns: admitted
+  // before they are read (the message's bytes were admitted on arrival).
+  POSENC_RETURN_IF_ERROR(admission.TryGrow(shm_in));
+  POSENC_ASSIGN_OR_RETURN(OutputSet want, OutputSet::Of(model, *req, shm));
+  POSENC_ASSIGN_OR_RETURN(std::vector<Input> inputs, TakeInputs(req, &shm_inputs));
+  shm_inputs.clear();  // the regions stay held by `want` where outputs go there
+  POSENC_ASSIGN_OR_RETURN(InputSet in, InputSet::Of(model, std::move(inputs)));
+  Parameters merged;
+  POSENC_ASSIGN_OR_RETURN(const Parameters* given,
+                          ParametersFor(model, req->parameters(), &merged));
+  ParameterReader params(*given);
+  const CallEnv env{ctx, admission, BackendChoice::kDefault, Overhead(*req)};
+  resp->set_model_name(model.name);
+  resp->set_model_version(kModelVersion);
+  resp->set_id(req->id());
+  absl::Status s = absl::InternalError("unknown model kind");
+  switch (model.kind) {
+    case ModelKind::kRope:
+      s = RunRope(engine, model, params, in, want, env, resp, backend);
+      break;
+    case ModelKind::kSinusoidal:
+    case ModelKind::kLearned:
+      s = RunAbsolute(engine, model, params, in, want, env, resp, backend);
+      break;
+    case ModelKind::kAttentionBias:
+      s = RunBias(engine, model, params, in, want, env, resp, backend);
+      break;
+  }
+  if (traffic != nullptr) {
+    traffic->in = shm_in;
+    traffic->out = want.shm_bytes();
+  }
+  return s;
+}
+
+}  // namespace posenc::server::kserve

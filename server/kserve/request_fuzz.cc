@@ -1,0 +1,105 @@
+// Any bytes as a KServe v2 ModelInferRequest, through the call path
+// ModelInfer runs (KServeService::RunModelInfer on an admitted call). A
+// finding is a crash, a sanitizer report, an INTERNAL/UNKNOWN status (a
+// server fault where a client error was due), an answer that does not parse,
+// an answer with a different number of outputs and raw contents (those in
+// shared memory empty), or admission holding more than its budget.
+//
+// System shared memory is on, with one region "f" (4 KiB of a /dev/shm
+// object, unlinked at once: the registry holds its descriptor), so inputs
+// and outputs naming it go through the read and write paths.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "engine/engine.h"
+#include "grpc/grpc.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "kserve/grpc_service.pb.h"
+#include "kserve/service.h"
+
+namespace {
+
+struct Harness {
+  std::unique_ptr<posenc::server::Engine> engine;
+  std::unique_ptr<posenc::server::KServeService> service;
+};
+
+Harness& TheHarness() {
+  static Harness* h = [] {
+    grpc_init();
+    posenc::server::EngineOptions o;
+    o.cpu_threads = 1;
+    o.enable_cuda = false;
+    o.max_request_tensor_bytes = 256 << 10;
+    o.max_message_bytes = 256 << 10;
+    o.max_inflight_bytes = 1 << 20;
+    auto e = posenc::server::Engine::Create(o);
+    if (!e.ok()) {
+      std::fprintf(stderr, "engine: %s\n", e.status().ToString().c_str());
+      std::abort();
+    }
+    auto* harness = new Harness{std::move(*e), nullptr};
+    posenc::server::SharedMemoryOptions shm;
+    shm.enabled = true;
+    harness->service = std::make_unique<posenc::server::KServeService>(
+        harness->engine.get(), nullptr, nullptr, posenc::server::kserve::ModelRepositoryOptions{},
+        shm);
+    const std::string key = "/posenc-fuzz-" + std::to_string(::getpid());
+    const int fd = ::open(("/dev/shm" + key).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0 || ::ftruncate(fd, 4096) != 0) {
+      std::fprintf(stderr, "cannot make /dev/shm%s\n", key.c_str());
+      std::abort();
+    }
+    ::close(fd);
+    const absl::Status registered = harness->service->shared_memory().Register("f", key, 0, 4096);
+    ::unlink(("/dev/shm" + key).c_str());
+    if (!registered.ok()) {
+      std::fprintf(stderr, "register: %s\n", registered.ToString().c_str());
+      std::abort();
+    }
+    return harness;
+  }();
+  return *h;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size > (256 << 10)) return 0;
+  Harness& h = TheHarness();
+  grpc::Slice slice(reinterpret_cast<const char*>(data), size);
+  grpc::ByteBuffer request(&slice, 1), answer;
+  auto admission = h.engine->admission().Enter();
+  if (!admission.ok() || !admission->TryGrow(2 * static_cast<int64_t>(size)).ok()) std::abort();
+  std::string backend;
+  const absl::Status s = h.service->RunModelInfer(request, &answer, {}, *admission,
+                                                  std::chrono::steady_clock::now(), &backend);
+  if (admission->bytes() > h.engine->options().max_inflight_bytes) std::abort();
+  static const bool verbose = std::getenv("POSENC_FUZZ_VERBOSE") != nullptr;
+  if (verbose) std::fprintf(stderr, "ModelInfer: %s\n", s.ToString().c_str());
+  if (s.ok()) {
+    grpc::Slice joined;
+    inference::ModelInferResponse r;
+    if (!answer.DumpToSingleSlice(&joined).ok() ||
+        !r.ParseFromArray(joined.begin(), static_cast<int>(joined.size())) ||
+        r.outputs_size() != r.raw_output_contents_size()) {
+      std::abort();
+    }
+    // Outputs written to shared memory have empty raw contents.
+    for (int i = 0; i < r.outputs_size(); ++i) {
+      if (r.outputs(i).parameters().contains("shared_memory_region") &&
+          !r.raw_output_contents(i).empty()) {
+        std::abort();
+      }
+    }
+  } else if (s.code() == absl::StatusCode::kInternal || s.code() == absl::StatusCode::kUnknown) {
+    std::fprintf(stderr, "server fault on fuzzed input: %s\n", s.ToString().c_str());
+    std::abort();
+  }
+  return 0;
+}

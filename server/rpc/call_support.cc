@@ -1,0 +1,148 @@
+#include "rpc/call_support.h"
+
+#include <atomic>
+
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "rpc/logging.h"
+#include "spdlog/spdlog.h"
+
+namespace posenc::server {
+
+absl::Status CheckCallAlive(grpc::CallbackServerContext* ctx) {
+  if (ctx->IsCancelled()) return absl::CancelledError("the caller cancelled the call");
+  if (ctx->deadline() < std::chrono::system_clock::now()) {
+    return absl::DeadlineExceededError("the call's deadline passed before work started");
+  }
+  return absl::OkStatus();
+}
+
+RunContext ContextOf(grpc::CallbackServerContext* ctx) {
+  RunContext rc;
+  rc.cancelled = [ctx] { return ctx->IsCancelled(); };
+  return rc;
+}
+
+std::string RequestIdOf(grpc::CallbackServerContext* ctx) {
+  const auto& md = ctx->client_metadata();
+  const auto it = md.find("x-request-id");
+  if (it == md.end()) return "";
+  return CleanRequestId(absl::string_view(it->second.data(), it->second.size()));
+}
+
+absl::Time DeadlineOf(grpc::CallbackServerContext* ctx) {
+  const auto d = ctx->deadline();
+  if (d == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
+  return absl::FromChrono(d);
+}
+
+namespace {
+
+// Refusals (and slow calls) under overload come by the thousand a second;
+// the log gets the first, then one line a second counting the rest.
+class OncePerSecond {
+ public:
+  // Whether to write a line now; if so, `more` lines were skipped over the
+  // last `seconds`.
+  bool Admit(int64_t* more, double* seconds) {
+    const int64_t now = absl::GetCurrentTimeNanos();
+    // On success the exchange leaves `last` holding the previous line's time.
+    int64_t last = last_ns_.load(std::memory_order_relaxed);
+    if (now - last < kIntervalNs || !last_ns_.compare_exchange_strong(last, now)) {
+      suppressed_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    *more = suppressed_.exchange(0);
+    *seconds = (now - last) / 1e9;
+    return true;
+  }
+
+ private:
+  static constexpr int64_t kIntervalNs = 1000000000;
+  std::atomic<int64_t> last_ns_{0};
+  std::atomic<int64_t> suppressed_{0};
+};
+
+// One line about one call (named by its id), with a count of the calls
+// whose lines were skipped.
+void LogSummarised(OncePerSecond& limit, const std::string& line, const char* what,
+                   const std::string& method, absl::StatusCode code,
+                   const std::string& request_id) {
+  int64_t more = 0;
+  double seconds = 0;
+  if (!limit.Admit(&more, &seconds)) return;
+  std::string text = line;
+  if (more > 0) {
+    absl::StrAppend(&text, " (and ", more, " more ", what, " in the last ",
+                    absl::StrFormat("%.1f", seconds), "s)");
+  }
+  const std::string skipped = more > 0 ? absl::StrCat(more) : "";
+  LogWithFields(spdlog::level::warn, text,
+                {{"method", method},
+                 {"code", absl::StatusCodeToString(code)},
+                 {"request_id", request_id},
+                 {"skipped", skipped}});
+}
+
+OncePerSecond& Refusals() {
+  static OncePerSecond* limit = new OncePerSecond;
+  return *limit;
+}
+OncePerSecond& SlowCalls() {
+  static OncePerSecond* limit = new OncePerSecond;
+  return *limit;
+}
+
+std::atomic<int64_t> slow_call_ns{0};
+
+}  // namespace
+
+void LogFailure(const std::string& method, const absl::Status& s, const std::string& request_id) {
+  if (s.ok()) return;
+  const std::string code = absl::StatusCodeToString(s.code());
+  switch (s.code()) {
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kDataLoss:
+      LogWithFields(spdlog::level::err, absl::StrCat(method, " failed: ", s.ToString()),
+                    {{"method", method}, {"code", code}, {"request_id", request_id}});
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      LogSummarised(Refusals(), absl::StrCat(method, " refused: ", s.message()), "refusals", method,
+                    s.code(), request_id);
+      break;
+    default:
+      LogWithFields(spdlog::level::debug, absl::StrCat(method, " rejected: ", s.ToString()),
+                    {{"method", method}, {"code", code}, {"request_id", request_id}});
+  }
+}
+
+void SetSlowCallThreshold(absl::Duration d) {
+  slow_call_ns.store(d <= absl::ZeroDuration() ? 0 : absl::ToInt64Nanoseconds(d));
+}
+
+void LogIfSlow(const std::string& method, const absl::Status& s,
+               std::chrono::steady_clock::time_point start, const std::string& request_id) {
+  const int64_t limit = slow_call_ns.load(std::memory_order_relaxed);
+  if (limit == 0) return;
+  const auto took = std::chrono::steady_clock::now() - start;
+  if (std::chrono::duration_cast<std::chrono::nanoseconds>(took).count() < limit) return;
+  LogSummarised(SlowCalls(),
+                absl::StrCat(method, " was slow: ",
+                             absl::StrFormat("%.3f", std::chrono::duration<double>(took).count()),
+                             " s (over --slow_call_ms=", limit / 1000000, ")"),
+                "slow calls", method, s.code(), request_id);
+}
+
+void RecordCall(Metrics* metrics, const std::string& method, const absl::Status& s,
+                std::chrono::steady_clock::time_point start, int64_t bytes_in, int64_t bytes_out,
+                const std::string& backend) {
+  if (metrics == nullptr) return;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  metrics->RecordCall(method, absl::StatusCodeToString(s.code()), seconds,
+                      static_cast<double>(bytes_in), s.ok() ? static_cast<double>(bytes_out) : 0.0,
+                      s.ok() ? backend : "");
+}
+
+}  // namespace posenc::server

@@ -1,0 +1,167 @@
+#include "rpc/large_fields.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace posenc::server {
+namespace {
+
+// A cursor over a list of slices that releases each slice once passed.
+class SliceReader {
+ public:
+  explicit SliceReader(std::vector<grpc::Slice>* slices) : slices_(slices) { Settle(); }
+
+  bool done() const { return index_ >= slices_->size(); }
+  uint64_t remaining() const { return remaining_; }
+
+  bool ReadByte(uint8_t* b) {
+    if (done()) return false;
+    *b = (*slices_)[index_].begin()[offset_];
+    Advance(1);
+    return true;
+  }
+
+  bool ReadVarint(uint64_t* v, std::string* raw) {
+    *v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      uint8_t b;
+      if (!ReadByte(&b)) return false;
+      if (raw != nullptr) raw->push_back(static_cast<char>(b));
+      *v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) return true;
+    }
+    return false;  // more than 10 bytes
+  }
+
+  // Appends the next n bytes to `out`. REQUIRES: n <= remaining().
+  void Copy(uint64_t n, std::string* out) {
+    while (n > 0) {
+      const grpc::Slice& s = (*slices_)[index_];
+      const uint64_t take = std::min<uint64_t>(n, s.size() - offset_);
+      out->append(reinterpret_cast<const char*>(s.begin() + offset_), take);
+      Advance(take);
+      n -= take;
+    }
+  }
+
+ private:
+  void Advance(uint64_t n) {
+    offset_ += n;
+    remaining_ -= n;
+    Settle();
+  }
+  // Steps over exhausted (and empty) slices, releasing them.
+  void Settle() {
+    while (index_ < slices_->size() && offset_ >= (*slices_)[index_].size()) {
+      (*slices_)[index_] = grpc::Slice();
+      ++index_;
+      offset_ = 0;
+    }
+    if (remaining_ == kUnknown) {
+      remaining_ = 0;
+      for (size_t i = index_; i < slices_->size(); ++i) remaining_ += (*slices_)[i].size();
+      remaining_ -= offset_;
+    }
+  }
+
+  static constexpr uint64_t kUnknown = ~uint64_t{0};
+  std::vector<grpc::Slice>* slices_;
+  size_t index_ = 0;
+  uint64_t offset_ = 0;
+  uint64_t remaining_ = kUnknown;
+};
+
+void AppendVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+absl::Status Malformed(absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("the request is not a valid message: ", why));
+}
+
+}  // namespace
+
+absl::Status SplitLargeFields(std::vector<grpc::Slice>* slices, absl::Span<const LargeField> large,
+                              std::string* rest) {
+  SliceReader in(slices);
+  while (!in.done()) {
+    std::string raw_tag;
+    uint64_t tag;
+    if (!in.ReadVarint(&tag, &raw_tag)) return Malformed("truncated field tag");
+    const uint64_t number = tag >> 3;
+    const int wire_type = static_cast<int>(tag & 7);
+    if (number == 0 || number > (uint64_t{1} << 29) - 1) {
+      return Malformed(absl::StrCat("field number ", number, " is out of range"));
+    }
+    switch (wire_type) {
+      case 0: {  // varint
+        rest->append(raw_tag);
+        uint64_t v;
+        if (!in.ReadVarint(&v, rest)) return Malformed("truncated varint");
+        break;
+      }
+      case 1:    // fixed 64-bit
+      case 5: {  // fixed 32-bit
+        const uint64_t n = wire_type == 1 ? 8 : 4;
+        if (in.remaining() < n) return Malformed("truncated fixed-width field");
+        rest->append(raw_tag);
+        in.Copy(n, rest);
+        break;
+      }
+      case 2: {  // length-delimited
+        uint64_t length;
+        std::string raw_length;
+        if (!in.ReadVarint(&length, &raw_length)) return Malformed("truncated length");
+        if (length > in.remaining()) {
+          return Malformed(absl::StrCat("field ", number, " claims ", length, " bytes but only ",
+                                        in.remaining(), " remain"));
+        }
+        const LargeField* target = nullptr;
+        for (const LargeField& f : large) {
+          if (static_cast<uint64_t>(f.number) == number) target = &f;
+        }
+        if (target != nullptr) {
+          target->data->clear();
+          target->data->shrink_to_fit();
+          target->data->reserve(length);
+          in.Copy(length, target->data);
+        } else {
+          rest->append(raw_tag);
+          rest->append(raw_length);
+          in.Copy(length, rest);
+        }
+        break;
+      }
+      default:  // groups (3, 4) are not used by posenc.v1; 6 and 7 do not exist
+        return Malformed(absl::StrCat("field ", number, " has wire type ", wire_type,
+                                      ", which posenc.v1 messages never use"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+grpc::ByteBuffer BufferWithLargeFields(const std::string& head,
+                                       absl::Span<const LargeField> large) {
+  std::vector<grpc::Slice> slices;
+  slices.emplace_back(head);
+  for (const LargeField& f : large) {
+    if (f.data->empty()) continue;  // proto3: an empty bytes field is not sent
+    std::string prefix;
+    AppendVarint((static_cast<uint64_t>(f.number) << 3) | 2, &prefix);
+    AppendVarint(f.data->size(), &prefix);
+    slices.emplace_back(prefix);
+    auto* owned = new std::string(std::move(*f.data));
+    f.data->clear();
+    slices.emplace_back(
+        owned->data(), owned->size(), [](void* s) { delete static_cast<std::string*>(s); }, owned);
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+}  // namespace posenc::server

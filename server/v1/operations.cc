@@ -1,0 +1,225 @@
+#include "v1/operations.h"
+
+#include "absl/strings/str_cat.h"
+#include "posenc/limits.h"
+#include "posenc/status_macros.h"
+#include "posenc/wire/enums.h"
+#include "posenc/wire/requests.h"
+#include "posenc/wire/tensors.h"
+
+#ifndef POSENC_VERSION
+#define POSENC_VERSION "dev"
+#endif
+
+namespace posenc::server {
+namespace {
+
+// What an answer's message carries besides its tensor data: the fields set
+// so far (ids, the longest backend name) less the `data_in` bytes of tensor
+// data it already holds, plus the descriptor of each tensor and a tag and
+// length prefix per field (generously: 96 bytes).
+int64_t Overhead(const google::protobuf::Message& answer_so_far, size_t data_in = 0) {
+  return static_cast<int64_t>(answer_so_far.ByteSizeLong() - data_in) + 96;
+}
+
+}  // namespace
+
+int64_t RequestBytes(const v1::RopeRequest& r) {
+  return r.query_data().size() + r.key_data().size() + r.position_ids().data().size() +
+         r.offsets().data().size() + r.cu_seqlens().data().size();
+}
+int64_t RequestBytes(const v1::AbsoluteEncodingRequest& r) {
+  return r.x_data().size() + r.position_ids().data().size() + r.offsets().data().size() +
+         r.cu_seqlens().data().size();
+}
+int64_t RequestBytes(const v1::EncodingTableRequest& r) { return r.positions().data().size(); }
+int64_t RequestBytes(const v1::AttentionBiasRequest& r) {
+  return r.logits_data().size() + r.k_lens().data().size() + r.k_starts().data().size() +
+         8 * r.slopes_size();
+}
+
+absl::Status ApplyRope(Engine& engine, v1::RopeRequest* req, v1::RopeResponse* resp,
+                       const RunContext& ctx, Engine::Admission& admission) {
+  POSENC_RETURN_IF_ERROR(engine.CheckRequestSize(RequestBytes(*req)));
+  POSENC_ASSIGN_OR_RETURN(const RopeOptions options, wire::RopeOptionsOf(*req));
+  POSENC_ASSIGN_OR_RETURN(const BackendChoice backend, wire::FromProto("backend", req->backend()));
+  // Rotate inside the request's buffers, now owned by the response.
+  resp->mutable_query_data()->swap(*req->mutable_query_data());
+  RopeTensors t;
+  POSENC_ASSIGN_OR_RETURN(t.query,
+                          wire::MutableOf("query", req->query(), resp->mutable_query_data()));
+  const bool has_key = req->has_key() || !req->key_data().empty();
+  if (has_key) {
+    resp->mutable_key_data()->swap(*req->mutable_key_data());
+    POSENC_ASSIGN_OR_RETURN(t.key, wire::MutableOf("key", req->key(), resp->mutable_key_data()));
+  }
+  POSENC_ASSIGN_OR_RETURN(
+      t.positions.position_ids,
+      wire::ViewOf("position_ids", req->has_position_ids(), req->position_ids()));
+  POSENC_ASSIGN_OR_RETURN(t.positions.offsets,
+                          wire::ViewOf("offsets", req->has_offsets(), req->offsets()));
+  POSENC_ASSIGN_OR_RETURN(t.cu_seqlens,
+                          wire::ViewOf("cu_seqlens", req->has_cu_seqlens(), req->cu_seqlens()));
+  resp->set_request_id(req->request_id());
+  resp->set_backend(engine.LongestBackendName());
+  POSENC_ASSIGN_OR_RETURN(std::string served,
+                          engine.ApplyRope(options, t,
+                                           CallEnv{ctx, admission, backend,
+                                                   Overhead(*resp, resp->query_data().size() +
+                                                                       resp->key_data().size())}));
+  *resp->mutable_query() = wire::DescOf(t.query.dtype, t.query.shape);
+  if (has_key) *resp->mutable_key() = wire::DescOf(t.key.dtype, t.key.shape);
+  resp->set_backend(served);
+  return absl::OkStatus();
+}
+
+absl::Status ApplyRope(Engine& engine, v1::RopeRequest* req, v1::RopeResponse* resp,
+                       const RunContext& ctx) {
+  POSENC_ASSIGN_OR_RETURN(Engine::Admission admission, engine.Admit(RequestBytes(*req)));
+  return ApplyRope(engine, req, resp, ctx, admission);
+}
+
+absl::Status AddAbsoluteEncoding(Engine& engine, v1::AbsoluteEncodingRequest* req,
+                                 v1::AbsoluteEncodingResponse* resp, const RunContext& ctx,
+                                 Engine::Admission& admission) {
+  POSENC_RETURN_IF_ERROR(engine.CheckRequestSize(RequestBytes(*req)));
+  POSENC_ASSIGN_OR_RETURN(AbsoluteOptions options, wire::AbsoluteOptionsOf(*req));
+  POSENC_ASSIGN_OR_RETURN(const BackendChoice backend, wire::FromProto("backend", req->backend()));
+  resp->mutable_y_data()->swap(*req->mutable_x_data());
+  AbsoluteTensors t;
+  POSENC_ASSIGN_OR_RETURN(t.x, wire::MutableOf("x", req->x(), resp->mutable_y_data()));
+  POSENC_ASSIGN_OR_RETURN(
+      t.positions.position_ids,
+      wire::ViewOf("position_ids", req->has_position_ids(), req->position_ids()));
+  POSENC_ASSIGN_OR_RETURN(t.positions.offsets,
+                          wire::ViewOf("offsets", req->has_offsets(), req->offsets()));
+  POSENC_ASSIGN_OR_RETURN(t.cu_seqlens,
+                          wire::ViewOf("cu_seqlens", req->has_cu_seqlens(), req->cu_seqlens()));
+  resp->set_request_id(req->request_id());
+  resp->set_backend(engine.LongestBackendName());
+  POSENC_ASSIGN_OR_RETURN(
+      std::string served,
+      engine.AddAbsolute(std::move(options), t,
+                         CallEnv{ctx, admission, backend, Overhead(*resp, resp->y_data().size())}));
+  *resp->mutable_y() = wire::DescOf(t.x.dtype, t.x.shape);
+  resp->set_backend(served);
+  return absl::OkStatus();
+}
+
+absl::Status GetEncodingTable(Engine& engine, v1::EncodingTableRequest* req,
+                              v1::EncodingTableResponse* resp, const RunContext& ctx,
+                              Engine::Admission& admission) {
+  POSENC_RETURN_IF_ERROR(engine.CheckRequestSize(RequestBytes(*req)));
+  POSENC_ASSIGN_OR_RETURN(AbsoluteOptions options, wire::AbsoluteOptionsOf(*req));
+  POSENC_ASSIGN_OR_RETURN(const BackendChoice backend, wire::FromProto("backend", req->backend()));
+  DType dtype = DType::kFloat32;
+  if (req->dtype() != v1::DATA_TYPE_UNSPECIFIED) {
+    POSENC_ASSIGN_OR_RETURN(dtype, wire::FromProto("dtype", req->dtype()));
+  }
+  POSENC_ASSIGN_OR_RETURN(TensorView positions,
+                          wire::ViewOf("positions", req->has_positions(), req->positions()));
+  resp->set_backend(engine.LongestBackendName());
+  POSENC_ASSIGN_OR_RETURN(
+      Produced table, engine.EncodingTable(std::move(options), req->dim(), req->count(), positions,
+                                           dtype, resp->mutable_table_data(),
+                                           CallEnv{ctx, admission, backend, Overhead(*resp)}));
+  *resp->mutable_table() = wire::DescOf(table.dtype, table.shape);
+  resp->set_backend(table.backend);
+  return absl::OkStatus();
+}
+
+absl::Status AttentionBias(Engine& engine, v1::AttentionBiasRequest* req,
+                           v1::AttentionBiasResponse* resp, const RunContext& ctx,
+                           Engine::Admission& admission) {
+  POSENC_RETURN_IF_ERROR(engine.CheckRequestSize(RequestBytes(*req)));
+  POSENC_ASSIGN_OR_RETURN(const BiasOptions options, wire::BiasOptionsOf(*req));
+  POSENC_ASSIGN_OR_RETURN(const BackendChoice backend, wire::FromProto("backend", req->backend()));
+  MutableTensor logits;
+  if (req->has_logits() || !req->logits_data().empty()) {
+    resp->mutable_bias_data()->swap(*req->mutable_logits_data());
+    POSENC_ASSIGN_OR_RETURN(logits,
+                            wire::MutableOf("logits", req->logits(), resp->mutable_bias_data()));
+  }
+  resp->set_backend(engine.LongestBackendName());
+  POSENC_ASSIGN_OR_RETURN(Produced bias,
+                          engine.AttentionBias(options, logits, resp->mutable_bias_data(),
+                                               CallEnv{ctx, admission, backend,
+                                                       Overhead(*resp, resp->bias_data().size())}));
+  *resp->mutable_bias() = wire::DescOf(bias.dtype, bias.shape);
+  for (double s : bias.slopes) resp->add_slopes(s);
+  resp->set_backend(bias.backend);
+  return absl::OkStatus();
+}
+
+v1::ListTablesResponse ListTables(const Engine& engine) {
+  v1::ListTablesResponse r;
+  for (const TableEntry& e : engine.tables().List()) {
+    v1::TableInfo* t = r.add_tables();
+    t->set_name(e.table->name);
+    t->set_rows(e.table->rows);
+    t->set_dim(e.table->dim);
+    t->set_source_dtype(wire::ToProto(e.table->source_dtype));
+    t->set_file(e.file);
+  }
+  for (const std::string& s : engine.tables().skipped()) r.add_skipped(s);
+  return r;
+}
+
+v1::ServerInfo GetServerInfo(const Engine& engine) {
+  const EngineOptions& options = engine.options();
+  v1::ServerInfo info;
+  info.set_version(POSENC_VERSION);
+  info.set_built_with_cuda(BuiltWithCuda());
+  info.set_build(absl::StrCat("compiler ", __VERSION__,
+#ifdef NDEBUG
+                              ", release"
+#else
+                              ", debug"
+#endif
+                              ));
+  auto add = [&](const Backend* b, BackendChoice kind) {
+    v1::BackendInfo* bi = info.add_backends();
+    bi->set_kind(wire::ToProto(kind));
+    bi->set_available(b != nullptr);
+    if (b == nullptr) {
+      bi->set_unavailable_reason(engine.cuda_unavailable_reason());
+      return;
+    }
+    const absl::Status health = b->health();
+    if (!health.ok()) {
+      bi->set_available(false);
+      bi->set_unavailable_reason(std::string(health.message()));
+    }
+    const DeviceInfo d = b->device();
+    bi->set_device_name(d.name);
+    bi->set_memory_bytes(d.memory_bytes);
+    bi->set_compute_capability(d.compute_capability);
+    bi->set_threads(d.threads);
+  };
+  add(engine.cpu(), BackendChoice::kCpu);
+  add(engine.cuda(), BackendChoice::kCuda);
+  info.set_default_backend(wire::ToProto(options.default_backend));
+  v1::Limits* limits = info.mutable_limits();
+  limits->set_max_message_bytes(options.max_message_bytes);
+  limits->set_max_request_tensor_bytes(options.max_request_tensor_bytes);
+  limits->set_max_inflight_requests(options.max_inflight_requests);
+  limits->set_max_inflight_bytes(options.max_inflight_bytes);
+  limits->set_max_heads(kMaxHeads);
+  limits->set_max_dim(kMaxDim);
+  limits->set_max_sequences(kMaxSequences);
+  limits->set_max_tokens(kMaxTokens);
+  limits->set_max_axes(kMaxAxes);
+  limits->set_max_abs_position(kMaxAbsPosition);
+  limits->set_max_bias_elements(kMaxBiasElements);
+  limits->set_max_table_rows(kMaxTableRows);
+  for (const char* op : {"ApplyRope", "StreamRope", "AddAbsoluteEncoding", "GetEncodingTable",
+                         "AttentionBias", "ListTables", "ReloadTables", "GetServerInfo"}) {
+    info.add_operations(op);
+  }
+  for (DType t : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    info.add_dtypes(wire::ToProto(t));
+  }
+  return info;
+}
+
+}  // namespace posenc::server

@@ -1,0 +1,168 @@
+#include "engine/engine.h"
+#include "v1/operations.h"
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "posenc/client.h"
+#include "test_tensors.h"
+
+namespace posenc::server {
+namespace {
+
+v1::RopeRequest Request(testing::Bytes& q) {
+  v1::RopeRequest r;
+  SetTensor(TensorView{DType::kFloat32, {1, 64, 4, 64}, q.data(), q.size()}, r.mutable_query(),
+            r.mutable_query_data());
+  return r;
+}
+
+TEST(Engine, SaturatedServerSaysResourceExhaustedAndKeepsServing) {
+  EngineOptions o;
+  o.max_inflight_requests = 1;
+  o.cpu_threads = 1;
+  auto engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  testing::Bytes q = testing::RandomTensor(DType::kFloat32, 64 * 4 * 64);
+  const v1::RopeRequest req = Request(q);
+  // The engine consumes a request's tensors; each call gets its own copy.
+  auto call = [&](const RunContext& rc, v1::RopeResponse* resp) {
+    v1::RopeRequest r = req;
+    return ApplyRope(**engine, &r, resp, rc);
+  };
+
+  // The first call parks inside the backend until released.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool inside = false, release = false;
+  RunContext parked;
+  parked.cancelled = [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    inside = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+    return false;
+  };
+  absl::Status first;
+  std::thread t([&] {
+    v1::RopeResponse resp;
+    first = call(parked, &resp);
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return inside; });
+  }
+  v1::RopeResponse resp;
+  absl::Status second = call({}, &resp);
+  EXPECT_EQ(second.code(), absl::StatusCode::kResourceExhausted) << second;
+  EXPECT_NE(second.message().find("saturated"), absl::string_view::npos) << second;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  t.join();
+  EXPECT_TRUE(first.ok()) << first;
+  EXPECT_EQ((*engine)->inflight(), 0);
+  EXPECT_TRUE(call({}, &resp).ok());
+}
+
+TEST(Engine, BytesInFlightAreBounded) {
+  EngineOptions o;
+  o.max_request_tensor_bytes = 512 << 10;
+  o.max_message_bytes = 512 << 10;
+  o.max_inflight_bytes = 1 << 20;
+  auto engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  testing::Bytes q = testing::RandomTensor(DType::kFloat32, 64 * 4 * 64);  // 64 KiB
+  std::mutex mu;
+  std::condition_variable cv;
+  int parked = 0;
+  bool release = false;
+  RunContext hold;
+  hold.cancelled = [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    ++parked;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+    return false;
+  };
+  // A request of 64 KiB holds its tensors (the answer reuses them) and its
+  // plan (~1 KiB): 15 fit under 1 MiB, the 16th does not.
+  std::vector<std::thread> holders;
+  for (int i = 0; i < 15; ++i) {
+    holders.emplace_back([&] {
+      v1::RopeRequest r = Request(q);
+      v1::RopeResponse resp;
+      EXPECT_TRUE(ApplyRope(**engine, &r, &resp, hold).ok());
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return parked >= 15; });
+  }
+  EXPECT_GE((*engine)->inflight_bytes(), 15 * 65536);
+  EXPECT_LE((*engine)->inflight_bytes(), 15 * (65536 + 4096));
+  v1::RopeRequest r = Request(q);
+  std::vector<int64_t> ids(64, 1);
+  SetTensor(TensorView{DType::kInt64, {1, 64}, ids.data(), 512}, r.mutable_position_ids());
+  v1::RopeResponse resp;
+  absl::Status s = ApplyRope(**engine, &r, &resp, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("max_inflight_bytes"), absl::string_view::npos) << s;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  for (auto& t : holders) t.join();
+  EXPECT_EQ((*engine)->inflight_bytes(), 0);
+}
+
+// Allocation failure anywhere in a call's work (here: thrown from inside a
+// kernel chunk, on a pool thread) is RESOURCE_EXHAUSTED, and the engine
+// keeps serving. It used to escape the executor and abort the server.
+TEST(Engine, AllocationFailureIsResourceExhaustedAndTheEngineKeepsServing) {
+  EngineOptions o;
+  o.cpu_threads = 2;
+  auto engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  // 1024 tokens: several chunks, so pool threads run (and throw) too.
+  testing::Bytes big = testing::RandomTensor(DType::kFloat32, 1024 * 4 * 64);
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    v1::RopeRequest r;
+    SetTensor(TensorView{DType::kFloat32, {1, 1024, 4, 64}, big.data(), big.size()},
+              r.mutable_query(), r.mutable_query_data());
+    v1::RopeResponse resp;
+    RunContext throwing;
+    throwing.cancelled = []() -> bool { throw std::bad_alloc(); };
+    const absl::Status s = ApplyRope(**engine, &r, &resp, throwing);
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_EQ((*engine)->inflight(), 0);
+    EXPECT_EQ((*engine)->inflight_bytes(), 0);
+  }
+  testing::Bytes q = testing::RandomTensor(DType::kFloat32, 64 * 4 * 64);
+  v1::RopeRequest r = Request(q);
+  v1::RopeResponse resp;
+  EXPECT_TRUE(ApplyRope(**engine, &r, &resp, {}).ok());
+}
+
+TEST(Engine, FailedValidationLeavesNoPartialResponse) {
+  auto engine = Engine::Create(EngineOptions{});
+  ASSERT_TRUE(engine.ok());
+  testing::Bytes q = testing::RandomTensor(DType::kFloat32, 64 * 4 * 64);
+  v1::RopeRequest req = Request(q);
+  req.mutable_offsets()->set_dtype(v1::DATA_TYPE_FLOAT32);  // offsets must be integers
+  req.mutable_offsets()->add_shape(1);
+  req.mutable_offsets()->set_data(std::string(4, '\0'));
+  v1::RopeResponse resp;
+  absl::Status s = ApplyRope(**engine, &req, &resp, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("offsets.dtype"), absl::string_view::npos) << s;
+}
+
+}  // namespace
+}  // namespace posenc::server
