@@ -1,9 +1,9 @@
 // posenc-bench-fronts: the server's per-call work for the same RoPE request
 // through each front, in process, without sockets or a load generator:
-// posenc.v1 ApplyRope (RunTensorMethod: split the tensor bytes out, parse,
+// posenc.v1 ApplyRope (its Method: split the tensor bytes out, parse,
 // rotate in place, serialise without a copy) against KServe v2 ModelInfer
-// (KServeService::RunModelInfer: protobuf parse, rotate in place, serialise
-// without a copy). Alternating, median of repeated runs; one thread, CPU
+// (its Method: protobuf parse, rotate in place, serialise without a copy),
+// each run by RunMethod as an admitted call runs it. Alternating, median of repeated runs; one thread, CPU
 // backend. What bench/kserve_overhead.sh cannot separate on a shared
 // machine: the fronts' own cost.
 #include <algorithm>
@@ -22,7 +22,7 @@
 #include "posenc/v1/posenc.pb.h"
 #include "posenc/wire/requests.h"
 #include "posenc/wire/tensors.h"
-#include "v1/tensor_service.h"
+#include "v1/service.h"
 
 namespace {
 
@@ -51,7 +51,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", engine.status().ToString().c_str());
     return 1;
   }
-  posenc::server::KServeService kserve(engine->get(), nullptr, nullptr);
+  posenc::server::KServeService kserve(engine->get());
+  const posenc::server::Method* fronts[2] = {nullptr, nullptr};
+  const std::vector<posenc::server::Method> v1_methods =
+      posenc::server::PositionalEncodingService(engine->get()).Methods();
+  const std::vector<posenc::server::Method> v2_methods = kserve.Methods();
+  for (const auto& m : v1_methods) if (m.name == "ApplyRope") fronts[0] = &m;
+  for (const auto& m : v2_methods) if (m.name == "ModelInfer") fronts[1] = &m;
+  if (fronts[0] == nullptr || fronts[1] == nullptr) std::abort();
   std::printf("%-22s %12s %12s %12s %8s\n", "query (fp32)", "bytes", "v1 us", "v2 us", "v2/v1");
   const std::vector<std::vector<int64_t>> shapes = {
       {1, 128, 16, 128}, {32, 1, 32, 128}, {1, 512, 32, 128}, {4, 16, 8, 64}};
@@ -86,13 +93,11 @@ int main(int argc, char** argv) {
         if (!ticket.ok() || !ticket->TryGrow(2 * static_cast<int64_t>(bytes.size())).ok()) {
           std::abort();
         }
-        std::string backend;
+        const posenc::RunContext rc;
+        posenc::server::CallFacts facts;
         const auto start = Clock::now();
-        const absl::Status s =
-            front == 0 ? posenc::server::RunTensorMethod(engine->get(), "ApplyRope", &request,
-                                                         &answer, posenc::RunContext(), *ticket)
-                       : kserve.RunModelInfer(request, &answer, posenc::RunContext(), *ticket,
-                                              start, &backend);
+        posenc::server::MethodCall call{rc, &*ticket, start, &facts};
+        const absl::Status s = posenc::server::RunMethod(*fronts[front], &request, &answer, call);
         const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
         if (!s.ok()) {
           std::fprintf(stderr, "front %d: %s\n", front, s.ToString().c_str());

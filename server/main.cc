@@ -19,7 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "rpc/call_support.h"
+#include "rpc/call_log.h"
 #include "rpc/logging.h"
 #include "v1/operations.h"
 #include "posenc/backend.h"

@@ -33,13 +33,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   const int request_threads =
       options.request_threads > 0 ? options.request_threads : std::max(2, UsableCpus());
   s->executor_ = std::make_unique<RequestExecutor>(request_threads);
-  s->service_ = std::make_unique<PositionalEncodingService>(s->engine_.get(), s->metrics_.get(),
-                                                            s->executor_.get());
-  s->tensor_calls_ = std::make_unique<TensorCallService>(TensorCallOptions{
-      s->engine_.get(), s->metrics_.get(), s->executor_.get(), options.max_message_bytes});
+  s->v1_ = std::make_unique<PositionalEncodingService>(s->engine_.get());
   s->kserve_ =
-      std::make_unique<KServeService>(s->engine_.get(), s->metrics_.get(), s->executor_.get(),
-                                      options.models, options.shared_memory);
+      std::make_unique<KServeService>(s->engine_.get(), options.models, options.shared_memory);
+  s->router_ = std::make_unique<CallRouter>(CallRouterOptions{
+      s->engine_.get(), s->metrics_.get(), s->executor_.get(), options.max_message_bytes});
+  s->router_->Add(s->v1_->Methods());
+  s->router_->Add(s->kserve_->Methods());
   s->reflection_v1_ = std::make_unique<ReflectionV1Service>();
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -80,10 +80,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, options.max_connection_age_ms);
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, 30000);
   }
-  builder.RegisterService(s->service_.get());
+  // Both fronts are registered for reflection; the router serves every
+  // method of both.
+  builder.RegisterService(s->v1_.get());
   builder.RegisterService(s->kserve_.get());
   builder.RegisterService(s->reflection_v1_.get());
-  builder.RegisterCallbackGenericService(s->tensor_calls_.get());
+  builder.RegisterCallbackGenericService(s->router_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("could not listen on ", options.listen_address,

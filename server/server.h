@@ -13,13 +13,16 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "engine/engine.h"
+#include "engine/request_executor.h"
+#include "engine/shared_memory_registry.h"
 #include "grpcpp/server.h"
+#include "kserve/model_registry.h"
 #include "kserve/service.h"
+#include "rpc/call_router.h"
+#include "rpc/metrics.h"
 #include "rpc/reflection_v1.h"
 #include "rpc/tls_files.h"
-#include "v1/control_service.h"
-#include "engine/shared_memory_registry.h"
-#include "v1/tensor_service.h"
+#include "v1/service.h"
 
 namespace posenc::server {
 
@@ -71,14 +74,9 @@ class Server {
   // passes (idle streams, stalled callers) are cancelled.
   void Shutdown(absl::Duration deadline);
   // Calls whose request has been read and whose answer is not yet sent.
-  int busy_calls() const {
-    return (tensor_calls_ == nullptr ? 0 : tensor_calls_->busy()) +
-           (kserve_ == nullptr ? 0 : kserve_->busy());
-  }
-  // The most StreamRope messages one stream has had in flight at once.
-  int stream_depth_peak() const {
-    return tensor_calls_ == nullptr ? 0 : tensor_calls_->stream_depth_peak();
-  }
+  int busy_calls() const { return router_ == nullptr ? 0 : router_->busy(); }
+  // The most messages one stream has had in flight at once.
+  int stream_depth_peak() const { return router_ == nullptr ? 0 : router_->stream_depth_peak(); }
   void Wait() { server_->Wait(); }
   // The threads that compute admitted requests: a test can occupy them to
   // hold computations back while it watches what the calls do meanwhile.
@@ -89,9 +87,9 @@ class Server {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<RequestExecutor> executor_;
-  std::unique_ptr<PositionalEncodingService> service_;
-  std::unique_ptr<TensorCallService> tensor_calls_;
+  std::unique_ptr<PositionalEncodingService> v1_;
   std::unique_ptr<KServeService> kserve_;
+  std::unique_ptr<CallRouter> router_;
   std::unique_ptr<ReflectionV1Service> reflection_v1_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

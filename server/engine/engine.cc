@@ -1,33 +1,15 @@
 #include "engine/engine.h"
 
 #include <algorithm>
-#include <exception>
 #include <functional>
-#include <new>
 
 #include "absl/strings/str_cat.h"
+#include "engine/no_throw.h"
 #include "posenc/limits.h"
 #include "posenc/status_macros.h"
 
 namespace posenc::server {
 namespace {
-
-// Runs an operation so that nothing escapes as an exception: allocation
-// failure is RESOURCE_EXHAUSTED (the server keeps serving), anything else
-// INTERNAL.
-template <typename Fn>
-absl::Status Guarded(Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError(
-        "the server could not allocate memory for this request; retry later or send less");
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("unexpected error: ", e.what()));
-  } catch (...) {
-    return absl::InternalError("unexpected error");
-  }
-}
 
 // Sizes a result buffer in steps, so that a large answer stops growing when
 // its caller leaves instead of zero-filling hundreds of MiB first.
@@ -188,7 +170,7 @@ absl::Status Engine::CheckAnswerSize(int64_t tensor_bytes, int64_t message_bytes
 absl::StatusOr<std::string> Engine::ApplyRope(const RopeOptions& options, RopeTensors& t,
                                               const CallEnv& env) {
   std::string served;
-  POSENC_RETURN_IF_ERROR(Guarded([&]() -> absl::Status {
+  POSENC_RETURN_IF_ERROR(NoThrow([&]() -> absl::Status {
     const int64_t tensor_bytes = t.query.nbytes + t.key.nbytes;
     POSENC_RETURN_IF_ERROR(CheckRequestSize(tensor_bytes));
     // The caller's buffers become the answer; its admission holds them and
@@ -212,7 +194,7 @@ absl::StatusOr<std::string> Engine::ApplyRope(const RopeOptions& options, RopeTe
 absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTensors& t,
                                                 const CallEnv& env) {
   std::string served;
-  POSENC_RETURN_IF_ERROR(Guarded([&]() -> absl::Status {
+  POSENC_RETURN_IF_ERROR(NoThrow([&]() -> absl::Status {
     const int64_t tensor_bytes = t.x.nbytes;
     POSENC_RETURN_IF_ERROR(CheckRequestSize(tensor_bytes));
     if (o.kind == AbsoluteOptions::Kind::kLearned) {
@@ -237,7 +219,7 @@ absl::StatusOr<Produced> Engine::EncodingTable(AbsoluteOptions o, int64_t dim, i
                                                const TensorView& positions, DType dtype,
                                                std::string* out, const CallEnv& env) {
   Produced produced;
-  POSENC_RETURN_IF_ERROR(Guarded([&]() -> absl::Status {
+  POSENC_RETURN_IF_ERROR(NoThrow([&]() -> absl::Status {
     POSENC_RETURN_IF_ERROR(CheckRequestSize(static_cast<int64_t>(positions.nbytes)));
     if (o.kind == AbsoluteOptions::Kind::kLearned) {
       POSENC_ASSIGN_OR_RETURN(o.table, tables_.Find(o.table_name));
@@ -272,7 +254,7 @@ absl::StatusOr<Produced> Engine::EncodingTable(AbsoluteOptions o, int64_t dim, i
 absl::StatusOr<Produced> Engine::AttentionBias(const BiasOptions& o, MutableTensor& logits,
                                                std::string* out, const CallEnv& env) {
   Produced produced;
-  POSENC_RETURN_IF_ERROR(Guarded([&]() -> absl::Status {
+  POSENC_RETURN_IF_ERROR(NoThrow([&]() -> absl::Status {
     const bool has_logits = logits.present();
     POSENC_RETURN_IF_ERROR(CheckRequestSize(
         static_cast<int64_t>(logits.nbytes + o.k_lens.nbytes + o.k_starts.nbytes)));

@@ -11,44 +11,20 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "engine/utf8.h"
 
 namespace posenc::server {
 
-// True if `s` is valid UTF-8 without control characters. File names become
-// table names and appear in skipped(), both sent as proto3 strings: one
-// invalid name would make every ListTables reply unparseable by clients.
+// File names become table names and appear in skipped(), both sent as
+// proto3 strings: one invalid name would make every ListTables reply
+// unparseable by clients.
 bool IsPrintableUtf8(absl::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
+  for (size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
     if (c < 0x20 || c == 0x7f) return false;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    // Lead byte: continuation count and the range of the second byte, which
-    // excludes overlong forms, surrogates and code points past U+10FFFF.
-    int more = 0;
-    unsigned char lo = 0x80, hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf) {
-      more = 1;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      more = 2;
-      if (c == 0xe0) lo = 0xa0;
-      if (c == 0xed) hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      more = 3;
-      if (c == 0xf0) lo = 0x90;
-      if (c == 0xf4) hi = 0x8f;
-    } else {
-      return false;
-    }
-    if (s.size() - i <= static_cast<size_t>(more)) return false;
-    for (int k = 1; k <= more; ++k) {
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xbf)) return false;
-    }
-    i += more + 1;
+    const size_t n = Utf8SequenceAt(s, i);
+    if (n == 0) return false;
+    i += n;
   }
   return true;
 }

@@ -1,9 +1,11 @@
 // Any bytes as a KServe v2 ModelInferRequest, through the call path
-// ModelInfer runs (KServeService::RunModelInfer on an admitted call). A
-// finding is a crash, a sanitizer report, an INTERNAL/UNKNOWN status (a
-// server fault where a client error was due), an answer that does not parse,
-// an answer with a different number of outputs and raw contents (those in
-// shared memory empty), or admission holding more than its budget.
+// ModelInfer runs on an admitted call (its Method), and as a message of
+// ModelStreamInfer. A finding is a crash, a sanitizer report, an
+// INTERNAL/UNKNOWN status (a server fault where a client error was due), an
+// answer (or a stream's error answer) that does not parse, strings valid
+// UTF-8 as a strict client requires, an answer with a different number of
+// outputs and raw contents (those in shared memory empty), or admission
+// holding more than its budget.
 //
 // System shared memory is on, with one region "f" (4 KiB of a /dev/shm
 // object, unlinked at once: the registry holds its descriptor), so inputs
@@ -11,10 +13,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 #include "grpc/grpc.h"
@@ -27,6 +31,7 @@ namespace {
 struct Harness {
   std::unique_ptr<posenc::server::Engine> engine;
   std::unique_ptr<posenc::server::KServeService> service;
+  std::vector<posenc::server::Method> methods;  // ModelInfer, ModelStreamInfer
 };
 
 Harness& TheHarness() {
@@ -47,8 +52,12 @@ Harness& TheHarness() {
     posenc::server::SharedMemoryOptions shm;
     shm.enabled = true;
     harness->service = std::make_unique<posenc::server::KServeService>(
-        harness->engine.get(), nullptr, nullptr, posenc::server::kserve::ModelRepositoryOptions{},
-        shm);
+        harness->engine.get(), posenc::server::kserve::ModelRepositoryOptions{}, shm);
+    for (posenc::server::Method& m : harness->service->Methods()) {
+      if (m.name == "ModelInfer" || m.name == "ModelStreamInfer") {
+        harness->methods.push_back(std::move(m));
+      }
+    }
     const std::string key = "/posenc-fuzz-" + std::to_string(::getpid());
     const int fd = ::open(("/dev/shm" + key).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
     if (fd < 0 || ::ftruncate(fd, 4096) != 0) {
@@ -67,39 +76,58 @@ Harness& TheHarness() {
   return *h;
 }
 
+template <typename Message>
+bool Parses(const grpc::ByteBuffer& bytes, Message* m) {
+  grpc::Slice joined;
+  return bytes.DumpToSingleSlice(&joined).ok() &&
+         m->ParseFromArray(joined.begin(), static_cast<int>(joined.size()));
+}
+
+// An OK answer: every output has its raw contents, empty when it went to
+// shared memory.
+bool WellFormed(const inference::ModelInferResponse& r) {
+  if (r.outputs_size() != r.raw_output_contents_size()) return false;
+  for (int i = 0; i < r.outputs_size(); ++i) {
+    if (r.outputs(i).parameters().contains("shared_memory_region") &&
+        !r.raw_output_contents(i).empty()) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size > (256 << 10)) return 0;
   Harness& h = TheHarness();
-  grpc::Slice slice(reinterpret_cast<const char*>(data), size);
-  grpc::ByteBuffer request(&slice, 1), answer;
-  auto admission = h.engine->admission().Enter();
-  if (!admission.ok() || !admission->TryGrow(2 * static_cast<int64_t>(size)).ok()) std::abort();
-  std::string backend;
-  const absl::Status s = h.service->RunModelInfer(request, &answer, {}, *admission,
-                                                  std::chrono::steady_clock::now(), &backend);
-  if (admission->bytes() > h.engine->options().max_inflight_bytes) std::abort();
   static const bool verbose = std::getenv("POSENC_FUZZ_VERBOSE") != nullptr;
-  if (verbose) std::fprintf(stderr, "ModelInfer: %s\n", s.ToString().c_str());
-  if (s.ok()) {
-    grpc::Slice joined;
-    inference::ModelInferResponse r;
-    if (!answer.DumpToSingleSlice(&joined).ok() ||
-        !r.ParseFromArray(joined.begin(), static_cast<int>(joined.size())) ||
-        r.outputs_size() != r.raw_output_contents_size()) {
+  for (const posenc::server::Method& method : h.methods) {
+    grpc::Slice slice(reinterpret_cast<const char*>(data), size);
+    grpc::ByteBuffer request(&slice, 1), answer;
+    auto admission = h.engine->admission().Enter();
+    if (!admission.ok() || !admission->TryGrow(2 * static_cast<int64_t>(size)).ok()) std::abort();
+    const posenc::RunContext rc;
+    posenc::server::CallFacts facts;
+    posenc::server::MethodCall call{rc, &*admission, std::chrono::steady_clock::now(), &facts};
+    const absl::Status s = posenc::server::RunMethod(method, &request, &answer, call);
+    if (admission->bytes() > h.engine->options().max_inflight_bytes) std::abort();
+    if (verbose) std::fprintf(stderr, "%s: %s\n", method.name.c_str(), s.ToString().c_str());
+    const bool stream = static_cast<bool>(method.error_answer);
+    if (s.ok()) {
+      inference::ModelInferResponse r;
+      inference::ModelStreamInferResponse sr;
+      const bool parsed = stream ? Parses(answer, &sr) : Parses(answer, &r);
+      if (!parsed || !WellFormed(stream ? sr.infer_response() : r)) std::abort();
+    } else if (s.code() == absl::StatusCode::kInternal ||
+               s.code() == absl::StatusCode::kUnknown) {
+      std::fprintf(stderr, "server fault on fuzzed input: %s\n", s.ToString().c_str());
       std::abort();
+    } else if (stream) {
+      grpc::ByteBuffer error;
+      inference::ModelStreamInferResponse sr;
+      if (!method.error_answer(s, facts, &error).ok() || !Parses(error, &sr)) std::abort();
     }
-    // Outputs written to shared memory have empty raw contents.
-    for (int i = 0; i < r.outputs_size(); ++i) {
-      if (r.outputs(i).parameters().contains("shared_memory_region") &&
-          !r.raw_output_contents(i).empty()) {
-        std::abort();
-      }
-    }
-  } else if (s.code() == absl::StatusCode::kInternal || s.code() == absl::StatusCode::kUnknown) {
-    std::fprintf(stderr, "server fault on fuzzed input: %s\n", s.ToString().c_str());
-    std::abort();
   }
   return 0;
 }

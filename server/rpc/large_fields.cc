@@ -164,4 +164,16 @@ grpc::ByteBuffer BufferWithLargeFields(const std::string& head,
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
+grpc::ByteBuffer NestedMessage(int number, const grpc::ByteBuffer& inner) {
+  std::string prefix;
+  AppendVarint((static_cast<uint64_t>(number) << 3) | 2, &prefix);
+  AppendVarint(inner.Length(), &prefix);
+  std::vector<grpc::Slice> slices;
+  slices.emplace_back(prefix);
+  std::vector<grpc::Slice> body;
+  (void)inner.Dump(&body);  // shares the slices; copies no byte
+  for (grpc::Slice& s : body) slices.push_back(std::move(s));
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
 }  // namespace posenc::server

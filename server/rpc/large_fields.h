@@ -41,6 +41,10 @@ struct LargeField {
 // the string's buffer (the string is left empty).
 grpc::ByteBuffer BufferWithLargeFields(const std::string& head, absl::Span<const LargeField> large);
 
+// `inner` (a serialised message) as field `number` of an enclosing message,
+// without a copy of its bytes.
+grpc::ByteBuffer NestedMessage(int number, const grpc::ByteBuffer& inner);
+
 }  // namespace posenc::server
 
 #endif  // POSENC_SERVER_RPC_LARGE_FIELDS_H_

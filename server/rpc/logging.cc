@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "engine/utf8.h"
 #include "spdlog/pattern_formatter.h"
 
 namespace posenc::server {
@@ -18,33 +19,6 @@ std::atomic<LogFormat> current_format{LogFormat::kText};
 // The fields of the line being logged on this thread. The default logger is
 // synchronous, so its formatter runs on the thread that logs and finds them.
 thread_local std::initializer_list<LogField> const* current_fields = nullptr;
-
-// Length of the well-formed UTF-8 sequence at s[i], or 0 if there is none.
-size_t Utf8SequenceAt(absl::string_view s, size_t i) {
-  const auto byte = [&](size_t j) { return static_cast<unsigned char>(s[j]); };
-  const unsigned char b = byte(i);
-  size_t n;
-  unsigned char lo = 0x80, hi = 0xbf;  // allowed range of the second byte
-  if (b >= 0xc2 && b <= 0xdf) {
-    n = 2;
-  } else if (b >= 0xe0 && b <= 0xef) {
-    n = 3;
-    if (b == 0xe0) lo = 0xa0;  // overlong
-    if (b == 0xed) hi = 0x9f;  // surrogates
-  } else if (b >= 0xf0 && b <= 0xf4) {
-    n = 4;
-    if (b == 0xf0) lo = 0x90;  // overlong
-    if (b == 0xf4) hi = 0x8f;  // past U+10FFFF
-  } else {
-    return 0;
-  }
-  if (i + n > s.size()) return 0;
-  if (byte(i + 1) < lo || byte(i + 1) > hi) return 0;
-  for (size_t j = 2; j < n; ++j) {
-    if ((byte(i + j) & 0xc0) != 0x80) return 0;
-  }
-  return n;
-}
 
 class JsonFormatter final : public spdlog::formatter {
  public:

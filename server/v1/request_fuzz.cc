@@ -1,10 +1,14 @@
-// libFuzzer harness: any bytes as a request to any tensor method, through
-// the path a real call takes after admission (tensor_wire parsing, planning
-// with its validation and budget, the CPU kernels, answer serialisation).
+// libFuzzer harness: any bytes as a request to any posenc.v1 method but
+// ReloadTables, through the path a real call takes after admission (the
+// Method's parsing, planning with its validation and budget, the CPU
+// kernels, answer serialisation; for StreamRope also the error answer a
+// failed message gets).
 // Limits are small so the fuzzer spends its time on logic, not on memory.
 // The first byte picks the method; the rest is the serialised request.
-// Invariants: nothing crashes, leaks or hangs; an OK answer parses as the
-// method's response; the admission's bytes never exceed the budget.
+// Invariants: nothing crashes, leaks or hangs; an OK answer (and a stream's
+// error answer) parses as the method's response, strings valid UTF-8 as a
+// strict client requires; the admission's bytes never exceed the budget.
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -16,14 +20,17 @@
 #include "engine/engine.h"
 #include "grpc/grpc.h"
 #include "grpcpp/support/byte_buffer.h"
-#include "posenc/v1/posenc.pb.h"
 #include "engine/safetensors.h"
-#include "v1/tensor_service.h"
+#include "posenc/v1/posenc.pb.h"
+#include "v1/service.h"
 
 namespace {
 
-constexpr const char* kMethods[] = {"ApplyRope", "AddAbsoluteEncoding", "GetEncodingTable",
-                                    "AttentionBias"};
+// The corpus's first bytes were written for the first four.
+constexpr const char* kMethods[] = {"ApplyRope",  "AddAbsoluteEncoding", "GetEncodingTable",
+                                    "AttentionBias", "StreamRope",   "ListTables",
+                                    "GetServerInfo"};
+constexpr int kNumMethods = sizeof(kMethods) / sizeof(kMethods[0]);
 
 posenc::server::Engine* TheEngine() {
   static posenc::server::Engine* engine = [] {
@@ -54,6 +61,15 @@ posenc::server::Engine* TheEngine() {
   return engine;
 }
 
+const posenc::server::Method& MethodNamed(const std::string& name) {
+  static const auto* methods = new std::vector<posenc::server::Method>(
+      posenc::server::PositionalEncodingService(TheEngine()).Methods());
+  for (const auto& m : *methods) {
+    if (m.name == name) return m;
+  }
+  std::abort();
+}
+
 template <typename Response>
 bool ParsesAs(const grpc::ByteBuffer& answer) {
   std::vector<grpc::Slice> slices;
@@ -70,21 +86,33 @@ bool ParsesAs(const grpc::ByteBuffer& answer) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1 || size > (256 << 10)) return 0;
   posenc::server::Engine* engine = TheEngine();
-  const int which = data[0] % 4;
+  const int which = data[0] % kNumMethods;
+  const posenc::server::Method& method = MethodNamed(kMethods[which]);
   grpc::Slice slice(reinterpret_cast<const char*>(data + 1), size - 1);
   grpc::ByteBuffer request(&slice, 1);
   grpc::ByteBuffer answer;
   auto admission = engine->admission().Enter();
   if (!admission.ok() || !admission->TryGrow(2 * static_cast<int64_t>(size)).ok()) std::abort();
-  const absl::Status s =
-      posenc::server::RunTensorMethod(engine, kMethods[which], &request, &answer, {}, *admission);
+  const posenc::RunContext rc;
+  posenc::server::CallFacts facts;
+  posenc::server::MethodCall call{rc, method.admitted() ? &*admission : nullptr,
+                                  std::chrono::steady_clock::now(), &facts};
+  const absl::Status s = posenc::server::RunMethod(method, &request, &answer, call);
   if (admission->bytes() > engine->options().max_inflight_bytes) std::abort();
   static const bool verbose = std::getenv("POSENC_FUZZ_VERBOSE") != nullptr;
   if (verbose) std::fprintf(stderr, "%s: %s\n", kMethods[which], s.ToString().c_str());
+  if (!s.ok() && method.error_answer) {
+    grpc::ByteBuffer error;
+    if (!method.error_answer(s, facts, &error).ok() ||
+        !ParsesAs<posenc::v1::RopeResponse>(error)) {
+      std::abort();
+    }
+  }
   if (s.ok()) {
     bool ok = false;
     switch (which) {
       case 0:
+      case 4:
         ok = ParsesAs<posenc::v1::RopeResponse>(answer);
         break;
       case 1:
@@ -95,6 +123,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 3:
         ok = ParsesAs<posenc::v1::AttentionBiasResponse>(answer);
+        break;
+      case 5:
+        ok = ParsesAs<posenc::v1::ListTablesResponse>(answer);
+        break;
+      case 6:
+        ok = ParsesAs<posenc::v1::ServerInfo>(answer);
         break;
     }
     if (!ok) std::abort();

@@ -1,40 +1,15 @@
-#include "rpc/call_support.h"
+#include "rpc/call_log.h"
 
 #include <atomic>
+#include <chrono>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "rpc/logging.h"
 #include "spdlog/spdlog.h"
 
 namespace posenc::server {
-
-absl::Status CheckCallAlive(grpc::CallbackServerContext* ctx) {
-  if (ctx->IsCancelled()) return absl::CancelledError("the caller cancelled the call");
-  if (ctx->deadline() < std::chrono::system_clock::now()) {
-    return absl::DeadlineExceededError("the call's deadline passed before work started");
-  }
-  return absl::OkStatus();
-}
-
-RunContext ContextOf(grpc::CallbackServerContext* ctx) {
-  RunContext rc;
-  rc.cancelled = [ctx] { return ctx->IsCancelled(); };
-  return rc;
-}
-
-std::string RequestIdOf(grpc::CallbackServerContext* ctx) {
-  const auto& md = ctx->client_metadata();
-  const auto it = md.find("x-request-id");
-  if (it == md.end()) return "";
-  return CleanRequestId(absl::string_view(it->second.data(), it->second.size()));
-}
-
-absl::Time DeadlineOf(grpc::CallbackServerContext* ctx) {
-  const auto d = ctx->deadline();
-  if (d == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
-  return absl::FromChrono(d);
-}
 
 namespace {
 
@@ -132,17 +107,6 @@ void LogIfSlow(const std::string& method, const absl::Status& s,
                              absl::StrFormat("%.3f", std::chrono::duration<double>(took).count()),
                              " s (over --slow_call_ms=", limit / 1000000, ")"),
                 "slow calls", method, s.code(), request_id);
-}
-
-void RecordCall(Metrics* metrics, const std::string& method, const absl::Status& s,
-                std::chrono::steady_clock::time_point start, int64_t bytes_in, int64_t bytes_out,
-                const std::string& backend) {
-  if (metrics == nullptr) return;
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  metrics->RecordCall(method, absl::StatusCodeToString(s.code()), seconds,
-                      static_cast<double>(bytes_in), s.ok() ? static_cast<double>(bytes_out) : 0.0,
-                      s.ok() ? backend : "");
 }
 
 }  // namespace posenc::server

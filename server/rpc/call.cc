@@ -1,0 +1,41 @@
+#include "rpc/call.h"
+
+#include "engine/no_throw.h"
+#include "rpc/call_log.h"
+#include "rpc/logging.h"
+
+namespace posenc::server {
+
+absl::Status RunMethod(const Method& method, grpc::ByteBuffer* request, grpc::ByteBuffer* answer,
+                       MethodCall& call) {
+  return NoThrow([&] { return method.run(call, request, answer); });
+}
+
+std::string CallRequestId(const std::string& metadata_id, const CallFacts& facts,
+                          bool stream_message) {
+  const bool message_first = stream_message && !facts.message_id.empty();
+  return message_first || metadata_id.empty() ? CleanRequestId(facts.message_id) : metadata_id;
+}
+
+void FinishCall(Metrics* metrics, const CallOutcome& o) {
+  const std::string& name = o.method->name;
+  const std::string id = CallRequestId(o.metadata_id, *o.facts, o.stream_message);
+  LogFailure(name, o.status, id);
+  LogIfSlow(name, o.status, o.start, id);
+  if (metrics == nullptr) return;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - o.start).count();
+  const bool ok = o.status.ok();
+  metrics->RecordCall(name, absl::StatusCodeToString(o.status.code()), seconds,
+                      static_cast<double>(o.bytes_in + o.facts->shared_memory_in),
+                      ok ? static_cast<double>(o.bytes_out + o.facts->shared_memory_out) : 0.0,
+                      ok ? o.facts->backend : "");
+}
+
+bool StreamEnds(const absl::Status& s, const Engine& engine) {
+  return s.code() == absl::StatusCode::kCancelled ||
+         s.code() == absl::StatusCode::kDeadlineExceeded ||
+         (s.code() == absl::StatusCode::kUnavailable && engine.draining());
+}
+
+}  // namespace posenc::server

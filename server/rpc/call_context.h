@@ -1,0 +1,32 @@
+// What a handler reads off gRPC's view of a call: whether it is still
+// wanted, its deadline, and the caller's x-request-id.
+#ifndef POSENC_SERVER_RPC_CALL_CONTEXT_H_
+#define POSENC_SERVER_RPC_CALL_CONTEXT_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "grpcpp/server_context.h"
+#include "posenc/backend.h"
+
+namespace posenc::server {
+
+// Work for a call whose deadline already passed, or whose caller left, is
+// not started.
+absl::Status CheckCallAlive(grpc::CallbackServerContext* ctx);
+
+// The kernels' view of a call: cancelled when the caller leaves or its
+// deadline passes.
+RunContext ContextOf(grpc::CallbackServerContext* ctx);
+
+// The call's deadline as an absl::Time (InfiniteFuture when it has none).
+absl::Time DeadlineOf(grpc::CallbackServerContext* ctx);
+
+// The caller's x-request-id metadata, cleaned for logs (CleanRequestId);
+// empty when it sent none.
+std::string RequestIdOf(grpc::CallbackServerContext* ctx);
+
+}  // namespace posenc::server
+
+#endif  // POSENC_SERVER_RPC_CALL_CONTEXT_H_

@@ -1,0 +1,95 @@
+#include "v1/tensor_methods.h"
+
+#include <string>
+
+#include "engine/utf8.h"
+#include "posenc/status_macros.h"
+#include "posenc/v1/posenc.pb.h"
+#include "rpc/messages.h"
+#include "v1/operations.h"
+
+namespace posenc::server {
+namespace {
+
+// The large bytes fields of each message (rpc/large_fields.h), by number.
+std::vector<LargeField> LargeFieldsOf(v1::RopeRequest* m) {
+  return {{2, m->mutable_query_data()}, {4, m->mutable_key_data()}};
+}
+std::vector<LargeField> LargeFieldsOf(v1::AbsoluteEncodingRequest* m) {
+  return {{2, m->mutable_x_data()}};
+}
+std::vector<LargeField> LargeFieldsOf(v1::EncodingTableRequest*) { return {}; }
+std::vector<LargeField> LargeFieldsOf(v1::AttentionBiasRequest* m) {
+  return {{13, m->mutable_logits_data()}};
+}
+std::vector<LargeField> LargeFieldsOf(v1::RopeResponse* m) {
+  return {{2, m->mutable_query_data()}, {4, m->mutable_key_data()}};
+}
+std::vector<LargeField> LargeFieldsOf(v1::AbsoluteEncodingResponse* m) {
+  return {{2, m->mutable_y_data()}};
+}
+std::vector<LargeField> LargeFieldsOf(v1::EncodingTableResponse* m) {
+  return {{2, m->mutable_table_data()}};
+}
+std::vector<LargeField> LargeFieldsOf(v1::AttentionBiasResponse* m) {
+  return {{2, m->mutable_bias_data()}};
+}
+
+// The request_id a message carries, where its type has one.
+absl::string_view MessageRequestId(const v1::RopeRequest& m) { return m.request_id(); }
+absl::string_view MessageRequestId(const v1::AbsoluteEncodingRequest& m) { return m.request_id(); }
+absl::string_view MessageRequestId(const v1::EncodingTableRequest&) { return ""; }
+absl::string_view MessageRequestId(const v1::AttentionBiasRequest&) { return ""; }
+
+// Parse, run on the engine, serialise. The typed messages live only inside
+// this function, so the request's and the answer's memory is back in a
+// ByteBuffer (or gone) before the answer is written.
+template <typename Request, typename Response,
+          absl::Status (*Op)(Engine&, Request*, Response*, const RunContext&, Engine::Admission&)>
+Method Tensor(Engine* engine, const char* name, Method::Kind kind = Method::Kind::kTensor) {
+  Method m;
+  m.service = kPositionalEncodingService;
+  m.name = name;
+  m.kind = kind;
+  m.run = [engine](MethodCall& call, grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+    Request req;
+    POSENC_RETURN_IF_ERROR(ParseAdmitted(call, in, &req, LargeFieldsOf(&req)));
+    call.facts->message_id = Utf8Prefix(MessageRequestId(req), kMaxEchoedBytes);
+    Response resp;
+    POSENC_RETURN_IF_ERROR(Op(*engine, &req, &resp, call.ctx, *call.admission));
+    call.facts->backend = resp.backend();
+    return SerializeMessage(resp, out, LargeFieldsOf(&resp));
+  };
+  return m;
+}
+
+// A StreamRope message that failed: its status in the answer, with the
+// message's id (when it parsed), and the stream goes on.
+absl::Status RopeErrorAnswer(const absl::Status& s, const CallFacts& facts,
+                             grpc::ByteBuffer* out) {
+  v1::RopeResponse error;
+  error.set_request_id(facts.message_id);
+  error.set_error_code(static_cast<int>(s.code()));
+  error.set_error_message(ValidUtf8(s.message()));
+  return SerializeMessage(error, out);
+}
+
+}  // namespace
+
+std::vector<Method> TensorMethods(Engine* engine) {
+  Method stream = Tensor<v1::RopeRequest, v1::RopeResponse, &ApplyRope>(
+      engine, "StreamRope", Method::Kind::kTensorStream);
+  stream.error_answer = RopeErrorAnswer;
+  return {
+      Tensor<v1::RopeRequest, v1::RopeResponse, &ApplyRope>(engine, "ApplyRope"),
+      std::move(stream),
+      Tensor<v1::AbsoluteEncodingRequest, v1::AbsoluteEncodingResponse, &AddAbsoluteEncoding>(
+          engine, "AddAbsoluteEncoding"),
+      Tensor<v1::EncodingTableRequest, v1::EncodingTableResponse, &GetEncodingTable>(
+          engine, "GetEncodingTable"),
+      Tensor<v1::AttentionBiasRequest, v1::AttentionBiasResponse, &AttentionBias>(
+          engine, "AttentionBias"),
+  };
+}
+
+}  // namespace posenc::server
