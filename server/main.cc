@@ -19,71 +19,80 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "rpc/call_log.h"
 #include "rpc/logging.h"
 #include "v1/operations.h"
 #include "posenc/backend.h"
 #include "posenc/wire/enums.h"
+#include "posenc/status_macros.h"
 #include "server.h"
+#include "server_options.h"
 #include "spdlog/spdlog.h"
 #include "rpc/tls_files.h"
 
-ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
+namespace {
+// Every flag's default: the options' own (server_options.h, engine.h).
+const posenc::server::ServerOptions kDefaults;
+}  // namespace
+
+ABSL_FLAG(std::string, listen, kDefaults.listen_address,
           "Address to serve gRPC on (port 0: any free port).");
-ABSL_FLAG(int, threads, 0,
+ABSL_FLAG(int, threads, kDefaults.engine.cpu_threads,
           "CPU backend worker threads; 0 = the CPUs this process may use (affinity, cgroup "
           "quota).");
-ABSL_FLAG(int64_t, max_request_bytes, int64_t{64} << 20,
+ABSL_FLAG(int64_t, max_request_bytes, kDefaults.engine.max_request_tensor_bytes,
           "Largest total of tensor bytes in one request or answer; more is RESOURCE_EXHAUSTED.");
-ABSL_FLAG(int64_t, max_message_bytes, 0,
+ABSL_FLAG(int64_t, max_message_bytes, kDefaults.engine.max_message_bytes,
           "Largest gRPC message received or sent; 0 = --max_request_bytes + 4 MiB (room for "
           "the small fields). Each call reserves this much of --max_inflight_bytes before it "
           "reads its request.");
-ABSL_FLAG(int, max_inflight, 64,
+ABSL_FLAG(int, max_inflight, kDefaults.engine.max_inflight_requests,
           "Requests in flight (from arrival until the answer is final); more get "
           "RESOURCE_EXHAUSTED.");
-ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{4} << 30,
+ABSL_FLAG(int64_t, max_inflight_bytes, kDefaults.engine.max_inflight_bytes,
           "Memory requests in flight may hold (requests, answers and their serialised copies, "
           "plans); at least 2 x --max_message_bytes. Calls wait for it, then get "
           "RESOURCE_EXHAUSTED.");
-ABSL_FLAG(int, admission_wait_ms, 1000,
+ABSL_FLAG(int, admission_wait_ms,
+          static_cast<int>(absl::ToInt64Milliseconds(kDefaults.engine.admission_wait)),
           "How long a call may wait for --max_inflight_bytes before RESOURCE_EXHAUSTED.");
-ABSL_FLAG(int64_t, max_memory_bytes, 0,
-          "Memory gRPC may use for calls in transit (ResourceQuota); 0 = no cap.");
+ABSL_FLAG(int64_t, max_memory_bytes, kDefaults.max_memory_bytes,
+          "Memory gRPC's transport may hold (its ResourceQuota); 0 = --max_inflight_bytes + 2 x "
+          "--max_message_bytes. gRPC receives a message whole before it checks "
+          "--max_message_bytes, so this is what bounds an oversized one.");
 ABSL_FLAG(std::string, table_dir, "", "Directory of .safetensors learned tables (empty: none).");
 ABSL_FLAG(std::string, model_dir, "",
           "Directory of KServe v2 model files, one <name>.json per model (empty: built-in models "
           "only); RepositoryModelLoad rescans it.");
 ABSL_FLAG(bool, table_dir_allow_external_symlinks, false,
           "Follow symlinks in --table_dir whose targets lie outside it.");
-ABSL_FLAG(int64_t, max_table_bytes, int64_t{2} << 30,
+ABSL_FLAG(int64_t, max_table_bytes, kDefaults.engine.max_table_bytes,
           "float32 bytes of all learned tables loaded together; files beyond are skipped.");
 ABSL_FLAG(std::string, default_backend, "auto",
           "Backend for requests that name none: auto, cpu or cuda.");
-ABSL_FLAG(bool, enable_cuda, true, "Use the GPU when this build has CUDA and a device is visible.");
-ABSL_FLAG(int, cuda_device, 0, "CUDA device ordinal.");
-ABSL_FLAG(int64_t, auto_gpu_min_bytes, int64_t{1} << 20,
+ABSL_FLAG(bool, enable_cuda, kDefaults.engine.enable_cuda, "Use the GPU when this build has CUDA and a device is visible.");
+ABSL_FLAG(int, cuda_device, kDefaults.engine.cuda_device, "CUDA device ordinal.");
+ABSL_FLAG(int64_t, auto_gpu_min_bytes, kDefaults.engine.auto_gpu_min_bytes,
           "AUTO sends requests of at least this many tensor bytes to the GPU.");
-ABSL_FLAG(int, drain_seconds, 20, "On SIGTERM, how long calls in flight may take to finish.");
-ABSL_FLAG(int, max_connection_age_ms, 0,
+ABSL_FLAG(int, drain_seconds, kDefaults.drain_seconds, "On SIGTERM, how long calls in flight may take to finish.");
+ABSL_FLAG(int, max_connection_age_ms, kDefaults.max_connection_age_ms,
           "Close client connections after this long so they re-resolve DNS (0: never).");
-ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off.");
-ABSL_FLAG(std::string, log_format, "text",
+ABSL_FLAG(std::string, log_level, kDefaults.log_level, "trace, debug, info, warn, error, critical or off.");
+ABSL_FLAG(std::string, log_format, kDefaults.log_format,
           "text (one line per event for people) or json (one JSON object per line: time, level, "
           "message and fields such as method, code and request_id).");
-ABSL_FLAG(int, slow_call_ms, 1000,
+ABSL_FLAG(int, slow_call_ms, kDefaults.slow_call_ms,
           "Log a warning for calls taking longer than this from arrival to answer (at most one "
           "line a second, with the call's request id); 0 = never.");
 ABSL_FLAG(std::string, port_file, "", "If set, write the bound port here once serving.");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:8002",
           "Prometheus /metrics address (empty: no metrics endpoint).");
-ABSL_FLAG(bool, enable_system_shared_memory, false,
+ABSL_FLAG(bool, enable_system_shared_memory, kDefaults.shared_memory.enabled,
           "Serve the KServe v2 system shared-memory extension: callers on this node (same IPC "
           "namespace, /dev/shm) register POSIX shared-memory objects and pass tensors in them. "
           "Off: its RPCs and tensor parameters are FAILED_PRECONDITION.");
-ABSL_FLAG(int, max_shared_memory_regions, 64,
+ABSL_FLAG(int, max_shared_memory_regions, kDefaults.shared_memory.max_regions,
           "Shared-memory regions registered at once (each holds a file descriptor).");
-ABSL_FLAG(int64_t, max_shared_memory_bytes, int64_t{64} << 30,
+ABSL_FLAG(int64_t, max_shared_memory_bytes, kDefaults.shared_memory.max_total_bytes,
           "Sum of the registered shared-memory regions' sizes (nothing is mapped; this bounds "
           "what callers may point the server at).");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain file; serves TLS when set.");
@@ -97,19 +106,6 @@ namespace {
 // (a stalled caller, a kernel ignoring cancellation): the process exits
 // anyway rather than hang past what the orchestrator allows.
 constexpr int kForcedExitCode = 3;
-
-absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(const std::string& name) {
-  const std::string v = absl::AsciiStrToLower(name);
-  if (v == "trace") return spdlog::level::trace;
-  if (v == "debug") return spdlog::level::debug;
-  if (v == "info") return spdlog::level::info;
-  if (v == "warn" || v == "warning") return spdlog::level::warn;
-  if (v == "error") return spdlog::level::err;
-  if (v == "critical") return spdlog::level::critical;
-  if (v == "off") return spdlog::level::off;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--log_level must be trace, debug, info, warn, error, critical or off, got '", name, "'"));
-}
 
 std::string VersionString() {
   return absl::StrCat("posenc-server ", POSENC_VERSION, "\n", posenc::BuildDescription(), "\n");
@@ -156,15 +152,56 @@ void LogStartup(posenc::server::Server& server, const posenc::server::ServerOpti
   const posenc::server::EngineOptions& e = server.engine().options();
   spdlog::info(
       "limits: max_message_bytes={} max_request_bytes={} max_inflight={} max_inflight_bytes={} "
-      "admission_wait_ms={} max_table_bytes={} drain_seconds={} default_backend={} "
-      "auto_gpu_min_bytes={} cpu_threads={}",
-      o.max_message_bytes, e.max_request_tensor_bytes, e.max_inflight_requests,
-      e.max_inflight_bytes, absl::ToInt64Milliseconds(e.admission_wait), e.max_table_bytes,
-      absl::GetFlag(FLAGS_drain_seconds), posenc::wire::NameOf(e.default_backend),
-      e.auto_gpu_min_bytes, server.engine().cpu()->device().threads);
+      "max_memory_bytes={} admission_wait_ms={} max_table_bytes={} drain_seconds={} "
+      "default_backend={} auto_gpu_min_bytes={} cpu_threads={}",
+      e.message_limit(), e.max_request_tensor_bytes, e.max_inflight_requests, e.max_inflight_bytes,
+      o.transport_memory_limit(), absl::ToInt64Milliseconds(e.admission_wait), e.max_table_bytes,
+      o.drain_seconds, posenc::wire::NameOf(e.default_backend), e.auto_gpu_min_bytes,
+      server.engine().cpu()->device().threads);
   const auto tables = posenc::server::ListTables(server.engine());
   spdlog::info("table_dir '{}': {} tables loaded", o.engine.table_dir, tables.tables_size());
   for (const auto& s : tables.skipped()) spdlog::warn("table skipped: {}", s);
+}
+
+// The flags as ServerOptions, validated (ServerOptions::Validate: the same
+// message whether a value came from a flag or the environment); the TLS
+// files read and checked.
+absl::StatusOr<posenc::server::ServerOptions> OptionsFromFlags() {
+  posenc::server::ServerOptions o;
+  o.listen_address = absl::GetFlag(FLAGS_listen);
+  o.log_level = absl::GetFlag(FLAGS_log_level);
+  o.log_format = absl::GetFlag(FLAGS_log_format);
+  o.slow_call_ms = absl::GetFlag(FLAGS_slow_call_ms);
+  o.drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
+  o.max_connection_age_ms = absl::GetFlag(FLAGS_max_connection_age_ms);
+  o.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
+  o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  o.models.dir = absl::GetFlag(FLAGS_model_dir);
+  o.shared_memory.enabled = absl::GetFlag(FLAGS_enable_system_shared_memory);
+  o.shared_memory.max_regions = absl::GetFlag(FLAGS_max_shared_memory_regions);
+  o.shared_memory.max_total_bytes = absl::GetFlag(FLAGS_max_shared_memory_bytes);
+  posenc::server::EngineOptions& e = o.engine;
+  e.cpu_threads = absl::GetFlag(FLAGS_threads);
+  e.max_request_tensor_bytes = absl::GetFlag(FLAGS_max_request_bytes);
+  e.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  e.max_inflight_requests = absl::GetFlag(FLAGS_max_inflight);
+  e.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  e.admission_wait = absl::Milliseconds(absl::GetFlag(FLAGS_admission_wait_ms));
+  e.table_dir = absl::GetFlag(FLAGS_table_dir);
+  e.table_dir_allow_external_symlinks = absl::GetFlag(FLAGS_table_dir_allow_external_symlinks);
+  e.max_table_bytes = absl::GetFlag(FLAGS_max_table_bytes);
+  e.enable_cuda = absl::GetFlag(FLAGS_enable_cuda);
+  e.cuda_device = absl::GetFlag(FLAGS_cuda_device);
+  e.auto_gpu_min_bytes = absl::GetFlag(FLAGS_auto_gpu_min_bytes);
+  POSENC_ASSIGN_OR_RETURN(e.default_backend,
+                          posenc::wire::Parse<posenc::BackendChoice>(
+                              "--default_backend", absl::GetFlag(FLAGS_default_backend)));
+  POSENC_RETURN_IF_ERROR(o.Validate());
+  POSENC_ASSIGN_OR_RETURN(
+      o.tls, posenc::server::LoadTlsFiles({absl::GetFlag(FLAGS_tls_cert),
+                                           absl::GetFlag(FLAGS_tls_key),
+                                           absl::GetFlag(FLAGS_tls_client_ca)}));
+  return o;
 }
 
 }  // namespace
@@ -182,53 +219,16 @@ int main(int argc, char** argv) {
   usage.contains_helpshort_flags = usage.contains_help_flags;
   usage.version_string = [] { return VersionString(); };
   absl::SetFlagsUsageConfig(usage);
-  // No fixed mmap threshold (it made every request over 1 MiB page-fault
-  // its buffers in afresh: 562 minor faults per 1 MiB RoPE call). Memory is
-  // bounded by admission instead: bytes in flight never exceed
-  // --max_inflight_bytes, so the heap is reused, not grown, and
-  // tests/memory_bound_test.cc checks the resident set against that budget.
   if (!ApplyEnvironment()) return 2;
   absl::ParseCommandLine(argc, argv);
-  // spdlog reads an unknown level as "off", which would hide even a fatal
-  // start-up error: refuse it instead.
-  const auto level = ParseLogLevel(absl::GetFlag(FLAGS_log_level));
-  if (!level.ok()) {
-    std::fprintf(stderr, "posenc-server: %s\n", std::string(level.status().message()).c_str());
+  const absl::StatusOr<posenc::server::ServerOptions> options = OptionsFromFlags();
+  if (!options.ok()) {
+    std::fprintf(stderr, "posenc-server: %s\n", std::string(options.status().message()).c_str());
     return 2;
   }
-  spdlog::set_level(*level);
-  const auto format = posenc::server::ParseLogFormat(absl::GetFlag(FLAGS_log_format));
-  if (!format.ok()) {
-    std::fprintf(stderr, "posenc-server: %s\n", std::string(format.status().message()).c_str());
-    return 2;
-  }
-  if (absl::GetFlag(FLAGS_threads) < 0) {
-    std::fprintf(stderr, "posenc-server: --threads must be >= 0 (0: every usable CPU), got %d\n",
-                 absl::GetFlag(FLAGS_threads));
-    return 2;
-  }
-  posenc::server::SetLogFormat(*format);
-  if (absl::GetFlag(FLAGS_max_memory_bytes) < 0) {
-    // gRPC would take a negative quota as no cap at all.
-    std::fprintf(stderr, "posenc-server: --max_memory_bytes must be >= 0 (0: no cap), got %lld\n",
-                 static_cast<long long>(absl::GetFlag(FLAGS_max_memory_bytes)));
-    return 2;
-  }
-  if (absl::GetFlag(FLAGS_slow_call_ms) < 0) {
-    std::fprintf(stderr, "posenc-server: --slow_call_ms must be >= 0 (0: never), got %d\n",
-                 absl::GetFlag(FLAGS_slow_call_ms));
-    return 2;
-  }
-  if (absl::GetFlag(FLAGS_max_shared_memory_regions) < 0 ||
-      absl::GetFlag(FLAGS_max_shared_memory_bytes) < 0) {
-    std::fprintf(stderr,
-                 "posenc-server: --max_shared_memory_regions and --max_shared_memory_bytes must "
-                 "be >= 0, got %d and %lld\n",
-                 absl::GetFlag(FLAGS_max_shared_memory_regions),
-                 static_cast<long long>(absl::GetFlag(FLAGS_max_shared_memory_bytes)));
-    return 2;
-  }
-  posenc::server::SetSlowCallThreshold(absl::Milliseconds(absl::GetFlag(FLAGS_slow_call_ms)));
+  const posenc::server::ServerOptions& o = *options;
+  spdlog::set_level(*posenc::server::ParseLogLevel(o.log_level));
+  posenc::server::SetLogFormat(*posenc::server::ParseLogFormat(o.log_format));
 
   // Block SIGTERM/SIGINT in every thread; one thread waits for them.
   sigset_t signals;
@@ -237,49 +237,6 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  posenc::server::ServerOptions o;
-  o.listen_address = absl::GetFlag(FLAGS_listen);
-  o.engine.max_request_tensor_bytes = absl::GetFlag(FLAGS_max_request_bytes);
-  o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  if (o.max_message_bytes == 0) o.max_message_bytes = o.engine.max_request_tensor_bytes + (4 << 20);
-  o.engine.admission_wait = absl::Milliseconds(absl::GetFlag(FLAGS_admission_wait_ms));
-  o.max_connection_age_ms = absl::GetFlag(FLAGS_max_connection_age_ms);
-  o.engine.cpu_threads = absl::GetFlag(FLAGS_threads);
-  o.engine.max_inflight_requests = absl::GetFlag(FLAGS_max_inflight);
-  o.engine.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
-  o.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
-  o.engine.table_dir = absl::GetFlag(FLAGS_table_dir);
-  o.models.dir = absl::GetFlag(FLAGS_model_dir);
-  o.shared_memory.enabled = absl::GetFlag(FLAGS_enable_system_shared_memory);
-  o.shared_memory.max_regions = absl::GetFlag(FLAGS_max_shared_memory_regions);
-  o.shared_memory.max_total_bytes = absl::GetFlag(FLAGS_max_shared_memory_bytes);
-  o.engine.table_dir_allow_external_symlinks =
-      absl::GetFlag(FLAGS_table_dir_allow_external_symlinks);
-  o.engine.max_table_bytes = absl::GetFlag(FLAGS_max_table_bytes);
-  o.engine.enable_cuda = absl::GetFlag(FLAGS_enable_cuda);
-  o.engine.cuda_device = absl::GetFlag(FLAGS_cuda_device);
-  o.engine.auto_gpu_min_bytes = absl::GetFlag(FLAGS_auto_gpu_min_bytes);
-  auto backend = posenc::wire::Parse<posenc::BackendChoice>("--default_backend",
-                                                            absl::GetFlag(FLAGS_default_backend));
-  if (backend.ok() && *backend == posenc::BackendChoice::kDefault) {
-    backend =
-        absl::InvalidArgumentError("--default_backend must be auto, cpu or cuda; got 'default'");
-  }
-  if (!backend.ok()) {
-    spdlog::critical("{}", std::string(backend.status().message()));
-    return 2;
-  }
-  o.engine.default_backend = *backend;
-
-  o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  auto tls =
-      posenc::server::LoadTlsFiles({absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
-                                    absl::GetFlag(FLAGS_tls_client_ca)});
-  if (!tls.ok()) {
-    spdlog::critical("cannot start: {}", std::string(tls.status().message()));
-    return 2;
-  }
-  o.tls = *std::move(tls);
   auto server = posenc::server::Server::Start(o);
   if (!server.ok()) {
     spdlog::critical("cannot start: {}", server.status().ToString());
@@ -300,7 +257,7 @@ int main(int argc, char** argv) {
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&signals, &sig);
-    const int drain = absl::GetFlag(FLAGS_drain_seconds);
+    const int drain = o.drain_seconds;
     spdlog::info("signal {}: draining ({} requests in flight, up to {}s)", sig,
                  (*server)->engine().inflight(), drain);
     // Drain, then end the process without stopping gRPC's transport first:

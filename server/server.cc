@@ -13,20 +13,17 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "posenc/status_macros.h"
+#include "rpc/call_log.h"
 #include "spdlog/spdlog.h"
 
 namespace posenc::server {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  POSENC_RETURN_IF_ERROR(options.Validate());
   std::unique_ptr<Server> s(new Server());
-  if (options.max_message_bytes <= 0 || options.max_message_bytes > INT32_MAX) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max_message_bytes must be in [1, 2^31 - 1] (gRPC's limit), got ",
-                     options.max_message_bytes));
-  }
-  EngineOptions engine_options = options.engine;
-  engine_options.max_message_bytes = options.max_message_bytes;
-  POSENC_ASSIGN_OR_RETURN(s->engine_, Engine::Create(engine_options));
+  SetSlowCallThreshold(absl::Milliseconds(options.slow_call_ms));
+  POSENC_ASSIGN_OR_RETURN(s->engine_, Engine::Create(options.engine));
+  const int64_t max_message_bytes = options.engine.message_limit();
   if (!options.metrics_listen.empty()) {
     POSENC_ASSIGN_OR_RETURN(s->metrics_, Metrics::Start(options.metrics_listen, s->engine_.get()));
   }
@@ -37,7 +34,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   s->kserve_ =
       std::make_unique<KServeService>(s->engine_.get(), options.models, options.shared_memory);
   s->router_ = std::make_unique<CallRouter>(CallRouterOptions{
-      s->engine_.get(), s->metrics_.get(), s->executor_.get(), options.max_message_bytes});
+      s->engine_.get(), s->metrics_.get(), s->executor_.get(), max_message_bytes});
   s->router_->Add(s->v1_->Methods());
   s->router_->Add(s->kserve_->Methods());
   s->reflection_v1_ = std::make_unique<ReflectionV1Service>();
@@ -64,18 +61,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   // A second server on the same port must fail, not silently share its
   // traffic (gRPC sets SO_REUSEPORT by default).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  if (options.max_memory_bytes > 0) {
-    grpc::ResourceQuota quota("posenc");
-    quota.Resize(options.max_memory_bytes);
-    builder.SetResourceQuota(quota);
-  }
-  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  grpc::ResourceQuota quota("posenc");
+  quota.Resize(static_cast<size_t>(options.transport_memory_limit()));
+  builder.SetResourceQuota(quota);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(max_message_bytes));
   // No BDP probing: it grows every stream's flow-control window to several
   // MiB, so the bodies of calls still waiting for admission would be pulled
   // into memory anyway (measured: 16 waiting 48 MiB calls took the server to
   // 708 MiB). A call that reads still gets a window as large as its message.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(max_message_bytes));
   if (options.max_connection_age_ms > 0) {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, options.max_connection_age_ms);
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, 30000);

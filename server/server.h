@@ -22,6 +22,7 @@
 #include "rpc/metrics.h"
 #include "rpc/reflection_v1.h"
 #include "rpc/tls_files.h"
+#include "server_options.h"
 #include "v1/service.h"
 
 namespace posenc::server {
@@ -30,30 +31,6 @@ namespace posenc::server {
 // overall "" and the API's own name) turns NOT_SERVING when draining starts.
 inline constexpr char kLivenessService[] = "liveness";
 inline constexpr char kReadinessService[] = "posenc.v1.PositionalEncoding";
-
-struct ServerOptions {
-  std::string listen_address = "0.0.0.0:50051";  // port 0 picks a free port
-  // The transport's limit on one message, either way (gRPC's own default is
-  // 4 MiB; tensors need more). Each call reserves this much of the engine's
-  // max_inflight_bytes before reading its request. At most 2 GiB - 1.
-  int64_t max_message_bytes = (int64_t{64} << 20) + (4 << 20);
-  // Close connections after this long so clients re-resolve DNS; 0 = never.
-  int max_connection_age_ms = 0;
-  TlsOptions tls;
-  // Threads that compute admitted requests (0: every hardware thread, at
-  // least 2); each request's kernels also use the CPU backend's pool.
-  int request_threads = 0;
-  // Memory the transport may use for calls (gRPC ResourceQuota); 0 = no cap.
-  int64_t max_memory_bytes = 0;
-  // Prometheus /metrics address ("" = none; port 0 picks one).
-  std::string metrics_listen;
-  // The KServe v2 model repository (kserve_model_registry.h): one JSON file
-  // per model; empty: built-in models only.
-  kserve::ModelRepositoryOptions models;
-  // The KServe v2 system shared-memory extension (off by default).
-  SharedMemoryOptions shared_memory;
-  EngineOptions engine;
-};
 
 class Server {
  public:

@@ -39,23 +39,7 @@ Engine::Engine(const EngineOptions& options)
                                   options.admission_wait}) {}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
-  if (options.max_inflight_requests <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max_inflight must be > 0, got ", options.max_inflight_requests));
-  }
-  if (options.max_request_tensor_bytes <= 0 || options.max_message_bytes <= 0) {
-    return absl::InvalidArgumentError("--max_request_bytes and --max_message_bytes must be > 0");
-  }
-  // The largest call holds its message twice: read and parsed, then the
-  // answer and its serialised copy.
-  if (options.max_inflight_bytes / 2 < options.max_message_bytes ||
-      options.max_inflight_bytes / 2 < options.max_request_tensor_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max_inflight_bytes (", options.max_inflight_bytes,
-                     ") must be at least twice --max_message_bytes (", options.max_message_bytes,
-                     ") and --max_request_bytes (", options.max_request_tensor_bytes,
-                     "): a call holds its message twice, parsed and serialised"));
-  }
+  POSENC_RETURN_IF_ERROR(options.Validate());
   std::unique_ptr<Engine> e(new Engine(options));
   e->cpu_ = CreateCpuBackend(options.cpu_threads);
   if (options.enable_cuda) {
@@ -74,6 +58,42 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   }
   e->tables_.Reload();
   return e;
+}
+
+absl::Status EngineOptions::Validate() const {
+  const auto out_of_range = [](absl::string_view flag, auto value, absl::string_view expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " must be ", expected, ", got ", value));
+  };
+  if (cpu_threads < 0) return out_of_range("--threads", cpu_threads, ">= 0 (0: every usable CPU)");
+  if (cuda_device < 0) return out_of_range("--cuda_device", cuda_device, ">= 0");
+  if (auto_gpu_min_bytes < 0) return out_of_range("--auto_gpu_min_bytes", auto_gpu_min_bytes, ">= 0");
+  if (default_backend == BackendChoice::kDefault) {
+    return absl::InvalidArgumentError("--default_backend must be auto, cpu or cuda; got 'default'");
+  }
+  if (max_request_tensor_bytes <= 0) {
+    return out_of_range("--max_request_bytes", max_request_tensor_bytes, "> 0");
+  }
+  // gRPC takes its message limits as int.
+  if (max_message_bytes < 0 || message_limit() > INT32_MAX) {
+    return out_of_range("--max_message_bytes", message_limit(),
+                        "in [1, 2^31 - 1] (gRPC's limit; 0: --max_request_bytes + 4 MiB)");
+  }
+  if (max_inflight_requests <= 0) return out_of_range("--max_inflight", max_inflight_requests, "> 0");
+  // The largest call holds its message twice: read and parsed, then the
+  // answer and its serialised copy.
+  if (max_inflight_bytes / 2 < message_limit() || max_inflight_bytes / 2 < max_request_tensor_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_inflight_bytes (", max_inflight_bytes,
+                     ") must be at least twice --max_message_bytes (", message_limit(),
+                     ") and --max_request_bytes (", max_request_tensor_bytes,
+                     "): a call holds its message twice, parsed and serialised"));
+  }
+  if (admission_wait < absl::ZeroDuration()) {
+    return out_of_range("--admission_wait_ms", absl::ToInt64Milliseconds(admission_wait), ">= 0");
+  }
+  if (max_table_bytes < 0) return out_of_range("--max_table_bytes", max_table_bytes, ">= 0");
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Engine::Admission> Engine::Admit(int64_t tensor_bytes) {
@@ -159,10 +179,10 @@ absl::Status Engine::CheckAnswerSize(int64_t tensor_bytes, int64_t message_bytes
         absl::StrCat(what, " would be ", tensor_bytes, " bytes, over the server's limit of ",
                      options_.max_request_tensor_bytes, " bytes (--max_request_bytes)"));
   }
-  if (message_bytes > options_.max_message_bytes) {
+  if (message_bytes > options_.message_limit()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the answer would be a ", message_bytes, "-byte message, over the transport's limit of ",
-        options_.max_message_bytes, " bytes (--max_message_bytes); send less per call"));
+        options_.message_limit(), " bytes (--max_message_bytes); send less per call"));
   }
   return absl::OkStatus();
 }
@@ -172,7 +192,6 @@ absl::StatusOr<std::string> Engine::ApplyRope(const RopeOptions& options, RopeTe
   std::string served;
   POSENC_RETURN_IF_ERROR(NoThrow([&]() -> absl::Status {
     const int64_t tensor_bytes = t.query.nbytes + t.key.nbytes;
-    POSENC_RETURN_IF_ERROR(CheckRequestSize(tensor_bytes));
     // The caller's buffers become the answer; its admission holds them and
     // their serialised copy already. The plan is new.
     POSENC_ASSIGN_OR_RETURN(RopePlan plan, PlanRope(options, t, [&](const PlanCost& c) {
@@ -196,7 +215,6 @@ absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTenso
   std::string served;
   POSENC_RETURN_IF_ERROR(NoThrow([&]() -> absl::Status {
     const int64_t tensor_bytes = t.x.nbytes;
-    POSENC_RETURN_IF_ERROR(CheckRequestSize(tensor_bytes));
     if (o.kind == AbsoluteOptions::Kind::kLearned) {
       POSENC_ASSIGN_OR_RETURN(o.table, tables_.Find(o.table_name));
     }
@@ -220,7 +238,6 @@ absl::StatusOr<Produced> Engine::EncodingTable(AbsoluteOptions o, int64_t dim, i
                                                std::string* out, const CallEnv& env) {
   Produced produced;
   POSENC_RETURN_IF_ERROR(NoThrow([&]() -> absl::Status {
-    POSENC_RETURN_IF_ERROR(CheckRequestSize(static_cast<int64_t>(positions.nbytes)));
     if (o.kind == AbsoluteOptions::Kind::kLearned) {
       POSENC_ASSIGN_OR_RETURN(o.table, tables_.Find(o.table_name));
       if (dim == 0) dim = o.table->dim;
@@ -256,8 +273,6 @@ absl::StatusOr<Produced> Engine::AttentionBias(const BiasOptions& o, MutableTens
   Produced produced;
   POSENC_RETURN_IF_ERROR(NoThrow([&]() -> absl::Status {
     const bool has_logits = logits.present();
-    POSENC_RETURN_IF_ERROR(CheckRequestSize(
-        static_cast<int64_t>(logits.nbytes + o.k_lens.nbytes + o.k_starts.nbytes)));
     POSENC_ASSIGN_OR_RETURN(
         BiasPlan plan, PlanAttentionBias(o, logits.view(), [&](const PlanCost& c) -> absl::Status {
           // The answer: the bias (new, or the logits it was added to) and

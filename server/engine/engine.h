@@ -21,6 +21,12 @@
 
 namespace posenc::server {
 
+// Room a message needs besides its tensor bytes (descriptors, ids, options):
+// the default transport limit is the request limit plus this.
+inline constexpr int64_t kMessageSlackBytes = int64_t{4} << 20;
+
+// The engine's limits and settings; each default here is the one posenc-server
+// documents (its flags take them from a default-constructed EngineOptions).
 struct EngineOptions {
   BackendChoice default_backend = BackendChoice::kAuto;
   int cpu_threads = 0;  // 0: every hardware thread
@@ -43,9 +49,18 @@ struct EngineOptions {
   // Table repository safeguards (table_repository.h).
   bool table_dir_allow_external_symlinks = false;
   int64_t max_table_bytes = int64_t{2} << 30;
-  // The transport's limit on one message: answers larger than this are
-  // refused before they are computed (the transport would drop them).
-  int64_t max_message_bytes = (int64_t{64} << 20) + (4 << 20);
+  // The transport's limit on one message (--max_message_bytes): answers
+  // larger than this are refused before they are computed (the transport
+  // would drop them). 0: max_request_tensor_bytes + kMessageSlackBytes.
+  int64_t max_message_bytes = 0;
+
+  // max_message_bytes, or what 0 stands for.
+  int64_t message_limit() const {
+    return max_message_bytes > 0 ? max_message_bytes
+                                 : max_request_tensor_bytes + kMessageSlackBytes;
+  }
+  // INVALID_ARGUMENT naming the flag of the first value out of range.
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 // What a call brings besides its operands.
@@ -80,7 +95,10 @@ class Engine {
   // --max_inflight or --max_inflight_bytes.
   [[nodiscard]] absl::StatusOr<Admission> Admit(int64_t tensor_bytes);
   AdmissionControl& admission() { return admission_; }
-  // RESOURCE_EXHAUSTED when a request's tensors exceed --max_request_bytes.
+  // The request-size limit, in one place: RESOURCE_EXHAUSTED when the tensor
+  // bytes a request carries (in its message, or in shared memory it names)
+  // exceed --max_request_bytes. Each front checks it once, as soon as it
+  // has parsed a request and before any tensor is read or planned.
   [[nodiscard]] absl::Status CheckRequestSize(int64_t tensor_bytes) const;
 
   // The operations, on an admitted call. Each returns the backend that ran

@@ -29,32 +29,19 @@ size_t Utf8SequenceAt(absl::string_view s, size_t i) {
   return n;
 }
 
-std::string ValidUtf8(absl::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size();) {
-    const size_t n = Utf8SequenceAt(s, i);
-    if (n == 0) {
-      out += "\xef\xbf\xbd";  // U+FFFD
-      ++i;
-    } else {
-      out.append(s.data() + i, n);
-      i += n;
-    }
-  }
-  return out;
-}
+std::string ValidUtf8(absl::string_view s) { return Utf8Prefix(s, s.size() * 3); }
 
 std::string Utf8Prefix(absl::string_view s, size_t max_bytes) {
-  if (s.size() > max_bytes) {
-    size_t cut = max_bytes;
-    // Back over the continuation bytes of a character the cut would split.
-    while (cut > 0 && cut > max_bytes - 3 && (static_cast<unsigned char>(s[cut]) & 0xc0) == 0x80) {
-      --cut;
-    }
-    s = s.substr(0, cut);
+  static constexpr absl::string_view kReplacement = "\xef\xbf\xbd";  // U+FFFD
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = Utf8SequenceAt(s, i);
+    const absl::string_view piece = n == 0 ? kReplacement : s.substr(i, n);
+    if (out.size() + piece.size() > max_bytes) break;
+    out.append(piece.data(), piece.size());
+    i += n == 0 ? 1 : n;
   }
-  return ValidUtf8(s);
+  return out;
 }
 
 }  // namespace posenc::server

@@ -21,7 +21,7 @@ size_t Utf8SequenceAt(absl::string_view s, size_t i);
 // `s` with each byte that starts no well-formed sequence replaced by U+FFFD.
 std::string ValidUtf8(absl::string_view s);
 
-// `s` cut to at most `max_bytes` without splitting a character, made valid.
+// `s` made valid, cut to at most `max_bytes` without splitting a character.
 std::string Utf8Prefix(absl::string_view s, size_t max_bytes);
 
 }  // namespace posenc::server

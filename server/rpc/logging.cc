@@ -45,6 +45,19 @@ class JsonFormatter final : public spdlog::formatter {
 
 }  // namespace
 
+absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(absl::string_view name) {
+  const std::string v = absl::AsciiStrToLower(name);
+  if (v == "trace") return spdlog::level::trace;
+  if (v == "debug") return spdlog::level::debug;
+  if (v == "info") return spdlog::level::info;
+  if (v == "warn" || v == "warning") return spdlog::level::warn;
+  if (v == "error") return spdlog::level::err;
+  if (v == "critical") return spdlog::level::critical;
+  if (v == "off") return spdlog::level::off;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--log_level must be trace, debug, info, warn, error, critical or off, got '", name, "'"));
+}
+
 absl::StatusOr<LogFormat> ParseLogFormat(absl::string_view name) {
   const std::string v = absl::AsciiStrToLower(name);
   if (v == "text") return LogFormat::kText;

@@ -22,6 +22,11 @@ namespace posenc::server {
 
 enum class LogFormat { kText, kJson };
 
+// trace, debug, info, warn(ing), error, critical or off (any case);
+// otherwise INVALID_ARGUMENT naming --log_level. (spdlog reads an unknown
+// name as "off", which would hide even a fatal start-up error.)
+[[nodiscard]] absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(absl::string_view name);
+
 // "text" or "json" (any case); otherwise INVALID_ARGUMENT naming --log_format.
 [[nodiscard]] absl::StatusOr<LogFormat> ParseLogFormat(absl::string_view name);
 

@@ -200,7 +200,7 @@ v1::ServerInfo GetServerInfo(const Engine& engine) {
   add(engine.cuda(), BackendChoice::kCuda);
   info.set_default_backend(wire::ToProto(options.default_backend));
   v1::Limits* limits = info.mutable_limits();
-  limits->set_max_message_bytes(options.max_message_bytes);
+  limits->set_max_message_bytes(options.message_limit());
   limits->set_max_request_tensor_bytes(options.max_request_tensor_bytes);
   limits->set_max_inflight_requests(options.max_inflight_requests);
   limits->set_max_inflight_bytes(options.max_inflight_bytes);

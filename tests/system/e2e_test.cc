@@ -38,7 +38,7 @@ class EndToEnd : public ::testing::Test {
 
     server::ServerOptions o;
     o.listen_address = "127.0.0.1:0";
-    o.max_message_bytes = 8 << 20;
+    o.engine.max_message_bytes = 8 << 20;
     o.engine.max_request_tensor_bytes = 6 << 20;
     o.engine.table_dir = *table_dir_;
     o.engine.cpu_threads = 2;

@@ -29,7 +29,6 @@ std::unique_ptr<server::Server> StartServer(int64_t max_message_bytes, int64_t b
                                             absl::Duration admission_wait) {
   server::ServerOptions o;
   o.listen_address = "127.0.0.1:0";
-  o.max_message_bytes = max_message_bytes;
   o.request_threads = kRequestThreads;
   o.engine.max_request_tensor_bytes = max_message_bytes - (64 << 10);
   o.engine.max_message_bytes = max_message_bytes;

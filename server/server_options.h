@@ -1,0 +1,59 @@
+// Everything a posenc server is started with, each default in one place
+// (posenc-server's flags take theirs from a default-constructed
+// ServerOptions), and the one Validate() every value goes through, whether
+// it came from a flag, the environment or code.
+#ifndef POSENC_SERVER_SERVER_OPTIONS_H_
+#define POSENC_SERVER_SERVER_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "engine/engine.h"
+#include "engine/shared_memory_registry.h"
+#include "kserve/model_registry.h"
+#include "rpc/tls_files.h"
+
+namespace posenc::server {
+
+struct ServerOptions {
+  std::string listen_address = "0.0.0.0:50051";  // port 0 picks a free port
+  // Close connections after this long so clients re-resolve DNS; 0 = never.
+  int max_connection_age_ms = 0;
+  TlsOptions tls;
+  // Threads that compute admitted requests (0: every usable CPU, at least
+  // 2); each request's kernels also use the CPU backend's pool.
+  int request_threads = 0;
+  // Memory gRPC's transport may hold (its ResourceQuota); 0: the budget
+  // (transport_memory_limit()). gRPC (1.51) receives a message whole before
+  // it checks --max_message_bytes (grpc/grpc#43012), on any method and
+  // before admission sees the call, so only this bounds an oversized one.
+  int64_t max_memory_bytes = 0;
+  // Prometheus /metrics address ("" = none; port 0 picks one).
+  std::string metrics_listen;
+  // Calls slower than this from arrival to answer are logged; 0 = never.
+  int slow_call_ms = 1000;
+  // How long calls in flight may take to finish once a drain starts.
+  int drain_seconds = 20;
+  std::string log_level = "info";
+  std::string log_format = "text";
+  // The KServe v2 model repository (kserve/model_registry.h): one JSON file
+  // per model; empty: built-in models only.
+  kserve::ModelRepositoryOptions models;
+  // The KServe v2 system shared-memory extension (off by default).
+  SharedMemoryOptions shared_memory;
+  EngineOptions engine;
+
+  // max_memory_bytes, or what 0 stands for: the budget of calls in flight
+  // plus one largest message twice over (one arriving past the limit, one
+  // being refused), so that admitted work never meets the quota.
+  int64_t transport_memory_limit() const;
+
+  // OK, or INVALID_ARGUMENT naming the flag of the first value out of range
+  // and what it must be.
+  [[nodiscard]] absl::Status Validate() const;
+};
+
+}  // namespace posenc::server
+
+#endif  // POSENC_SERVER_SERVER_OPTIONS_H_
