@@ -1,4 +1,5 @@
 #include "kserve/infer.h"
+#include "engine/utf8.h"
 
 #include <cstring>
 #include <optional>
@@ -27,7 +28,7 @@ class InputSet {
         std::vector<std::string> names;
         for (const TensorSpec& t : model.inputs) names.push_back(t.name);
         return absl::InvalidArgumentError(absl::StrCat(
-            "model ", model.name, " has no input \"", absl::string_view(in.name).substr(0, 64),
+            "model ", model.name, " has no input \"", Utf8Prefix(in.name, 64),
             "\"; its inputs are ", absl::StrJoin(names, ", ")));
       }
     }
@@ -71,7 +72,7 @@ class OutputSet {
     OutputSet s;
     for (const auto& out : req.outputs()) {
       const std::string field =
-          absl::StrCat("requested output \"", absl::string_view(out.name()).substr(0, 64), "\"");
+          absl::StrCat("requested output \"", Utf8Prefix(out.name(), 64), "\"");
       if (FindOutput(model, out.name()) == nullptr) {
         std::vector<std::string> names;
         for (const TensorSpec& t : model.outputs) names.push_back(t.name);

@@ -1,4 +1,5 @@
 #include "kserve/model_file.h"
+#include "engine/utf8.h"
 
 #include <algorithm>
 #include <cmath>
@@ -40,7 +41,7 @@ absl::Status Invalid(absl::string_view key, absl::string_view want, absl::string
 }
 
 std::string Shorten(absl::string_view s) {
-  return s.size() > 64 ? absl::StrCat(s.substr(0, 64), "...") : std::string(s);
+  return s.size() > 64 ? absl::StrCat(Utf8Prefix(s, 64), "...") : std::string(s);
 }
 
 std::string KindOf(const Value& v) {

@@ -1,4 +1,5 @@
 #include "kserve/model_registry.h"
+#include "engine/utf8.h"
 
 #include <algorithm>
 #include <exception>
@@ -106,7 +107,7 @@ absl::StatusOr<std::shared_ptr<const Model>> ModelSet::Find(absl::string_view na
     if (!version.empty() && version != kModelVersion) {
       return absl::InvalidArgumentError(absl::StrCat("model ", name, " has only version ",
                                                      kModelVersion, ", got version \"",
-                                                     version.substr(0, 32), "\""));
+                                                     Utf8Prefix(version, 32), "\""));
     }
     return m;
   }
@@ -116,7 +117,7 @@ absl::StatusOr<std::shared_ptr<const Model>> ModelSet::Find(absl::string_view na
   if (const SkippedModel* s = FindSkipped(name); s != nullptr) {
     why = absl::StrCat(" (its file did not load: ", s->reason, ")");
   }
-  return absl::NotFoundError(absl::StrCat("no model \"", name.substr(0, 64), "\"", why,
+  return absl::NotFoundError(absl::StrCat("no model \"", Utf8Prefix(name, 64), "\"", why,
                                           "; the models are ", absl::StrJoin(names, ", ")));
 }
 

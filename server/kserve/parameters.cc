@@ -1,4 +1,5 @@
 #include "kserve/parameters.h"
+#include "engine/utf8.h"
 
 #include <algorithm>
 #include <cmath>
@@ -33,7 +34,7 @@ std::string KindOf(const InferParameter& p) {
     case InferParameter::kDoubleParam:
       return absl::StrCat("double ", p.double_param());
     case InferParameter::kStringParam:
-      return absl::StrCat("string \"", p.string_param().substr(0, 64),
+      return absl::StrCat("string \"", Utf8Prefix(p.string_param(), 64),
                           p.string_param().size() > 64 ? "...\"" : "\"");
     case InferParameter::PARAMETER_CHOICE_NOT_SET:
       break;
@@ -151,7 +152,7 @@ absl::Status ParameterReader::Doubles(absl::string_view name, std::vector<double
     if (!absl::SimpleAtod(absl::StripAsciiWhitespace(item), &v) || !std::isfinite(v)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "parameter \"", name, "\" must be finite numbers separated by commas, got the item \"",
-          item.substr(0, 64), "\""));
+          Utf8Prefix(item, 64), "\""));
     }
     out->push_back(v);
   }
@@ -168,7 +169,7 @@ absl::Status ParameterReader::Ints(absl::string_view name, std::vector<int64_t>*
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(item), &v)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "parameter \"", name, "\" must be integers separated by commas, got the item \"",
-          item.substr(0, 64), "\""));
+          Utf8Prefix(item, 64), "\""));
     }
     out->push_back(v);
   }
@@ -196,7 +197,7 @@ absl::Status ParameterReader::Finish(absl::string_view model) const {
     std::sort(known.begin(), known.end());
     known.erase(std::unique(known.begin(), known.end()), known.end());
     return absl::InvalidArgumentError(absl::StrCat("model ", model, " has no parameter \"",
-                                                   name.substr(0, 64), "\"; it reads ",
+                                                   Utf8Prefix(name, 64), "\"; it reads ",
                                                    absl::StrJoin(known, ", ")));
   }
   return absl::OkStatus();

@@ -1,4 +1,5 @@
 #include "kserve/shared_memory.h"
+#include "engine/utf8.h"
 
 #include "absl/strings/str_cat.h"
 #include "posenc/status_macros.h"
@@ -16,7 +17,7 @@ absl::StatusOr<std::optional<ShmRef>> ShmRefOf(absl::string_view field,
     for (const auto& [name, value] : parameters) {
       if (name != kShmRegion && name != kShmByteSize && name != kShmOffset) {
         return absl::InvalidArgumentError(absl::StrCat(
-            field, " has the parameter \"", absl::string_view(name).substr(0, 64),
+            field, " has the parameter \"", Utf8Prefix(name, 64),
             "\"; posenc's outputs take only shared_memory_region, shared_memory_byte_size and "
             "shared_memory_offset"));
       }
@@ -42,7 +43,7 @@ absl::StatusOr<std::optional<ShmRef>> ShmRefOf(absl::string_view field,
   if (absl::Status s = reader.Int(kShmOffset, &offset); !s.ok()) return in_field(s);
   if (!byte_size.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(field, " names shared_memory_region \"",
-                                                   absl::string_view(region).substr(0, 64),
+                                                   Utf8Prefix(region, 64),
                                                    "\" without shared_memory_byte_size"));
   }
   ShmRef ref;

@@ -1,4 +1,5 @@
 #include "kserve/tensors.h"
+#include "engine/utf8.h"
 
 #include <cstring>
 
@@ -69,7 +70,7 @@ absl::StatusOr<DType> DTypeOf(absl::string_view field, absl::string_view datatyp
   }
   return absl::InvalidArgumentError(
       absl::StrCat(field, ": datatype must be one of FP32, FP16, BF16, INT32, INT64, got \"",
-                   datatype.substr(0, 32), "\""));
+                   Utf8Prefix(datatype, 32), "\""));
 }
 
 const char* DatatypeOf(DType dtype) {
@@ -97,7 +98,7 @@ absl::StatusOr<ShmInputs> ShmInputsOf(const inference::ModelInferRequest& req,
   for (int i = 0; i < req.inputs_size(); ++i) {
     const auto& in = req.inputs(i);
     const std::string field =
-        absl::StrCat("input ", i, " (\"", absl::string_view(in.name()).substr(0, 64), "\")");
+        absl::StrCat("input ", i, " (\"", Utf8Prefix(in.name(), 64), "\")");
     POSENC_ASSIGN_OR_RETURN(std::optional<ShmRef> ref,
                             ShmRefOf(field, in.parameters(), registry, /*only_shm=*/false));
     // Each lies within a region of at most 2^63-1 bytes; saturate the sum.
@@ -127,7 +128,7 @@ absl::StatusOr<std::vector<Input>> TakeInputs(inference::ModelInferRequest* req,
   for (int i = 0; i < req->inputs_size(); ++i) {
     inference::ModelInferRequest::InferInputTensor* in = req->mutable_inputs(i);
     const std::string field =
-        absl::StrCat("input ", i, " (\"", absl::string_view(in->name()).substr(0, 64), "\")");
+        absl::StrCat("input ", i, " (\"", Utf8Prefix(in->name(), 64), "\")");
     if (in->name().empty()) return absl::InvalidArgumentError(absl::StrCat(field, " has no name"));
     for (const Input& seen : inputs) {
       if (seen.name == in->name()) {
