@@ -3,9 +3,9 @@
 // posenc.v1 ApplyRope (its Method: split the tensor bytes out, parse,
 // rotate in place, serialise without a copy) against KServe v2 ModelInfer
 // (its Method: protobuf parse, rotate in place, serialise without a copy),
-// each run by RunMethod as an admitted call runs it. Alternating, median of repeated runs; one thread, CPU
-// backend. What bench/kserve_overhead.sh cannot separate on a shared
-// machine: the fronts' own cost.
+// each run by RunMethod as an admitted call runs it. Alternating, median of repeated runs; one
+// thread, CPU backend. What bench/kserve_overhead.sh cannot separate on a shared machine: the
+// fronts' own cost.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -56,8 +56,10 @@ int main(int argc, char** argv) {
   const std::vector<posenc::server::Method> v1_methods =
       posenc::server::PositionalEncodingService(engine->get()).Methods();
   const std::vector<posenc::server::Method> v2_methods = kserve.Methods();
-  for (const auto& m : v1_methods) if (m.name == "ApplyRope") fronts[0] = &m;
-  for (const auto& m : v2_methods) if (m.name == "ModelInfer") fronts[1] = &m;
+  for (const auto& m : v1_methods)
+    if (m.name == "ApplyRope") fronts[0] = &m;
+  for (const auto& m : v2_methods)
+    if (m.name == "ModelInfer") fronts[1] = &m;
   if (fronts[0] == nullptr || fronts[1] == nullptr) std::abort();
   std::printf("%-22s %12s %12s %12s %8s\n", "query (fp32)", "bytes", "v1 us", "v2 us", "v2/v1");
   const std::vector<std::vector<int64_t>> shapes = {

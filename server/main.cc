@@ -19,15 +19,15 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "rpc/logging.h"
-#include "v1/operations.h"
 #include "posenc/backend.h"
-#include "posenc/wire/enums.h"
 #include "posenc/status_macros.h"
+#include "posenc/wire/enums.h"
+#include "rpc/logging.h"
+#include "rpc/tls_files.h"
 #include "server.h"
 #include "server_options.h"
 #include "spdlog/spdlog.h"
-#include "rpc/tls_files.h"
+#include "v1/operations.h"
 
 namespace {
 // Every flag's default: the options' own (server_options.h, engine.h).
@@ -69,14 +69,17 @@ ABSL_FLAG(int64_t, max_table_bytes, kDefaults.engine.max_table_bytes,
           "float32 bytes of all learned tables loaded together; files beyond are skipped.");
 ABSL_FLAG(std::string, default_backend, "auto",
           "Backend for requests that name none: auto, cpu or cuda.");
-ABSL_FLAG(bool, enable_cuda, kDefaults.engine.enable_cuda, "Use the GPU when this build has CUDA and a device is visible.");
+ABSL_FLAG(bool, enable_cuda, kDefaults.engine.enable_cuda,
+          "Use the GPU when this build has CUDA and a device is visible.");
 ABSL_FLAG(int, cuda_device, kDefaults.engine.cuda_device, "CUDA device ordinal.");
 ABSL_FLAG(int64_t, auto_gpu_min_bytes, kDefaults.engine.auto_gpu_min_bytes,
           "AUTO sends requests of at least this many tensor bytes to the GPU.");
-ABSL_FLAG(int, drain_seconds, kDefaults.drain_seconds, "On SIGTERM, how long calls in flight may take to finish.");
+ABSL_FLAG(int, drain_seconds, kDefaults.drain_seconds,
+          "On SIGTERM, how long calls in flight may take to finish.");
 ABSL_FLAG(int, max_connection_age_ms, kDefaults.max_connection_age_ms,
           "Close client connections after this long so they re-resolve DNS (0: never).");
-ABSL_FLAG(std::string, log_level, kDefaults.log_level, "trace, debug, info, warn, error, critical or off.");
+ABSL_FLAG(std::string, log_level, kDefaults.log_level,
+          "trace, debug, info, warn, error, critical or off.");
 ABSL_FLAG(std::string, log_format, kDefaults.log_format,
           "text (one line per event for people) or json (one JSON object per line: time, level, "
           "message and fields such as method, code and request_id).");
@@ -197,10 +200,9 @@ absl::StatusOr<posenc::server::ServerOptions> OptionsFromFlags() {
                           posenc::wire::Parse<posenc::BackendChoice>(
                               "--default_backend", absl::GetFlag(FLAGS_default_backend)));
   POSENC_RETURN_IF_ERROR(o.Validate());
-  POSENC_ASSIGN_OR_RETURN(
-      o.tls, posenc::server::LoadTlsFiles({absl::GetFlag(FLAGS_tls_cert),
-                                           absl::GetFlag(FLAGS_tls_key),
-                                           absl::GetFlag(FLAGS_tls_client_ca)}));
+  POSENC_ASSIGN_OR_RETURN(o.tls, posenc::server::LoadTlsFiles(
+                                     {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                                      absl::GetFlag(FLAGS_tls_client_ca)}));
   return o;
 }
 

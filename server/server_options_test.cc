@@ -12,8 +12,7 @@ TEST(ServerOptions, DefaultsAreValidAndDerivedLimitsFollowTheBudget) {
   ServerOptions o;
   ASSERT_TRUE(o.Validate().ok()) << o.Validate();
   EXPECT_EQ(o.engine.message_limit(), o.engine.max_request_tensor_bytes + kMessageSlackBytes);
-  EXPECT_EQ(o.transport_memory_limit(),
-            o.engine.max_inflight_bytes + 2 * o.engine.message_limit());
+  EXPECT_EQ(o.transport_memory_limit(), o.engine.max_inflight_bytes + 2 * o.engine.message_limit());
   o.engine.max_message_bytes = 8 << 20;
   o.max_memory_bytes = 100 << 20;
   EXPECT_EQ(o.engine.message_limit(), 8 << 20);

@@ -62,12 +62,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
 
 absl::Status EngineOptions::Validate() const {
   const auto out_of_range = [](absl::string_view flag, auto value, absl::string_view expected) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, " must be ", expected, ", got ", value));
+    return absl::InvalidArgumentError(absl::StrCat(flag, " must be ", expected, ", got ", value));
   };
   if (cpu_threads < 0) return out_of_range("--threads", cpu_threads, ">= 0 (0: every usable CPU)");
   if (cuda_device < 0) return out_of_range("--cuda_device", cuda_device, ">= 0");
-  if (auto_gpu_min_bytes < 0) return out_of_range("--auto_gpu_min_bytes", auto_gpu_min_bytes, ">= 0");
+  if (auto_gpu_min_bytes < 0)
+    return out_of_range("--auto_gpu_min_bytes", auto_gpu_min_bytes, ">= 0");
   if (default_backend == BackendChoice::kDefault) {
     return absl::InvalidArgumentError("--default_backend must be auto, cpu or cuda; got 'default'");
   }
@@ -79,10 +79,12 @@ absl::Status EngineOptions::Validate() const {
     return out_of_range("--max_message_bytes", message_limit(),
                         "in [1, 2^31 - 1] (gRPC's limit; 0: --max_request_bytes + 4 MiB)");
   }
-  if (max_inflight_requests <= 0) return out_of_range("--max_inflight", max_inflight_requests, "> 0");
+  if (max_inflight_requests <= 0)
+    return out_of_range("--max_inflight", max_inflight_requests, "> 0");
   // The largest call holds its message twice: read and parsed, then the
   // answer and its serialised copy.
-  if (max_inflight_bytes / 2 < message_limit() || max_inflight_bytes / 2 < max_request_tensor_bytes) {
+  if (max_inflight_bytes / 2 < message_limit() ||
+      max_inflight_bytes / 2 < max_request_tensor_bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_inflight_bytes (", max_inflight_bytes,
                      ") must be at least twice --max_message_bytes (", message_limit(),

@@ -16,8 +16,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/admission.h"
-#include "posenc/backend.h"
 #include "engine/table_repository.h"
+#include "posenc/backend.h"
 
 namespace posenc::server {
 

@@ -17,8 +17,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "gtest/gtest.h"
 #include "engine/safetensors.h"
+#include "gtest/gtest.h"
 
 namespace posenc::server {
 namespace {

@@ -1,11 +1,11 @@
 #include "kserve/infer.h"
-#include "engine/utf8.h"
 
 #include <cstring>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/utf8.h"
 #include "kserve/parameters.h"
 #include "kserve/tensors.h"
 #include "posenc/status_macros.h"
@@ -27,9 +27,9 @@ class InputSet {
       if (FindInput(model, in.name) == nullptr) {
         std::vector<std::string> names;
         for (const TensorSpec& t : model.inputs) names.push_back(t.name);
-        return absl::InvalidArgumentError(absl::StrCat(
-            "model ", model.name, " has no input \"", Utf8Prefix(in.name, 64),
-            "\"; its inputs are ", absl::StrJoin(names, ", ")));
+        return absl::InvalidArgumentError(
+            absl::StrCat("model ", model.name, " has no input \"", Utf8Prefix(in.name, 64),
+                         "\"; its inputs are ", absl::StrJoin(names, ", ")));
       }
     }
     for (const TensorSpec& t : model.inputs) {

@@ -11,9 +11,9 @@
 
 #include "absl/status/status.h"
 #include "engine/engine.h"
+#include "engine/shared_memory_registry.h"
 #include "kserve/grpc_service.pb.h"
 #include "kserve/models.h"
-#include "engine/shared_memory_registry.h"
 
 namespace posenc::server::kserve {
 

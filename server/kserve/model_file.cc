@@ -1,5 +1,4 @@
 #include "kserve/model_file.h"
-#include "engine/utf8.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,13 +12,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "engine/repository_file.h"
+#include "engine/utf8.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "kserve/parameters.h"
 #include "posenc/status_macros.h"
 #include "posenc/wire/enums.h"
 #include "posenc/wire/hf_config.h"
-#include "engine/repository_file.h"
 
 namespace posenc::server::kserve {
 namespace {

@@ -1,5 +1,4 @@
 #include "kserve/model_registry.h"
-#include "engine/utf8.h"
 
 #include <algorithm>
 #include <exception>
@@ -9,8 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "kserve/model_file.h"
 #include "engine/repository_file.h"
+#include "engine/utf8.h"
+#include "kserve/model_file.h"
 
 namespace posenc::server::kserve {
 namespace {

@@ -1,5 +1,4 @@
 #include "kserve/parameters.h"
-#include "engine/utf8.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "engine/utf8.h"
 #include "posenc/status_macros.h"
 #include "posenc/wire/enums.h"
 #include "posenc/wire/hf_config.h"

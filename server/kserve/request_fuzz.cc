@@ -119,8 +119,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       inference::ModelStreamInferResponse sr;
       const bool parsed = stream ? Parses(answer, &sr) : Parses(answer, &r);
       if (!parsed || !WellFormed(stream ? sr.infer_response() : r)) std::abort();
-    } else if (s.code() == absl::StatusCode::kInternal ||
-               s.code() == absl::StatusCode::kUnknown) {
+    } else if (s.code() == absl::StatusCode::kInternal || s.code() == absl::StatusCode::kUnknown) {
       std::fprintf(stderr, "server fault on fuzzed input: %s\n", s.ToString().c_str());
       std::abort();
     } else if (stream) {

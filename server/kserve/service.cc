@@ -19,24 +19,12 @@ namespace {
 
 using inference::ModelReadyRequest;
 
-template <typename Request, typename Response>
-Method Control(const char* name,
-               std::function<absl::Status(MethodCall&, const Request&, Response*)> work,
-               Method::Kind kind = Method::Kind::kControl) {
-  Method m;
-  m.service = kKServeService;
-  m.name = name;
-  m.kind = kind;
-  m.run = Answering<Request, Response>(std::move(work));
-  return m;
-}
-
 bool ServerReadyNow(const Engine& engine) { return !engine.draining() && engine.Ready().ok(); }
 
 absl::Status NoSuchRepository(const std::string& name) {
-  return absl::NotFoundError(absl::StrCat(
-      "no repository \"", Utf8Prefix(name, 64),
-      "\"; posenc has one (repository_name \"\"): built-in models and --model_dir"));
+  return absl::NotFoundError(
+      absl::StrCat("no repository \"", Utf8Prefix(name, 64),
+                   "\"; posenc has one (repository_name \"\"): built-in models and --model_dir"));
 }
 
 }  // namespace
@@ -67,18 +55,20 @@ std::vector<Method> KServeService::Methods() {
 std::vector<Method> KServeService::ControlMethods() {
   using namespace inference;  // NOLINT: the protocol's message names, many
   std::vector<Method> m;
-  m.push_back(Control<ServerLiveRequest, ServerLiveResponse>(
-      "ServerLive", [](MethodCall&, const ServerLiveRequest&, ServerLiveResponse* resp) {
+  m.push_back(ControlMethod<ServerLiveRequest, ServerLiveResponse>(
+      kKServeService, "ServerLive",
+      [](MethodCall&, const ServerLiveRequest&, ServerLiveResponse* resp) {
         resp->set_live(true);
         return absl::OkStatus();
       }));
-  m.push_back(Control<ServerReadyRequest, ServerReadyResponse>(
-      "ServerReady", [this](MethodCall&, const ServerReadyRequest&, ServerReadyResponse* resp) {
+  m.push_back(ControlMethod<ServerReadyRequest, ServerReadyResponse>(
+      kKServeService, "ServerReady",
+      [this](MethodCall&, const ServerReadyRequest&, ServerReadyResponse* resp) {
         resp->set_ready(ServerReadyNow(*engine_));
         return absl::OkStatus();
       }));
-  m.push_back(Control<ModelReadyRequest, ModelReadyResponse>(
-      "ModelReady",
+  m.push_back(ControlMethod<ModelReadyRequest, ModelReadyResponse>(
+      kKServeService, "ModelReady",
       [this](MethodCall&, const ModelReadyRequest& req, ModelReadyResponse* resp) -> absl::Status {
         std::shared_ptr<const kserve::ModelSet> set = models_.Snapshot();
         absl::StatusOr<std::shared_ptr<const kserve::Model>> model =
@@ -93,8 +83,8 @@ std::vector<Method> KServeService::ControlMethods() {
         resp->set_ready(ServerReadyNow(*engine_));
         return absl::OkStatus();
       }));
-  m.push_back(Control<ServerMetadataRequest, ServerMetadataResponse>(
-      "ServerMetadata",
+  m.push_back(ControlMethod<ServerMetadataRequest, ServerMetadataResponse>(
+      kKServeService, "ServerMetadata",
       [this](MethodCall&, const ServerMetadataRequest&, ServerMetadataResponse* resp) {
         resp->set_name("posenc");
         resp->set_version(POSENC_VERSION);
@@ -105,35 +95,36 @@ std::vector<Method> KServeService::ControlMethods() {
         if (shared_memory_.enabled()) resp->add_extensions("system_shared_memory");
         return absl::OkStatus();
       }));
-  m.push_back(Control<ModelMetadataRequest, ModelMetadataResponse>(
-      "ModelMetadata",
+  m.push_back(ControlMethod<ModelMetadataRequest, ModelMetadataResponse>(
+      kKServeService, "ModelMetadata",
       [this](MethodCall&, const ModelMetadataRequest& req,
              ModelMetadataResponse* resp) -> absl::Status {
         POSENC_ASSIGN_OR_RETURN(auto model, models_.Snapshot()->Find(req.name(), req.version()));
         *resp = kserve::MetadataOf(*model);
         return absl::OkStatus();
       }));
-  m.push_back(Control<ModelConfigRequest, ModelConfigResponse>(
-      "ModelConfig",
+  m.push_back(ControlMethod<ModelConfigRequest, ModelConfigResponse>(
+      kKServeService, "ModelConfig",
       [this](MethodCall&, const ModelConfigRequest& req,
              ModelConfigResponse* resp) -> absl::Status {
         POSENC_ASSIGN_OR_RETURN(auto model, models_.Snapshot()->Find(req.name(), req.version()));
         *resp->mutable_config() = kserve::ConfigOf(*model);
         return absl::OkStatus();
       }));
-  m.push_back(Control<ModelStatisticsRequest, ModelStatisticsResponse>(
-      "ModelStatistics",
+  m.push_back(ControlMethod<ModelStatisticsRequest, ModelStatisticsResponse>(
+      kKServeService, "ModelStatistics",
       [this](MethodCall&, const ModelStatisticsRequest& req,
              ModelStatisticsResponse* resp) -> absl::Status {
         std::shared_ptr<const kserve::ModelSet> set = models_.Snapshot();
-        if (!req.name().empty()) POSENC_RETURN_IF_ERROR(set->Find(req.name(), req.version()).status());
+        if (!req.name().empty())
+          POSENC_RETURN_IF_ERROR(set->Find(req.name(), req.version()).status());
         std::vector<std::string> names;
         for (const auto& model : set->models()) names.push_back(model->name);
         statistics_.Fill(req.name(), names, resp);
         return absl::OkStatus();
       }));
-  m.push_back(Control<RepositoryIndexRequest, RepositoryIndexResponse>(
-      "RepositoryIndex",
+  m.push_back(ControlMethod<RepositoryIndexRequest, RepositoryIndexResponse>(
+      kKServeService, "RepositoryIndex",
       [this](MethodCall&, const RepositoryIndexRequest& req,
              RepositoryIndexResponse* resp) -> absl::Status {
         if (!req.repository_name().empty()) return NoSuchRepository(req.repository_name());
@@ -155,8 +146,8 @@ std::vector<Method> KServeService::ControlMethods() {
       }));
   // Rescans --model_dir: file I/O, so on the executor. OK when the named
   // model is ready afterwards.
-  m.push_back(Control<RepositoryModelLoadRequest, RepositoryModelLoadResponse>(
-      "RepositoryModelLoad",
+  m.push_back(ControlMethod<RepositoryModelLoadRequest, RepositoryModelLoadResponse>(
+      kKServeService, "RepositoryModelLoad",
       [this](MethodCall&, const RepositoryModelLoadRequest& req,
              RepositoryModelLoadResponse*) -> absl::Status {
         if (!req.repository_name().empty()) return NoSuchRepository(req.repository_name());
@@ -170,15 +161,14 @@ std::vector<Method> KServeService::ControlMethods() {
         std::shared_ptr<const kserve::ModelSet> set = models_.Snapshot();
         if (const kserve::SkippedModel* skipped = set->FindSkipped(req.model_name());
             skipped != nullptr) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("model ", Utf8Prefix(req.model_name(), 64), " did not load: ",
-                           skipped->reason));
+          return absl::InvalidArgumentError(absl::StrCat("model ", Utf8Prefix(req.model_name(), 64),
+                                                         " did not load: ", skipped->reason));
         }
         return set->Find(req.model_name(), "").status();
       },
       Method::Kind::kControlIo));
-  m.push_back(Control<SystemSharedMemoryStatusRequest, SystemSharedMemoryStatusResponse>(
-      "SystemSharedMemoryStatus",
+  m.push_back(ControlMethod<SystemSharedMemoryStatusRequest, SystemSharedMemoryStatusResponse>(
+      kKServeService, "SystemSharedMemoryStatus",
       [this](MethodCall&, const SystemSharedMemoryStatusRequest& req,
              SystemSharedMemoryStatusResponse* resp) -> absl::Status {
         POSENC_ASSIGN_OR_RETURN(auto regions, shared_memory_.Status(req.name()));
@@ -191,18 +181,19 @@ std::vector<Method> KServeService::ControlMethods() {
         }
         return absl::OkStatus();
       }));
-  m.push_back(Control<SystemSharedMemoryRegisterRequest, SystemSharedMemoryRegisterResponse>(
-      "SystemSharedMemoryRegister",
+  m.push_back(ControlMethod<SystemSharedMemoryRegisterRequest, SystemSharedMemoryRegisterResponse>(
+      kKServeService, "SystemSharedMemoryRegister",
       [this](MethodCall&, const SystemSharedMemoryRegisterRequest& req,
              SystemSharedMemoryRegisterResponse*) {
         return shared_memory_.Register(req.name(), req.key(), req.offset(), req.byte_size());
       }));
-  m.push_back(Control<SystemSharedMemoryUnregisterRequest, SystemSharedMemoryUnregisterResponse>(
-      "SystemSharedMemoryUnregister",
-      [this](MethodCall&, const SystemSharedMemoryUnregisterRequest& req,
-             SystemSharedMemoryUnregisterResponse*) {
-        return shared_memory_.Unregister(req.name());
-      }));
+  m.push_back(
+      ControlMethod<SystemSharedMemoryUnregisterRequest, SystemSharedMemoryUnregisterResponse>(
+          kKServeService, "SystemSharedMemoryUnregister",
+          [this](MethodCall&, const SystemSharedMemoryUnregisterRequest& req,
+                 SystemSharedMemoryUnregisterResponse*) {
+            return shared_memory_.Unregister(req.name());
+          }));
   return m;
 }
 

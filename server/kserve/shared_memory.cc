@@ -1,7 +1,7 @@
 #include "kserve/shared_memory.h"
-#include "engine/utf8.h"
 
 #include "absl/strings/str_cat.h"
+#include "engine/utf8.h"
 #include "posenc/status_macros.h"
 
 namespace posenc::server::kserve {

@@ -12,8 +12,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "kserve/parameters.h"
 #include "engine/shared_memory_registry.h"
+#include "kserve/parameters.h"
 
 namespace posenc::server::kserve {
 

@@ -1,9 +1,9 @@
 #include "kserve/tensors.h"
-#include "engine/utf8.h"
 
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "engine/utf8.h"
 #include "posenc/status_macros.h"
 
 namespace posenc::server::kserve {
@@ -97,8 +97,7 @@ absl::StatusOr<ShmInputs> ShmInputsOf(const inference::ModelInferRequest& req,
   *bytes = 0;
   for (int i = 0; i < req.inputs_size(); ++i) {
     const auto& in = req.inputs(i);
-    const std::string field =
-        absl::StrCat("input ", i, " (\"", Utf8Prefix(in.name(), 64), "\")");
+    const std::string field = absl::StrCat("input ", i, " (\"", Utf8Prefix(in.name(), 64), "\")");
     POSENC_ASSIGN_OR_RETURN(std::optional<ShmRef> ref,
                             ShmRefOf(field, in.parameters(), registry, /*only_shm=*/false));
     // Each lies within a region of at most 2^63-1 bytes; saturate the sum.
@@ -127,8 +126,7 @@ absl::StatusOr<std::vector<Input>> TakeInputs(inference::ModelInferRequest* req,
   int raw_index = 0;
   for (int i = 0; i < req->inputs_size(); ++i) {
     inference::ModelInferRequest::InferInputTensor* in = req->mutable_inputs(i);
-    const std::string field =
-        absl::StrCat("input ", i, " (\"", Utf8Prefix(in->name(), 64), "\")");
+    const std::string field = absl::StrCat("input ", i, " (\"", Utf8Prefix(in->name(), 64), "\")");
     if (in->name().empty()) return absl::InvalidArgumentError(absl::StrCat(field, " has no name"));
     for (const Input& seen : inputs) {
       if (seen.name == in->name()) {

@@ -74,8 +74,7 @@ struct Method {
   Kind kind = Kind::kControl;
   // Parses `request` (leaving it empty), does the work and serialises the
   // answer into `answer`.
-  std::function<absl::Status(MethodCall& call, grpc::ByteBuffer* request,
-                             grpc::ByteBuffer* answer)>
+  std::function<absl::Status(MethodCall& call, grpc::ByteBuffer* request, grpc::ByteBuffer* answer)>
       run;
   // Streams only: the answer a message that failed gets (the stream goes
   // on, unless the failure ends it: see StreamEnds).

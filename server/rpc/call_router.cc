@@ -31,8 +31,7 @@ const Method* CallRouter::Find(const std::string& path) const {
   return it == methods_.end() ? nullptr : &it->second;
 }
 
-grpc::ServerGenericBidiReactor* CallRouter::CreateReactor(
-    grpc::GenericCallbackServerContext* ctx) {
+grpc::ServerGenericBidiReactor* CallRouter::CreateReactor(grpc::GenericCallbackServerContext* ctx) {
   const Method* m = Find(ctx->method());
   if (m == nullptr) return new Unimplemented(ctx->method());
   if (m->kind == Method::Kind::kTensorStream) return NewStreamCall(*m, state_, ctx);

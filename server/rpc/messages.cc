@@ -10,9 +10,9 @@ namespace posenc::server {
 namespace {
 
 absl::Status NotA(const google::protobuf::Message& message, absl::string_view why) {
-  return absl::InvalidArgumentError(absl::StrCat("the request is not a valid ",
-                                                 message.GetDescriptor()->full_name(), " message",
-                                                 why.empty() ? "" : " (", why, why.empty() ? "" : ")"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("the request is not a valid ", message.GetDescriptor()->full_name(), " message",
+                   why.empty() ? "" : " (", why, why.empty() ? "" : ")"));
 }
 
 }  // namespace
@@ -43,8 +43,7 @@ absl::Status ParseMessage(grpc::ByteBuffer* in, google::protobuf::Message* messa
 }
 
 absl::Status ParseAdmitted(MethodCall& call, grpc::ByteBuffer* in,
-                           google::protobuf::Message* message,
-                           absl::Span<const LargeField> large) {
+                           google::protobuf::Message* message, absl::Span<const LargeField> large) {
   const int64_t bytes = static_cast<int64_t>(in->Length());
   POSENC_RETURN_IF_ERROR(ParseMessage(in, message, large));
   if (call.admission != nullptr) call.admission->Shrink(bytes);

@@ -37,17 +37,26 @@ namespace posenc::server {
                                             grpc::ByteBuffer* out,
                                             absl::Span<const LargeField> large = {});
 
-// Method::run for a method whose request and answer are plain messages.
+// A control method (small plain messages, not admitted): its request
+// parsed, `work` done, its answer serialised. `kind` is kControl, or
+// kControlIo when the work reads files.
 template <typename Request, typename Response>
-auto Answering(std::function<absl::Status(MethodCall&, const Request&, Response*)> work) {
-  return [work = std::move(work)](MethodCall& call, grpc::ByteBuffer* in,
-                                  grpc::ByteBuffer* out) -> absl::Status {
+Method ControlMethod(const char* service, const char* name,
+                     std::function<absl::Status(MethodCall&, const Request&, Response*)> work,
+                     Method::Kind kind = Method::Kind::kControl) {
+  Method m;
+  m.service = service;
+  m.name = name;
+  m.kind = kind;
+  m.run = [work = std::move(work)](MethodCall& call, grpc::ByteBuffer* in,
+                                   grpc::ByteBuffer* out) -> absl::Status {
     Request request;
     POSENC_RETURN_IF_ERROR(ParseMessage(in, &request));
     Response response;
     POSENC_RETURN_IF_ERROR(work(call, request, &response));
     return SerializeMessage(response, out);
   };
+  return m;
 }
 
 }  // namespace posenc::server

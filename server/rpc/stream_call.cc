@@ -45,7 +45,10 @@ using Admission = Engine::Admission;
 class StreamCall final : public grpc::ServerGenericBidiReactor {
  public:
   StreamCall(const Method& method, RouterState& state, grpc::GenericCallbackServerContext* ctx)
-      : method_(method), state_(state), o_(state.options), ctx_(ctx),
+      : method_(method),
+        state_(state),
+        o_(state.options),
+        ctx_(ctx),
         metadata_id_(RequestIdOf(ctx)) {
     absl::StatusOr<Admission> ticket = o_.engine->admission().Enter();
     if (!ticket.ok()) {

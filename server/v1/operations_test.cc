@@ -1,4 +1,3 @@
-#include "engine/engine.h"
 #include "v1/operations.h"
 
 #include <condition_variable>
@@ -6,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/engine.h"
 #include "gtest/gtest.h"
 #include "posenc/client.h"
 #include "test_tensors.h"

@@ -18,17 +18,17 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "engine/safetensors.h"
 #include "grpc/grpc.h"
 #include "grpcpp/support/byte_buffer.h"
-#include "engine/safetensors.h"
 #include "posenc/v1/posenc.pb.h"
 #include "v1/service.h"
 
 namespace {
 
 // The corpus's first bytes were written for the first four.
-constexpr const char* kMethods[] = {"ApplyRope",  "AddAbsoluteEncoding", "GetEncodingTable",
-                                    "AttentionBias", "StreamRope",   "ListTables",
+constexpr const char* kMethods[] = {"ApplyRope",     "AddAbsoluteEncoding", "GetEncodingTable",
+                                    "AttentionBias", "StreamRope",          "ListTables",
                                     "GetServerInfo"};
 constexpr int kNumMethods = sizeof(kMethods) / sizeof(kMethods[0]);
 
@@ -103,8 +103,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (verbose) std::fprintf(stderr, "%s: %s\n", kMethods[which], s.ToString().c_str());
   if (!s.ok() && method.error_answer) {
     grpc::ByteBuffer error;
-    if (!method.error_answer(s, facts, &error).ok() ||
-        !ParsesAs<posenc::v1::RopeResponse>(error)) {
+    if (!method.error_answer(s, facts, &error).ok() || !ParsesAs<posenc::v1::RopeResponse>(error)) {
       std::abort();
     }
   }

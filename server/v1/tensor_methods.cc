@@ -65,8 +65,7 @@ Method Tensor(Engine* engine, const char* name, Method::Kind kind = Method::Kind
 
 // A StreamRope message that failed: its status in the answer, with the
 // message's id (when it parsed), and the stream goes on.
-absl::Status RopeErrorAnswer(const absl::Status& s, const CallFacts& facts,
-                             grpc::ByteBuffer* out) {
+absl::Status RopeErrorAnswer(const absl::Status& s, const CallFacts& facts, grpc::ByteBuffer* out) {
   v1::RopeResponse error;
   error.set_request_id(facts.message_id);
   error.set_error_code(static_cast<int>(s.code()));
@@ -87,8 +86,8 @@ std::vector<Method> TensorMethods(Engine* engine) {
           engine, "AddAbsoluteEncoding"),
       Tensor<v1::EncodingTableRequest, v1::EncodingTableResponse, &GetEncodingTable>(
           engine, "GetEncodingTable"),
-      Tensor<v1::AttentionBiasRequest, v1::AttentionBiasResponse, &AttentionBias>(
-          engine, "AttentionBias"),
+      Tensor<v1::AttentionBiasRequest, v1::AttentionBiasResponse, &AttentionBias>(engine,
+                                                                                  "AttentionBias"),
   };
 }
 

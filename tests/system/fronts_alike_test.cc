@@ -42,7 +42,8 @@ std::string Joined(const grpc::ByteBuffer& b) {
   std::vector<grpc::Slice> slices;
   EXPECT_TRUE(b.Dump(&slices).ok());
   std::string out;
-  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
   return out;
 }
 
@@ -54,8 +55,7 @@ grpc::Status RawUnary(const std::shared_ptr<grpc::Channel>& channel, const std::
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   const std::string path = "/" + service + "/" + method;
-  const grpc::internal::RpcMethod rpc(path.c_str(), grpc::internal::RpcMethod::NORMAL_RPC,
-                                      channel);
+  const grpc::internal::RpcMethod rpc(path.c_str(), grpc::internal::RpcMethod::NORMAL_RPC, channel);
   grpc::ByteBuffer out;
   const grpc::Status s = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
       channel.get(), rpc, &ctx, Bytes(request), &out);
@@ -124,8 +124,7 @@ std::vector<nlohmann::json> JsonLines(const std::string& text) {
 const nlohmann::json* LineAbout(const std::vector<nlohmann::json>& lines, const std::string& id,
                                 const std::string& what) {
   for (const auto& j : lines) {
-    if (j.value("request_id", "") == id &&
-        j.value("message", "").find(what) != std::string::npos) {
+    if (j.value("request_id", "") == id && j.value("message", "").find(what) != std::string::npos) {
       return &j;
     }
   }
@@ -139,7 +138,9 @@ TEST(FrontsAlike, SlowAndFailedCallsOfEitherFrontAreLoggedWithTheirRequestId) {
       << server.log_text();
   auto v1_stub = v1::PositionalEncoding::NewStub(server.channel());
   auto kserve_stub = inference::GRPCInferenceService::NewStub(server.channel());
-  // Slow-call lines are at most one a second: one slow call per second.
+  // Slow-call lines are at most one a second: one slow call per second. A
+  // stream message's time starts once it is read, so streams carry 32 MiB
+  // (parsing and rotating it takes well over a millisecond).
   const auto next_second = [] { std::this_thread::sleep_for(std::chrono::milliseconds(1100)); };
   {
     grpc::ClientContext ctx;
@@ -157,12 +158,12 @@ TEST(FrontsAlike, SlowAndFailedCallsOfEitherFrontAreLoggedWithTheirRequestId) {
   }
   next_second();
   std::vector<std::string> answers;
-  EXPECT_TRUE(RawStream(server.channel(), kV1, "StreamRope", {Rope(2048).SerializeAsString()},
+  EXPECT_TRUE(RawStream(server.channel(), kV1, "StreamRope", {Rope(8192).SerializeAsString()},
                         &answers, "slow-v1-stream")
                   .ok());
   next_second();
   EXPECT_TRUE(RawStream(server.channel(), kKServe, "ModelStreamInfer",
-                        {Infer(2048).SerializeAsString()}, &answers, "slow-kserve-stream")
+                        {Infer(8192).SerializeAsString()}, &answers, "slow-kserve-stream")
                   .ok());
   // Failed calls: a debug line with the id, the method and the code.
   {
@@ -197,8 +198,10 @@ TEST(FrontsAlike, SlowAndFailedCallsOfEitherFrontAreLoggedWithTheirRequestId) {
     EXPECT_EQ((*slow)["code"], "OK") << id;
     EXPECT_EQ((*slow)["level"], "warning") << id;
   }
-  for (const auto& [id, method, code] : std::vector<std::tuple<std::string, std::string, std::string>>{
-           {"bad-kserve", "ModelInfer", "NOT_FOUND"}, {"bad-v1", "ApplyRope", "INVALID_ARGUMENT"}}) {
+  for (const auto& [id, method, code] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"bad-kserve", "ModelInfer", "NOT_FOUND"},
+           {"bad-v1", "ApplyRope", "INVALID_ARGUMENT"}}) {
     const nlohmann::json* failed = LineAbout(lines, id, "rejected");
     ASSERT_NE(failed, nullptr) << "no failure line for " << id << ":\n" << text;
     EXPECT_EQ((*failed)["method"], method) << id;
@@ -286,9 +289,8 @@ TEST_F(FrontsAlikeServer, StreamAnswersAreValidUtf8HoweverTheCallersStringsAreCu
     bad.set_request_id(euros);
     bad.set_rotary_dim(7);
     std::vector<std::string> answers;
-    ASSERT_TRUE(RawStream(server_.channel(), kV1, "StreamRope", {bad.SerializeAsString()},
-                          &answers)
-                    .ok());
+    ASSERT_TRUE(
+        RawStream(server_.channel(), kV1, "StreamRope", {bad.SerializeAsString()}, &answers).ok());
     ASSERT_EQ(answers.size(), 1u);
     v1::RopeResponse r;
     ASSERT_TRUE(r.ParseFromString(answers[0])) << "a strict client cannot decode the answer";
@@ -310,8 +312,8 @@ TEST_F(FrontsAlikeServer, StreamAnswersAreValidUtf8HoweverTheCallersStringsAreCu
     inference::ModelStreamInferResponse r;
     ASSERT_TRUE(r.ParseFromString(answers[0])) << "a strict client cannot decode the answer";
     EXPECT_NE(r.error_message().find("no model"), std::string::npos) << r.error_message();
-    for (const std::string* s : {&r.error_message(), &r.infer_response().model_name(),
-                                 &r.infer_response().id()}) {
+    for (const std::string* s :
+         {&r.error_message(), &r.infer_response().model_name(), &r.infer_response().id()}) {
       EXPECT_TRUE(ValidUtf8(*s));
       EXPECT_LE(s->size(), 300u);
     }
