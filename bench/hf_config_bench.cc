@@ -1,5 +1,5 @@
 // posenc-bench-hf-config: what an hf_config costs the server per request.
-// For each real family's config from tests/hf/hf_fixtures.json: a cold
+// For each real family's config from tests/conformance/hf/hf_fixtures.json: a cold
 // ResolveHfRope (protobuf's JSON parse and the family rules), RopeOptionsOf
 // on a request carrying the config (the server's path, through the
 // resolved-config cache, so every call after the first is a hit), and

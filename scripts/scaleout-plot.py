@@ -3,7 +3,7 @@
 
 Usage: scaleout-plot.py OUT.png DIR[=TITLE]...   (needs matplotlib)
 
-Each DIR holds calls.csv and events.csv as tests/scaleout_test.cc writes
+Each DIR holds calls.csv and events.csv as tests/system/scaleout_test.cc writes
 them when run with POSENC_SCALEOUT_OUT=D (its rolling-restart tests write
 D/rollout and D/rollout_no_health_check); one panel per DIR, top to bottom. Throughput is counted by when calls finished, in 100 ms bins; stacked by
 replica; each replica's time away (SIGTERM until it serves again) is hatched

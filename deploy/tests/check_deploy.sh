@@ -20,7 +20,7 @@ for overlay in cpu gpu monitoring; do
   echo "$overlay: renders and validates against Kubernetes 1.33"
   "$venv/bin/python" "$root/deploy/tests/check_manifests.py" "$overlay" "$out/$overlay.yaml"
 
-  # Pinned by digest through kustomize, the way README tells a user to.
+  # Pinned by digest through kustomize, the way docs/deploy.md tells a user to.
   mkdir -p "$out/pin-$overlay"
   rel=$(realpath --relative-to="$out/pin-$overlay" "$root/deploy/overlays/$overlay")
   printf '%s\n' "apiVersion: kustomize.config.k8s.io/v1beta1" "kind: Kustomization" \

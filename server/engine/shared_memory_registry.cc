@@ -69,7 +69,7 @@ std::string Errno(int e) { return std::strerror(e); }
 absl::Status SharedMemoryDisabledError() {
   return absl::FailedPreconditionError(
       "system shared memory is off on this server; start posenc-server with "
-      "--enable_system_shared_memory (callers on the same node only; see README)");
+      "--enable_system_shared_memory (callers on the same node only; see docs/shared-memory.md)");
 }
 
 SharedMemoryRegion::SharedMemoryRegion(std::string name, std::string key, int fd, int64_t offset,

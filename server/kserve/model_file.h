@@ -7,7 +7,7 @@
 //    "parameters": {"base": 500000, "scaling": "llama3", "factor": 8, ...}}
 //
 // `parameters` takes exactly the request parameter names of the built-in
-// model of that operation (kserve_parameters.h; README "Triton / KServe v2
+// model of that operation (kserve/parameters.h; docs/kserve.md "Triton / KServe v2
 // clients"), with JSON values: numbers, strings, booleans, and arrays of
 // numbers for the list parameters (short_factor, sections, slopes, ...).
 // The model's name is the file's name without ".json".

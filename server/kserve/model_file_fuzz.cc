@@ -1,4 +1,4 @@
-// Any bytes as a KServe model repository file (kserve_model_file.h): files
+// Any bytes as a KServe model repository file (kserve/model_file.h): files
 // come from a volume replicas share. A finding is a crash, a sanitizer
 // report, a status other than OK / INVALID_ARGUMENT, or a loaded model that
 // breaks what the registry relies on: a fixed parameter the readers do not

@@ -176,7 +176,7 @@ void ExpectSameOptions(const RopeOptions& a, const RopeOptions& b) {
   EXPECT_EQ(x.inv_freq, y.inv_freq);
 }
 
-// Every family of tests/hf/hf_fixtures.json (those hf_config_agreement_test
+// Every family of tests/conformance/hf/hf_fixtures.json (those hf_config_agreement_test
 // checks against transformers): a model file embedding the config rotates
 // with exactly the options, frequencies and attention scale of a request to
 // the built-in rope model sending the same config as its hf_config.

@@ -1,6 +1,6 @@
 // The models the KServe v2 front serves: the built-in ones plus those of the
 // model repository (--model_dir, one JSON file per model:
-// kserve_model_file.h). Lookups take a snapshot, and a reload swaps in a new
+// kserve/model_file.h). Lookups take a snapshot, and a reload swaps in a new
 // one at once, so a call in flight keeps the model it started with. Like the
 // table repository, the directory is shared and untrusted: a bad file is
 // skipped with its reason (listed by RepositoryIndex as UNAVAILABLE) while

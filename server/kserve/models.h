@@ -1,7 +1,7 @@
 // The models the KServe v2 front serves: named configurations of posenc's
 // operations whose options arrive as request parameters
-// (kserve_parameters.h). Built-in ones fix nothing; those of the model
-// repository (kserve_model_file.h) fix some parameters. What a model takes
+// (kserve/parameters.h). Built-in ones fix nothing; those of the model
+// repository (kserve/model_file.h) fix some parameters. What a model takes
 // and gives is described here once; metadata, configuration and input
 // checking all read it.
 #ifndef POSENC_SERVER_KSERVE_MODELS_H_
@@ -29,7 +29,7 @@ struct TensorSpec {
   bool optional;
 };
 
-// A request's parameters (kserve_parameters.h reads them).
+// A request's parameters (kserve/parameters.h reads them).
 using Parameters = google::protobuf::Map<std::string, inference::InferParameter>;
 
 struct Model {
@@ -38,10 +38,10 @@ struct Model {
   std::vector<TensorSpec> inputs;
   std::vector<TensorSpec> outputs;
   // Parameters the model fixes: a request may not give them again
-  // (kserve_infer.cc). Empty for built-in models.
+  // (kserve/infer.cc). Empty for built-in models.
   Parameters fixed;
   // Parameters a request may not give although no value is fixed for them:
-  // with an hf_config (kserve_model_file.h) the config determines the whole
+  // with an hf_config (kserve/model_file.h) the config determines the whole
   // scaling, including the parameters it leaves unset, as it does beside a
   // request's own hf_config.
   std::vector<std::string> determined_by_hf_config;

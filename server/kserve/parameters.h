@@ -62,7 +62,7 @@ class ParameterReader {
   std::vector<std::string> read_;
 };
 
-// What each model reads (the names are listed in README "Triton / KServe v2
+// What each model reads (the names are listed in docs/kserve.md "Triton / KServe v2
 // clients"). `backend` is the "backend" parameter (default: the server's).
 // The rope model's "hf_config" (a model's HF config.json as a string) is
 // resolved by wire::ResolveHfRope and merged as for posenc.v1's hf_config

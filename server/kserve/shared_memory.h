@@ -2,7 +2,7 @@
 // names them: the parameters shared_memory_region (string),
 // shared_memory_byte_size and shared_memory_offset (integers, offset
 // default 0) on an input or a requested output. Resolved against the
-// registry (shared_memory.h) into a reference that keeps the region alive
+// registry (engine/shared_memory_registry.h) into a reference that keeps the region alive
 // for the request.
 #ifndef POSENC_SERVER_KSERVE_SHARED_MEMORY_H_
 #define POSENC_SERVER_KSERVE_SHARED_MEMORY_H_

@@ -1,5 +1,5 @@
-// posenc against HF transformers itself: tests/hf/hf_fixtures.json records
-// what HF's own code computes (tests/hf/generate_fixtures.py); this test
+// posenc against HF transformers itself: tests/conformance/hf/hf_fixtures.json records
+// what HF's own code computes (tests/conformance/hf/generate_fixtures.py); this test
 // replays every case through posenc's frequency resolution and through every
 // backend present.
 #include <cstdlib>

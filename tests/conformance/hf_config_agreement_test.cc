@@ -1,7 +1,7 @@
 // HF configs as they are, against HF transformers itself: the "configs"
-// cases of tests/hf/hf_fixtures.json hold real model families' config.json
+// cases of tests/conformance/hf/hf_fixtures.json hold real model families' config.json
 // RoPE fields and what each family's own rotary module computed from them
-// (tests/hf/generate_fixtures.py). posenc must derive the same head and
+// (tests/conformance/hf/generate_fixtures.py). posenc must derive the same head and
 // rotary dimensions, style and M-RoPE sections (wire::ResolveHfRope) and,
 // from those options, the same frequencies and attention scale at every
 // recorded length (ResolveFrequencies, what every backend's plan uses).

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the seed corpus of the hf_config_fuzz harness to tests/fuzz/hf_config_fuzz/.
 
-Every real family's config from tests/hf/hf_fixtures.json (the configs
+Every real family's config from tests/conformance/hf/hf_fixtures.json (the configs
 transformers resolved), plus one of each malformed class ResolveHfRope must
 refuse. Standard library only.
 """

@@ -1,7 +1,7 @@
 // The server's memory stays bounded under any mix of calls: 16 callers
 // sending 48 MiB requests against --max_inflight_bytes=128MiB must not push
 // the resident set past that budget plus the documented fixed overhead
-// (README "Memory"): admission counts request and answer bytes, refused
+// (docs/server.md "Memory"): admission counts request and answer bytes, refused
 // requests are dropped at once, and gRPC's ResourceQuota (derived from the
 // same budget) bounds what the transport buffers before admission.
 #include <atomic>
@@ -43,7 +43,7 @@ v1::RopeRequest RopeOf(int64_t mib) {
 // is what keeps them bounded.
 void CheckBound(int callers, const std::vector<int64_t>& sizes_mib) {
   const int64_t budget = 128 * kMiB;
-  // README "Memory": the process (~20 MiB), stacks, transport buffers and
+  // docs/server.md "Memory": the process (~20 MiB), stacks, transport buffers and
   // allocator slack. Measured peaks: 144-151 MiB for 48 MiB calls, 177-200
   // MiB for 32 callers of 1-30 MiB (glibc's per-thread arenas keep freed
   // mid-size blocks), so 96 MiB over the budget fails a real leak or an

@@ -2,7 +2,7 @@
 // convert_rope_params_to_dict / standardize_rope_params (where rope_theta,
 // partial_rotary_factor and original_max_position_embeddings come from) and
 // modeling_rope_utils' _compute_*_parameters (which factors are inferred).
-// Comments name the HF code a rule follows. tests/hf/ checks every family
+// Comments name the HF code a rule follows. tests/conformance/hf/ checks every family
 // against transformers itself.
 #include "posenc/wire/hf_config.h"
 

@@ -1,5 +1,5 @@
 // ResolveHfRope's rules one by one (the agreement with transformers itself
-// over real families' configs is tests/hf_agreement_test.cc), hostile
+// over real families' configs is tests/conformance/hf_agreement_test.cc), hostile
 // configs, and how a config merges with a request's explicit fields.
 #include "posenc/wire/hf_config.h"
 

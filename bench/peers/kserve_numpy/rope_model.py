@@ -1,7 +1,7 @@
 """The RoPE model a user would write for KServe instead of running posenc.
 
 A kserve.Model named "rope" with posenc's built-in rope model's interface
-(server/kserve_models.cc, server/kserve_parameters.cc), so one perf_analyzer
+(server/kserve/models.cc, server/kserve/parameters.cc), so one perf_analyzer
 command and one input file drive both servers:
   inputs  query FP32 [B, S, H, D] (BSHD) or [B, H, S, D] (BHSD), key (optional,
           same layout, its own head count), position_ids INT64 [B, S] or

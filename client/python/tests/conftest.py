@@ -1,5 +1,5 @@
 """The real posenc-server binary in its own process for the suite, as the C++
-process tests run it (tests/server_process.h): loopback, port 0, the bound
+process tests run it (tests/support/server_process.h): loopback, port 0, the bound
 port read back from --port_file. POSENC_SERVER names the binary (the ctest
 entry passes its own build's); the default is the repository's build/."""
 

@@ -1,8 +1,8 @@
 """apply_rope's hf_config against a real server: a model's HF config.json
 (as text, dict or path) rotates exactly as the explicit options transformers
 resolves it to; conflicts and bad configs come back as INVALID_ARGUMENT
-naming the field. The configs are those of tests/hf/hf_fixtures.json (the
-ones tests/hf_config_agreement_test.cc checks against transformers)."""
+naming the field. The configs are those of tests/conformance/hf/hf_fixtures.json (the
+ones tests/conformance/hf_config_agreement_test.cc checks against transformers)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 // Properties of the frequency resolution that follow from the published
 // definitions; exact agreement with the float64 reference is tested in
-// tests/backend_conformance_test.cc.
+// tests/conformance/backend_conformance_test.cc.
 #include <cmath>
 
 #include "gtest/gtest.h"

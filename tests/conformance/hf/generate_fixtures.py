@@ -13,7 +13,7 @@ script runs HF's own code and records
     GPT-J's interleave, Qwen2-VL M-RoPE and vision RoPE, Qwen3-VL interleaved
     M-RoPE) on float64 inputs, with cos/sin formed in float64 from HF's
     inv_freq.
-tests/hf_agreement_test.cc replays every case through posenc. The fixtures
+tests/conformance/hf_agreement_test.cc replays every case through posenc. The fixtures
 are committed, so CI checks agreement without PyTorch.
 
 Usage: python3 generate_fixtures.py OUT.json   (needs torch and transformers)

@@ -47,7 +47,7 @@ struct HfRope {
 // Parses `config_json` (a JSON object) and resolves it. Errors are
 // INVALID_ARGUMENT naming the field as a path ("hf_config.rope_scaling.factor
 // must be a number, got a string"). Which fields are read, and how missing
-// ones are inferred, is documented in README "HF configs".
+// ones are inferred, is documented in docs/hf-configs.md.
 [[nodiscard]] absl::StatusOr<HfRope> ResolveHfRope(absl::string_view config_json);
 
 // ResolveHfRope through a small process-wide cache of the last resolved
