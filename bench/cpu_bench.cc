@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "posenc/backend.h"
-#include "posenc/thread_pool.h"
+#include "cpu/thread_pool.h"
 
 namespace {
 

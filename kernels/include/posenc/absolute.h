@@ -31,7 +31,10 @@ struct AbsoluteOptions {
   double base = 10000.0;
   double x_scale = 1.0;
   std::shared_ptr<const LearnedTable> table;  // kLearned
-  // kLearned, as a caller names it; a server resolves it into `table`.
+  // kLearned, as a request names it. A local kernel call sets `table` and
+  // leaves this empty; it is here because the client and the server speak
+  // the library's options for requests, and the server resolves the name
+  // into `table` from its repository.
   std::string table_name;
 };
 

@@ -18,8 +18,12 @@ namespace posenc {
 
 enum class BackendKind : int { kCpu = 1, kCuda = 2 };
 
-// Which backend a caller asks for. kDefault defers to the server's own
-// default; kAuto picks the GPU when present and worth it for the size.
+// Which backend a request asks for. The kernel library itself never reads
+// it (a local caller creates the backend it wants); it is here, beside the
+// backends it names, because the client, the wire translation and the
+// server speak the library's vocabulary for requests, as they do its
+// options. kDefault is a request that names none (the server's default);
+// kAuto picks the GPU when present and worth it for the size.
 enum class BackendChoice : int { kDefault, kAuto, kCpu, kCuda };
 
 struct DeviceInfo {
@@ -75,9 +79,10 @@ std::unique_ptr<Backend> CreateCpuBackend(int num_threads);
 // True when this library was compiled with the CUDA backend.
 bool BuiltWithCuda();
 
-// "release build, with CUDA, compiler 12.2.0": the line --version prints
-// under a binary's name and version. Inline, so the build type is the
-// calling binary's own.
+// "release build, with CUDA, compiler 12.2.0": how this library was built,
+// which is what decides where kernels can run; binaries print it under their
+// own name and version (--version). Inline, so the build type is the calling
+// binary's own.
 inline std::string BuildDescription() {
 #ifdef NDEBUG
   std::string s = "release build";

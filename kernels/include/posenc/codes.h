@@ -36,9 +36,6 @@ enum class BiasForm : int {
   kSymmetric = 3,  // -m * |i - j|
 };
 
-constexpr bool KnownFloatDType(DType d) {
-  return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16;
-}
 constexpr bool KnownLayout(RopeLayout l) {
   return l == RopeLayout::kBSHD || l == RopeLayout::kBHSD || l == RopeLayout::kTHD;
 }

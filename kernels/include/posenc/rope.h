@@ -103,14 +103,6 @@ struct RopePlan {
   bool empty() const {
     return num_tokens == 0 || rotary_dim == 0 || (query_heads == 0 && key_heads == 0);
   }
-  // Element offset of (token t, head h) in a tensor with `heads` heads.
-  int64_t HeadOffset(int64_t t, int64_t h, int64_t heads) const {
-    if (layout == RopeLayout::kBHSD) {
-      const int64_t b = t / seq_len, s = t % seq_len;
-      return ((b * heads + h) * seq_len + s) * head_dim;
-    }
-    return (t * heads + h) * head_dim;
-  }
   int FreqSetOfToken(int64_t t) const { return sequence_freq_set[positions.token_sequence[t]]; }
 };
 

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "absolute_bf16_wide.h"
+#include "absolute_bf16_wide.inc"
 #include "cpu_kernels.h"
 #include "math/absolute_math.h"
 #include "math/phase.h"

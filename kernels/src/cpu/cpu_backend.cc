@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "cpu_kernels.h"
 #include "posenc/backend.h"
-#include "posenc/thread_pool.h"
+#include "cpu/thread_pool.h"
 
 namespace posenc {
 namespace {

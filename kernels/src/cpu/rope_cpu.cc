@@ -14,8 +14,8 @@
 #include "cpu_kernels.h"
 #include "math/rope_math.h"
 #include "posenc/dtype.h"
-#include "rope_bf16_wide.h"
-#include "rope_rows.h"
+#include "rope_bf16_wide.inc"
+#include "rope_rows.inc"
 #include "vec.h"
 
 namespace posenc::internal {
@@ -319,8 +319,8 @@ POSENC_ALWAYS_INLINE void RotateHeadBF16(const RopePlan& p, int64_t t, BFloat16*
 // rows in order), redone by RotatePair from their inputs, which go back in
 // place first (they are bfloat16 values, so exactly). One loop for the
 // whole run: a RotateHeadBF16 call for each row that has one (one row in 43
-// on random data) made bfloat16 RoPE 10-25% slower, BHSD most
-// (bench/RESULTS.md, seventh change).
+// on random data) made bfloat16 RoPE 10-25% slower, BHSD most (measured in
+// bench/RESULTS.md).
 template <RopeStyle kStyle>
 POSENC_ALWAYS_INLINE void RedoSlowPairs(const RopePlan& p, const Rows<BFloat16>& rows,
                                         const int32_t* slow_k, const float* slow_u,

@@ -3,7 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "math/phase.h"
 #include "posenc/absolute.h"
-#include "posenc/checked_math.h"
+#include "plan/checked_math.h"
 #include "posenc/limits.h"
 #include "posenc/status_macros.h"
 

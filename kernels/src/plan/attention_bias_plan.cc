@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "posenc/attention_bias.h"
-#include "posenc/checked_math.h"
+#include "plan/checked_math.h"
 #include "posenc/limits.h"
 #include "posenc/status_macros.h"
 

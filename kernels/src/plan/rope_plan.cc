@@ -3,7 +3,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "posenc/checked_math.h"
+#include "plan/checked_math.h"
 #include "posenc/limits.h"
 #include "posenc/rope.h"
 #include "posenc/status_macros.h"

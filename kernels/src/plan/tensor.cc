@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "posenc/checked_math.h"
+#include "plan/checked_math.h"
 #include "posenc/limits.h"
 
 namespace posenc {

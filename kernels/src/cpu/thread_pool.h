@@ -1,6 +1,8 @@
-// A fixed pool of worker threads for data-parallel loops.
-#ifndef POSENC_THREAD_POOL_H_
-#define POSENC_THREAD_POOL_H_
+// A fixed pool of worker threads for the CPU backend's data-parallel loops.
+// Internal to the kernel library (bench/cpu_bench.cc borrows it for its
+// baselines, so they split work as the kernels do).
+#ifndef POSENC_KERNELS_CPU_THREAD_POOL_H_
+#define POSENC_KERNELS_CPU_THREAD_POOL_H_
 
 #include <condition_variable>
 #include <cstdint>
@@ -45,4 +47,4 @@ class ThreadPool {
 
 }  // namespace posenc
 
-#endif  // POSENC_THREAD_POOL_H_
+#endif  // POSENC_KERNELS_CPU_THREAD_POOL_H_

@@ -1,7 +1,8 @@
 // Overflow-checked integer arithmetic for sizes and counts that come from
-// requests. Each returns false (and leaves *out unspecified) on overflow.
-#ifndef POSENC_CHECKED_MATH_H_
-#define POSENC_CHECKED_MATH_H_
+// requests, for the planners. Each returns false (and leaves *out
+// unspecified) on overflow. Internal to the kernel library.
+#ifndef POSENC_KERNELS_PLAN_CHECKED_MATH_H_
+#define POSENC_KERNELS_PLAN_CHECKED_MATH_H_
 
 #include <cstdint>
 #include <initializer_list>
@@ -10,9 +11,6 @@ namespace posenc {
 
 [[nodiscard]] inline bool CheckedMul(int64_t a, int64_t b, int64_t* out) {
   return !__builtin_mul_overflow(a, b, out);
-}
-[[nodiscard]] inline bool CheckedAdd(int64_t a, int64_t b, int64_t* out) {
-  return !__builtin_add_overflow(a, b, out);
 }
 // The product of non-negative factors.
 [[nodiscard]] inline bool CheckedProduct(std::initializer_list<int64_t> factors, int64_t* out) {
@@ -26,4 +24,4 @@ namespace posenc {
 
 }  // namespace posenc
 
-#endif  // POSENC_CHECKED_MATH_H_
+#endif  // POSENC_KERNELS_PLAN_CHECKED_MATH_H_
