@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "emulated_gpu_backend.h"
+#include "backends.h"
 #include "gtest/gtest.h"
 #include "posenc/attention_bias.h"
 #include "posenc/backend.h"
@@ -97,12 +97,7 @@ std::vector<double> Softmax(const std::vector<double>& row) {
   return p;
 }
 
-std::unique_ptr<Backend> MakeBackend(const std::string& name) {
-  if (name == "cpu") return CreateCpuBackend(2);
-  if (name == "emulated") return testing::CreateEmulatedGpuBackend();
-  auto cuda = CreateCudaBackend(0);
-  return cuda.ok() ? std::move(*cuda) : nullptr;
-}
+using testing::MakeBackend;
 
 class BloomLeftPadding : public ::testing::TestWithParam<std::string> {
  protected:

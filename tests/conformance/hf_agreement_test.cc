@@ -6,7 +6,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "emulated_gpu_backend.h"
+#include "backends.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "posenc/backend.h"
@@ -82,12 +82,7 @@ TEST(HfAgreement, FrequenciesAndAttentionScaleMatchEveryScaling) {
   }
 }
 
-std::unique_ptr<Backend> MakeBackend(const std::string& name) {
-  if (name == "cpu") return CreateCpuBackend(2);
-  if (name == "emulated") return testing::CreateEmulatedGpuBackend();  // the CUDA kernels' bodies
-  auto cuda = CreateCudaBackend(0);
-  return cuda.ok() ? std::move(*cuda) : nullptr;
-}
+using testing::MakeBackend;
 
 class HfConventions : public ::testing::TestWithParam<std::string> {};
 
