@@ -89,13 +89,13 @@ ABSL_FLAG(int, slow_call_ms, kDefaults.slow_call_ms,
 ABSL_FLAG(std::string, port_file, "", "If set, write the bound port here once serving.");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:8002",
           "Prometheus /metrics address (empty: no metrics endpoint).");
-ABSL_FLAG(bool, enable_system_shared_memory, kDefaults.shared_memory.enabled,
+ABSL_FLAG(bool, enable_system_shared_memory, kDefaults.engine.shared_memory.enabled,
           "Serve the KServe v2 system shared-memory extension: callers on this node (same IPC "
           "namespace, /dev/shm) register POSIX shared-memory objects and pass tensors in them. "
           "Off: its RPCs and tensor parameters are FAILED_PRECONDITION.");
-ABSL_FLAG(int, max_shared_memory_regions, kDefaults.shared_memory.max_regions,
+ABSL_FLAG(int, max_shared_memory_regions, kDefaults.engine.shared_memory.max_regions,
           "Shared-memory regions registered at once (each holds a file descriptor).");
-ABSL_FLAG(int64_t, max_shared_memory_bytes, kDefaults.shared_memory.max_total_bytes,
+ABSL_FLAG(int64_t, max_shared_memory_bytes, kDefaults.engine.shared_memory.max_total_bytes,
           "Sum of the registered shared-memory regions' sizes (nothing is mapped; this bounds "
           "what callers may point the server at).");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain file; serves TLS when set.");
@@ -180,9 +180,9 @@ absl::StatusOr<posenc::server::ServerOptions> OptionsFromFlags() {
   o.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.models.dir = absl::GetFlag(FLAGS_model_dir);
-  o.shared_memory.enabled = absl::GetFlag(FLAGS_enable_system_shared_memory);
-  o.shared_memory.max_regions = absl::GetFlag(FLAGS_max_shared_memory_regions);
-  o.shared_memory.max_total_bytes = absl::GetFlag(FLAGS_max_shared_memory_bytes);
+  o.engine.shared_memory.enabled = absl::GetFlag(FLAGS_enable_system_shared_memory);
+  o.engine.shared_memory.max_regions = absl::GetFlag(FLAGS_max_shared_memory_regions);
+  o.engine.shared_memory.max_total_bytes = absl::GetFlag(FLAGS_max_shared_memory_bytes);
   posenc::server::EngineOptions& e = o.engine;
   e.cpu_threads = absl::GetFlag(FLAGS_threads);
   e.max_request_tensor_bytes = absl::GetFlag(FLAGS_max_request_bytes);

@@ -32,7 +32,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   s->executor_ = std::make_unique<RequestExecutor>(request_threads);
   s->v1_ = std::make_unique<PositionalEncodingService>(s->engine_.get());
   s->kserve_ =
-      std::make_unique<KServeService>(s->engine_.get(), options.models, options.shared_memory);
+      std::make_unique<KServeService>(s->engine_.get(), options.models);
   s->router_ = std::make_unique<CallRouter>(CallRouterOptions{
       s->engine_.get(), s->metrics_.get(), s->executor_.get(), max_message_bytes});
   s->router_->Add(s->v1_->Methods());

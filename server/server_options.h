@@ -10,7 +10,6 @@
 
 #include "absl/status/status.h"
 #include "engine/engine.h"
-#include "engine/shared_memory_registry.h"
 #include "kserve/model_registry.h"
 #include "rpc/tls_files.h"
 
@@ -40,8 +39,6 @@ struct ServerOptions {
   // The KServe v2 model repository (kserve/model_registry.h): one JSON file
   // per model; empty: built-in models only.
   kserve::ModelRepositoryOptions models;
-  // The KServe v2 system shared-memory extension (off by default).
-  SharedMemoryOptions shared_memory;
   EngineOptions engine;
 
   // max_memory_bytes, or what 0 stands for: the budget of calls in flight

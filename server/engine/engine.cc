@@ -13,6 +13,28 @@ namespace {
 
 // Sizes a result buffer in steps, so that a large answer stops growing when
 // its caller leaves instead of zero-filling hundreds of MiB first.
+absl::Status ResizeCancellable(std::string* out, int64_t bytes, const RunContext& ctx);
+
+// Where `bytes` of output are written: the owned string sized to them, or
+// the caller's memory when it holds them.
+// The answer's message bytes for `tensor_bytes` of results.
+int64_t InAnswer(const CallEnv& env, int64_t tensor_bytes) {
+  return (env.tensors_in_answer ? tensor_bytes : 0) + env.message_overhead;
+}
+
+absl::StatusOr<char*> Prepare(OutputTarget& target, int64_t bytes, const RunContext& ctx) {
+  if (target.owned != nullptr) {
+    POSENC_RETURN_IF_ERROR(ResizeCancellable(target.owned, bytes, ctx));
+    return target.owned->data();
+  }
+  if (bytes > target.external_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the output needs ", bytes,
+                                                   " bytes; its shared-memory slice holds ",
+                                                   target.external_bytes));
+  }
+  return target.external;
+}
+
 absl::Status ResizeCancellable(std::string* out, int64_t bytes, const RunContext& ctx) {
   constexpr int64_t kStep = int64_t{16} << 20;
   out->clear();
@@ -36,7 +58,8 @@ Engine::Engine(const EngineOptions& options)
         return t;
       }()),
       admission_(AdmissionOptions{options.max_inflight_requests, options.max_inflight_bytes,
-                                  options.admission_wait}) {}
+                                  options.admission_wait}),
+      shared_memory_(options.shared_memory, &admission_) {}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   POSENC_RETURN_IF_ERROR(options.Validate());
@@ -200,7 +223,7 @@ absl::StatusOr<std::string> Engine::ApplyRope(const RopeOptions& options, RopeTe
                               return env.admission.TryGrow(c.plan_bytes);
                             }));
     POSENC_RETURN_IF_ERROR(
-        CheckAnswerSize(tensor_bytes, tensor_bytes + env.message_overhead, "the answer"));
+        CheckAnswerSize(tensor_bytes, InAnswer(env, tensor_bytes), "the answer"));
     POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, tensor_bytes));
     const bool has_key = t.key.present();
     POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
@@ -224,7 +247,7 @@ absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTenso
                               return env.admission.TryGrow(c.plan_bytes);
                             }));
     POSENC_RETURN_IF_ERROR(
-        CheckAnswerSize(tensor_bytes, tensor_bytes + env.message_overhead, "the answer"));
+        CheckAnswerSize(tensor_bytes, InAnswer(env, tensor_bytes), "the answer"));
     POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, tensor_bytes));
     POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
       return b->ApplyAbsolute(plan, t.x.data, env.ctx);
@@ -237,7 +260,7 @@ absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTenso
 
 absl::StatusOr<Produced> Engine::EncodingTable(AbsoluteOptions o, int64_t dim, int64_t count,
                                                const TensorView& positions, DType dtype,
-                                               std::string* out, const CallEnv& env) {
+                                               OutputTarget out, const CallEnv& env) {
   Produced produced;
   POSENC_RETURN_IF_ERROR(NoThrow([&]() -> absl::Status {
     if (o.kind == AbsoluteOptions::Kind::kLearned) {
@@ -253,14 +276,14 @@ absl::StatusOr<Produced> Engine::EncodingTable(AbsoluteOptions o, int64_t dim, i
         AbsolutePlan plan,
         PlanEncodingTable(o, dim, dtype, positions, count, [&](const PlanCost& c) -> absl::Status {
           POSENC_RETURN_IF_ERROR(
-              CheckAnswerSize(c.output_bytes, c.output_bytes + env.message_overhead, "the table"));
+              CheckAnswerSize(c.output_bytes, InAnswer(env, c.output_bytes), "the table"));
           return env.admission.TryGrow(c.plan_bytes + c.output_bytes);
         }));
     const int64_t out_bytes = plan.num_tokens * dim * static_cast<int64_t>(SizeOf(dtype));
     POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, out_bytes));
-    POSENC_RETURN_IF_ERROR(ResizeCancellable(out, out_bytes, env.ctx));
+    POSENC_ASSIGN_OR_RETURN(char* const target, Prepare(out, out_bytes, env.ctx));
     POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
-      return b->ApplyAbsolute(plan, out->data(), env.ctx);
+      return b->ApplyAbsolute(plan, target, env.ctx);
     }));
     produced.dtype = dtype;
     produced.shape = {plan.num_tokens, dim};
@@ -271,7 +294,7 @@ absl::StatusOr<Produced> Engine::EncodingTable(AbsoluteOptions o, int64_t dim, i
 }
 
 absl::StatusOr<Produced> Engine::AttentionBias(const BiasOptions& o, MutableTensor& logits,
-                                               std::string* out, const CallEnv& env) {
+                                               OutputTarget out, const CallEnv& env) {
   Produced produced;
   POSENC_RETURN_IF_ERROR(NoThrow([&]() -> absl::Status {
     const bool has_logits = logits.present();
@@ -284,14 +307,13 @@ absl::StatusOr<Produced> Engine::AttentionBias(const BiasOptions& o, MutableTens
           const int64_t slopes_bytes =
               8 * std::max<int64_t>(o.num_heads, logits.rank() == 4 ? logits.shape[1] : 0);
           POSENC_RETURN_IF_ERROR(CheckAnswerSize(
-              tensor_bytes, tensor_bytes + slopes_bytes + env.message_overhead, "the bias"));
+              tensor_bytes, InAnswer(env, tensor_bytes) + slopes_bytes, "the bias"));
           return env.admission.TryGrow(c.plan_bytes + c.output_bytes);
         }));
     const int64_t out_bytes = plan.NumElements() * static_cast<int64_t>(SizeOf(plan.dtype));
     void* target = logits.data;
     if (!has_logits) {
-      POSENC_RETURN_IF_ERROR(ResizeCancellable(out, out_bytes, env.ctx));
-      target = out->data();
+      POSENC_ASSIGN_OR_RETURN(target, Prepare(out, out_bytes, env.ctx));
     }
     POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, out_bytes));
     POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {

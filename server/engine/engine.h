@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/admission.h"
+#include "engine/shared_memory_registry.h"
 #include "engine/table_repository.h"
 #include "posenc/backend.h"
 
@@ -54,6 +55,9 @@ struct EngineOptions {
   // would drop them). 0: max_request_tensor_bytes + kMessageSlackBytes.
   int64_t max_message_bytes = 0;
 
+  // Shared-memory regions (shared_memory_registry.h), for both fronts.
+  SharedMemoryOptions shared_memory;
+
   // max_message_bytes, or what 0 stands for.
   int64_t message_limit() const {
     return max_message_bytes > 0 ? max_message_bytes
@@ -74,6 +78,20 @@ struct CallEnv {
   // ids, field tags): with the data, checked against --max_message_bytes
   // before any work, since the transport would drop a larger answer.
   int64_t message_overhead = 0;
+  // False when the results stay in shared memory: the answer's message then
+  // carries no tensor bytes (the request size limit still holds).
+  bool tensors_in_answer = true;
+};
+
+// Where a tensor an operation produces (a table, a built bias) goes: a
+// string the engine sizes (the answer's bytes), or memory the caller
+// provides (a shared-memory slice), which must hold the whole tensor.
+struct OutputTarget {
+  OutputTarget(std::string* s) : owned(s) {}  // NOLINT: a string is the usual target
+  OutputTarget(char* memory, int64_t bytes) : external(memory), external_bytes(bytes) {}
+  std::string* owned = nullptr;
+  char* external = nullptr;
+  int64_t external_bytes = 0;
 };
 
 // A new tensor an operation produced (a table or a bias).
@@ -116,14 +134,18 @@ class Engine {
   // count 0 for a learned table mean its own.
   [[nodiscard]] absl::StatusOr<Produced> EncodingTable(AbsoluteOptions options, int64_t dim,
                                                        int64_t count, const TensorView& positions,
-                                                       DType dtype, std::string* out,
+                                                       DType dtype, OutputTarget out,
                                                        const CallEnv& env);
   // The bias added to `logits` in place when present, else built into *out.
   [[nodiscard]] absl::StatusOr<Produced> AttentionBias(const BiasOptions& options,
-                                                       MutableTensor& logits, std::string* out,
+                                                       MutableTensor& logits, OutputTarget out,
                                                        const CallEnv& env);
 
   const TableRepository& tables() const { return tables_; }
+  // The shared-memory regions callers registered; their bytes are admitted
+  // against this engine's budget.
+  SharedMemoryRegistry& shared_memory() { return shared_memory_; }
+  const SharedMemoryRegistry& shared_memory() const { return shared_memory_; }
   // A drain abandons a reload in progress (the old tables stay).
   void ReloadTables();
 
@@ -171,6 +193,7 @@ class Engine {
   std::string cuda_unavailable_reason_;
   TableRepository tables_;
   AdmissionControl admission_;
+  SharedMemoryRegistry shared_memory_;  // after admission_, which it admits against
 };
 
 }  // namespace posenc::server

@@ -7,11 +7,14 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/strip.h"
+#include "posenc/status_macros.h"
 
 namespace posenc::server {
 namespace {
@@ -72,15 +75,15 @@ absl::Status SharedMemoryDisabledError() {
       "--enable_system_shared_memory (callers on the same node only; see docs/shared-memory.md)");
 }
 
-SharedMemoryRegion::SharedMemoryRegion(std::string name, std::string key, int fd, int64_t offset,
-                                       int64_t byte_size)
+SharedMemoryRegion::SharedMemoryRegion(std::string name, std::string key, int64_t offset,
+                                       int64_t byte_size, std::unique_ptr<GuardedMapping> mapping,
+                                       AdmissionControl::Ticket admitted)
     : name_(std::move(name)),
       key_(std::move(key)),
-      fd_(fd),
       offset_(offset),
-      byte_size_(byte_size) {}
-
-SharedMemoryRegion::~SharedMemoryRegion() { ::close(fd_); }
+      byte_size_(byte_size),
+      mapping_(std::move(mapping)),
+      admitted_(std::move(admitted)) {}
 
 absl::Status SharedMemoryRegion::CheckSlice(absl::string_view field, int64_t offset,
                                             int64_t size) const {
@@ -92,27 +95,22 @@ absl::Status SharedMemoryRegion::CheckSlice(absl::string_view field, int64_t off
   return absl::OkStatus();
 }
 
+absl::Status SharedMemoryRegion::CheckIntact(absl::string_view field) const {
+  if (!mapping_->broken()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      field, ": shared memory region \"", Shown(name_), "\" (key ", Shown(key_),
+      ") was truncated while the server used it; unregister it and register the object again"));
+}
+
 absl::Status SharedMemoryRegion::Read(absl::string_view field, int64_t offset, int64_t size,
                                       std::string* out) const {
-  if (absl::Status s = CheckSlice(field, offset, size); !s.ok()) return s;
-  out->resize(static_cast<size_t>(size));
-  int64_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::pread(fd_, out->data() + done, static_cast<size_t>(size - done),
-                              static_cast<off_t>(offset_ + offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      return absl::InternalError(absl::StrCat(field, ": reading shared memory region \"",
-                                              Shown(name_), "\" failed: ", Errno(errno)));
-    }
-    if (n == 0) {
-      out->clear();
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": shared memory region \"", Shown(name_), "\" (key ", Shown(key_),
-                       ") ends before the ", size, " bytes at offset ", offset,
-                       ": the object was truncated after registration"));
-    }
-    done += n;
+  POSENC_RETURN_IF_ERROR(CheckSlice(field, offset, size));
+  POSENC_RETURN_IF_ERROR(CheckIntact(field));
+  out->assign(At(offset), static_cast<size_t>(size));
+  // A truncation during the copy left zeros in it.
+  if (absl::Status s = CheckIntact(field); !s.ok()) {
+    out->clear();
+    return s;
   }
   return absl::OkStatus();
 }
@@ -120,38 +118,14 @@ absl::Status SharedMemoryRegion::Read(absl::string_view field, int64_t offset, i
 absl::Status SharedMemoryRegion::Write(absl::string_view field, int64_t offset,
                                        absl::string_view data) const {
   const int64_t size = static_cast<int64_t>(data.size());
-  if (absl::Status s = CheckSlice(field, offset, size); !s.ok()) return s;
-  // pwrite past the end would grow the object; the caller shrank it, so
-  // refuse instead. (A shrink racing this check only lets pwrite restore
-  // the registered size, never more.)
-  struct stat st;
-  if (::fstat(fd_, &st) != 0) {
-    return absl::InternalError(absl::StrCat(field, ": shared memory region \"", Shown(name_),
-                                            "\": fstat failed: ", Errno(errno)));
-  }
-  if (st.st_size < offset_ + offset + size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": shared memory region \"", Shown(name_), "\" (key ", Shown(key_),
-                     ") now holds ", st.st_size, " bytes, fewer than the ", size,
-                     " bytes at offset ", offset, ": the object was truncated after registration"));
-  }
-  int64_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::pwrite(fd_, data.data() + done, static_cast<size_t>(size - done),
-                               static_cast<off_t>(offset_ + offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      return absl::InternalError(absl::StrCat(field, ": writing shared memory region \"",
-                                              Shown(name_),
-                                              "\" failed: ", n < 0 ? Errno(errno) : "no progress"));
-    }
-    done += n;
-  }
-  return absl::OkStatus();
+  POSENC_RETURN_IF_ERROR(CheckSlice(field, offset, size));
+  POSENC_RETURN_IF_ERROR(CheckIntact(field));
+  if (size > 0) std::memcpy(At(offset), data.data(), data.size());
+  return CheckIntact(field);
 }
 
-SharedMemoryRegistry::SharedMemoryRegistry(SharedMemoryOptions options)
-    : options_(std::move(options)) {}
+SharedMemoryRegistry::SharedMemoryRegistry(SharedMemoryOptions options, AdmissionControl* admission)
+    : options_(std::move(options)), admission_(admission) {}
 
 absl::Status SharedMemoryRegistry::CheckEnabled() const {
   return options_.enabled ? absl::OkStatus() : SharedMemoryDisabledError();
@@ -159,10 +133,9 @@ absl::Status SharedMemoryRegistry::CheckEnabled() const {
 
 absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string_view key,
                                             uint64_t offset, uint64_t byte_size) {
-  if (absl::Status s = CheckEnabled(); !s.ok()) return s;
-  if (absl::Status s = CheckName(name); !s.ok()) return s;
-  absl::StatusOr<std::string> file = FileOfKey(key);
-  if (!file.ok()) return file.status();
+  POSENC_RETURN_IF_ERROR(CheckEnabled());
+  POSENC_RETURN_IF_ERROR(CheckName(name));
+  POSENC_ASSIGN_OR_RETURN(const std::string file, FileOfKey(key));
   constexpr uint64_t kMax = std::numeric_limits<int64_t>::max();
   if (byte_size == 0 || byte_size > kMax || offset > kMax) {
     return absl::InvalidArgumentError(absl::StrCat("shared memory region \"", Shown(name),
@@ -170,9 +143,7 @@ absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string
                                                    "below 2^63, got byte_size ",
                                                    byte_size, " and offset ", offset));
   }
-  {
-    // Cheap refusals before opening anything.
-    std::lock_guard<std::mutex> lock(mu_);
+  const auto taken_or_full = [&]() -> absl::Status {
     if (regions_.count(name) > 0) {
       return absl::AlreadyExistsError(absl::StrCat(
           "shared memory region \"", Shown(name), "\" is already registered; unregister it first"));
@@ -182,10 +153,22 @@ absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string
           absl::StrCat("at most ", options_.max_regions,
                        " shared memory regions may be registered (--max_shared_memory_regions)"));
     }
+    if (static_cast<int64_t>(byte_size) > options_.max_total_bytes - total_bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "shared memory region \"", Shown(name), "\" of ", byte_size,
+          " bytes would bring the registered total over ", options_.max_total_bytes,
+          " bytes (--max_shared_memory_bytes; ", total_bytes_, " registered)"));
+    }
+    return absl::OkStatus();
+  };
+  {
+    // Cheap refusals before opening anything.
+    std::lock_guard<std::mutex> lock(mu_);
+    POSENC_RETURN_IF_ERROR(taken_or_full());
   }
   // O_NOFOLLOW: no symlink out of /dev/shm; O_NONBLOCK: a FIFO planted
   // there cannot hang the call (it is then refused as not a regular file).
-  const std::string path = absl::StrCat(options_.directory, "/", *file);
+  const std::string path = absl::StrCat(options_.directory, "/", file);
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
     const int e = errno;
@@ -196,9 +179,8 @@ absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string
     if (e == EMFILE || e == ENFILE) return absl::ResourceExhaustedError(what);
     return absl::InvalidArgumentError(what);
   }
-  auto region = std::make_shared<const SharedMemoryRegion>(std::string(name), std::string(key), fd,
-                                                           static_cast<int64_t>(offset),
-                                                           static_cast<int64_t>(byte_size));
+  // The mapping holds its own reference to the object.
+  const auto close_fd = absl::MakeCleanup([fd] { ::close(fd); });
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(
@@ -210,48 +192,60 @@ absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string
         "shared memory region \"", Shown(name), "\": offset ", offset, " + byte_size ", byte_size,
         " must lie within the object \"", Shown(key), "\" of ", object, " bytes"));
   }
+  // Its bytes join the memory budget first: the server will touch them.
+  POSENC_ASSIGN_OR_RETURN(AdmissionControl::Ticket admitted, admission_->Enter());
+  if (absl::Status s = admitted.TryGrow(static_cast<int64_t>(byte_size)); !s.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "shared memory region \"", Shown(name), "\" of ", byte_size,
+        " bytes does not fit the server's memory budget now (--max_inflight_bytes): ",
+        s.message()));
+  }
+  admitted.ReleaseSlot();  // it is memory held, not work in progress
+  POSENC_ASSIGN_OR_RETURN(std::unique_ptr<GuardedMapping> mapping,
+                          GuardedMapping::Map(fd, static_cast<int64_t>(offset),
+                                              static_cast<int64_t>(byte_size)));
+  auto region = std::make_shared<SharedMemoryRegion>(
+      std::string(name), std::string(key), static_cast<int64_t>(offset),
+      static_cast<int64_t>(byte_size), std::move(mapping), std::move(admitted));
   std::lock_guard<std::mutex> lock(mu_);
-  if (regions_.count(name) > 0) {
-    return absl::AlreadyExistsError(absl::StrCat("shared memory region \"", Shown(name),
-                                                 "\" is already registered; unregister it first"));
-  }
-  if (static_cast<int>(regions_.size()) >= options_.max_regions) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("at most ", options_.max_regions,
-                     " shared memory regions may be registered (--max_shared_memory_regions)"));
-  }
-  if (region->byte_size() > options_.max_total_bytes - total_bytes_) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("shared memory region \"", Shown(name), "\" of ", byte_size,
-                     " bytes would bring the "
-                     "registered total over ",
-                     options_.max_total_bytes, " bytes (--max_shared_memory_bytes; ", total_bytes_,
-                     " registered)"));
-  }
+  POSENC_RETURN_IF_ERROR(taken_or_full());
   total_bytes_ += region->byte_size();
   regions_.emplace(std::string(name), std::move(region));
   return absl::OkStatus();
 }
 
-absl::Status SharedMemoryRegistry::Unregister(absl::string_view name) {
-  if (absl::Status s = CheckEnabled(); !s.ok()) return s;
-  // Destroyed outside the lock: a region still in use lives on in its
-  // requests; one that is not closes here.
-  std::map<std::string, std::shared_ptr<const SharedMemoryRegion>, std::less<>> gone;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (name.empty()) {
-    gone.swap(regions_);
-    total_bytes_ = 0;
-  } else if (auto it = regions_.find(name); it != regions_.end()) {
-    total_bytes_ -= it->second->byte_size();
-    gone.insert(regions_.extract(it));
+absl::Status SharedMemoryRegistry::Unregister(absl::string_view name, absl::Time deadline) {
+  POSENC_RETURN_IF_ERROR(CheckEnabled());
+  std::vector<std::shared_ptr<SharedMemoryRegion>> gone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = regions_.begin(); it != regions_.end();) {
+      if (name.empty() || it->first == name) {
+        total_bytes_ -= it->second->byte_size();
+        gone.push_back(std::move(it->second));
+        it = regions_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  // Outside the registry's lock: requests holding a region let go without it.
+  for (const auto& region : gone) {
+    std::unique_lock<std::mutex> lock(region->mu_);
+    const bool unused = region->unused_.wait_until(lock, absl::ToChronoTime(deadline),
+                                                   [&] { return region->users_ == 0; });
+    if (!unused) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "shared memory region \"", Shown(region->name()), "\" is unregistered but ",
+          region->users_, " requests still use it; it is unmapped when they finish"));
+    }
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<const SharedMemoryRegion>>> SharedMemoryRegistry::Status(
     absl::string_view name) const {
-  if (absl::Status s = CheckEnabled(); !s.ok()) return s;
+  POSENC_RETURN_IF_ERROR(CheckEnabled());
   std::vector<std::shared_ptr<const SharedMemoryRegion>> out;
   std::lock_guard<std::mutex> lock(mu_);
   if (name.empty()) {
@@ -272,13 +266,27 @@ absl::StatusOr<std::shared_ptr<const SharedMemoryRegion>> SharedMemoryRegistry::
   if (absl::Status s = CheckEnabled(); !s.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(field, ": ", s.message()));
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = regions_.find(name);
-  if (it == regions_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat(field, ": no shared memory region \"", Shown(name), "\" is registered"));
+  std::shared_ptr<SharedMemoryRegion> region;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = regions_.find(name);
+    if (it == regions_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat(field, ": no shared memory region \"", Shown(name), "\" is registered"));
+    }
+    region = it->second;
+    std::lock_guard<std::mutex> use(region->mu_);
+    ++region->users_;
   }
-  return it->second;
+  // The hold: the region (and its mapping) lives while the pointer does,
+  // and releasing the last copy of it counts the request out.
+  SharedMemoryRegion* raw = region.get();
+  std::shared_ptr<const SharedMemoryRegion> hold(raw, [region](SharedMemoryRegion* r) {
+    std::lock_guard<std::mutex> lock(r->mu_);
+    if (--r->users_ == 0) r->unused_.notify_all();
+  });
+  POSENC_RETURN_IF_ERROR(hold->CheckIntact(field));
+  return hold;
 }
 
 int SharedMemoryRegistry::count() const {

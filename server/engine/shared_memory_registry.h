@@ -1,30 +1,24 @@
-// System shared-memory regions (the KServe v2 / Triton shared-memory
-// extension): a caller on the same node puts tensors in a POSIX
-// shared-memory object (/dev/shm/<key>) and names a slice of it, so they
-// skip the socket. Knows neither protobuf nor gRPC; errors are absl::Status
-// with the SPEC §3 codes.
+// Shared-memory regions, one registry for both fronts: a caller on the same
+// node puts tensors in a POSIX shared-memory object (/dev/shm/<key>),
+// registers a slice of it under a name, and names slices of that in its
+// requests (posenc.v1's *_shm fields, the KServe v2 / Triton parameters), so
+// its tensors skip the socket and are computed on in place. Knows neither
+// protobuf nor gRPC; errors are absl::Status with the SPEC §3 codes.
 //
-// Design: no mapping. Registration opens the object once and keeps the file
-// descriptor; inputs are read with pread() into a buffer the call owns, and
-// outputs written back with pwrite(). Why not mmap:
-//  - the caller owns the object and may ftruncate() it at any time; touching
-//    a mapped page past the new end raises SIGBUS in the server. pread and
-//    pwrite see the file's current size instead: a short read is an
-//    INVALID_ARGUMENT for that one call, never a signal. (Catching SIGBUS
-//    around every copy would need a process-wide handler and could not
-//    cover the CUDA driver reading host memory.)
-//  - the kernels validate their inputs (positions, lengths) and then read
-//    them; over shared pages the caller could change them in between and
-//    steer reads out of bounds. A private copy makes validation hold.
-// The copy costs what a mapping plus the private copy would cost; what the
-// caller saves is the socket, protobuf and gRPC's own copies.
+// A region is mapped once, at registration (guarded_mapping.h says why a
+// caller truncating, rewriting or unmapping its object cannot hurt the
+// server), and its bytes are admitted against the server's memory budget
+// for as long as it is registered: the server touches its pages, so they
+// count in its resident memory.
 //
-// Lifetime: a region is a shared_ptr; a request holds it from lookup until
-// its outputs are written, so Unregister while in use only removes the
-// name and the descriptor closes when the last request lets go.
+// Lifetime: Find hands out a hold on the region that a request keeps until
+// its outputs are written. Unregister removes the name at once (no new
+// request can use it) and then waits until no request holds the region, so
+// that when it returns the caller may reuse or free its memory.
 #ifndef POSENC_SERVER_ENGINE_SHARED_MEMORY_REGISTRY_H_
 #define POSENC_SERVER_ENGINE_SHARED_MEMORY_REGISTRY_H_
 
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -35,27 +29,29 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "engine/admission.h"
+#include "engine/guarded_mapping.h"
 
 namespace posenc::server {
 
 struct SharedMemoryOptions {
   bool enabled = false;  // --enable_system_shared_memory
-  int max_regions = 64;  // --max_shared_memory_regions (each holds a descriptor)
-  // The sum of the registered byte sizes (--max_shared_memory_bytes). Regions
-  // hold no server memory (nothing is mapped); this bounds what callers may
-  // point the server at.
+  int max_regions = 64;  // --max_shared_memory_regions (each holds a mapping)
+  // The sum of the registered byte sizes (--max_shared_memory_bytes), on top
+  // of the memory budget every region is admitted against.
   int64_t max_total_bytes = int64_t{64} << 30;
   // Where keys live; /dev/shm is where shm_open() puts them (tests only
   // change it).
   std::string directory = "/dev/shm";
 };
 
-// One registered region: the slice [offset, offset + byte_size) of an open
-// shared-memory object. Immutable; closes its descriptor when destroyed.
+// One registered region: the slice [offset, offset + byte_size) of a
+// shared-memory object, mapped into the server.
 class SharedMemoryRegion {
  public:
-  SharedMemoryRegion(std::string name, std::string key, int fd, int64_t offset, int64_t byte_size);
-  ~SharedMemoryRegion();
+  SharedMemoryRegion(std::string name, std::string key, int64_t offset, int64_t byte_size,
+                     std::unique_ptr<GuardedMapping> mapping, AdmissionControl::Ticket admitted);
   SharedMemoryRegion(const SharedMemoryRegion&) = delete;
   SharedMemoryRegion& operator=(const SharedMemoryRegion&) = delete;
 
@@ -68,43 +64,64 @@ class SharedMemoryRegion {
   // the region (overflow-safe).
   [[nodiscard]] absl::Status CheckSlice(absl::string_view field, int64_t offset,
                                         int64_t size) const;
-  // `size` bytes at `offset` of the region into *out (resized here);
-  // INVALID_ARGUMENT when the object no longer holds them (truncated).
+  // The slice's first byte, in place: the caller may rewrite the bytes at
+  // any time, so only tensor values are used from here, never bytes that
+  // steer memory accesses. REQUIRES: CheckSlice(..., offset, ...) is OK.
+  char* At(int64_t offset) const { return mapping_->data() + offset; }
+  // A private copy of a slice (for positions and lengths, which are
+  // validated and then used to index).
   [[nodiscard]] absl::Status Read(absl::string_view field, int64_t offset, int64_t size,
                                   std::string* out) const;
-  // `data` at `offset` of the region; INVALID_ARGUMENT when the object was
-  // truncated below it (the server does not grow what the caller shrank).
+  // `data` copied into the slice at `offset`.
   [[nodiscard]] absl::Status Write(absl::string_view field, int64_t offset,
                                    absl::string_view data) const;
+  // FAILED_PRECONDITION naming `field` once the caller has truncated the
+  // object under the mapping (whatever the server read or wrote there since
+  // is void); OK before. Checked after every use.
+  [[nodiscard]] absl::Status CheckIntact(absl::string_view field) const;
 
  private:
+  friend class SharedMemoryRegistry;
   const std::string name_;
   const std::string key_;
-  const int fd_;
   const int64_t offset_;
   const int64_t byte_size_;
+  const std::unique_ptr<GuardedMapping> mapping_;
+  const AdmissionControl::Ticket admitted_;  // its bytes in the budget
+  // Requests holding the region (see Find); Unregister waits for none.
+  mutable std::mutex mu_;
+  mutable std::condition_variable unused_;
+  mutable int users_ = 0;
 };
 
 class SharedMemoryRegistry {
  public:
-  explicit SharedMemoryRegistry(SharedMemoryOptions options);
+  // Regions' bytes are admitted against `admission` (not owned; outlives
+  // the registry).
+  SharedMemoryRegistry(SharedMemoryOptions options, AdmissionControl* admission);
 
   bool enabled() const { return options_.enabled; }
+  const SharedMemoryOptions& options() const { return options_; }
 
   // Opens /dev/shm/<key> (key "name" or "/name": one component, no "..")
-  // and registers the slice as `name`. INVALID_ARGUMENT for a bad name, key
-  // or slice (beyond the object's size), NOT_FOUND when the object does not
-  // exist, ALREADY_EXISTS for a name taken, RESOURCE_EXHAUSTED beyond the
-  // caps. FAILED_PRECONDITION (saying how to enable) when off, as all are.
+  // and registers and maps the slice as `name`. INVALID_ARGUMENT for a bad
+  // name, key or slice (beyond the object's size), NOT_FOUND when the
+  // object does not exist, ALREADY_EXISTS for a name taken,
+  // RESOURCE_EXHAUSTED beyond the caps or the memory budget.
+  // FAILED_PRECONDITION (saying how to enable) when off, as all are.
   [[nodiscard]] absl::Status Register(absl::string_view name, absl::string_view key,
                                       uint64_t offset, uint64_t byte_size);
-  // Removes `name` ("" every region); a name not registered is not an error
-  // (as in Triton, so cleanup may repeat).
-  [[nodiscard]] absl::Status Unregister(absl::string_view name);
+  // Removes `name` ("" every region), then waits until no request holds it
+  // or `deadline` passes (DEADLINE_EXCEEDED: the name is gone, the mapping
+  // goes when its last request finishes). A name not registered is not an
+  // error (as in Triton, so cleanup may repeat).
+  [[nodiscard]] absl::Status Unregister(absl::string_view name,
+                                        absl::Time deadline = absl::InfiniteFuture());
   // Every region ("") or the one named (NOT_FOUND when none), by name.
   [[nodiscard]] absl::StatusOr<std::vector<std::shared_ptr<const SharedMemoryRegion>>> Status(
       absl::string_view name) const;
-  // The region a request names, held for the request's life.
+  // The region a request names, held (see the file comment) for as long as
+  // the returned pointer or a copy of it lives.
   [[nodiscard]] absl::StatusOr<std::shared_ptr<const SharedMemoryRegion>> Find(
       absl::string_view field, absl::string_view name) const;
 
@@ -114,8 +131,9 @@ class SharedMemoryRegistry {
   absl::Status CheckEnabled() const;
 
   const SharedMemoryOptions options_;
+  AdmissionControl* const admission_;
   mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<const SharedMemoryRegion>, std::less<>> regions_;
+  std::map<std::string, std::shared_ptr<SharedMemoryRegion>, std::less<>> regions_;
   int64_t total_bytes_ = 0;
 };
 

@@ -1,7 +1,8 @@
 // The shared-memory registry against real objects in /dev/shm: keys that
-// would leave it, slices beyond the object, the caps, names taken, a caller
-// shrinking the object after registering it (a mapping would SIGBUS the
-// server), and unregistering a region a request still reads.
+// would leave it, slices beyond the object, the caps and the memory budget,
+// names taken, a caller shrinking the object after registering it (the
+// mapping's guard turns the SIGBUS into an error for that region), and
+// unregistering a region a request still holds (it waits).
 #include "engine/shared_memory_registry.h"
 
 #include <fcntl.h>
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -60,8 +62,14 @@ SharedMemoryOptions On() {
   return o;
 }
 
+// The memory budget regions are admitted against.
+AdmissionControl* Budget() {
+  static AdmissionControl* a = new AdmissionControl(AdmissionOptions{64, int64_t{1} << 30});
+  return a;
+}
+
 TEST(SharedMemoryTest, OffRefusesEverythingSayingHowToEnable) {
-  SharedMemoryRegistry r{SharedMemoryOptions{}};
+  SharedMemoryRegistry r{SharedMemoryOptions{}, Budget()};
   ShmObject obj(64);
   for (const absl::Status& s : {r.Register("a", obj.key(), 0, 64), r.Unregister(""),
                                 r.Status("").status(), r.Find("input 0", "a").status()}) {
@@ -71,7 +79,7 @@ TEST(SharedMemoryTest, OffRefusesEverythingSayingHowToEnable) {
 }
 
 TEST(SharedMemoryTest, ReadsAndWritesTheRegisteredSlice) {
-  SharedMemoryRegistry r(On());
+  SharedMemoryRegistry r(On(), Budget());
   ShmObject obj(4096);
   ASSERT_TRUE(r.Register("in", obj.key(), 1024, 2048).ok());
   auto region = r.Find("input 0", "in");
@@ -98,7 +106,7 @@ TEST(SharedMemoryTest, ReadsAndWritesTheRegisteredSlice) {
 }
 
 TEST(SharedMemoryTest, KeysMustStayUnderDevShm) {
-  SharedMemoryRegistry r(On());
+  SharedMemoryRegistry r(On(), Budget());
   ShmObject obj(64);
   for (const std::string& key :
        {std::string(""), std::string("/"), std::string("/a/b"), std::string("//x"),
@@ -116,7 +124,7 @@ TEST(SharedMemoryTest, KeysMustStayUnderDevShm) {
 }
 
 TEST(SharedMemoryTest, OnlyRegularObjectsAndNoSymlinks) {
-  SharedMemoryRegistry r(On());
+  SharedMemoryRegistry r(On(), Budget());
   ShmObject obj(64);
   const std::string fifo = obj.path() + "-fifo";
   const std::string link = obj.path() + "-link";
@@ -132,7 +140,7 @@ TEST(SharedMemoryTest, OnlyRegularObjectsAndNoSymlinks) {
 }
 
 TEST(SharedMemoryTest, SlicesMustLieWithinTheObject) {
-  SharedMemoryRegistry r(On());
+  SharedMemoryRegistry r(On(), Budget());
   ShmObject obj(100);
   EXPECT_EQ(r.Register("a", obj.key(), 0, 101).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(r.Register("a", obj.key(), 1, 100).code(), absl::StatusCode::kInvalidArgument);
@@ -150,7 +158,7 @@ TEST(SharedMemoryTest, NamesAreUniqueAndCapsHold) {
   SharedMemoryOptions o = On();
   o.max_regions = 2;
   o.max_total_bytes = 150;
-  SharedMemoryRegistry r(o);
+  SharedMemoryRegistry r(o, Budget());
   ShmObject obj(100);
   ASSERT_TRUE(r.Register("a", obj.key(), 0, 100).ok());
   EXPECT_EQ(r.Register("a", obj.key(), 0, 10).code(), absl::StatusCode::kAlreadyExists);
@@ -176,48 +184,83 @@ TEST(SharedMemoryTest, NamesAreUniqueAndCapsHold) {
   EXPECT_TRUE(r.Register("d", obj.key(), 0, 100).ok());
 }
 
-TEST(SharedMemoryTest, TruncatedAfterRegisteringIsAnErrorNotASignal) {
-  SharedMemoryRegistry r(On());
+TEST(SharedMemoryTest, TruncatedUnderTheMappingIsAnErrorNotASignal) {
+  SharedMemoryRegistry r(On(), Budget());
   ShmObject obj(1 << 20);
   ASSERT_TRUE(r.Register("r", obj.key(), 4096, (1 << 20) - 4096).ok());
   auto region = r.Find("input 0", "r");
   ASSERT_TRUE(region.ok());
+  // Mapped in place: the slice's bytes are the object's.
+  EXPECT_EQ(std::string((*region)->At(0), 4096), obj.bytes().substr(4096, 4096));
   obj.Truncate(8192);
+  // What is still there reads, and the region is intact.
   std::string got;
-  absl::Status s = (*region)->Read("input 0", 0, 65536, &got);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_NE(s.message().find("truncated"), std::string::npos) << s;
-  EXPECT_TRUE(got.empty());
-  // What is still there reads.
   ASSERT_TRUE((*region)->Read("input 0", 0, 4096, &got).ok());
   EXPECT_EQ(got, obj.bytes().substr(4096, 4096));
-  // Writes do not grow what the caller shrank.
-  s = (*region)->Write("output 0", 0, std::string(65536, 'w'));
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  // Past the new end: a SIGBUS the guard repairs; the region is void from
+  // then on, for this request and every later one.
+  absl::Status s = (*region)->Read("input 0", 0, 65536, &got);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("truncated"), std::string::npos) << s;
+  EXPECT_TRUE(got.empty());
+  EXPECT_EQ((*region)->Write("output 0", 0, "abc").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.Find("input 1", "r").status().code(), absl::StatusCode::kFailedPrecondition);
+  // The object itself was not grown or written by the server.
   struct stat st;
   ASSERT_EQ(::stat(obj.path().c_str(), &st), 0);
   EXPECT_EQ(st.st_size, 8192);
-  obj.Truncate(0);
-  EXPECT_EQ((*region)->Read("input 0", 0, 1, &got).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(obj.Contents().substr(0, 8192), obj.bytes().substr(0, 8192));
+  // Unregistered, the name takes a fresh registration.
+  region->reset();
+  ASSERT_TRUE(r.Unregister("r").ok());
+  ASSERT_TRUE(r.Register("r", obj.key(), 0, 8192).ok());
+  EXPECT_TRUE(r.Find("input 0", "r").ok());
 }
 
-TEST(SharedMemoryTest, UnregisterWhileInUseKeepsTheRegionForItsRequest) {
-  SharedMemoryRegistry r(On());
+TEST(SharedMemoryTest, UnregisterWaitsForTheRequestsHoldingTheRegion) {
+  SharedMemoryRegistry r(On(), Budget());
   ShmObject obj(4096);
   ASSERT_TRUE(r.Register("r", obj.key(), 0, 4096).ok());
   auto held = r.Find("input 0", "r");  // a request in flight holds it
   ASSERT_TRUE(held.ok());
-  ASSERT_TRUE(r.Unregister("r").ok());
+  // With a deadline that passes, the name is gone and the region lives on.
+  absl::Status s = r.Unregister("r", absl::Now() + absl::Milliseconds(50));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_EQ(r.Find("input 0", "r").status().code(), absl::StatusCode::kNotFound);
-  // The caller even removes the object: the held descriptor still reads it.
+  // The caller even removes the object: the held mapping still reads it.
   ::unlink(obj.path().c_str());
   std::string got;
   ASSERT_TRUE((*held)->Read("input 0", 0, 4096, &got).ok());
   EXPECT_EQ(got, obj.bytes());
-  ASSERT_TRUE((*held)->Write("output 0", 0, "abc").ok());
-  // The name is free again for a new region.
+  // A second region: Unregister returns once its request lets go.
   ShmObject other(16);
-  EXPECT_TRUE(r.Register("r", other.key(), 0, 16).ok());
+  ASSERT_TRUE(r.Register("s", other.key(), 0, 16).ok());
+  auto held2 = r.Find("input 0", "s");
+  ASSERT_TRUE(held2.ok());
+  std::thread request([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    held2->reset();
+  });
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(r.Unregister("s").ok());
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(90));
+  request.join();
+}
+
+TEST(SharedMemoryTest, RegionsAreAdmittedAgainstTheBudgetWhileRegistered) {
+  AdmissionControl budget(AdmissionOptions{8, int64_t{1} << 20});
+  SharedMemoryRegistry r(On(), &budget);
+  ShmObject obj(int64_t{1} << 20);
+  ASSERT_TRUE(r.Register("a", obj.key(), 0, 768 << 10).ok());
+  EXPECT_EQ(budget.bytes(), 768 << 10);
+  EXPECT_EQ(budget.calls(), 0) << "a region holds memory, not a slot";
+  const absl::Status s = r.Register("b", obj.key(), 0, 512 << 10);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("--max_inflight_bytes"), std::string::npos) << s;
+  ASSERT_TRUE(r.Unregister("a").ok());
+  EXPECT_EQ(budget.bytes(), 0);
+  EXPECT_TRUE(r.Register("b", obj.key(), 0, 512 << 10).ok());
+  ASSERT_TRUE(r.Unregister("").ok());
 }
 
 }  // namespace

@@ -57,6 +57,7 @@ class InputSet {
     Input* in = Find(name);
     return in == nullptr ? MutableTensor() : in->mutable_view();
   }
+  std::vector<Input>& all() { return inputs_; }
 
  private:
   explicit InputSet(std::vector<Input> inputs) : inputs_(std::move(inputs)) {}
@@ -87,10 +88,40 @@ class OutputSet {
   }
   bool Wants(absl::string_view name) const { return wanted_.empty() || Find(name) != nullptr; }
 
+  // The slice the output `name` goes to, or null (the answer, or not wanted).
+  const ShmRef* ShmOf(absl::string_view name) const {
+    const Wanted* w = Find(name);
+    return w != nullptr && w->shm.has_value() ? &*w->shm : nullptr;
+  }
+  // The output `name` is computed in its slice itself (see Place).
+  void MarkInPlace(absl::string_view name) {
+    for (Wanted& w : wanted_) w.in_place = w.in_place || w.name == name;
+  }
+  // Whether every output the caller asked for goes to shared memory.
+  bool AllInSharedMemory() const {
+    if (wanted_.empty()) return false;
+    for (const Wanted& w : wanted_) {
+      if (!w.shm.has_value()) return false;
+    }
+    return true;
+  }
+  // FAILED_PRECONDITION when the caller truncated an output's region while
+  // the call wrote it (see GuardedMapping).
+  absl::Status CheckIntact() const {
+    for (const Wanted& w : wanted_) {
+      if (w.shm.has_value()) {
+        POSENC_RETURN_IF_ERROR(
+            w.shm->region->CheckIntact(absl::StrCat("requested output \"", w.name, "\"")));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   // Adds an output: its raw contents move into the answer, or its bytes go
-  // to the shared-memory slice the caller named (which must hold them).
+  // to the shared-memory slice the caller named (which must hold them),
+  // unless they were computed there (MarkInPlace).
   absl::Status Add(absl::string_view name, const char* datatype, const std::vector<int64_t>& shape,
-                   std::string* data, inference::ModelInferResponse* resp) {
+                   std::string* data, inference::ModelInferResponse* resp, int64_t size) {
     const Wanted* w = Find(name);
     if (w == nullptr || !w->shm.has_value()) {
       inference::ModelInferResponse::InferOutputTensor* out = resp->add_outputs();
@@ -100,12 +131,11 @@ class OutputSet {
     }
     const ShmRef& ref = *w->shm;
     const std::string field = absl::StrCat("requested output \"", name, "\"");
-    const int64_t size = static_cast<int64_t>(data->size());
     if (size > ref.byte_size) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, " has ", size, " bytes; its shared_memory_byte_size is ", ref.byte_size));
     }
-    POSENC_RETURN_IF_ERROR(ref.region->Write(field, ref.offset, *data));
+    if (!w->in_place) POSENC_RETURN_IF_ERROR(ref.region->Write(field, ref.offset, *data));
     shm_bytes_ += size;
     inference::ModelInferResponse::InferOutputTensor* out = resp->add_outputs();
     Describe(name, datatype, shape, out);
@@ -126,6 +156,7 @@ class OutputSet {
   struct Wanted {
     std::string name;
     std::optional<ShmRef> shm;
+    bool in_place = false;  // computed in its slice
   };
   const Wanted* Find(absl::string_view name) const {
     for (const Wanted& w : wanted_) {
@@ -159,6 +190,42 @@ absl::Status CheckHeadDim(const Model& model, InputSet& in) {
   return absl::OkStatus();
 }
 
+// Where an input the operation works on in place (query, key, x, logits)
+// is computed, given where its output (`output`) goes:
+//  - in the message: in its own bytes (the output moves into the answer, or
+//    is copied to the output's slice);
+//  - in shared memory, output to the same slice: in place there;
+//  - in shared memory, output to another slice: copied there, then computed
+//    in place there (the input's region is the caller's and stays as it
+//    was);
+//  - in shared memory, output to the answer (or not asked for): a private
+//    copy, admitted first.
+absl::Status Place(Input* t, absl::string_view output, OutputSet& want,
+                   Engine::Admission& admission) {
+  if (t == nullptr || !t->shm.has_value()) return absl::OkStatus();
+  const std::string field = absl::StrCat("input \"", t->name, "\"");
+  const ShmRef* out = want.ShmOf(output);
+  if (out == nullptr) {
+    POSENC_RETURN_IF_ERROR(admission.TryGrow(t->size()));
+    return t->MakePrivate(field);
+  }
+  const ShmRef& in = *t->shm;
+  if (out->region != in.region || out->offset != in.offset) {
+    if (t->size() > out->byte_size) {
+      return absl::InvalidArgumentError(absl::StrCat("requested output \"", output, "\" has ",
+                                                     t->size(),
+                                                     " bytes; its shared_memory_byte_size is ",
+                                                     out->byte_size));
+    }
+    // memmove: the caller may have made the two slices overlap.
+    std::memmove(out->region->At(out->offset), t->bytes(), static_cast<size_t>(t->size()));
+    POSENC_RETURN_IF_ERROR(in.region->CheckIntact(field));
+    t->shm = ShmRef{out->region, out->offset, t->size()};
+  }
+  want.MarkInPlace(output);
+  return absl::OkStatus();
+}
+
 absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params, InputSet& in,
                      OutputSet& want, const CallEnv& env_in, inference::ModelInferResponse* resp,
                      std::string* backend_out) {
@@ -170,6 +237,8 @@ absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params
                       query != nullptr && !query->shape.empty() ? query->shape.back() : 0));
   POSENC_RETURN_IF_ERROR(params.Finish(model.name));
   POSENC_RETURN_IF_ERROR(CheckHeadDim(model, in));
+  POSENC_RETURN_IF_ERROR(Place(in.Find("query"), "query_out", want, env.admission));
+  POSENC_RETURN_IF_ERROR(Place(in.Find("key"), "key_out", want, env.admission));
   RopeTensors t;
   t.query = in.Mutable("query");
   t.key = in.Mutable("key");
@@ -179,10 +248,12 @@ absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params
   POSENC_ASSIGN_OR_RETURN(*backend_out, engine.ApplyRope(options, t, env));
   if (want.Wants("query_out")) {
     Input* q = in.Find("query");
-    POSENC_RETURN_IF_ERROR(want.Add("query_out", DatatypeOf(q->dtype), q->shape, &q->data, resp));
+    POSENC_RETURN_IF_ERROR(
+        want.Add("query_out", DatatypeOf(q->dtype), q->shape, &q->data, resp, q->size()));
   }
   if (Input* k = in.Find("key"); k != nullptr && want.Wants("key_out")) {
-    POSENC_RETURN_IF_ERROR(want.Add("key_out", DatatypeOf(k->dtype), k->shape, &k->data, resp));
+    POSENC_RETURN_IF_ERROR(
+        want.Add("key_out", DatatypeOf(k->dtype), k->shape, &k->data, resp, k->size()));
   }
   return absl::OkStatus();
 }
@@ -195,6 +266,7 @@ absl::Status RunAbsolute(Engine& engine, const Model& model, ParameterReader& pa
   POSENC_RETURN_IF_ERROR(
       ReadAbsoluteOptions(params, model.kind == ModelKind::kLearned, &options, &env.backend));
   POSENC_RETURN_IF_ERROR(params.Finish(model.name));
+  POSENC_RETURN_IF_ERROR(Place(in.Find("x"), "y", want, env.admission));
   AbsoluteTensors t;
   t.x = in.Mutable("x");
   t.positions.position_ids = in.View("position_ids");
@@ -202,7 +274,7 @@ absl::Status RunAbsolute(Engine& engine, const Model& model, ParameterReader& pa
   t.cu_seqlens = in.View("cu_seqlens");
   POSENC_ASSIGN_OR_RETURN(*backend_out, engine.AddAbsolute(std::move(options), t, env));
   Input* x = in.Find("x");
-  return want.Add("y", DatatypeOf(x->dtype), x->shape, &x->data, resp);
+  return want.Add("y", DatatypeOf(x->dtype), x->shape, &x->data, resp, x->size());
 }
 
 absl::Status RunBias(Engine& engine, const Model& model, ParameterReader& params, InputSet& in,
@@ -214,20 +286,30 @@ absl::Status RunBias(Engine& engine, const Model& model, ParameterReader& params
   POSENC_RETURN_IF_ERROR(params.Finish(model.name));
   options.k_lens = in.View("k_lens");
   options.k_starts = in.View("k_starts");
+  Input* l = in.Find("logits");
+  POSENC_RETURN_IF_ERROR(Place(l, "bias", want, env.admission));
   MutableTensor logits = in.Mutable("logits");
+  // A bias built (no logits) into a slice is written there directly.
   std::string built;
-  POSENC_ASSIGN_OR_RETURN(Produced bias, engine.AttentionBias(options, logits, &built, env));
+  const ShmRef* bias_slice = l == nullptr ? want.ShmOf("bias") : nullptr;
+  const OutputTarget target =
+      bias_slice != nullptr
+          ? OutputTarget(bias_slice->region->At(bias_slice->offset), bias_slice->byte_size)
+          : OutputTarget(&built);
+  if (bias_slice != nullptr) want.MarkInPlace("bias");
+  POSENC_ASSIGN_OR_RETURN(Produced bias, engine.AttentionBias(options, logits, target, env));
   *backend_out = bias.backend;
   if (want.Wants("bias")) {
-    Input* l = in.Find("logits");
+    int64_t bias_bytes = static_cast<int64_t>(SizeOf(bias.dtype));
+    for (int64_t d : bias.shape) bias_bytes *= d;  // planned, so no overflow
     POSENC_RETURN_IF_ERROR(want.Add("bias", DatatypeOf(bias.dtype), bias.shape,
-                                    l != nullptr ? &l->data : &built, resp));
+                                    l != nullptr ? &l->data : &built, resp, bias_bytes));
   }
   if (want.Wants("slopes")) {
     std::string slopes(bias.slopes.size() * sizeof(double), '\0');
     if (!slopes.empty()) std::memcpy(slopes.data(), bias.slopes.data(), slopes.size());
-    POSENC_RETURN_IF_ERROR(
-        want.Add("slopes", "FP64", {static_cast<int64_t>(bias.slopes.size())}, &slopes, resp));
+    POSENC_RETURN_IF_ERROR(want.Add("slopes", "FP64", {static_cast<int64_t>(bias.slopes.size())},
+                                    &slopes, resp, static_cast<int64_t>(slopes.size())));
   }
   return absl::OkStatus();
 }
@@ -243,18 +325,25 @@ absl::Status RunInfer(Engine& engine, const Model& model, inference::ModelInferR
   const int64_t message_bytes = TensorBytes(*req);
   POSENC_RETURN_IF_ERROR(engine.CheckRequestSize(
       shm_in > INT64_MAX - message_bytes ? INT64_MAX : message_bytes + shm_in));
-  // Inputs read from shared memory come into memory the call owns: admitted
-  // before they are read (the message's bytes were admitted on arrival).
-  POSENC_RETURN_IF_ERROR(admission.TryGrow(shm_in));
   POSENC_ASSIGN_OR_RETURN(OutputSet want, OutputSet::Of(model, *req, shm));
   POSENC_ASSIGN_OR_RETURN(std::vector<Input> inputs, TakeInputs(req, &shm_inputs));
-  shm_inputs.clear();  // the regions stay held by `want` where outputs go there
+  shm_inputs.clear();  // the regions stay held by the inputs and by `want`
   POSENC_ASSIGN_OR_RETURN(InputSet in, InputSet::Of(model, std::move(inputs)));
+  // Integer inputs (positions, lengths) steer memory accesses once
+  // validated: a private copy, admitted first, so the caller cannot change
+  // them in between. The tensors worked on stay in place (Place).
+  for (Input& i : in.all()) {
+    if (i.shm.has_value() && (i.dtype == DType::kInt32 || i.dtype == DType::kInt64)) {
+      POSENC_RETURN_IF_ERROR(admission.TryGrow(i.size()));
+      POSENC_RETURN_IF_ERROR(i.MakePrivate(absl::StrCat("input \"", i.name, "\"")));
+    }
+  }
   Parameters merged;
   POSENC_ASSIGN_OR_RETURN(const Parameters* given,
                           ParametersFor(model, req->parameters(), &merged));
   ParameterReader params(*given);
-  const CallEnv env{ctx, admission, BackendChoice::kDefault, Overhead(*req)};
+  CallEnv env{ctx, admission, BackendChoice::kDefault, Overhead(*req)};
+  env.tensors_in_answer = !want.AllInSharedMemory();
   resp->set_model_name(model.name);
   resp->set_model_version(kModelVersion);
   resp->set_id(req->id());
@@ -270,6 +359,14 @@ absl::Status RunInfer(Engine& engine, const Model& model, inference::ModelInferR
     case ModelKind::kAttentionBias:
       s = RunBias(engine, model, params, in, want, env, resp, backend);
       break;
+  }
+  // What the call read or wrote in a region the caller truncated meanwhile
+  // is void (GuardedMapping): the call fails, whatever it computed.
+  if (s.ok()) {
+    for (Input& i : in.all()) {
+      if (i.shm.has_value()) s.Update(i.shm->region->CheckIntact(absl::StrCat("input \"", i.name, "\"")));
+    }
+    s.Update(want.CheckIntact());
   }
   if (traffic != nullptr) {
     traffic->in = shm_in;

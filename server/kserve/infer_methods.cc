@@ -63,7 +63,7 @@ std::vector<Method> KServeService::InferMethods() {
     kserve::ShmTraffic shm;
     const absl::Status s = NoThrow([&] {
       return kserve::RunInfer(*engine_, *model, &req, resp, call.ctx, *call.admission,
-                              &call.facts->backend, &shared_memory_, &shm);
+                              &call.facts->backend, &shared_memory(), &shm);
     });
     call.facts->shared_memory_in = shm.in;
     call.facts->shared_memory_out = shm.out;

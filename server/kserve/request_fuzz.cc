@@ -43,16 +43,14 @@ Harness& TheHarness() {
     o.max_request_tensor_bytes = 256 << 10;
     o.max_message_bytes = 256 << 10;
     o.max_inflight_bytes = 1 << 20;
+    o.shared_memory.enabled = true;
     auto e = posenc::server::Engine::Create(o);
     if (!e.ok()) {
       std::fprintf(stderr, "engine: %s\n", e.status().ToString().c_str());
       std::abort();
     }
     auto* harness = new Harness{std::move(*e), nullptr};
-    posenc::server::SharedMemoryOptions shm;
-    shm.enabled = true;
-    harness->service = std::make_unique<posenc::server::KServeService>(
-        harness->engine.get(), posenc::server::kserve::ModelRepositoryOptions{}, shm);
+    harness->service = std::make_unique<posenc::server::KServeService>(harness->engine.get());
     for (posenc::server::Method& m : harness->service->Methods()) {
       if (m.name == "ModelInfer" || m.name == "ModelStreamInfer") {
         harness->methods.push_back(std::move(m));

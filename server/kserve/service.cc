@@ -1,9 +1,11 @@
 #include "kserve/service.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "engine/utf8.h"
 #include "kserve/models.h"
 #include "posenc/status_macros.h"
@@ -19,6 +21,11 @@ namespace {
 
 using inference::ModelReadyRequest;
 
+// How long unregistering waits for the requests using a region.
+absl::Time UnregisterDeadline(const MethodCall& call) {
+  return std::min(call.deadline, absl::Now() + absl::Seconds(30));
+}
+
 bool ServerReadyNow(const Engine& engine) { return !engine.draining() && engine.Ready().ok(); }
 
 absl::Status NoSuchRepository(const std::string& name) {
@@ -29,11 +36,8 @@ absl::Status NoSuchRepository(const std::string& name) {
 
 }  // namespace
 
-KServeService::KServeService(Engine* engine, kserve::ModelRepositoryOptions models,
-                             const SharedMemoryOptions& shared_memory)
-    : engine_(engine),
-      models_(kserve::ModelRegistry(std::move(models))),
-      shared_memory_(shared_memory) {
+KServeService::KServeService(Engine* engine, kserve::ModelRepositoryOptions models)
+    : engine_(engine), models_(kserve::ModelRegistry(std::move(models))) {
   ReloadModels();
 }
 
@@ -92,7 +96,7 @@ std::vector<Method> KServeService::ControlMethods() {
              {"model_configuration", "model_repository", "statistics", "parameters"}) {
           resp->add_extensions(e);
         }
-        if (shared_memory_.enabled()) resp->add_extensions("system_shared_memory");
+        if (shared_memory().enabled()) resp->add_extensions("system_shared_memory");
         return absl::OkStatus();
       }));
   m.push_back(ControlMethod<ModelMetadataRequest, ModelMetadataResponse>(
@@ -171,7 +175,7 @@ std::vector<Method> KServeService::ControlMethods() {
       kKServeService, "SystemSharedMemoryStatus",
       [this](MethodCall&, const SystemSharedMemoryStatusRequest& req,
              SystemSharedMemoryStatusResponse* resp) -> absl::Status {
-        POSENC_ASSIGN_OR_RETURN(auto regions, shared_memory_.Status(req.name()));
+        POSENC_ASSIGN_OR_RETURN(auto regions, shared_memory().Status(req.name()));
         for (const auto& r : regions) {
           auto& status = (*resp->mutable_regions())[r->name()];
           status.set_name(r->name());
@@ -185,15 +189,18 @@ std::vector<Method> KServeService::ControlMethods() {
       kKServeService, "SystemSharedMemoryRegister",
       [this](MethodCall&, const SystemSharedMemoryRegisterRequest& req,
              SystemSharedMemoryRegisterResponse*) {
-        return shared_memory_.Register(req.name(), req.key(), req.offset(), req.byte_size());
+        return shared_memory().Register(req.name(), req.key(), req.offset(), req.byte_size());
       }));
+  // Waits until no request uses the region (up to the call's deadline, or
+  // 30 s): on the executor, never on gRPC's threads.
   m.push_back(
       ControlMethod<SystemSharedMemoryUnregisterRequest, SystemSharedMemoryUnregisterResponse>(
           kKServeService, "SystemSharedMemoryUnregister",
-          [this](MethodCall&, const SystemSharedMemoryUnregisterRequest& req,
+          [this](MethodCall& call, const SystemSharedMemoryUnregisterRequest& req,
                  SystemSharedMemoryUnregisterResponse*) {
-            return shared_memory_.Unregister(req.name());
-          }));
+            return shared_memory().Unregister(req.name(), UnregisterDeadline(call));
+          },
+          Method::Kind::kControlIo));
   return m;
 }
 

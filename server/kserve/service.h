@@ -26,15 +26,13 @@ inline constexpr char kKServeService[] = "inference.GRPCInferenceService";
 class KServeService final : public GenericallyServed<inference::GRPCInferenceService> {
  public:
   // Loads the model repository (logging what it skipped) before returning.
-  // `shared_memory` says whether (and within which caps) the system
-  // shared-memory extension is served.
-  KServeService(Engine* engine, kserve::ModelRepositoryOptions models = {},
-                const SharedMemoryOptions& shared_memory = {});
+  // Shared-memory regions are the engine's (both fronts share them).
+  explicit KServeService(Engine* engine, kserve::ModelRepositoryOptions models = {});
 
   // ModelInfer and ModelStreamInfer (infer_methods.cc), the control methods.
   std::vector<Method> Methods();
 
-  SharedMemoryRegistry& shared_memory() { return shared_memory_; }
+  SharedMemoryRegistry& shared_memory() { return engine_->shared_memory(); }
   const kserve::ModelRegistry& models() const { return models_; }
   // Rescans --model_dir and logs the result (a drain abandons it).
   void ReloadModels();
@@ -46,7 +44,6 @@ class KServeService final : public GenericallyServed<inference::GRPCInferenceSer
   Engine* engine_;
   kserve::ModelStatisticsTable statistics_;
   kserve::ModelRegistry models_;
-  SharedMemoryRegistry shared_memory_;
 };
 
 }  // namespace posenc::server

@@ -91,6 +91,13 @@ int64_t TensorBytes(const inference::ModelInferRequest& req) {
   return bytes;
 }
 
+absl::Status Input::MakePrivate(absl::string_view field) {
+  if (!shm) return absl::OkStatus();
+  POSENC_RETURN_IF_ERROR(shm->region->Read(field, shm->offset, shm->byte_size, &data));
+  shm.reset();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ShmInputs> ShmInputsOf(const inference::ModelInferRequest& req,
                                       const SharedMemoryRegistry* registry, int64_t* bytes) {
   ShmInputs refs;
@@ -143,10 +150,7 @@ absl::StatusOr<std::vector<Input>> TakeInputs(inference::ModelInferRequest* req,
         return absl::InvalidArgumentError(
             absl::StrCat(field, " has typed contents and a shared_memory_region"));
       }
-      const ShmRef& ref = *(*shm)[i];
-      // The size must match the shape before anything is read.
-      POSENC_RETURN_IF_ERROR(ValidateTensorBytes(field, t.dtype, t.shape, ref.byte_size));
-      POSENC_RETURN_IF_ERROR(ref.region->Read(field, ref.offset, ref.byte_size, &t.data));
+      t.shm = (*shm)[i];
     } else if (raw) {
       if (has_typed) {
         return absl::InvalidArgumentError(
@@ -157,7 +161,7 @@ absl::StatusOr<std::vector<Input>> TakeInputs(inference::ModelInferRequest* req,
       POSENC_ASSIGN_OR_RETURN(t.data, TypedContents(field, t.dtype, in->contents()));
       in->clear_contents();
     }
-    POSENC_RETURN_IF_ERROR(ValidateTensorBytes(field, t.dtype, t.shape, t.data.size()));
+    POSENC_RETURN_IF_ERROR(ValidateTensorBytes(field, t.dtype, t.shape, t.size()));
     inputs.push_back(std::move(t));
   }
   return inputs;

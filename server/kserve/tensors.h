@@ -25,16 +25,27 @@ namespace posenc::server::kserve {
 [[nodiscard]] absl::StatusOr<DType> DTypeOf(absl::string_view field, absl::string_view datatype);
 const char* DatatypeOf(DType dtype);
 
-// One input, owning its bytes.
+// One input: its bytes taken out of the message, or left in the
+// shared-memory slice the request names (computed on in place there).
 struct Input {
   std::string name;
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;
-  std::string data;
+  std::string data;           // the bytes, unless they are in shared memory
+  std::optional<ShmRef> shm;  // where they are instead (data is then empty)
 
-  TensorView view() const { return TensorView{dtype, shape, data.data(), data.size()}; }
-  // A writable view over data (for tensors worked on in place).
-  MutableTensor mutable_view() { return MutableTensor{dtype, shape, data.data(), data.size()}; }
+  char* bytes() { return shm ? shm->region->At(shm->offset) : data.data(); }
+  int64_t size() const { return shm ? shm->byte_size : static_cast<int64_t>(data.size()); }
+  TensorView view() { return TensorView{dtype, shape, bytes(), static_cast<size_t>(size())}; }
+  // A writable view (for tensors worked on in place).
+  MutableTensor mutable_view() {
+    return MutableTensor{dtype, shape, bytes(), static_cast<size_t>(size())};
+  }
+  // Copies the bytes out of shared memory into `data`, which the caller has
+  // admitted: for positions and lengths (validated, then used to index, so
+  // the caller must not be able to change them in between) and for tensors
+  // whose results go into the answer. No-op for bytes already private.
+  [[nodiscard]] absl::Status MakePrivate(absl::string_view field);
 };
 
 // The tensor bytes a request carries (what admission and the request size
@@ -54,8 +65,8 @@ using ShmInputs = std::vector<std::optional<ShmRef>>;
 // Takes every input out of `req` (its raw contents are left empty): names
 // unique and non-empty, datatype known, raw contents either for every
 // input not in shared memory or for none (Triton's rule), bytes matching the
-// shape (ValidateTensorBytes). Inputs in `shm` (null: none) are read from
-// their regions; the caller has admitted their bytes.
+// shape (ValidateTensorBytes). Inputs in `shm` (null: none) stay in their
+// slices (Input::shm); nothing of them is read here.
 [[nodiscard]] absl::StatusOr<std::vector<Input>> TakeInputs(inference::ModelInferRequest* req,
                                                             const ShmInputs* shm = nullptr);
 

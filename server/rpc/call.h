@@ -27,6 +27,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "engine/engine.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "posenc/backend.h"
@@ -60,6 +61,7 @@ struct MethodCall {
   Engine::Admission* admission = nullptr;
   std::chrono::steady_clock::time_point arrived;  // when the call (message) came
   CallFacts* facts = nullptr;
+  absl::Time deadline = absl::InfiniteFuture();  // the call's
 };
 
 struct Method {
