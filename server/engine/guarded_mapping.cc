@@ -40,8 +40,8 @@ void OnSigbus(int sig, siginfo_t* info, void* context) {
     // of the server's own. The raw system call: no interceptor or wrapper
     // runs inside a signal handler.
     const uintptr_t length = s.end.load(std::memory_order_relaxed) - begin;
-    const long r = syscall(SYS_mmap, reinterpret_cast<void*>(begin), length,
-                           PROT_READ | PROT_WRITE, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    const long r = syscall(SYS_mmap, reinterpret_cast<void*>(begin), length, PROT_READ | PROT_WRITE,
+                           MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (r == -1) break;  // cannot repair: fall through to the previous action
     s.broken.store(true, std::memory_order_release);
     repair_count.fetch_add(1, std::memory_order_relaxed);
@@ -99,7 +99,8 @@ absl::StatusOr<std::unique_ptr<GuardedMapping>> GuardedMapping::Map(int fd, int6
     const int e = errno;
     std::lock_guard<std::mutex> lock(slot_mu);
     slot_taken[slot] = false;
-    const std::string why = absl::StrCat("could not map the shared-memory object: ", std::strerror(e));
+    const std::string why =
+        absl::StrCat("could not map the shared-memory object: ", std::strerror(e));
     return e == ENOMEM ? absl::ResourceExhaustedError(why) : absl::InvalidArgumentError(why);
   }
   char* base = static_cast<char*>(p);
@@ -108,7 +109,8 @@ absl::StatusOr<std::unique_ptr<GuardedMapping>> GuardedMapping::Map(int fd, int6
   s.end.store(reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(length),
               std::memory_order_relaxed);
   s.begin.store(reinterpret_cast<uintptr_t>(base), std::memory_order_release);
-  return std::unique_ptr<GuardedMapping>(new GuardedMapping(base, length, base + delta, size, slot));
+  return std::unique_ptr<GuardedMapping>(
+      new GuardedMapping(base, length, base + delta, size, slot));
 }
 
 GuardedMapping::~GuardedMapping() {
@@ -118,9 +120,7 @@ GuardedMapping::~GuardedMapping() {
   slot_taken[slot_] = false;
 }
 
-bool GuardedMapping::broken() const {
-  return slots[slot_].broken.load(std::memory_order_acquire);
-}
+bool GuardedMapping::broken() const { return slots[slot_].broken.load(std::memory_order_acquire); }
 
 int64_t GuardedMapping::repairs() { return repair_count.load(std::memory_order_relaxed); }
 

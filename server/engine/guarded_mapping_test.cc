@@ -112,8 +112,8 @@ TEST(GuardedMappingDeathTest, ASigbusElsewhereStillKills) {
   EXPECT_DEATH(
       {
         File g(8192);
-        char* p = static_cast<char*>(
-            ::mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, g.fd, 0));
+        char* p =
+            static_cast<char*>(::mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, g.fd, 0));
         if (::ftruncate(g.fd, 0) != 0) std::abort();
         volatile char v = p[4096];
         (void)v;

@@ -9,10 +9,10 @@
 #include <limits>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/strip.h"
 #include "posenc/status_macros.h"
 
@@ -154,10 +154,10 @@ absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string
                        " shared memory regions may be registered (--max_shared_memory_regions)"));
     }
     if (static_cast<int64_t>(byte_size) > options_.max_total_bytes - total_bytes_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "shared memory region \"", Shown(name), "\" of ", byte_size,
-          " bytes would bring the registered total over ", options_.max_total_bytes,
-          " bytes (--max_shared_memory_bytes; ", total_bytes_, " registered)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("shared memory region \"", Shown(name), "\" of ", byte_size,
+                       " bytes would bring the registered total over ", options_.max_total_bytes,
+                       " bytes (--max_shared_memory_bytes; ", total_bytes_, " registered)"));
     }
     return absl::OkStatus();
   };
@@ -195,15 +195,15 @@ absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string
   // Its bytes join the memory budget first: the server will touch them.
   POSENC_ASSIGN_OR_RETURN(AdmissionControl::Ticket admitted, admission_->Enter());
   if (absl::Status s = admitted.TryGrow(static_cast<int64_t>(byte_size)); !s.ok()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "shared memory region \"", Shown(name), "\" of ", byte_size,
-        " bytes does not fit the server's memory budget now (--max_inflight_bytes): ",
-        s.message()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("shared memory region \"", Shown(name), "\" of ", byte_size,
+                     " bytes does not fit the server's memory budget now (--max_inflight_bytes): ",
+                     s.message()));
   }
   admitted.ReleaseSlot();  // it is memory held, not work in progress
-  POSENC_ASSIGN_OR_RETURN(std::unique_ptr<GuardedMapping> mapping,
-                          GuardedMapping::Map(fd, static_cast<int64_t>(offset),
-                                              static_cast<int64_t>(byte_size)));
+  POSENC_ASSIGN_OR_RETURN(
+      std::unique_ptr<GuardedMapping> mapping,
+      GuardedMapping::Map(fd, static_cast<int64_t>(offset), static_cast<int64_t>(byte_size)));
   auto region = std::make_shared<SharedMemoryRegion>(
       std::string(name), std::string(key), static_cast<int64_t>(offset),
       static_cast<int64_t>(byte_size), std::move(mapping), std::move(admitted));
@@ -235,9 +235,9 @@ absl::Status SharedMemoryRegistry::Unregister(absl::string_view name, absl::Time
     const bool unused = region->unused_.wait_until(lock, absl::ToChronoTime(deadline),
                                                    [&] { return region->users_ == 0; });
     if (!unused) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "shared memory region \"", Shown(region->name()), "\" is unregistered but ",
-          region->users_, " requests still use it; it is unmapped when they finish"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("shared memory region \"", Shown(region->name()), "\" is unregistered but ",
+                       region->users_, " requests still use it; it is unmapped when they finish"));
     }
   }
   return absl::OkStatus();

@@ -212,10 +212,9 @@ absl::Status Place(Input* t, absl::string_view output, OutputSet& want,
   const ShmRef& in = *t->shm;
   if (out->region != in.region || out->offset != in.offset) {
     if (t->size() > out->byte_size) {
-      return absl::InvalidArgumentError(absl::StrCat("requested output \"", output, "\" has ",
-                                                     t->size(),
-                                                     " bytes; its shared_memory_byte_size is ",
-                                                     out->byte_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat("requested output \"", output, "\" has ", t->size(),
+                       " bytes; its shared_memory_byte_size is ", out->byte_size));
     }
     // memmove: the caller may have made the two slices overlap.
     std::memmove(out->region->At(out->offset), t->bytes(), static_cast<size_t>(t->size()));
@@ -364,7 +363,8 @@ absl::Status RunInfer(Engine& engine, const Model& model, inference::ModelInferR
   // is void (GuardedMapping): the call fails, whatever it computed.
   if (s.ok()) {
     for (Input& i : in.all()) {
-      if (i.shm.has_value()) s.Update(i.shm->region->CheckIntact(absl::StrCat("input \"", i.name, "\"")));
+      if (i.shm.has_value())
+        s.Update(i.shm->region->CheckIntact(absl::StrCat("input \"", i.name, "\"")));
     }
     s.Update(want.CheckIntact());
   }
