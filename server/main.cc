@@ -35,7 +35,8 @@ const posenc::server::ServerOptions kDefaults;
 }  // namespace
 
 ABSL_FLAG(std::string, listen, kDefaults.listen_address,
-          "Address to serve gRPC on (port 0: any free port).");
+          "Address to serve gRPC on: host:port (port 0: any free port), unix:/path (same-node "
+          "callers, e.g. a model server in the same pod), or both, comma-separated.");
 ABSL_FLAG(int, threads, kDefaults.engine.cpu_threads,
           "CPU backend worker threads; 0 = the CPUs this process may use (affinity, cgroup "
           "quota).");

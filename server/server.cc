@@ -4,7 +4,9 @@
 #include <chrono>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -31,8 +33,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       options.request_threads > 0 ? options.request_threads : std::max(2, UsableCpus());
   s->executor_ = std::make_unique<RequestExecutor>(request_threads);
   s->v1_ = std::make_unique<PositionalEncodingService>(s->engine_.get());
-  s->kserve_ =
-      std::make_unique<KServeService>(s->engine_.get(), options.models);
+  s->kserve_ = std::make_unique<KServeService>(s->engine_.get(), options.models);
   s->router_ = std::make_unique<CallRouter>(CallRouterOptions{
       s->engine_.get(), s->metrics_.get(), s->executor_.get(), max_message_bytes});
   s->router_->Add(s->v1_->Methods());
@@ -57,7 +58,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     ssl.pem_key_cert_pairs.push_back({options.tls.key_pem, options.tls.cert_pem});
     creds = grpc::SslServerCredentials(ssl);
   }
-  builder.AddListeningPort(options.listen_address, creds, &s->port_);
+  // One address or several, comma-separated: a TCP port and a Unix socket
+  // (unix:/path) at once serve remote callers and same-pod ones.
+  const std::vector<std::string> addresses = absl::StrSplit(options.listen_address, ',');
+  std::vector<int> ports(addresses.size(), 0);
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    builder.AddListeningPort(addresses[i], creds, &ports[i]);
+  }
   // A second server on the same port must fail, not silently share its
   // traffic (gRPC sets SO_REUSEPORT by default).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -82,6 +89,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.RegisterService(s->reflection_v1_.get());
   builder.RegisterCallbackGenericService(s->router_.get());
   s->server_ = builder.BuildAndStart();
+  // gRPC gives a Unix socket port 1; the port a caller dials is the first
+  // TCP one, if any.
+  for (size_t i = 0; i < addresses.size() && s->server_ != nullptr; ++i) {
+    if (ports[i] == 0) s->server_.reset();
+    if (s->port_ == 0 && !absl::StartsWith(addresses[i], "unix:")) s->port_ = ports[i];
+  }
+  if (s->server_ != nullptr && s->port_ == 0) s->port_ = ports[0];
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("could not listen on ", options.listen_address,
                                                ": the address is in use or not local"));

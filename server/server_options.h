@@ -16,7 +16,9 @@
 namespace posenc::server {
 
 struct ServerOptions {
-  std::string listen_address = "0.0.0.0:50051";  // port 0 picks a free port
+  // Where to serve: "host:port" (port 0 picks a free one), "unix:/path", or
+  // several of these comma-separated (a TCP port and a Unix socket at once).
+  std::string listen_address = "0.0.0.0:50051";
   // Close connections after this long so clients re-resolve DNS; 0 = never.
   int max_connection_age_ms = 0;
   TlsOptions tls;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "grpcpp/create_channel.h"
@@ -15,6 +16,7 @@
 #include "posenc/wire/enums.h"
 #include "posenc/wire/requests.h"
 #include "posenc/wire/tensors.h"
+#include "shared_memory.h"
 
 namespace posenc {
 namespace {
@@ -70,12 +72,15 @@ void SetTensor(const TensorView& t, v1::Tensor* tensor) { wire::SetTensor(t, ten
 
 namespace {
 
+// Request builders: options, small tensors and descriptors; the large
+// tensors' bytes go in by PutBytes (the socket) or a Placement (shared
+// memory).
 v1::RopeRequest RopeRequestOf(const RopeOptions& options, const RopeTensors& t,
                               const CallOptions& call) {
   v1::RopeRequest r;
   wire::SetRopeOptions(options, &r);
-  wire::SetTensor(t.query.view(), r.mutable_query(), r.mutable_query_data());
-  if (t.key.present()) wire::SetTensor(t.key.view(), r.mutable_key(), r.mutable_key_data());
+  *r.mutable_query() = wire::DescOf(t.query.dtype, t.query.shape);
+  if (t.key.present()) *r.mutable_key() = wire::DescOf(t.key.dtype, t.key.shape);
   if (t.positions.position_ids.present()) {
     wire::SetTensor(t.positions.position_ids, r.mutable_position_ids());
   }
@@ -90,7 +95,7 @@ v1::AbsoluteEncodingRequest AbsoluteRequestOf(const AbsoluteOptions& options,
                                               const AbsoluteTensors& t, const CallOptions& call) {
   v1::AbsoluteEncodingRequest r;
   wire::SetAbsoluteOptions(options, &r);
-  wire::SetTensor(t.x.view(), r.mutable_x(), r.mutable_x_data());
+  *r.mutable_x() = wire::DescOf(t.x.dtype, t.x.shape);
   if (t.positions.position_ids.present()) {
     wire::SetTensor(t.positions.position_ids, r.mutable_position_ids());
   }
@@ -99,6 +104,52 @@ v1::AbsoluteEncodingRequest AbsoluteRequestOf(const AbsoluteOptions& options,
   r.set_backend(wire::ToProto(call.backend));
   r.set_request_id(call.request_id);
   return r;
+}
+
+void PutBytes(const MutableTensor& t, std::string* data) {
+  data->assign(static_cast<const char*>(t.data), t.nbytes);
+}
+
+// Tensors of one call laid out in a leased region, back to back, each at a
+// 64-byte boundary.
+class Placement {
+ public:
+  explicit Placement(client_internal::Lease& lease) : lease_(lease) {}
+  static int64_t Aligned(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+  // Room for `bytes` (an output); fills `slice`.
+  char* Reserve(int64_t bytes, v1::SharedMemorySlice* slice) {
+    slice->set_region(lease_.region().name());
+    slice->set_offset(static_cast<uint64_t>(next_));
+    slice->set_byte_size(static_cast<uint64_t>(bytes));
+    char* at = lease_.region().data() + next_;
+    next_ += Aligned(bytes);
+    return at;
+  }
+  // Copies `t` in; fills `slice`.
+  void Put(const MutableTensor& t, v1::SharedMemorySlice* slice) {
+    char* at = Reserve(static_cast<int64_t>(t.nbytes), slice);
+    if (t.nbytes > 0) std::memcpy(at, t.data, t.nbytes);
+  }
+  const char* At(const v1::SharedMemorySlice& slice) const {
+    return lease_.region().data() + slice.offset();
+  }
+  // Copies a slice's bytes (the server's result) back into `t`.
+  void Get(const v1::SharedMemorySlice& slice, MutableTensor& t) const {
+    if (t.nbytes > 0) std::memcpy(t.data, At(slice), t.nbytes);
+  }
+
+ private:
+  client_internal::Lease& lease_;
+  int64_t next_ = 0;
+};
+
+// Whether a call failed for its shared-memory region rather than its
+// tensors (the server restarted without our registration, or lost the
+// region): then the same call goes over the socket.
+bool RegionFailed(const absl::Status& s) {
+  return (s.code() == absl::StatusCode::kNotFound ||
+          s.code() == absl::StatusCode::kFailedPrecondition) &&
+         absl::StrContains(s.message(), "shared memory");
 }
 
 absl::StatusOr<ServerTensor> TensorOf(absl::string_view field, const v1::TensorDesc& desc,
@@ -162,7 +213,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   }
   c->channel_ = grpc::CreateCustomChannel(options.target, creds, args);
   c->stub_ = v1::PositionalEncoding::NewStub(c->channel_);
+  c->shm_ = std::make_unique<client_internal::SharedMemoryPool>(
+      c->stub_.get(), options.shared_memory != SharedMemoryUse::kOff,
+      absl::StartsWith(options.target, "unix:"));
   return c;
+}
+
+bool Client::UsesSharedMemory() const {
+  return options_.shared_memory != SharedMemoryUse::kOff && !shm_->disabled();
 }
 
 void Client::Prepare(grpc::ClientContext* ctx, const CallOptions& call) const {
@@ -227,6 +285,8 @@ struct AsyncCall {
   Request request;
   Response response;
   std::promise<absl::Status> done;
+  std::optional<client_internal::Lease> lease;  // the call's region, if any
+  std::optional<Placement> place;
 };
 
 }  // namespace
@@ -235,20 +295,113 @@ Client::~Client() {
   if (pending_ != nullptr) pending_->WaitForNone();
 }
 
+// Shared memory for a call of `bytes` (each tensor aligned): a region, or
+// nullopt for the socket; kRequire turns "none" into an error.
+#define POSENC_TAKE_REGION(lease, bytes)                                               \
+  std::optional<client_internal::Lease> lease = shm_->Take(bytes);                     \
+  if (!lease && options_.shared_memory == SharedMemoryUse::kRequire) {                 \
+    return absl::FailedPreconditionError(                                              \
+        "ClientOptions.shared_memory is kRequire but this server cannot share memory " \
+        "with this process (not on this node, another /dev/shm, or turned off)");      \
+  }
+
+namespace {
+
+int64_t RopeBytes(const RopeTensors& t) {
+  return Placement::Aligned(t.query.nbytes) + Placement::Aligned(t.key.nbytes);
+}
+
+// Puts a RoPE call's tensors in the region (or, without one, in the message).
+void PlaceRope(const RopeTensors& t, std::optional<Placement>& place, v1::RopeRequest* r) {
+  if (place) {
+    place->Put(t.query, r->mutable_query_shm());
+    if (t.key.present()) place->Put(t.key, r->mutable_key_shm());
+  } else {
+    PutBytes(t.query, r->mutable_query_data());
+    if (t.key.present()) PutBytes(t.key, r->mutable_key_data());
+  }
+}
+
+// The rotated tensors back into the caller's buffers.
+absl::Status RopeBack(const v1::RopeRequest& req, const v1::RopeResponse& resp,
+                      const std::optional<Placement>& place, MutableTensor query,
+                      MutableTensor key) {
+  if (place) {
+    place->Get(req.query_shm(), query);
+    if (key.present()) place->Get(req.key_shm(), key);
+    return absl::OkStatus();
+  }
+  POSENC_RETURN_IF_ERROR(CopyBack("query", resp.query(), resp.query_data(), query));
+  if (key.present()) POSENC_RETURN_IF_ERROR(CopyBack("key", resp.key(), resp.key_data(), key));
+  return absl::OkStatus();
+}
+
+void PlaceAbsolute(const AbsoluteTensors& t, std::optional<Placement>& place,
+                   v1::AbsoluteEncodingRequest* r) {
+  if (place) {
+    place->Put(t.x, r->mutable_x_shm());
+  } else {
+    PutBytes(t.x, r->mutable_x_data());
+  }
+}
+
+absl::Status AbsoluteBack(const v1::AbsoluteEncodingRequest& req,
+                          const v1::AbsoluteEncodingResponse& resp,
+                          const std::optional<Placement>& place, MutableTensor x) {
+  if (place) {
+    place->Get(req.x_shm(), x);
+    return absl::OkStatus();
+  }
+  return CopyBack("y", resp.y(), resp.y_data(), x);
+}
+
+}  // namespace
+
 std::future<absl::Status> Client::ApplyRopeAsync(const RopeOptions& options, const RopeTensors& t,
                                                  const CallOptions& call) {
   auto state = std::make_shared<AsyncCall<v1::RopeRequest, v1::RopeResponse>>(pending_);
-  state->request = RopeRequestOf(options, t, call);
-  Prepare(&state->ctx, call);
   std::future<absl::Status> f = state->done.get_future();
+  state->request = RopeRequestOf(options, t, call);
+  state->lease = shm_->Take(RopeBytes(t));
+  if (!state->lease && options_.shared_memory == SharedMemoryUse::kRequire) {
+    state->done.set_value(absl::FailedPreconditionError(
+        "ClientOptions.shared_memory is kRequire but this server cannot share memory with this "
+        "process"));
+    return f;
+  }
+  if (state->lease) state->place.emplace(*state->lease);
+  PlaceRope(t, state->place, &state->request);
+  Prepare(&state->ctx, call);
   MutableTensor query = t.query, key = t.key;
   stub_->async()->ApplyRope(
-      &state->ctx, &state->request, &state->response, [state, query, key](grpc::Status s) mutable {
+      &state->ctx, &state->request, &state->response,
+      [this, state, options, t, call, query, key](grpc::Status s) {
         absl::Status st = FromGrpc(s);
-        if (st.ok())
-          st = CopyBack("query", state->response.query(), state->response.query_data(), query);
-        if (st.ok() && key.present()) {
-          st = CopyBack("key", state->response.key(), state->response.key_data(), key);
+        if (st.ok()) {
+          state->done.set_value(
+              RopeBack(state->request, state->response, state->place, query, key));
+          return;
+        }
+        if (state->lease && RegionFailed(st) &&
+            options_.shared_memory != SharedMemoryUse::kRequire) {
+          // The region failed, not the tensors: the same call on the socket
+          // completes this one (the pool now declines regions).
+          state->lease->Discard();
+          shm_->Disable(st);
+          auto again = std::make_shared<AsyncCall<v1::RopeRequest, v1::RopeResponse>>(pending_);
+          again->request = RopeRequestOf(options, t, call);
+          PlaceRope(t, again->place, &again->request);
+          Prepare(&again->ctx, call);
+          again->done = std::move(state->done);
+          stub_->async()->ApplyRope(
+              &again->ctx, &again->request, &again->response, [again, query, key](grpc::Status s2) {
+                absl::Status st2 = FromGrpc(s2);
+                if (st2.ok()) {
+                  st2 = RopeBack(again->request, again->response, again->place, query, key);
+                }
+                again->done.set_value(st2);
+              });
+          return;
         }
         state->done.set_value(st);
       });
@@ -262,15 +415,24 @@ std::future<absl::Status> Client::ApplyRopeAsync(const RopeOptions& options, con
 // under AddressSanitizer).
 absl::Status Client::ApplyRope(const RopeOptions& options, const RopeTensors& t,
                                const CallOptions& call) {
-  const v1::RopeRequest req = RopeRequestOf(options, t, call);
-  grpc::ClientContext ctx;
-  Prepare(&ctx, call);
-  v1::RopeResponse resp;
-  absl::Status st = FromGrpc(stub_->ApplyRope(&ctx, req, &resp));
-  MutableTensor query = t.query, key = t.key;
-  if (st.ok()) st = CopyBack("query", resp.query(), resp.query_data(), query);
-  if (st.ok() && key.present()) st = CopyBack("key", resp.key(), resp.key_data(), key);
-  return st;
+  POSENC_TAKE_REGION(lease, RopeBytes(t));
+  for (;;) {
+    std::optional<Placement> place;
+    if (lease) place.emplace(*lease);
+    v1::RopeRequest req = RopeRequestOf(options, t, call);
+    PlaceRope(t, place, &req);
+    grpc::ClientContext ctx;
+    Prepare(&ctx, call);
+    v1::RopeResponse resp;
+    absl::Status st = FromGrpc(stub_->ApplyRope(&ctx, req, &resp));
+    if (st.ok()) return RopeBack(req, resp, place, t.query, t.key);
+    if (!lease || !RegionFailed(st) || options_.shared_memory == SharedMemoryUse::kRequire) {
+      return st;
+    }
+    lease->Discard();  // then again on the socket
+    shm_->Disable(st);
+    lease.reset();
+  }
 }
 
 std::future<absl::Status> Client::AddAbsoluteEncodingAsync(const AbsoluteOptions& options,
@@ -279,14 +441,45 @@ std::future<absl::Status> Client::AddAbsoluteEncodingAsync(const AbsoluteOptions
   auto state =
       std::make_shared<AsyncCall<v1::AbsoluteEncodingRequest, v1::AbsoluteEncodingResponse>>(
           pending_);
-  state->request = AbsoluteRequestOf(options, t, call);
-  Prepare(&state->ctx, call);
   std::future<absl::Status> f = state->done.get_future();
+  state->request = AbsoluteRequestOf(options, t, call);
+  state->lease = shm_->Take(Placement::Aligned(t.x.nbytes));
+  if (!state->lease && options_.shared_memory == SharedMemoryUse::kRequire) {
+    state->done.set_value(absl::FailedPreconditionError(
+        "ClientOptions.shared_memory is kRequire but this server cannot share memory with this "
+        "process"));
+    return f;
+  }
+  if (state->lease) state->place.emplace(*state->lease);
+  PlaceAbsolute(t, state->place, &state->request);
+  Prepare(&state->ctx, call);
   MutableTensor x = t.x;
   stub_->async()->AddAbsoluteEncoding(
-      &state->ctx, &state->request, &state->response, [state, x](grpc::Status s) mutable {
+      &state->ctx, &state->request, &state->response,
+      [this, state, options, t, call, x](grpc::Status s) {
         absl::Status st = FromGrpc(s);
-        if (st.ok()) st = CopyBack("y", state->response.y(), state->response.y_data(), x);
+        if (st.ok()) {
+          state->done.set_value(AbsoluteBack(state->request, state->response, state->place, x));
+          return;
+        }
+        if (state->lease && RegionFailed(st) &&
+            options_.shared_memory != SharedMemoryUse::kRequire) {
+          state->lease->Discard();
+          shm_->Disable(st);
+          auto again = std::make_shared<
+              AsyncCall<v1::AbsoluteEncodingRequest, v1::AbsoluteEncodingResponse>>(pending_);
+          again->request = AbsoluteRequestOf(options, t, call);
+          PlaceAbsolute(t, again->place, &again->request);
+          Prepare(&again->ctx, call);
+          again->done = std::move(state->done);
+          stub_->async()->AddAbsoluteEncoding(
+              &again->ctx, &again->request, &again->response, [again, x](grpc::Status s2) {
+                absl::Status st2 = FromGrpc(s2);
+                if (st2.ok()) st2 = AbsoluteBack(again->request, again->response, again->place, x);
+                again->done.set_value(st2);
+              });
+          return;
+        }
         state->done.set_value(st);
       });
   return f;
@@ -294,61 +487,169 @@ std::future<absl::Status> Client::AddAbsoluteEncodingAsync(const AbsoluteOptions
 
 absl::Status Client::AddAbsoluteEncoding(const AbsoluteOptions& options, const AbsoluteTensors& t,
                                          const CallOptions& call) {
-  const v1::AbsoluteEncodingRequest req = AbsoluteRequestOf(options, t, call);
-  grpc::ClientContext ctx;
-  Prepare(&ctx, call);
-  v1::AbsoluteEncodingResponse resp;
-  absl::Status st = FromGrpc(stub_->AddAbsoluteEncoding(&ctx, req, &resp));
-  MutableTensor x = t.x;
-  if (st.ok()) st = CopyBack("y", resp.y(), resp.y_data(), x);
-  return st;
+  POSENC_TAKE_REGION(lease, Placement::Aligned(t.x.nbytes));
+  for (;;) {
+    std::optional<Placement> place;
+    if (lease) place.emplace(*lease);
+    v1::AbsoluteEncodingRequest req = AbsoluteRequestOf(options, t, call);
+    PlaceAbsolute(t, place, &req);
+    grpc::ClientContext ctx;
+    Prepare(&ctx, call);
+    v1::AbsoluteEncodingResponse resp;
+    absl::Status st = FromGrpc(stub_->AddAbsoluteEncoding(&ctx, req, &resp));
+    if (st.ok()) return AbsoluteBack(req, resp, place, t.x);
+    if (!lease || !RegionFailed(st) || options_.shared_memory == SharedMemoryUse::kRequire) {
+      return st;
+    }
+    lease->Discard();
+    shm_->Disable(st);
+    lease.reset();
+  }
 }
 
 absl::Status Client::ApplyAttentionBias(const BiasOptions& options, MutableTensor logits,
                                         std::vector<double>* slopes, const CallOptions& call) {
-  v1::AttentionBiasRequest req;
-  wire::SetBiasOptions(options, &req);
-  wire::SetTensor(logits.view(), req.mutable_logits(), req.mutable_logits_data());
-  req.set_backend(wire::ToProto(call.backend));
-  grpc::ClientContext ctx;
-  Prepare(&ctx, call);
-  v1::AttentionBiasResponse resp;
-  absl::Status st = FromGrpc(stub_->AttentionBias(&ctx, req, &resp));
-  if (st.ok()) st = CopyBack("bias", resp.bias(), resp.bias_data(), logits);
-  if (st.ok() && slopes != nullptr) slopes->assign(resp.slopes().begin(), resp.slopes().end());
-  return st;
+  POSENC_TAKE_REGION(lease, Placement::Aligned(logits.nbytes));
+  for (;;) {
+    std::optional<Placement> place;
+    if (lease) place.emplace(*lease);
+    v1::AttentionBiasRequest req;
+    wire::SetBiasOptions(options, &req);
+    *req.mutable_logits() = wire::DescOf(logits.dtype, logits.shape);
+    if (place) {
+      place->Put(logits, req.mutable_logits_shm());
+    } else {
+      PutBytes(logits, req.mutable_logits_data());
+    }
+    req.set_backend(wire::ToProto(call.backend));
+    grpc::ClientContext ctx;
+    Prepare(&ctx, call);
+    v1::AttentionBiasResponse resp;
+    absl::Status st = FromGrpc(stub_->AttentionBias(&ctx, req, &resp));
+    if (st.ok()) {
+      if (place) {
+        place->Get(req.logits_shm(), logits);
+      } else {
+        st = CopyBack("bias", resp.bias(), resp.bias_data(), logits);
+      }
+      if (st.ok() && slopes != nullptr) slopes->assign(resp.slopes().begin(), resp.slopes().end());
+      return st;
+    }
+    if (!lease || !RegionFailed(st) || options_.shared_memory == SharedMemoryUse::kRequire) {
+      return st;
+    }
+    lease->Discard();
+    shm_->Disable(st);
+    lease.reset();
+  }
 }
+
+namespace {
+
+// The bytes of the bias the options build, when they say it without the
+// server's help (every dimension given, or a batch the padding tensors
+// imply); 0 otherwise.
+int64_t BuiltBiasBytes(const BiasOptions& o) {
+  int64_t batch = o.batch;
+  if (batch == 0) {
+    batch = o.k_lens.present()     ? o.k_lens.shape.empty() ? 0 : o.k_lens.shape[0]
+                : o.k_starts.present() ? o.k_starts.shape.empty() ? 0 : o.k_starts.shape[0]
+                                       : 1;
+  }
+  int64_t n = static_cast<int64_t>(SizeOf(o.dtype));
+  for (int64_t d : {batch, o.num_heads, o.q_len, o.k_len}) {
+    if (d <= 0 || __builtin_mul_overflow(n, d, &n)) return 0;
+  }
+  return n;
+}
+
+// A built tensor out of the region, as the socket would have returned it.
+absl::StatusOr<ServerTensor> TensorFromSlice(absl::string_view field, const v1::TensorDesc& desc,
+                                             const Placement& place,
+                                             const v1::SharedMemorySlice& slice,
+                                             const std::string& backend) {
+  absl::StatusOr<DType> dtype = wire::FromProto(absl::StrCat(field, ".dtype"), desc.dtype());
+  int64_t bytes = dtype.ok() ? static_cast<int64_t>(SizeOf(*dtype)) : -1;
+  for (int64_t d : desc.shape()) {
+    if (bytes < 0 || d < 0 || __builtin_mul_overflow(bytes, d, &bytes)) bytes = -1;
+  }
+  if (bytes < 0 || bytes > static_cast<int64_t>(slice.byte_size())) {
+    return absl::InternalError(absl::StrCat("the server's answer is malformed: its ", field,
+                                            " does not fit the shared-memory slice"));
+  }
+  std::string data(place.At(slice), static_cast<size_t>(bytes));
+  return TensorOf(field, desc, &data, backend);
+}
+
+}  // namespace
 
 absl::StatusOr<ServerTensor> Client::AttentionBias(const BiasOptions& options,
                                                    const CallOptions& call) {
-  v1::AttentionBiasRequest req;
-  wire::SetBiasOptions(options, &req);
-  req.set_backend(wire::ToProto(call.backend));
-  grpc::ClientContext ctx;
-  Prepare(&ctx, call);
-  v1::AttentionBiasResponse resp;
-  POSENC_RETURN_IF_ERROR(FromGrpc(stub_->AttentionBias(&ctx, req, &resp)));
-  absl::StatusOr<ServerTensor> out =
-      TensorOf("bias", resp.bias(), resp.mutable_bias_data(), resp.backend());
-  if (out.ok()) out->slopes.assign(resp.slopes().begin(), resp.slopes().end());
-  return out;
+  const int64_t bytes = BuiltBiasBytes(options);
+  std::optional<client_internal::Lease> lease;
+  if (bytes > 0) lease = shm_->Take(bytes);
+  for (;;) {
+    std::optional<Placement> place;
+    if (lease) place.emplace(*lease);
+    v1::AttentionBiasRequest req;
+    wire::SetBiasOptions(options, &req);
+    req.set_backend(wire::ToProto(call.backend));
+    if (place) place->Reserve(bytes, req.mutable_bias_shm());
+    grpc::ClientContext ctx;
+    Prepare(&ctx, call);
+    v1::AttentionBiasResponse resp;
+    absl::Status st = FromGrpc(stub_->AttentionBias(&ctx, req, &resp));
+    if (st.ok()) {
+      absl::StatusOr<ServerTensor> out =
+          place ? TensorFromSlice("bias", resp.bias(), *place, req.bias_shm(), resp.backend())
+                : TensorOf("bias", resp.bias(), resp.mutable_bias_data(), resp.backend());
+      if (out.ok()) out->slopes.assign(resp.slopes().begin(), resp.slopes().end());
+      return out;
+    }
+    if (!lease || !RegionFailed(st)) return st;
+    lease->Discard();
+    shm_->Disable(st);
+    lease.reset();
+  }
 }
 
 absl::StatusOr<ServerTensor> Client::EncodingTable(const AbsoluteOptions& options, int64_t dim,
                                                    int64_t count, const TensorView& positions,
                                                    DType dtype, const CallOptions& call) {
-  v1::EncodingTableRequest req;
-  wire::SetAbsoluteOptions(options, &req);
-  req.set_dim(dim);
-  req.set_count(count);
-  if (positions.present()) wire::SetTensor(positions, req.mutable_positions());
-  req.set_dtype(wire::ToProto(dtype));
-  req.set_backend(wire::ToProto(call.backend));
-  grpc::ClientContext ctx;
-  Prepare(&ctx, call);
-  v1::EncodingTableResponse resp;
-  POSENC_RETURN_IF_ERROR(FromGrpc(stub_->GetEncodingTable(&ctx, req, &resp)));
-  return TensorOf("table", resp.table(), resp.mutable_table_data(), resp.backend());
+  // Its size is known unless a learned table's own dim or rows decide it.
+  const int64_t rows =
+      positions.present() ? (positions.shape.empty() ? 0 : positions.shape[0]) : count;
+  int64_t bytes = static_cast<int64_t>(SizeOf(dtype));
+  if (dim <= 0 || rows <= 0 || __builtin_mul_overflow(bytes, dim, &bytes) ||
+      __builtin_mul_overflow(bytes, rows, &bytes)) {
+    bytes = 0;
+  }
+  std::optional<client_internal::Lease> lease;
+  if (bytes > 0) lease = shm_->Take(bytes);
+  for (;;) {
+    std::optional<Placement> place;
+    if (lease) place.emplace(*lease);
+    v1::EncodingTableRequest req;
+    wire::SetAbsoluteOptions(options, &req);
+    req.set_dim(dim);
+    req.set_count(count);
+    if (positions.present()) wire::SetTensor(positions, req.mutable_positions());
+    req.set_dtype(wire::ToProto(dtype));
+    req.set_backend(wire::ToProto(call.backend));
+    if (place) place->Reserve(bytes, req.mutable_table_shm());
+    grpc::ClientContext ctx;
+    Prepare(&ctx, call);
+    v1::EncodingTableResponse resp;
+    absl::Status st = FromGrpc(stub_->GetEncodingTable(&ctx, req, &resp));
+    if (st.ok()) {
+      return place ? TensorFromSlice("table", resp.table(), *place, req.table_shm(), resp.backend())
+                   : TensorOf("table", resp.table(), resp.mutable_table_data(), resp.backend());
+    }
+    if (!lease || !RegionFailed(st)) return st;
+    lease->Discard();
+    shm_->Disable(st);
+    lease.reset();
+  }
 }
 
 #define POSENC_UNARY(Method, Request, Response, request_expr)           \

@@ -289,6 +289,19 @@ absl::StatusOr<std::shared_ptr<const SharedMemoryRegion>> SharedMemoryRegistry::
   return hold;
 }
 
+std::string SharedMemoryRegistry::domain() const {
+  std::string boot = "unknown";
+  if (const int fd = ::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC); fd >= 0) {
+    char buf[64];
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n > 0) boot = std::string(absl::StripAsciiWhitespace(absl::string_view(buf, n)));
+    ::close(fd);
+  }
+  struct stat st;
+  if (::stat(options_.directory.c_str(), &st) != 0) return "";
+  return absl::StrCat(boot, "/", st.st_dev, ":", st.st_ino);
+}
+
 int SharedMemoryRegistry::count() const {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int>(regions_.size());

@@ -102,6 +102,11 @@ class SharedMemoryRegistry {
 
   bool enabled() const { return options_.enabled; }
   const SharedMemoryOptions& options() const { return options_; }
+  // Where keys resolve: this boot of the kernel and the file system of the
+  // key directory ("<boot id>/<device>:<inode>"). A client that computes the
+  // same string for its own /dev/shm shares the server's objects (same node,
+  // same memory volume), so it may move tensors through regions.
+  std::string domain() const;
 
   // Opens /dev/shm/<key> (key "name" or "/name": one component, no "..")
   // and registers and maps the slice as `name`. INVALID_ARGUMENT for a bad

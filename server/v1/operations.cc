@@ -1,11 +1,15 @@
 #include "v1/operations.h"
 
+#include <initializer_list>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "posenc/limits.h"
 #include "posenc/status_macros.h"
 #include "posenc/wire/enums.h"
 #include "posenc/wire/requests.h"
 #include "posenc/wire/tensors.h"
+#include "v1/shm_slices.h"
 
 #ifndef POSENC_VERSION
 #define POSENC_VERSION "dev"
@@ -22,20 +26,36 @@ int64_t Overhead(const google::protobuf::Message& answer_so_far, size_t data_in 
   return static_cast<int64_t>(answer_so_far.ByteSizeLong() - data_in) + 96;
 }
 
+int64_t SaturatingSum(std::initializer_list<int64_t> parts) {
+  int64_t sum = 0;
+  for (int64_t p : parts) {
+    if (__builtin_add_overflow(sum, p, &sum)) return std::numeric_limits<int64_t>::max();
+  }
+  return sum;
+}
+
 }  // namespace
 
+// In the message or named in shared memory alike; a slice's byte_size may be
+// anything a caller sends, so the sums saturate.
 int64_t RequestBytes(const v1::RopeRequest& r) {
-  return r.query_data().size() + r.key_data().size() + r.position_ids().data().size() +
-         r.offsets().data().size() + r.cu_seqlens().data().size();
+  return SaturatingSum(
+      {static_cast<int64_t>(r.query_data().size() + r.key_data().size() +
+                            r.position_ids().data().size() + r.offsets().data().size() +
+                            r.cu_seqlens().data().size()),
+       SliceBytes(r.query_shm()), SliceBytes(r.key_shm())});
 }
 int64_t RequestBytes(const v1::AbsoluteEncodingRequest& r) {
-  return r.x_data().size() + r.position_ids().data().size() + r.offsets().data().size() +
-         r.cu_seqlens().data().size();
+  return SaturatingSum(
+      {static_cast<int64_t>(r.x_data().size() + r.position_ids().data().size() +
+                            r.offsets().data().size() + r.cu_seqlens().data().size()),
+       SliceBytes(r.x_shm())});
 }
 int64_t RequestBytes(const v1::EncodingTableRequest& r) { return r.positions().data().size(); }
 int64_t RequestBytes(const v1::AttentionBiasRequest& r) {
-  return r.logits_data().size() + r.k_lens().data().size() + r.k_starts().data().size() +
-         8 * r.slopes_size();
+  return SaturatingSum({static_cast<int64_t>(r.logits_data().size() + r.k_lens().data().size() +
+                                             r.k_starts().data().size() + 8 * r.slopes_size()),
+                        SliceBytes(r.logits_shm())});
 }
 
 absl::Status ApplyRope(Engine& engine, v1::RopeRequest* req, v1::RopeResponse* resp,
@@ -43,13 +63,22 @@ absl::Status ApplyRope(Engine& engine, v1::RopeRequest* req, v1::RopeResponse* r
   POSENC_RETURN_IF_ERROR(engine.CheckRequestSize(RequestBytes(*req)));
   POSENC_ASSIGN_OR_RETURN(const RopeOptions options, wire::RopeOptionsOf(*req));
   POSENC_ASSIGN_OR_RETURN(const BackendChoice backend, wire::FromProto("backend", req->backend()));
-  // Rotate inside the request's buffers, now owned by the response.
-  resp->mutable_query_data()->swap(*req->mutable_query_data());
+  // Rotate inside the request's buffers, now owned by the response, or in
+  // place in the caller's shared memory.
+  ShmSlices shm(engine);
   RopeTensors t;
-  POSENC_ASSIGN_OR_RETURN(t.query,
-                          wire::MutableOf("query", req->query(), resp->mutable_query_data()));
-  const bool has_key = req->has_key() || !req->key_data().empty();
-  if (has_key) {
+  if (req->has_query_shm()) {
+    POSENC_ASSIGN_OR_RETURN(t.query,
+                            shm.Input("query", req->query_shm(), req->query(), req->query_data()));
+  } else {
+    resp->mutable_query_data()->swap(*req->mutable_query_data());
+    POSENC_ASSIGN_OR_RETURN(t.query,
+                            wire::MutableOf("query", req->query(), resp->mutable_query_data()));
+  }
+  const bool has_key = req->has_key() || !req->key_data().empty() || req->has_key_shm();
+  if (req->has_key_shm()) {
+    POSENC_ASSIGN_OR_RETURN(t.key, shm.Input("key", req->key_shm(), req->key(), req->key_data()));
+  } else if (has_key) {
     resp->mutable_key_data()->swap(*req->mutable_key_data());
     POSENC_ASSIGN_OR_RETURN(t.key, wire::MutableOf("key", req->key(), resp->mutable_key_data()));
   }
@@ -62,11 +91,11 @@ absl::Status ApplyRope(Engine& engine, v1::RopeRequest* req, v1::RopeResponse* r
                           wire::ViewOf("cu_seqlens", req->has_cu_seqlens(), req->cu_seqlens()));
   resp->set_request_id(req->request_id());
   resp->set_backend(engine.LongestBackendName());
-  POSENC_ASSIGN_OR_RETURN(std::string served,
-                          engine.ApplyRope(options, t,
-                                           CallEnv{ctx, admission, backend,
-                                                   Overhead(*resp, resp->query_data().size() +
-                                                                       resp->key_data().size())}));
+  CallEnv env{ctx, admission, backend,
+              Overhead(*resp, resp->query_data().size() + resp->key_data().size())};
+  env.tensors_in_answer = !req->has_query_shm() || (has_key && !req->has_key_shm());
+  POSENC_ASSIGN_OR_RETURN(std::string served, engine.ApplyRope(options, t, env));
+  POSENC_RETURN_IF_ERROR(shm.CheckIntact());
   *resp->mutable_query() = wire::DescOf(t.query.dtype, t.query.shape);
   if (has_key) *resp->mutable_key() = wire::DescOf(t.key.dtype, t.key.shape);
   resp->set_backend(served);
@@ -85,9 +114,14 @@ absl::Status AddAbsoluteEncoding(Engine& engine, v1::AbsoluteEncodingRequest* re
   POSENC_RETURN_IF_ERROR(engine.CheckRequestSize(RequestBytes(*req)));
   POSENC_ASSIGN_OR_RETURN(AbsoluteOptions options, wire::AbsoluteOptionsOf(*req));
   POSENC_ASSIGN_OR_RETURN(const BackendChoice backend, wire::FromProto("backend", req->backend()));
-  resp->mutable_y_data()->swap(*req->mutable_x_data());
+  ShmSlices shm(engine);
   AbsoluteTensors t;
-  POSENC_ASSIGN_OR_RETURN(t.x, wire::MutableOf("x", req->x(), resp->mutable_y_data()));
+  if (req->has_x_shm()) {
+    POSENC_ASSIGN_OR_RETURN(t.x, shm.Input("x", req->x_shm(), req->x(), req->x_data()));
+  } else {
+    resp->mutable_y_data()->swap(*req->mutable_x_data());
+    POSENC_ASSIGN_OR_RETURN(t.x, wire::MutableOf("x", req->x(), resp->mutable_y_data()));
+  }
   POSENC_ASSIGN_OR_RETURN(
       t.positions.position_ids,
       wire::ViewOf("position_ids", req->has_position_ids(), req->position_ids()));
@@ -97,10 +131,10 @@ absl::Status AddAbsoluteEncoding(Engine& engine, v1::AbsoluteEncodingRequest* re
                           wire::ViewOf("cu_seqlens", req->has_cu_seqlens(), req->cu_seqlens()));
   resp->set_request_id(req->request_id());
   resp->set_backend(engine.LongestBackendName());
-  POSENC_ASSIGN_OR_RETURN(
-      std::string served,
-      engine.AddAbsolute(std::move(options), t,
-                         CallEnv{ctx, admission, backend, Overhead(*resp, resp->y_data().size())}));
+  CallEnv env{ctx, admission, backend, Overhead(*resp, resp->y_data().size())};
+  env.tensors_in_answer = !req->has_x_shm();
+  POSENC_ASSIGN_OR_RETURN(std::string served, engine.AddAbsolute(std::move(options), t, env));
+  POSENC_RETURN_IF_ERROR(shm.CheckIntact());
   *resp->mutable_y() = wire::DescOf(t.x.dtype, t.x.shape);
   resp->set_backend(served);
   return absl::OkStatus();
@@ -119,10 +153,17 @@ absl::Status GetEncodingTable(Engine& engine, v1::EncodingTableRequest* req,
   POSENC_ASSIGN_OR_RETURN(TensorView positions,
                           wire::ViewOf("positions", req->has_positions(), req->positions()));
   resp->set_backend(engine.LongestBackendName());
+  ShmSlices shm(engine);
+  OutputTarget out(resp->mutable_table_data());
+  if (req->has_table_shm()) {
+    POSENC_ASSIGN_OR_RETURN(out, shm.Output("table", req->table_shm()));
+  }
+  CallEnv env{ctx, admission, backend, Overhead(*resp)};
+  env.tensors_in_answer = !req->has_table_shm();
   POSENC_ASSIGN_OR_RETURN(
       Produced table, engine.EncodingTable(std::move(options), req->dim(), req->count(), positions,
-                                           dtype, resp->mutable_table_data(),
-                                           CallEnv{ctx, admission, backend, Overhead(*resp)}));
+                                           dtype, out, env));
+  POSENC_RETURN_IF_ERROR(shm.CheckIntact());
   *resp->mutable_table() = wire::DescOf(table.dtype, table.shape);
   resp->set_backend(table.backend);
   return absl::OkStatus();
@@ -134,17 +175,31 @@ absl::Status AttentionBias(Engine& engine, v1::AttentionBiasRequest* req,
   POSENC_RETURN_IF_ERROR(engine.CheckRequestSize(RequestBytes(*req)));
   POSENC_ASSIGN_OR_RETURN(const BiasOptions options, wire::BiasOptionsOf(*req));
   POSENC_ASSIGN_OR_RETURN(const BackendChoice backend, wire::FromProto("backend", req->backend()));
+  ShmSlices shm(engine);
   MutableTensor logits;
-  if (req->has_logits() || !req->logits_data().empty()) {
+  const bool has_logits = req->has_logits() || !req->logits_data().empty() || req->has_logits_shm();
+  if (req->has_logits_shm()) {
+    POSENC_ASSIGN_OR_RETURN(
+        logits, shm.Input("logits", req->logits_shm(), req->logits(), req->logits_data()));
+  } else if (has_logits) {
     resp->mutable_bias_data()->swap(*req->mutable_logits_data());
     POSENC_ASSIGN_OR_RETURN(logits,
                             wire::MutableOf("logits", req->logits(), resp->mutable_bias_data()));
   }
+  OutputTarget out(resp->mutable_bias_data());
+  if (req->has_bias_shm()) {
+    if (has_logits) {
+      return absl::InvalidArgumentError(
+          "bias_shm is where a bias built without logits goes; with logits the bias is added "
+          "to them where they are (logits_shm for shared memory)");
+    }
+    POSENC_ASSIGN_OR_RETURN(out, shm.Output("bias", req->bias_shm()));
+  }
   resp->set_backend(engine.LongestBackendName());
-  POSENC_ASSIGN_OR_RETURN(Produced bias,
-                          engine.AttentionBias(options, logits, resp->mutable_bias_data(),
-                                               CallEnv{ctx, admission, backend,
-                                                       Overhead(*resp, resp->bias_data().size())}));
+  CallEnv env{ctx, admission, backend, Overhead(*resp, resp->bias_data().size())};
+  env.tensors_in_answer = !req->has_logits_shm() && !req->has_bias_shm();
+  POSENC_ASSIGN_OR_RETURN(Produced bias, engine.AttentionBias(options, logits, out, env));
+  POSENC_RETURN_IF_ERROR(shm.CheckIntact());
   *resp->mutable_bias() = wire::DescOf(bias.dtype, bias.shape);
   for (double s : bias.slopes) resp->add_slopes(s);
   resp->set_backend(bias.backend);
@@ -196,6 +251,10 @@ v1::ServerInfo GetServerInfo(const Engine& engine) {
     bi->set_compute_capability(d.compute_capability);
     bi->set_threads(d.threads);
   };
+  info.set_shared_memory_enabled(engine.shared_memory().enabled());
+  if (engine.shared_memory().enabled()) {
+    info.set_shared_memory_domain(engine.shared_memory().domain());
+  }
   add(engine.cpu(), BackendChoice::kCpu);
   add(engine.cuda(), BackendChoice::kCuda);
   info.set_default_backend(wire::ToProto(options.default_backend));
@@ -212,8 +271,10 @@ v1::ServerInfo GetServerInfo(const Engine& engine) {
   limits->set_max_abs_position(kMaxAbsPosition);
   limits->set_max_bias_elements(kMaxBiasElements);
   limits->set_max_table_rows(kMaxTableRows);
-  for (const char* op : {"ApplyRope", "StreamRope", "AddAbsoluteEncoding", "GetEncodingTable",
-                         "AttentionBias", "ListTables", "ReloadTables", "GetServerInfo"}) {
+  for (const char* op :
+       {"ApplyRope", "StreamRope", "AddAbsoluteEncoding", "GetEncodingTable", "AttentionBias",
+        "ListTables", "ReloadTables", "GetServerInfo", "RegisterSharedMemory",
+        "UnregisterSharedMemory", "GetSharedMemoryStatus"}) {
     info.add_operations(op);
   }
   for (DType t : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {

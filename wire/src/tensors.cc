@@ -19,11 +19,16 @@ absl::StatusOr<TensorView> ViewOf(absl::string_view field, bool has, const v1::T
 
 absl::StatusOr<MutableTensor> MutableOf(absl::string_view field, const v1::TensorDesc& desc,
                                         std::string* data) {
+  return MutableOf(field, desc, data->data(), data->size());
+}
+
+absl::StatusOr<MutableTensor> MutableOf(absl::string_view field, const v1::TensorDesc& desc,
+                                        void* data, size_t bytes) {
   MutableTensor t;
   POSENC_ASSIGN_OR_RETURN(t.dtype, FromProto(absl::StrCat(field, ".dtype"), desc.dtype()));
   t.shape.assign(desc.shape().begin(), desc.shape().end());
-  t.data = data->data();
-  t.nbytes = data->size();
+  t.data = data;
+  t.nbytes = bytes;
   POSENC_RETURN_IF_ERROR(ValidateTensorBytes(field, t.dtype, t.shape, t.nbytes));
   return t;
 }

@@ -32,6 +32,17 @@
 
 namespace posenc {
 
+// Whether tensors travel through shared memory instead of the socket.
+enum class SharedMemoryUse {
+  // When the server shares this node and its /dev/shm (a `unix:` target, or
+  // the shared-memory domain the server advertises equals this process's)
+  // and serves shared memory; the socket otherwise, and from the first
+  // failure of a region on (the server restarted, a replica elsewhere).
+  kAuto,
+  kOff,      // always the socket
+  kRequire,  // as kAuto, but a call that cannot use it fails instead
+};
+
 struct ClientOptions {
   // "host:port", or "dns:///name:port" to resolve every address of a name
   // (a Kubernetes headless Service) and balance round-robin across them.
@@ -64,6 +75,11 @@ struct ClientOptions {
   std::string client_cert_pem;
   std::string client_key_pem;
   std::string tls_server_name;  // overrides the name checked in the certificate
+  // Tensors through a region this client owns, computed on in place by the
+  // server (docs/shared-memory.md): results are bit for bit those of the
+  // socket. The built tensors of AttentionBias and EncodingTable go through
+  // it when their size is known from the options.
+  SharedMemoryUse shared_memory = SharedMemoryUse::kAuto;
 };
 
 struct CallOptions {
@@ -85,6 +101,7 @@ struct ServerTensor {
 
 namespace client_internal {
 class PendingCalls;
+class SharedMemoryPool;
 }  // namespace client_internal
 
 class Client {
@@ -152,6 +169,9 @@ class Client {
   // The generated stub, for anything the typed calls do not cover.
   v1::PositionalEncoding::Stub& stub() { return *stub_; }
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+  // Whether tensors now go through shared memory (kAuto decides on the
+  // first tensor call, and stops at the first failure of a region).
+  bool UsesSharedMemory() const;
 
  private:
   Client() = default;
@@ -161,6 +181,8 @@ class Client {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::PositionalEncoding::Stub> stub_;
   std::shared_ptr<client_internal::PendingCalls> pending_;
+  // After stub_: destroyed first, it unregisters its regions through it.
+  std::unique_ptr<client_internal::SharedMemoryPool> shm_;
 };
 
 // Kept for callers of the earlier API: wire::SetTensor.

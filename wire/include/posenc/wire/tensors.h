@@ -23,6 +23,10 @@ namespace posenc::wire {
 [[nodiscard]] absl::StatusOr<MutableTensor> MutableOf(absl::string_view field,
                                                       const v1::TensorDesc& desc,
                                                       std::string* data);
+// The same over `bytes` bytes at `data` (a shared-memory slice).
+[[nodiscard]] absl::StatusOr<MutableTensor> MutableOf(absl::string_view field,
+                                                      const v1::TensorDesc& desc, void* data,
+                                                      size_t bytes);
 
 v1::TensorDesc DescOf(DType dtype, absl::Span<const int64_t> shape);
 

@@ -1,0 +1,189 @@
+#include "shared_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace posenc::client_internal {
+namespace {
+
+constexpr int64_t kMinRegionBytes = int64_t{1} << 20;
+constexpr size_t kMaxIdleRegions = 4;
+
+int64_t RoundUpToPages(int64_t bytes) {
+  const int64_t page = sysconf(_SC_PAGESIZE);
+  return (bytes + page - 1) / page * page;
+}
+
+}  // namespace
+
+std::string LocalSharedMemoryDomain() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string boot;
+  std::getline(in, boot);
+  boot = std::string(absl::StripAsciiWhitespace(boot));
+  if (boot.empty()) boot = "unknown";
+  struct stat st;
+  if (::stat("/dev/shm", &st) != 0) return "";
+  return absl::StrCat(boot, "/", st.st_dev, ":", st.st_ino);
+}
+
+ClientRegion::~ClientRegion() { ::munmap(data_, static_cast<size_t>(size_)); }
+
+void Lease::Release() {
+  if (region_ == nullptr) return;
+  if (discard_) {
+    pool_->Unregister(region_->name());
+    region_.reset();
+  } else {
+    pool_->Return(std::move(region_));
+  }
+}
+
+SharedMemoryPool::~SharedMemoryPool() {
+  for (const auto& r : idle_) Unregister(r->name());
+}
+
+bool SharedMemoryPool::disabled() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return usable_.has_value() && !*usable_;
+}
+
+void SharedMemoryPool::Disable(const absl::Status&) {
+  std::vector<std::unique_ptr<ClientRegion>> idle;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    usable_ = false;
+    idle.swap(idle_);
+  }
+  for (const auto& r : idle) Unregister(r->name());
+}
+
+bool SharedMemoryPool::Usable() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (usable_.has_value()) return *usable_;
+  }
+  // Once, outside the lock: concurrent first calls may both ask.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::ServerInfo info;
+  const grpc::Status s = stub_->GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info);
+  const bool same_node =
+      s.ok() && info.shared_memory_enabled() &&
+      (unix_target_ || (!info.shared_memory_domain().empty() &&
+                        info.shared_memory_domain() == LocalSharedMemoryDomain()));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!usable_.has_value()) usable_ = same_node;
+  return *usable_;
+}
+
+std::optional<Lease> SharedMemoryPool::Take(int64_t bytes) {
+  if (!enabled_ || !Usable()) return std::nullopt;
+  int64_t size = 0;
+  std::vector<std::unique_ptr<ClientRegion>> outgrown;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!*usable_) return std::nullopt;
+    for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+      if ((*it)->size() >= bytes) {
+        std::unique_ptr<ClientRegion> r = std::move(*it);
+        idle_.erase(it);
+        return Lease(this, std::move(r));
+      }
+    }
+    // Geometric growth: a caller whose tensors grow reuses regions after a
+    // few calls instead of registering one per size.
+    size = RoundUpToPages(std::max({bytes, 2 * largest_, kMinRegionBytes}));
+    largest_ = std::max(largest_, size);
+    // Idle regions outgrown by this one are given back.
+    for (auto it = idle_.begin(); it != idle_.end();) {
+      if ((*it)->size() * 2 <= largest_) {
+        outgrown.push_back(std::move(*it));
+        it = idle_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& r : outgrown) Unregister(r->name());
+  std::unique_ptr<ClientRegion> region = Create(size);
+  if (region == nullptr) return std::nullopt;
+  return Lease(this, std::move(region));
+}
+
+std::unique_ptr<ClientRegion> SharedMemoryPool::Create(int64_t bytes) {
+  int n;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    n = created_++;
+  }
+  static const uint64_t nonce = std::random_device{}() * uint64_t{0x9e3779b97f4a7c15};
+  const std::string key = absl::StrFormat("/posenc-client-%d-%016x-%d", ::getpid(), nonce, n);
+  const int fd = ::shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    Disable(absl::InternalError(absl::StrCat("shm_open: ", std::strerror(errno))));
+    return nullptr;
+  }
+  void* p = MAP_FAILED;
+  if (::ftruncate(fd, bytes) == 0) {
+    p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    ::shm_unlink(key.c_str());
+    Disable(absl::ResourceExhaustedError("could not size or map a shared-memory region"));
+    return nullptr;
+  }
+  auto region = std::unique_ptr<ClientRegion>(new ClientRegion(key, static_cast<char*>(p), bytes));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::RegisterSharedMemoryRequest req;
+  req.set_name(key);
+  req.set_key(key);
+  req.set_byte_size(static_cast<uint64_t>(bytes));
+  v1::SharedMemoryStatus resp;
+  const grpc::Status s = stub_->RegisterSharedMemory(&ctx, req, &resp);
+  // Registered, the server maps the object; no file is needed after that.
+  ::shm_unlink(key.c_str());
+  if (!s.ok()) {
+    Disable(absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message()));
+    return nullptr;
+  }
+  return region;
+}
+
+void SharedMemoryPool::Return(std::unique_ptr<ClientRegion> region) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Kept while shared memory is in use, it is not outgrown and the pool
+    // is not full; otherwise given back.
+    if (usable_.value_or(false) && region->size() * 2 > largest_ &&
+        idle_.size() < kMaxIdleRegions) {
+      idle_.push_back(std::move(region));
+      return;
+    }
+  }
+  Unregister(region->name());
+}
+
+void SharedMemoryPool::Unregister(const std::string& name) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  v1::UnregisterSharedMemoryRequest req;
+  req.set_name(name);
+  v1::SharedMemoryStatus resp;
+  (void)stub_->UnregisterSharedMemory(&ctx, req, &resp);
+}
+
+}  // namespace posenc::client_internal

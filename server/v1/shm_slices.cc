@@ -1,0 +1,63 @@
+#include "v1/shm_slices.h"
+
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "posenc/status_macros.h"
+#include "posenc/wire/tensors.h"
+
+namespace posenc::server {
+namespace {
+
+constexpr uint64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
+
+}  // namespace
+
+int64_t SliceBytes(const v1::SharedMemorySlice& slice) {
+  return slice.byte_size() > kMaxInt64 ? std::numeric_limits<int64_t>::max()
+                                       : static_cast<int64_t>(slice.byte_size());
+}
+
+absl::StatusOr<char*> ShmSlices::Resolve(absl::string_view field,
+                                         const v1::SharedMemorySlice& slice) {
+  const std::string where = absl::StrCat(field, "_shm");
+  if (slice.offset() > kMaxInt64 || slice.byte_size() > kMaxInt64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": offset and byte_size must be below 2^63, got ", slice.offset(),
+                     " and ", slice.byte_size()));
+  }
+  POSENC_ASSIGN_OR_RETURN(std::shared_ptr<const SharedMemoryRegion> region,
+                          engine_.shared_memory().Find(where, slice.region()));
+  const auto offset = static_cast<int64_t>(slice.offset());
+  POSENC_RETURN_IF_ERROR(
+      region->CheckSlice(where, offset, static_cast<int64_t>(slice.byte_size())));
+  char* at = region->At(offset);
+  held_.emplace_back(where, std::move(region));
+  return at;
+}
+
+absl::StatusOr<MutableTensor> ShmSlices::Input(absl::string_view field,
+                                               const v1::SharedMemorySlice& slice,
+                                               const v1::TensorDesc& desc,
+                                               const std::string& data) {
+  if (!data.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, "_data must be empty when ", field,
+                                                   "_shm names the tensor, got ", data.size(),
+                                                   " bytes"));
+  }
+  POSENC_ASSIGN_OR_RETURN(char* at, Resolve(field, slice));
+  return wire::MutableOf(field, desc, at, static_cast<size_t>(slice.byte_size()));
+}
+
+absl::StatusOr<OutputTarget> ShmSlices::Output(absl::string_view field,
+                                               const v1::SharedMemorySlice& slice) {
+  POSENC_ASSIGN_OR_RETURN(char* at, Resolve(field, slice));
+  return OutputTarget(at, static_cast<int64_t>(slice.byte_size()));
+}
+
+absl::Status ShmSlices::CheckIntact() const {
+  for (const auto& [field, region] : held_) POSENC_RETURN_IF_ERROR(region->CheckIntact(field));
+  return absl::OkStatus();
+}
+
+}  // namespace posenc::server

@@ -1,0 +1,49 @@
+// Tensors a posenc.v1 request names in shared memory (SharedMemorySlice
+// fields): resolved against the engine's registry, held for the call,
+// viewed in place. Positions and lengths always travel in the message, so
+// nothing read from a region steers a memory access.
+#ifndef POSENC_SERVER_V1_SHM_SLICES_H_
+#define POSENC_SERVER_V1_SHM_SLICES_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/engine.h"
+#include "posenc/v1/posenc.pb.h"
+
+namespace posenc::server {
+
+// The bytes a slice names, for the request size check (saturating).
+int64_t SliceBytes(const v1::SharedMemorySlice& slice);
+
+class ShmSlices {
+ public:
+  explicit ShmSlices(Engine& engine) : engine_(engine) {}
+
+  // The tensor `field` as `desc` describes it, in place in `slice`, whose
+  // byte_size must match the tensor; `data` (the message's bytes field for
+  // it) must be empty.
+  [[nodiscard]] absl::StatusOr<MutableTensor> Input(absl::string_view field,
+                                                    const v1::SharedMemorySlice& slice,
+                                                    const v1::TensorDesc& desc,
+                                                    const std::string& data);
+  // Where an output goes: `slice`, which must hold it (the engine checks the
+  // size once it is known).
+  [[nodiscard]] absl::StatusOr<OutputTarget> Output(absl::string_view field,
+                                                    const v1::SharedMemorySlice& slice);
+  // FAILED_PRECONDITION when the caller truncated a region the call used
+  // while it ran: what the call read or wrote there is void.
+  [[nodiscard]] absl::Status CheckIntact() const;
+
+ private:
+  absl::StatusOr<char*> Resolve(absl::string_view field, const v1::SharedMemorySlice& slice);
+
+  Engine& engine_;
+  std::vector<std::pair<std::string, std::shared_ptr<const SharedMemoryRegion>>> held_;
+};
+
+}  // namespace posenc::server
+
+#endif  // POSENC_SERVER_V1_SHM_SLICES_H_

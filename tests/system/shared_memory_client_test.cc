@@ -1,0 +1,230 @@
+// The C++ client moves tensors through shared memory on its own when the
+// server shares its node (ClientOptions::shared_memory, kAuto by default):
+// an in-process server on a TCP port and a Unix socket, clients with
+// shared memory on and off. Results must be bit for bit the socket's for
+// every operation and dtype; a region the server lost falls back to the
+// socket; kRequire refuses what kAuto falls back from.
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "posenc/client.h"
+#include "server.h"
+#include "test_tensors.h"
+
+namespace posenc {
+namespace {
+
+using testing::Bytes;
+
+constexpr DType kFloatTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+
+std::unique_ptr<server::Server> StartServer(bool shared_memory, const std::string& listen) {
+  server::ServerOptions o;
+  o.listen_address = listen;
+  o.engine.cpu_threads = 2;
+  o.engine.enable_cuda = false;
+  o.engine.shared_memory.enabled = shared_memory;
+  auto s = server::Server::Start(o);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+std::unique_ptr<Client> Connect(const std::string& target, SharedMemoryUse use) {
+  ClientOptions co;
+  co.target = target;
+  co.shared_memory = use;
+  co.initial_backoff = absl::Milliseconds(10);
+  auto c = Client::Create(co);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+class SharedMemoryClient : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    socket_ = "/tmp/posenc-shm-client-" + std::to_string(::getpid()) + ".sock";
+    server_ = StartServer(true, "127.0.0.1:0,unix:" + socket_);
+    ASSERT_NE(server_, nullptr);
+    tcp_ = "127.0.0.1:" + std::to_string(server_->port());
+    shm_ = Connect(tcp_, SharedMemoryUse::kAuto);
+    socket_client_ = Connect(tcp_, SharedMemoryUse::kOff);
+  }
+  void TearDown() override {
+    shm_.reset();
+    socket_client_.reset();
+    server_.reset();
+    std::filesystem::remove(socket_);
+  }
+  int Regions() { return server_->engine().shared_memory().count(); }
+
+  std::string socket_, tcp_;
+  std::unique_ptr<server::Server> server_;
+  std::unique_ptr<Client> shm_, socket_client_;
+};
+
+// Every operation, every float dtype: the client through shared memory and
+// the client on the socket get the same bytes.
+TEST_F(SharedMemoryClient, EveryOperationAndDtypeMatchesTheSocketBitForBit) {
+  for (DType dtype : kFloatTypes) {
+    SCOPED_TRACE(DTypeName(dtype));
+    // RoPE, query and key, with offsets, sync and async.
+    RopeOptions rope;
+    rope.base = 500000;
+    rope.scaling.type = ScalingType::kLlama3;
+    const Bytes q0 = testing::RandomTensor(dtype, 2 * 9 * 6 * 64);
+    const Bytes k0 = testing::RandomTensor(dtype, 2 * 9 * 2 * 64);
+    std::vector<int64_t> offsets = {0, 4093};
+    for (bool async : {false, true}) {
+      Bytes q1 = q0, k1 = k0, q2 = q0, k2 = k0;
+      RopeTensors a, b;
+      a.query = testing::Mutable(dtype, {2, 9, 6, 64}, q1);
+      a.key = testing::Mutable(dtype, {2, 9, 2, 64}, k1);
+      a.positions.offsets = testing::IntView(offsets, {2});
+      b = a;
+      b.query = testing::Mutable(dtype, {2, 9, 6, 64}, q2);
+      b.key = testing::Mutable(dtype, {2, 9, 2, 64}, k2);
+      if (async) {
+        ASSERT_TRUE(shm_->ApplyRopeAsync(rope, a).get().ok());
+        ASSERT_TRUE(socket_client_->ApplyRopeAsync(rope, b).get().ok());
+      } else {
+        ASSERT_TRUE(shm_->ApplyRope(rope, a).ok());
+        ASSERT_TRUE(socket_client_->ApplyRope(rope, b).ok());
+      }
+      EXPECT_NE(q1, q0) << "rotated";
+      EXPECT_EQ(q1, q2);
+      EXPECT_EQ(k1, k2);
+    }
+    // Sinusoidal add, sync and async.
+    const Bytes x0 = testing::RandomTensor(dtype, 3 * 17 * 96);
+    for (bool async : {false, true}) {
+      Bytes x1 = x0, x2 = x0;
+      AbsoluteTensors a, b;
+      a.x = testing::Mutable(dtype, {3, 17, 96}, x1);
+      b.x = testing::Mutable(dtype, {3, 17, 96}, x2);
+      AbsoluteOptions abs;
+      abs.x_scale = 2.0;
+      if (async) {
+        ASSERT_TRUE(shm_->AddAbsoluteEncodingAsync(abs, a).get().ok());
+        ASSERT_TRUE(socket_client_->AddAbsoluteEncodingAsync(abs, b).get().ok());
+      } else {
+        ASSERT_TRUE(shm_->AddAbsoluteEncoding(abs, a).ok());
+        ASSERT_TRUE(socket_client_->AddAbsoluteEncoding(abs, b).ok());
+      }
+      EXPECT_EQ(x1, x2);
+    }
+    // The bias added to logits, with slopes.
+    BiasOptions bias;
+    bias.causal = true;
+    bias.window = 5;
+    const Bytes l0 = testing::RandomTensor(dtype, 2 * 4 * 7 * 11);
+    Bytes l1 = l0, l2 = l0;
+    std::vector<double> s1, s2;
+    ASSERT_TRUE(
+        shm_->ApplyAttentionBias(bias, testing::Mutable(dtype, {2, 4, 7, 11}, l1), &s1).ok());
+    ASSERT_TRUE(
+        socket_client_->ApplyAttentionBias(bias, testing::Mutable(dtype, {2, 4, 7, 11}, l2), &s2)
+            .ok());
+    EXPECT_EQ(l1, l2);
+    EXPECT_EQ(s1, s2);
+    // Built tensors: a bias and a table.
+    BiasOptions built = bias;
+    built.batch = 2;
+    built.num_heads = 4;
+    built.q_len = 7;
+    built.k_len = 11;
+    built.dtype = dtype;
+    auto b1 = shm_->AttentionBias(built);
+    auto b2 = socket_client_->AttentionBias(built);
+    ASSERT_TRUE(b1.ok() && b2.ok()) << b1.status() << b2.status();
+    EXPECT_EQ(b1->data, b2->data);
+    EXPECT_EQ(b1->shape, b2->shape);
+    EXPECT_EQ(b1->slopes, b2->slopes);
+    auto t1 = shm_->EncodingTable(AbsoluteOptions(), 48, 33, {}, dtype);
+    auto t2 = socket_client_->EncodingTable(AbsoluteOptions(), 48, 33, {}, dtype);
+    ASSERT_TRUE(t1.ok() && t2.ok()) << t1.status() << t2.status();
+    EXPECT_EQ(t1->data, t2->data);
+    EXPECT_EQ(t1->shape, t2->shape);
+  }
+  EXPECT_TRUE(shm_->UsesSharedMemory());
+  EXPECT_FALSE(socket_client_->UsesSharedMemory());
+  EXPECT_GT(Regions(), 0) << "the kAuto client never registered a region";
+  EXPECT_LE(Regions(), 5) << "regions are reused, not one per call";
+}
+
+TEST_F(SharedMemoryClient, RegionsGrowGeometricallyAndAreReused) {
+  for (int64_t tokens = 1; tokens <= 4096; tokens *= 2) {
+    Bytes q = testing::RandomTensor(DType::kBFloat16, tokens * 8 * 128);
+    RopeTensors t;
+    t.query = testing::Mutable(DType::kBFloat16, {1, tokens, 8, 128}, q);
+    ASSERT_TRUE(shm_->ApplyRope(RopeOptions(), t).ok()) << tokens;
+  }
+  // 13 sizes from 2 KiB to 8 MiB: regions of 1, 2, 4 and 8 MiB in turn,
+  // each given back as the next replaces it.
+  EXPECT_EQ(Regions(), 1);
+  EXPECT_TRUE(shm_->UsesSharedMemory());
+}
+
+TEST_F(SharedMemoryClient, ARegionTheServerLostFallsBackToTheSocket) {
+  const Bytes q0 = testing::RandomTensor(DType::kFloat32, 4 * 8 * 64);
+  Bytes q1 = q0, q2 = q0;
+  RopeTensors t;
+  t.query = testing::Mutable(DType::kFloat32, {1, 4, 8, 64}, q1);
+  ASSERT_TRUE(shm_->ApplyRope(RopeOptions(), t).ok());
+  ASSERT_GT(Regions(), 0);
+  // As after a server restart: the client's pooled region is unknown now.
+  ASSERT_TRUE(server_->engine().shared_memory().Unregister("").ok());
+  t.query = testing::Mutable(DType::kFloat32, {1, 4, 8, 64}, q2);
+  ASSERT_TRUE(shm_->ApplyRope(RopeOptions(), t).ok());
+  Bytes q3 = q0;
+  RopeTensors s;
+  s.query = testing::Mutable(DType::kFloat32, {1, 4, 8, 64}, q3);
+  ASSERT_TRUE(socket_client_->ApplyRope(RopeOptions(), s).ok());
+  EXPECT_EQ(q2, q3) << "the fallback computes on the caller's own bytes";
+  EXPECT_FALSE(shm_->UsesSharedMemory());
+}
+
+TEST_F(SharedMemoryClient, AUnixSocketTargetUsesSharedMemoryToo) {
+  auto over_unix = Connect("unix:" + socket_, SharedMemoryUse::kRequire);
+  ASSERT_NE(over_unix, nullptr);
+  auto info = over_unix->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->shared_memory_enabled());
+  const Bytes q0 = testing::RandomTensor(DType::kBFloat16, 16 * 8 * 128);
+  Bytes q1 = q0, q2 = q0;
+  RopeTensors a, b;
+  a.query = testing::Mutable(DType::kBFloat16, {1, 16, 8, 128}, q1);
+  b.query = testing::Mutable(DType::kBFloat16, {1, 16, 8, 128}, q2);
+  ASSERT_TRUE(over_unix->ApplyRope(RopeOptions(), a).ok());
+  ASSERT_TRUE(socket_client_->ApplyRope(RopeOptions(), b).ok());
+  EXPECT_EQ(q1, q2);
+  EXPECT_TRUE(over_unix->UsesSharedMemory());
+}
+
+TEST(SharedMemoryClientWithoutServerSupport, AutoFallsBackAndRequireRefuses) {
+  auto server = StartServer(false, "127.0.0.1:0");
+  ASSERT_NE(server, nullptr);
+  const std::string target = "127.0.0.1:" + std::to_string(server->port());
+  const Bytes q0 = testing::RandomTensor(DType::kFloat32, 4 * 8 * 64);
+  Bytes q1 = q0;
+  RopeTensors t;
+  t.query = testing::Mutable(DType::kFloat32, {1, 4, 8, 64}, q1);
+  auto automatic = Connect(target, SharedMemoryUse::kAuto);
+  ASSERT_TRUE(automatic->ApplyRope(RopeOptions(), t).ok());
+  EXPECT_FALSE(automatic->UsesSharedMemory());
+  auto required = Connect(target, SharedMemoryUse::kRequire);
+  Bytes q2 = q0;
+  t.query = testing::Mutable(DType::kFloat32, {1, 4, 8, 64}, q2);
+  const absl::Status s = required->ApplyRope(RopeOptions(), t);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(q2, q0) << "a refused call leaves the caller's tensor as it was";
+}
+
+}  // namespace
+}  // namespace posenc
