@@ -45,6 +45,11 @@ class ChannelConfig:
     # Further gRPC channel arguments, appended (later ones win), e.g.
     # (("grpc.min_reconnect_backoff_ms", 100),).
     channel_options: tuple = ()
+    # Tensors through shared memory when the server shares this node and its
+    # /dev/shm (posenc._shm): "auto" uses it when it can and the socket
+    # otherwise, "off" never, "require" fails a call that cannot use it.
+    # Results are bit for bit the socket's.
+    shared_memory: str = "auto"
 
     def validate(self) -> None:
         if not re.fullmatch(r"[A-Za-z0-9._/-]*", self.health_check_service):
@@ -61,6 +66,8 @@ class ChannelConfig:
         if not 0 < self.initial_backoff <= self.max_backoff:
             raise invalid("backoff must satisfy 0 < initial_backoff <= max_backoff; got "
                           f"{self.initial_backoff}, {self.max_backoff}")
+        if self.shared_memory not in ("auto", "off", "require"):
+            raise invalid(f"shared_memory must be auto, off or require; got {self.shared_memory!r}")
         if not 0 < self.max_message_bytes <= 2**31 - 1:
             raise invalid(f"max_message_bytes must lie in [1, 2^31 - 1]; got {self.max_message_bytes}")
 

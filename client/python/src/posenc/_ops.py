@@ -9,6 +9,7 @@ Options take the proto's enum names without their prefix, case-insensitive
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,7 +43,40 @@ class BiasResult:
     backend: str = ""
 
 
-Op = tuple[str, Any, Callable[[Any], Any]]
+# Reads a tensor of an answer: (response, data field, descriptor field, the
+# request's shared-memory slice field) -> array. On the socket the bytes are
+# the answer's data field; through shared memory, the region's slice.
+Reader = Callable[[Any, str, str, str], Any]
+
+
+def socket_reader(response, data: str, desc: str, _slice: str):
+    return T.from_desc(getattr(response, desc), getattr(response, data), desc)
+
+
+@dataclass
+class Op:
+    """One call: the request with its large tensors not yet attached (they
+    go into the message, on_socket, or into a shared-memory region, _shm),
+    and how to read the answer."""
+
+    method: str
+    request: Any
+    parse: Callable[[Any, Reader], Any]
+    # (array, data field, shared-memory slice field) of each large tensor.
+    tensors: tuple = ()
+    # (slice field, bytes) of a tensor the server builds, when its size is
+    # known from the request.
+    output: tuple | None = None
+
+    def on_socket(self):
+        """The request with its tensors in the message."""
+        _attach(self.request, self.tensors)
+        return self.request
+
+
+def _attach(request, tensors) -> None:
+    for a, data, _ in tensors:
+        setattr(request, data, a.tobytes())
 
 
 def enum_value(enum, prefix: str, value, field: str) -> int:
@@ -132,12 +166,11 @@ def _positions(request, position_ids, offsets, cu_seqlens) -> None:
         request.cu_seqlens.CopyFrom(T.small_tensor(T.positions(cu_seqlens, "cu_seqlens")))
 
 
-def rope_request(query, key=None, *, layout=None, position_ids=None, offsets=None,
-                 cu_seqlens=None, style=None, rotary_dim: int = 0, base: float | None = None,
-                 inverse: bool = False, scaling=None, axis_mode=None,
-                 axis_dims: Sequence[int] = (), sections: Sequence[int] = (), backend=None,
-                 request_id: str = "", hf_config: HfConfig | None = None,
-                 ) -> tuple[pb.RopeRequest, T.Origin, T.Origin | None]:
+def _rope_parts(query, key=None, *, layout=None, position_ids=None, offsets=None,
+                cu_seqlens=None, style=None, rotary_dim: int = 0, base: float | None = None,
+                inverse: bool = False, scaling=None, axis_mode=None,
+                axis_dims: Sequence[int] = (), sections: Sequence[int] = (), backend=None,
+                request_id: str = "", hf_config: HfConfig | None = None):
     q, q_origin = T.as_array(query, "query", T.FLOATS)
     r = pb.RopeRequest(
         layout=enum_value(pb.RopeLayout, "ROPE_LAYOUT_", layout, "layout"),
@@ -146,11 +179,13 @@ def rope_request(query, key=None, *, layout=None, position_ids=None, offsets=Non
         axis_mode=enum_value(pb.AxisMode, "AXIS_MODE_", axis_mode, "axis_mode"),
         axis_dims=[int(d) for d in axis_dims], sections=[int(s) for s in sections],
         backend=_backend(backend), request_id=request_id)
-    r.query_data = T.set_desc(q, r.query)
+    T.set_desc(q, r.query)
+    tensors = [(q, "query_data", "query_shm")]
     k_origin = None
     if key is not None:
         k, k_origin = T.as_array(key, "key", T.FLOATS)
-        r.key_data = T.set_desc(k, r.key)
+        T.set_desc(k, r.key)
+        tensors.append((k, "key_data", "key_shm"))
     _positions(r, position_ids, offsets, cu_seqlens)
     if base is not None:
         r.base = float(base)
@@ -158,23 +193,32 @@ def rope_request(query, key=None, *, layout=None, position_ids=None, offsets=Non
         r.scaling.CopyFrom(scaling_message(scaling))
     if hf_config is not None:
         r.hf_config = hf_config_text(hf_config)
+    return r, tuple(tensors), q_origin, k_origin
+
+
+def rope_request(query, key=None, **options) -> tuple[pb.RopeRequest, T.Origin, T.Origin | None]:
+    """A whole RopeRequest (tensors in the message) and where its query and
+    key came from; apply_rope's arguments."""
+    r, tensors, q_origin, k_origin = _rope_parts(query, key, **options)
+    _attach(r, tensors)
     return r, q_origin, k_origin
 
 
-def rope_result(resp: pb.RopeResponse, q_origin: T.Origin, k_origin: T.Origin | None) -> RopeResult:
+def rope_result(resp: pb.RopeResponse, q_origin: T.Origin, k_origin: T.Origin | None,
+                read: Reader = socket_reader) -> RopeResult:
     if resp.error_code != 0:
         return RopeResult(None, None, resp.backend, resp.request_id,
                           PosencError.from_status(resp.error_code, resp.error_message))
-    query = q_origin.restore(T.from_desc(resp.query, resp.query_data, "query"))
+    query = q_origin.restore(read(resp, "query_data", "query", "query_shm"))
     key = None
     if k_origin is not None:
-        key = k_origin.restore(T.from_desc(resp.key, resp.key_data, "key"))
+        key = k_origin.restore(read(resp, "key_data", "key", "key_shm"))
     return RopeResult(query, key, resp.backend, resp.request_id)
 
 
 def apply_rope(query, key=None, **options) -> Op:
-    r, qo, ko = rope_request(query, key, **options)
-    return "ApplyRope", r, lambda resp: rope_result(resp, qo, ko)
+    r, tensors, qo, ko = _rope_parts(query, key, **options)
+    return Op("ApplyRope", r, lambda resp, read: rope_result(resp, qo, ko, read), tensors)
 
 
 def _encoding(request, table: str | None, layout, base) -> None:
@@ -194,13 +238,14 @@ def add_absolute(x, *, table: str | None = None, layout=None, base=None, positio
                  request_id: str = "") -> Op:
     a, origin = T.as_array(x, "x", T.FLOATS)
     r = pb.AbsoluteEncodingRequest(backend=_backend(backend), request_id=request_id)
-    r.x_data = T.set_desc(a, r.x)
+    T.set_desc(a, r.x)
     _encoding(r, table, layout, base)
     _positions(r, position_ids, offsets, cu_seqlens)
     if x_scale is not None:
         r.x_scale = float(x_scale)
-    return ("AddAbsoluteEncoding", r,
-            lambda resp: origin.restore(T.from_desc(resp.y, resp.y_data, "y")))
+    return Op("AddAbsoluteEncoding", r,
+              lambda resp, read: origin.restore(read(resp, "y_data", "y", "x_shm")),
+              ((a, "x_data", "x_shm"),))
 
 
 def encoding_table(*, table: str | None = None, dim: int = 0, count: int = 0, positions=None,
@@ -208,10 +253,16 @@ def encoding_table(*, table: str | None = None, dim: int = 0, count: int = 0, po
     r = pb.EncodingTableRequest(dim=int(dim), count=int(count),
                                 dtype=T.dtype_proto(dtype, "dtype"), backend=_backend(backend))
     _encoding(r, table, layout, base)
+    rows = int(count)
     if positions is not None:
-        r.positions.CopyFrom(T.small_tensor(T.positions(positions, "positions")))
-    return ("GetEncodingTable", r,
-            lambda resp: T.from_desc(resp.table, resp.table_data, "table"))
+        p = T.positions(positions, "positions")
+        r.positions.CopyFrom(T.small_tensor(p))
+        rows = p.shape[0] if p.ndim == 1 else 0
+    # Its size is known unless a learned table's own dim or rows decide it.
+    nbytes = rows * int(dim) * T.itemsize(r.dtype)
+    return Op("GetEncodingTable", r,
+              lambda resp, read: read(resp, "table_data", "table", "table_shm"),
+              output=("table_shm", nbytes) if nbytes > 0 else None)
 
 
 def attention_bias(*, num_heads: int = 0, q_len: int = 0, k_len: int = 0, form=None,
@@ -231,21 +282,30 @@ def attention_bias(*, num_heads: int = 0, q_len: int = 0, k_len: int = 0, form=N
     if k_starts is not None:
         r.k_starts.CopyFrom(T.small_tensor(T.positions(k_starts, "k_starts")))
     origin = T.Origin()
+    tensors, output = (), None
     if logits is not None:
         a, origin = T.as_array(logits, "logits", T.FLOATS)
-        r.logits_data = T.set_desc(a, r.logits)
+        T.set_desc(a, r.logits)
+        tensors = ((a, "logits_data", "logits_shm"),)
+    else:
+        rows = int(batch) or (r.k_lens.shape[0] if r.k_lens.shape else
+                              r.k_starts.shape[0] if r.k_starts.shape else 1)
+        dims = (rows, int(num_heads), int(q_len), int(k_len))
+        if min(dims) > 0:
+            output = ("bias_shm", math.prod(dims) * T.itemsize(r.dtype))
+    where = "logits_shm" if logits is not None else "bias_shm"
 
-    def parse(resp):
-        bias = origin.restore(T.from_desc(resp.bias, resp.bias_data, "bias"))
+    def parse(resp, read):
+        bias = origin.restore(read(resp, "bias_data", "bias", where))
         return BiasResult(bias, list(resp.slopes), resp.backend)
 
-    return "AttentionBias", r, parse
+    return Op("AttentionBias", r, parse, tensors, output)
 
 
 def control(method: str) -> Op:
     requests = {"ListTables": pb.ListTablesRequest, "ReloadTables": pb.ReloadTablesRequest,
                 "GetServerInfo": pb.GetServerInfoRequest}
-    return method, requests[method](), lambda resp: resp
+    return Op(method, requests[method](), lambda resp, _read: resp)
 
 
 def stream_item(item) -> tuple[pb.RopeRequest, T.Origin, T.Origin | None]:

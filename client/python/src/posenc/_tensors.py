@@ -98,10 +98,18 @@ def positions(x, field: str) -> np.ndarray:
     return a
 
 
-def set_desc(a: np.ndarray, desc: pb.TensorDesc) -> bytes:
+def set_desc(a: np.ndarray, desc: pb.TensorDesc) -> None:
     desc.dtype = _TO_PROTO[a.dtype]
     desc.shape.extend(a.shape)
-    return a.tobytes()
+
+
+def itemsize(data_type: int) -> int:
+    """Bytes of one element of a DataType (UNSPECIFIED: float32, the default)."""
+    return _FROM_PROTO.get(data_type or pb.DATA_TYPE_FLOAT32, np.dtype(np.float32)).itemsize
+
+
+def dtype_of(data_type: int):
+    return _FROM_PROTO.get(data_type)
 
 
 def small_tensor(a: np.ndarray) -> pb.Tensor:

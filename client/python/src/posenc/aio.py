@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import grpc
 import grpc.aio
 
-from posenc import _ops
+from posenc import _ops, _shm
 from posenc._channel import ChannelConfig
 from posenc._proto.posenc.v1 import posenc_pb2 as pb
 from posenc._proto.posenc.v1 import posenc_pb2_grpc as pb_grpc
@@ -30,9 +30,30 @@ class AsyncClient:
         self._channel = (grpc.aio.secure_channel(target, creds, opts) if creds
                          else grpc.aio.insecure_channel(target, opts))
         self._stub = pb_grpc.PositionalEncodingStub(self._channel)
+        self._shm = _shm.Pool(self.config.shared_memory, target.startswith("unix:"))
+        # Registering and unregistering regions (rare: first use, growth)
+        # go over a small blocking channel of their own.
+        self._control = None
 
     async def close(self) -> None:
+        self._shm.close()
+        if self._control is not None:
+            self._control[0].close()
         await self._channel.close()
+
+    @property
+    def uses_shared_memory(self) -> bool:
+        """Client.uses_shared_memory."""
+        return self._shm.usable
+
+    def _control_stub(self):
+        if self._control is None:
+            creds = self.config.credentials()
+            opts = self.config.options()
+            channel = (grpc.secure_channel(self.config.target, creds, opts) if creds
+                       else grpc.insecure_channel(self.config.target, opts))
+            self._control = (channel, pb_grpc.PositionalEncodingStub(channel))
+        return self._control[1]
 
     async def __aenter__(self):
         return self
@@ -43,14 +64,51 @@ class AsyncClient:
     def _timeout(self, timeout):
         return self.config.timeout if timeout is None else timeout
 
-    async def _run(self, op: _ops.Op, timeout, request_id: str = ""):
-        method, request, parse = op
+    async def _call(self, method: str, request, timeout, request_id: str):
         try:
-            response = await getattr(self._stub, method)(
+            return await getattr(self._stub, method)(
                 request, timeout=self._timeout(timeout), metadata=_metadata(request_id))
         except grpc.RpcError as e:
             raise PosencError.from_rpc_error(e) from None
-        return parse(response)
+
+    async def _lease(self, op: _ops.Op) -> _shm.Lease | None:
+        """A region for the call's tensors, when shared memory is in use."""
+        needed = _shm.bytes_needed(op)
+        if self.config.shared_memory == "off" or needed <= 0:
+            return None
+        if not self._shm.decided:
+            try:
+                info = await self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
+            except grpc.RpcError:
+                info = None
+            self._shm.decide(info)
+        lease = (self._shm.take(self._control_stub(), needed)
+                 if self._shm.usable else None)
+        if lease is None and self.config.shared_memory == "require":
+            raise PosencError(grpc.StatusCode.FAILED_PRECONDITION,
+                              "shared_memory='require' but this server cannot share memory with "
+                              "this process (not on this node, another /dev/shm, or turned off)")
+        return lease
+
+    async def _run(self, op: _ops.Op, timeout, request_id: str = ""):
+        lease = await self._lease(op)
+        if lease is not None:
+            try:
+                _shm.place(op, lease)
+                response = await self._call(op.method, op.request, timeout, request_id)
+                return op.parse(response, _shm.reader(lease, op.request))
+            except PosencError as e:
+                if self.config.shared_memory == "require" or not _shm.region_failed(e.code,
+                                                                                    e.message):
+                    raise
+                # The region failed, not the tensors: the socket from now on.
+                lease.discard = True
+                self._shm.disable()
+                _shm.unplace(op)
+            finally:
+                lease.release()
+        response = await self._call(op.method, op.on_socket(), timeout, request_id)
+        return op.parse(response, _ops.socket_reader)
 
     async def apply_rope(self, query, key=None, *, timeout=None, request_id: str = "",
                          hf_config: _ops.HfConfig | None = None,

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 
 import grpc
 
-from posenc import _ops
+from posenc import _ops, _shm
 from posenc._channel import ChannelConfig
 from posenc._proto.posenc.v1 import posenc_pb2 as pb
 from posenc._proto.posenc.v1 import posenc_pb2_grpc as pb_grpc
@@ -32,9 +32,17 @@ class Client:
         self._channel = (grpc.secure_channel(target, creds, opts) if creds
                          else grpc.insecure_channel(target, opts))
         self._stub = pb_grpc.PositionalEncodingStub(self._channel)
+        self._shm = _shm.Pool(self.config.shared_memory, target.startswith("unix:"))
 
     def close(self) -> None:
+        self._shm.close()
         self._channel.close()
+
+    @property
+    def uses_shared_memory(self) -> bool:
+        """Whether tensors now go through shared memory ("auto" decides on
+        the first tensor call and stops at the first failure of a region)."""
+        return self._shm.usable
 
     def __enter__(self):
         return self
@@ -49,14 +57,51 @@ class Client:
     def _timeout(self, timeout):
         return self.config.timeout if timeout is None else timeout
 
-    def _run(self, op: _ops.Op, timeout, request_id: str = ""):
-        method, request, parse = op
+    def _call(self, method: str, request, timeout, request_id: str):
         try:
-            response = getattr(self._stub, method)(request, timeout=self._timeout(timeout),
-                                                   metadata=_metadata(request_id))
+            return getattr(self._stub, method)(request, timeout=self._timeout(timeout),
+                                               metadata=_metadata(request_id))
         except grpc.RpcError as e:
             raise PosencError.from_rpc_error(e) from None
-        return parse(response)
+
+    def _lease(self, op: _ops.Op) -> _shm.Lease | None:
+        """A region for the call's tensors, when shared memory is in use."""
+        needed = _shm.bytes_needed(op)
+        if self.config.shared_memory == "off" or needed <= 0:
+            return None
+        if not self._shm.decided:
+            try:
+                info = self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
+            except grpc.RpcError:
+                info = None
+            self._shm.decide(info)
+        lease = (self._shm.take(self._stub, needed)
+                 if self._shm.usable else None)
+        if lease is None and self.config.shared_memory == "require":
+            raise PosencError(grpc.StatusCode.FAILED_PRECONDITION,
+                              "shared_memory='require' but this server cannot share memory with "
+                              "this process (not on this node, another /dev/shm, or turned off)")
+        return lease
+
+    def _run(self, op: _ops.Op, timeout, request_id: str = ""):
+        lease = self._lease(op)
+        if lease is not None:
+            try:
+                _shm.place(op, lease)
+                response = self._call(op.method, op.request, timeout, request_id)
+                return op.parse(response, _shm.reader(lease, op.request))
+            except PosencError as e:
+                if self.config.shared_memory == "require" or not _shm.region_failed(e.code,
+                                                                                    e.message):
+                    raise
+                # The region failed, not the tensors: the socket from now on.
+                lease.discard = True
+                self._shm.disable()
+                _shm.unplace(op)
+            finally:
+                lease.release()
+        response = self._call(op.method, op.on_socket(), timeout, request_id)
+        return op.parse(response, _ops.socket_reader)
 
     # ------------------------------------------------------------ RoPE ----
 

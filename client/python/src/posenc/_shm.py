@@ -1,0 +1,253 @@
+"""Tensors through shared memory, as the C++ client moves them
+(client/src/shared_memory.h): when the server shares this node and its
+/dev/shm (a ``unix:`` target, or the shared_memory_domain GetServerInfo
+advertises equal to this process's), a request's tensors go into a region
+this client owns, the server works on them in place there, and the results
+are read back out of it. Regions are made on first need, reused across calls,
+replaced by one at least twice as large when a call needs more, registered
+once and unlinked from /dev/shm at once (the server's mapping and ours keep
+them alive). The first failure of a region turns shared memory off for the
+client, which then uses the socket.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import threading
+
+import math
+
+import grpc
+import numpy as np
+
+from posenc import _tensors as T
+from posenc._proto.posenc.v1 import posenc_pb2 as pb
+from posenc.errors import PosencError
+
+MODES = ("auto", "off", "require")
+_MIN_REGION = 1 << 20
+_MAX_IDLE = 4
+_ALIGN = 64
+
+def local_domain() -> str:
+    """This process's shared-memory domain, computed as the server computes
+    its own: "<boot id>/<device>:<inode>" of /dev/shm ("" when unknown)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip() or "unknown"
+        st = os.stat("/dev/shm")
+    except OSError:
+        return ""
+    return f"{boot}/{st.st_dev}:{st.st_ino}"
+
+
+def region_failed(code, message: str) -> bool:
+    """Whether a call failed for its region, not its tensors: then the same
+    call goes over the socket."""
+    return (code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
+            and "shared memory" in message)
+
+
+class Region:
+    def __init__(self, name: str, mapping: mmap.mmap):
+        self.name = name
+        self.map = mapping
+        self.size = len(mapping)
+
+
+class Lease:
+    """A region held for one call; laid out front to back, 64-byte aligned."""
+
+    def __init__(self, pool: "Pool", region: Region):
+        self.pool, self.region, self.next, self.discard = pool, region, 0, False
+
+    def reserve(self, nbytes: int, slice_: pb.SharedMemorySlice) -> int:
+        slice_.region = self.region.name
+        slice_.offset = self.next
+        slice_.byte_size = nbytes
+        at = self.next
+        self.next += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+        return at
+
+    def put(self, a: np.ndarray, slice_: pb.SharedMemorySlice) -> None:
+        """Copies a C-contiguous array into the region (the one copy)."""
+        at = self.reserve(a.nbytes, slice_)
+        if a.nbytes:
+            np.frombuffer(self.region.map, np.uint8, a.nbytes, at)[:] = a.reshape(-1).view(np.uint8)
+
+    def array(self, slice_: pb.SharedMemorySlice, desc: pb.TensorDesc, field: str) -> np.ndarray:
+        """The server's result in the region, as the socket would have
+        returned it (a copy: the region is reused by the next call)."""
+        dtype = T.dtype_of(desc.dtype)
+        shape = tuple(desc.shape)
+        if dtype is None or any(d < 0 for d in shape) or \
+                math.prod(shape) * dtype.itemsize > slice_.byte_size:
+            raise PosencError(grpc.StatusCode.INTERNAL,
+                              f"the server's answer is malformed: {field} of dtype {desc.dtype}, "
+                              f"shape {list(shape)} does not fit its shared-memory slice")
+        n = math.prod(shape)
+        return np.frombuffer(self.region.map, dtype, n, slice_.offset).reshape(shape).copy()
+
+    def release(self) -> None:
+        if self.region is not None:
+            self.pool._give_back(self.region, self.discard)
+            self.region = None
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+class Pool:
+    """The client's regions; `register` and `unregister` are the stub's
+    RegisterSharedMemory and UnregisterSharedMemory (blocking calls)."""
+
+    def __init__(self, mode: str, unix_target: bool):
+        self.mode, self.unix_target = mode, unix_target
+        self._lock = threading.Lock()
+        self._usable: bool | None = None if mode != "off" else False
+        self._idle: list[Region] = []
+        self._largest = 0
+        self._created = 0
+        self._nonce = secrets.token_hex(8)
+        self._stub = None
+
+    # -- deciding and registering (the caller passes its blocking stub) --
+
+    def decide(self, info: pb.ServerInfo | None) -> bool:
+        same = bool(info is not None and info.shared_memory_enabled and
+                    (self.unix_target or (info.shared_memory_domain and
+                                          info.shared_memory_domain == local_domain())))
+        with self._lock:
+            if self._usable is None:
+                self._usable = same
+            return self._usable
+
+    @property
+    def decided(self) -> bool:
+        return self._usable is not None
+
+    @property
+    def usable(self) -> bool:
+        return bool(self._usable)
+
+    def disable(self) -> None:
+        with self._lock:
+            self._usable = False
+            idle, self._idle = self._idle, []
+        for r in idle:
+            self._drop(r)
+
+    def take(self, stub, nbytes: int) -> Lease | None:
+        self._stub = stub
+        with self._lock:
+            if not self._usable:
+                return None
+            for i, r in enumerate(self._idle):
+                if r.size >= nbytes:
+                    return Lease(self, self._idle.pop(i))
+            size = max(nbytes, 2 * self._largest, _MIN_REGION)
+            size = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+            self._largest = max(self._largest, size)
+            outgrown = [r for r in self._idle if 2 * r.size <= self._largest]
+            self._idle = [r for r in self._idle if 2 * r.size > self._largest]
+            n = self._created
+            self._created += 1
+        for r in outgrown:
+            self._drop(r)
+        region = self._create(size, n)
+        return Lease(self, region) if region is not None else None
+
+    def _create(self, size: int, n: int) -> Region | None:
+        name = f"/posenc-py-{os.getpid()}-{self._nonce}-{n}"
+        path = "/dev/shm" + name
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError:
+            self.disable()
+            return None
+        try:
+            os.ftruncate(fd, size)
+            mapping = mmap.mmap(fd, size)
+        except OSError:
+            os.close(fd)
+            os.unlink(path)
+            self.disable()
+            return None
+        os.close(fd)
+        try:
+            self._stub.RegisterSharedMemory(
+                pb.RegisterSharedMemoryRequest(name=name, key=name, byte_size=size), timeout=10)
+        except grpc.RpcError:
+            mapping.close()
+            self.disable()
+            return None
+        finally:
+            # Registered, the server maps the object; no file is needed now.
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        return Region(name, mapping)
+
+    def _give_back(self, region: Region, discard: bool) -> None:
+        with self._lock:
+            keep = (not discard and self._usable and 2 * region.size > self._largest
+                    and len(self._idle) < _MAX_IDLE)
+            if keep:
+                self._idle.append(region)
+                return
+        self._drop(region)
+
+    def _drop(self, region: Region) -> None:
+        try:
+            if self._stub is not None:
+                self._stub.UnregisterSharedMemory(
+                    pb.UnregisterSharedMemoryRequest(name=region.name), timeout=2)
+        except grpc.RpcError:
+            pass
+        try:
+            region.map.close()
+        except (BufferError, ValueError):
+            pass
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for r in idle:
+            self._drop(r)
+
+
+def bytes_needed(op) -> int:
+    """The region bytes an Op's tensors take (0: nothing to carry)."""
+    total = sum(_align(a.nbytes) for a, _, _ in op.tensors)
+    if op.output is not None:
+        total += _align(op.output[1])
+    return total
+
+
+def place(op, lease: Lease) -> None:
+    """Puts an Op's tensors in the lease's region (and room for a tensor the
+    server builds), naming the slices in its request."""
+    for a, _, slice_field in op.tensors:
+        lease.put(a, getattr(op.request, slice_field))
+    if op.output is not None:
+        field, nbytes = op.output
+        lease.reserve(nbytes, getattr(op.request, field))
+
+
+def unplace(op) -> None:
+    """The request as it was before place (for the socket)."""
+    for _, _, slice_field in op.tensors:
+        op.request.ClearField(slice_field)
+    if op.output is not None:
+        op.request.ClearField(op.output[0])
+
+
+def reader(lease: Lease, request):
+    """An _ops.Reader taking the answer's tensors out of the region."""
+    def read(response, _data: str, desc: str, slice_field: str):
+        return lease.array(getattr(request, slice_field), getattr(response, desc), desc)
+    return read
