@@ -13,7 +13,7 @@ echo "Dockerfile: hadolint clean"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 digest=sha256:$(printf '%s' posenc | sha256sum | cut -d' ' -f1)
-for overlay in cpu gpu monitoring; do
+for overlay in cpu gpu monitoring sidecar; do
   "$venv/bin/kubectl" kustomize "$root/deploy/overlays/$overlay" > "$out/$overlay.yaml"
   "$venv/bin/kubernetes-validate" --strict -k 1.33.0 "$out/$overlay.yaml" > "$out/$overlay.log" 2>&1 ||
     { cat "$out/$overlay.log"; exit 1; }

@@ -60,7 +60,8 @@ def main():
     config = configs["posenc-config"]
     env = config["data"]
     pod = deploy["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
+    # posenc's own container; the sidecar overlay's pod has the model server's too.
+    (container,) = [c for c in pod["containers"] if c["name"] == "posenc"]
 
     # The KServe model repository: the posenc-models ConfigMap mounted at
     # POSENC_MODEL_DIR, each key a <name>.json object naming an operation.
@@ -79,7 +80,10 @@ def main():
     liveness_name, readiness_name = server_constants()
 
     # Ports: flags, container, probes, image.
-    grpc_port = int(env["POSENC_LISTEN"].rsplit(":", 1)[1])
+    listen = env["POSENC_LISTEN"].split(",")
+    tcp = [a for a in listen if not a.startswith("unix:")]
+    check(len(tcp) == 1, f"POSENC_LISTEN must have one TCP address (probes use it), got {listen}")
+    grpc_port = int(tcp[0].rsplit(":", 1)[1])
     metrics_port = int(env["POSENC_METRICS_LISTEN"].rsplit(":", 1)[1])
     check(ports.get("grpc") == grpc_port, f"grpc containerPort {ports.get('grpc')} != --listen port {grpc_port}")
     check(ports.get("metrics") == metrics_port, f"metrics containerPort != --metrics_listen port {metrics_port}")
@@ -219,6 +223,29 @@ def main():
             check(ep.get("path", "/metrics") == "/metrics", "ServiceMonitor path must be /metrics")
     if overlay == "monitoring":
         check(by_kind.get("ServiceMonitor"), "monitoring overlay must render a ServiceMonitor")
+
+    # The sidecar: posenc and the model server share a memory-backed
+    # /dev/shm (regions) and the directory of posenc's Unix socket, and
+    # posenc serves shared memory.
+    sockets = [a[len("unix:"):] for a in listen if a.startswith("unix:")]
+    if overlay == "sidecar":
+        check(env.get("POSENC_ENABLE_SYSTEM_SHARED_MEMORY") == "true",
+              "sidecar overlay must set POSENC_ENABLE_SYSTEM_SHARED_MEMORY=true")
+        check(len(sockets) == 1, "sidecar overlay must listen on a Unix socket too")
+        others = [c for c in pod["containers"] if c["name"] != "posenc"]
+        check(len(others) == 1, "sidecar overlay must run one model-server container beside posenc")
+        for c in [container] + others:
+            mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+            shm = volumes.get(mounts.get("/dev/shm", ""), {})
+            check(shm.get("emptyDir", {}).get("medium") == "Memory",
+                  f"container {c['name']} must mount a memory emptyDir at /dev/shm")
+            if sockets:
+                folder = sockets[0].rsplit("/", 1)[0]
+                check(folder in mounts, f"container {c['name']} must mount {folder} (the socket)")
+            check(not c.get("securityContext", {}).get("runAsUser"),
+                  f"container {c['name']} must run as the pod's user (regions are 0600)")
+    else:
+        check(not sockets, f"{overlay} overlay listens on TCP only")
 
     if errors:
         print(f"{overlay}: {len(errors)} invariant(s) broken:")
