@@ -23,6 +23,8 @@ ABSL_FLAG(std::string, target, "127.0.0.1:50051", "The server.");
 ABSL_FLAG(int, server_pid, 0, "The server's process, for its CPU time (0: not measured).");
 ABSL_FLAG(int, calls, 200, "Calls per path and round (prefill: a tenth).");
 ABSL_FLAG(int, rounds, 3, "Rounds, each running both paths.");
+ABSL_FLAG(std::string, only, "", "Run only the workloads whose name contains this.");
+ABSL_FLAG(std::string, paths, "socket,shared_memory", "Which paths to run.");
 
 namespace {
 
@@ -105,11 +107,14 @@ int main(int argc, char** argv) {
   }
   std::printf("workload,round,path,p50_us,p99_us,server_cpu_us_per_call\n");
   for (const Workload& w : workloads) {
+    if (std::string(w.name).find(absl::GetFlag(FLAGS_only)) == std::string::npos) continue;
     const int calls = std::max(10, absl::GetFlag(FLAGS_calls) / static_cast<int>(w.calls_divisor));
     for (int round = 1; round <= absl::GetFlag(FLAGS_rounds); ++round) {
       for (int i = 0; i < 2; ++i) {
+        const char* path = i == 0 ? "socket" : "shared_memory";
+        if (absl::GetFlag(FLAGS_paths).find(path) == std::string::npos) continue;
         const Figures f = Run(*clients[i], w, calls);
-        std::printf("%s,%d,%s,%.1f,%.1f,%.1f\n", w.name, round, i == 0 ? "socket" : "shared_memory",
+        std::printf("%s,%d,%s,%.1f,%.1f,%.1f\n", w.name, round, path,
                     f.p50_us, f.p99_us, f.server_cpu_us);
         std::fflush(stdout);
       }

@@ -84,6 +84,13 @@ struct Method {
                              grpc::ByteBuffer* answer)>
       error_answer;
 
+  // Unary tensor methods only: whether a request's work is small enough to
+  // run on the gRPC thread that read it instead of hopping to the executor
+  // (a thread switch each way: most of a tiny call's cost). Null: never.
+  // Only for work bounded by the request's own small size: a message that
+  // names tensors in shared memory, or builds an output, is no such thing.
+  std::function<bool(const grpc::ByteBuffer& request)> light;
+
   std::string path() const { return "/" + service + "/" + name; }
   bool admitted() const { return kind == Kind::kTensor || kind == Kind::kTensorStream; }
 };

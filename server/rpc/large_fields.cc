@@ -35,6 +35,15 @@ class SliceReader {
     return false;  // more than 10 bytes
   }
 
+  // Steps over the next n bytes. REQUIRES: n <= remaining().
+  void Skip(uint64_t n) {
+    while (n > 0) {
+      const uint64_t take = std::min<uint64_t>(n, (*slices_)[index_].size() - offset_);
+      Advance(take);
+      n -= take;
+    }
+  }
+
   // Appends the next n bytes to `out`. REQUIRES: n <= remaining().
   void Copy(uint64_t n, std::string* out) {
     while (n > 0) {
@@ -162,6 +171,78 @@ grpc::ByteBuffer BufferWithLargeFields(const std::string& head,
         owned->data(), owned->size(), [](void* s) { delete static_cast<std::string*>(s); }, owned);
   }
   return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+namespace {
+
+// The byte_size (field 3, a varint) of a serialised SharedMemorySlice of
+// `length` bytes at the reader's position, which it steps over.
+bool SliceByteSize(SliceReader& in, uint64_t length, uint64_t* byte_size) {
+  *byte_size = 0;
+  const uint64_t end = in.remaining() - length;
+  while (in.remaining() > end) {
+    uint64_t tag, v;
+    if (!in.ReadVarint(&tag, nullptr)) return false;
+    if ((tag & 7) == 0) {
+      if (!in.ReadVarint(&v, nullptr)) return false;
+      if (tag >> 3 == 3) *byte_size = v;
+    } else if ((tag & 7) == 2) {
+      if (!in.ReadVarint(&v, nullptr) || v > in.remaining() - end) return false;
+      in.Skip(v);
+    } else {
+      return false;
+    }
+  }
+  return in.remaining() == end;
+}
+
+}  // namespace
+
+uint64_t TensorBytesOf(const grpc::ByteBuffer& message, absl::Span<const int> data_fields,
+                       absl::Span<const int> slice_fields) {
+  constexpr uint64_t kUnknown = ~uint64_t{0};
+  std::vector<grpc::Slice> slices;
+  if (!message.Dump(&slices).ok()) return kUnknown;
+  SliceReader in(&slices);  // releases this copy's references, not the buffer's
+  uint64_t total = 0;
+  const auto in_list = [](absl::Span<const int> list, uint64_t n) {
+    for (int f : list) {
+      if (static_cast<uint64_t>(f) == n) return true;
+    }
+    return false;
+  };
+  while (!in.done()) {
+    uint64_t tag, v = 0;
+    if (!in.ReadVarint(&tag, nullptr)) return kUnknown;
+    switch (tag & 7) {
+      case 0:
+        if (!in.ReadVarint(&v, nullptr)) return kUnknown;
+        break;
+      case 1:
+      case 5: {
+        const uint64_t n = (tag & 7) == 1 ? 8 : 4;
+        if (n > in.remaining()) return kUnknown;
+        in.Skip(n);
+        break;
+      }
+      case 2: {
+        if (!in.ReadVarint(&v, nullptr) || v > in.remaining()) return kUnknown;
+        if (in_list(slice_fields, tag >> 3)) {
+          uint64_t bytes;
+          if (!SliceByteSize(in, v, &bytes) || __builtin_add_overflow(total, bytes, &total)) {
+            return kUnknown;
+          }
+          break;
+        }
+        if (in_list(data_fields, tag >> 3)) total += v;  // v <= the message's size
+        in.Skip(v);
+        break;
+      }
+      default:
+        return kUnknown;  // malformed: the parse will say so
+    }
+  }
+  return total;
 }
 
 grpc::ByteBuffer NestedMessage(int number, const grpc::ByteBuffer& inner) {

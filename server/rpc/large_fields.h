@@ -41,6 +41,14 @@ struct LargeField {
 // the string's buffer (the string is left empty).
 grpc::ByteBuffer BufferWithLargeFields(const std::string& head, absl::Span<const LargeField> large);
 
+// The tensor bytes a serialised message carries or names, without parsing
+// it: the lengths of its top-level bytes fields `data_fields`, plus the
+// byte_size of its SharedMemorySlice fields `slice_fields` (the last
+// occurrence of a field counts as protobuf's parse would not add them up,
+// so this can only overstate). ~0 when the bytes do not parse. Copies none.
+uint64_t TensorBytesOf(const grpc::ByteBuffer& message, absl::Span<const int> data_fields,
+                       absl::Span<const int> slice_fields);
+
 // `inner` (a serialised message) as field `number` of an enclosing message,
 // without a copy of its bytes.
 grpc::ByteBuffer NestedMessage(int number, const grpc::ByteBuffer& inner);

@@ -62,7 +62,7 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
         return;
       }
     }
-    if (method_.kind == Method::Kind::kControl) {
+    if (method_.kind == Method::Kind::kControl || (method_.light && method_.light(request_))) {
       Execute();
       return;
     }

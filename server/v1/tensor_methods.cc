@@ -73,17 +73,38 @@ absl::Status RopeErrorAnswer(const absl::Status& s, const CallFacts& facts, grpc
   return SerializeMessage(error, out);
 }
 
+// Requests of at most this many tensor bytes compute in tens of
+// microseconds on one thread (the CPU backend splits no work under 2^20
+// elements): on gRPC's thread, no hop to the executor and back.
+constexpr uint64_t kLightBytes = uint64_t{1} << 20;
+
+// RoPE and the absolute encoding work in place on their tensors, in the
+// message (`data` fields) or in shared memory (`slices`): their work is
+// bounded by those bytes. AttentionBias and GetEncodingTable may build
+// outputs far larger than their requests, so they always hop.
+std::function<bool(const grpc::ByteBuffer&)> LightUnder(std::vector<int> data,
+                                                        std::vector<int> slices) {
+  return [data = std::move(data), slices = std::move(slices)](const grpc::ByteBuffer& request) {
+    return TensorBytesOf(request, data, slices) <= kLightBytes;
+  };
+}
+
 }  // namespace
 
 std::vector<Method> TensorMethods(Engine* engine) {
   Method stream = Tensor<v1::RopeRequest, v1::RopeResponse, &ApplyRope>(
       engine, "StreamRope", Method::Kind::kTensorStream);
   stream.error_answer = RopeErrorAnswer;
-  return {
-      Tensor<v1::RopeRequest, v1::RopeResponse, &ApplyRope>(engine, "ApplyRope"),
-      std::move(stream),
+  Method rope = Tensor<v1::RopeRequest, v1::RopeResponse, &ApplyRope>(engine, "ApplyRope");
+  rope.light = LightUnder({2, 4}, {20, 21});  // query_data, key_data; *_shm
+  Method absolute =
       Tensor<v1::AbsoluteEncodingRequest, v1::AbsoluteEncodingResponse, &AddAbsoluteEncoding>(
-          engine, "AddAbsoluteEncoding"),
+          engine, "AddAbsoluteEncoding");
+  absolute.light = LightUnder({2}, {11});  // x_data; x_shm
+  return {
+      std::move(rope),
+      std::move(stream),
+      std::move(absolute),
       Tensor<v1::EncodingTableRequest, v1::EncodingTableResponse, &GetEncodingTable>(
           engine, "GetEncodingTable"),
       Tensor<v1::AttentionBiasRequest, v1::AttentionBiasResponse, &AttentionBias>(engine,

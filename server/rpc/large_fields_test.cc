@@ -1,0 +1,58 @@
+#include "rpc/large_fields.h"
+
+#include <random>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "posenc/v1/posenc.pb.h"
+
+namespace posenc::server {
+namespace {
+
+grpc::ByteBuffer BufferOf(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+TEST(TensorBytesOf, CountsBytesFieldsAndNamedSlicesWithoutParsing) {
+  v1::RopeRequest r;
+  r.set_query_data(std::string(1000, 'q'));
+  r.set_key_data(std::string(24, 'k'));
+  r.set_request_id("abc");
+  r.set_rotary_dim(64);
+  EXPECT_EQ(TensorBytesOf(BufferOf(r.SerializeAsString()), {2, 4}, {20, 21}), 1024u);
+  r.clear_query_data();
+  r.mutable_query_shm()->set_region("r");
+  r.mutable_query_shm()->set_offset(64);
+  r.mutable_query_shm()->set_byte_size(uint64_t{80} << 20);
+  EXPECT_EQ(TensorBytesOf(BufferOf(r.SerializeAsString()), {2, 4}, {20, 21}),
+            (uint64_t{80} << 20) + 24);
+  // Fields not asked about do not count.
+  EXPECT_EQ(TensorBytesOf(BufferOf(r.SerializeAsString()), {}, {}), 0u);
+}
+
+TEST(TensorBytesOf, MalformedBytesAreUnknownNeverACrash) {
+  EXPECT_EQ(TensorBytesOf(BufferOf("\xff\xff\xff"), {2}, {20}), ~uint64_t{0});
+  EXPECT_EQ(TensorBytesOf(BufferOf(std::string("\x12\x7f", 2)), {2}, {20}), ~uint64_t{0});
+  // Random bytes and every prefix of a real message: no crash, and any
+  // answer other than unknown is at most the message's size plus slices.
+  v1::RopeRequest r;
+  r.set_query_data(std::string(300, 'q'));
+  r.mutable_key_shm()->set_byte_size(7);
+  const std::string whole = r.SerializeAsString();
+  for (size_t n = 0; n <= whole.size(); ++n) {
+    const uint64_t got = TensorBytesOf(BufferOf(whole.substr(0, n)), {2, 4}, {20, 21});
+    EXPECT_TRUE(got == ~uint64_t{0} || got <= 307) << n;
+  }
+  const unsigned seed = std::random_device()();
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  for (int i = 0; i < 2000; ++i) {
+    std::string junk(rng() % 64, '\0');
+    for (char& c : junk) c = static_cast<char>(rng());
+    (void)TensorBytesOf(BufferOf(junk), {2, 4}, {20, 21});
+  }
+}
+
+}  // namespace
+}  // namespace posenc::server
