@@ -1,4 +1,4 @@
-// posenc-bench-shm: the C++ client with shared memory on (kAuto) against the
+// posenc-bench-shm: the C++ client with shared memory on (kRequire) against the
 // same client on the socket (kOff), one caller, the same requests, in one
 // run: client-observed latency (p50, p99) and the server's CPU time per call
 // (user + system of --server_pid over the calls, so the client's own cost is
@@ -9,8 +9,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -24,6 +26,7 @@ ABSL_FLAG(int, server_pid, 0, "The server's process, for its CPU time (0: not me
 ABSL_FLAG(int, calls, 200, "Calls per path and round (prefill: a tenth).");
 ABSL_FLAG(int, rounds, 3, "Rounds, each running both paths.");
 ABSL_FLAG(std::string, only, "", "Run only the workloads whose name contains this.");
+ABSL_FLAG(uint64_t, seed, 20261127, "Seed of the tensors' values.");
 ABSL_FLAG(std::string, paths, "socket,shared_memory", "Which paths to run.");
 
 namespace {
@@ -55,10 +58,43 @@ struct Figures {
   double p50_us, p99_us, server_cpu_us;
 };
 
-Figures Run(posenc::Client& client, const Workload& w, int calls) {
+// Standard-normal values of `dtype` (float32 or bfloat16), as bytes: what a
+// model's queries and keys look like. (Constant bytes, as this bench once
+// used, make every pair (x, x), whose rotation cancels and sends most pairs
+// down the kernels' exact slow path: 3-4x the kernel time of real data.)
+std::vector<uint8_t> NormalBytes(posenc::DType dtype, size_t count, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal;
+  std::vector<uint8_t> out(count * posenc::SizeOf(dtype));
+  for (size_t i = 0; i < count; ++i) {
+    const float x = normal(rng);
+    if (dtype == posenc::DType::kFloat32) {
+      std::memcpy(out.data() + 4 * i, &x, 4);
+    } else {
+      uint32_t bits;
+      std::memcpy(&bits, &x, 4);
+      const uint16_t high = static_cast<uint16_t>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+      std::memcpy(out.data() + 2 * i, &high, 2);
+    }
+  }
+  return out;
+}
+
+// Each call's tensors are fresh (copied from `pool` at a moving offset),
+// as a model's would be; the copy is outside the timed call.
+constexpr size_t kPoolExtra = 8 * 4096;
+
+Figures Run(posenc::Client& client, const Workload& w, int calls, std::mt19937_64& rng) {
   const size_t elem = posenc::SizeOf(w.dtype);
-  std::vector<uint8_t> q(w.batch * w.tokens * w.query_heads * w.dim * elem, 1);
-  std::vector<uint8_t> k(w.batch * w.tokens * w.key_heads * w.dim * elem, 1);
+  const size_t nq = w.batch * w.tokens * w.query_heads * w.dim;
+  const size_t nk = w.batch * w.tokens * w.key_heads * w.dim;
+  const std::vector<uint8_t> pool = NormalBytes(w.dtype, std::max(nq, nk) + kPoolExtra, rng);
+  std::vector<uint8_t> q(nq * elem), k(nk * elem);
+  auto refill = [&](int i) {
+    const size_t at = static_cast<size_t>(i % 8) * (kPoolExtra / 8) * elem;
+    std::memcpy(q.data(), pool.data() + at, q.size());
+    std::memcpy(k.data(), pool.data() + kPoolExtra * elem - at, k.size());
+  };
+  refill(0);
   std::vector<int64_t> offsets(w.batch, 1000);
   posenc::RopeTensors t;
   t.query = {w.dtype, {w.batch, w.tokens, w.query_heads, w.dim}, q.data(), q.size()};
@@ -72,7 +108,7 @@ Figures Run(posenc::Client& client, const Workload& w, int calls) {
   std::vector<double> us;
   const double cpu0 = CpuSeconds(absl::GetFlag(FLAGS_server_pid));
   for (int i = 0; i < calls; ++i) {
-    std::fill(q.begin(), q.end(), uint8_t(i));  // fresh values, as a model's would be
+    refill(i);
     const auto start = Clock::now();
     const absl::Status s = client.ApplyRope(o, t);
     us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
@@ -105,6 +141,9 @@ int main(int argc, char** argv) {
     co.shared_memory = uses[i];
     clients[i] = posenc::Client::Create(co).value();
   }
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  std::mt19937_64 rng(seed);
+  std::printf("# seed %llu\n", static_cast<unsigned long long>(seed));
   std::printf("workload,round,path,p50_us,p99_us,server_cpu_us_per_call\n");
   for (const Workload& w : workloads) {
     if (std::string(w.name).find(absl::GetFlag(FLAGS_only)) == std::string::npos) continue;
@@ -113,7 +152,7 @@ int main(int argc, char** argv) {
       for (int i = 0; i < 2; ++i) {
         const char* path = i == 0 ? "socket" : "shared_memory";
         if (absl::GetFlag(FLAGS_paths).find(path) == std::string::npos) continue;
-        const Figures f = Run(*clients[i], w, calls);
+        const Figures f = Run(*clients[i], w, calls, rng);
         std::printf("%s,%d,%s,%.1f,%.1f,%.1f\n", w.name, round, path,
                     f.p50_us, f.p99_us, f.server_cpu_us);
         std::fflush(stdout);

@@ -3,7 +3,8 @@
 # socket (kOff), against one posenc-server started with
 # --enable_system_shared_memory (and room for the 80 MiB prefill request):
 # posenc-bench-shm prints one CSV line per workload, round and path.
-#   bench/shared_memory_client.sh [ROUNDS] [CALLS]   (after scripts/build.sh)
+#   bench/shared_memory_client.sh [ROUNDS] [CALLS] [BENCH FLAGS...]   (after scripts/build.sh)
+# e.g. bench/shared_memory_client.sh 3 4000 --only=tiny --paths=shared_memory
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
@@ -14,4 +15,4 @@ pid=$!
 trap 'kill "$pid"; wait "$pid" || true; rm -rf "$work"' EXIT
 for _ in $(seq 300); do [ -s "$work/port" ] && break; sleep 0.1; done
 "$root/build/bench/posenc-bench-shm" --target="127.0.0.1:$(cat "$work/port")" \
-  --server_pid="$pid" --rounds="${1:-3}" --calls="${2:-200}"
+  --server_pid="$pid" --rounds="${1:-3}" --calls="${2:-200}" "${@:3}"
