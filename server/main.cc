@@ -91,14 +91,18 @@ ABSL_FLAG(std::string, port_file, "", "If set, write the bound port here once se
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:8002",
           "Prometheus /metrics address (empty: no metrics endpoint).");
 ABSL_FLAG(bool, enable_system_shared_memory, kDefaults.engine.shared_memory.enabled,
-          "Serve the KServe v2 system shared-memory extension: callers on this node (same IPC "
-          "namespace, /dev/shm) register POSIX shared-memory objects and pass tensors in them. "
-          "Off: its RPCs and tensor parameters are FAILED_PRECONDITION.");
+          "Shared memory on both fronts (posenc.v1's *_shm fields, the KServe v2 system "
+          "shared-memory extension): callers on this node (the same /dev/shm) register POSIX "
+          "shared-memory objects and pass tensors in them, computed on in place. Off: those RPCs "
+          "and fields are FAILED_PRECONDITION.");
 ABSL_FLAG(int, max_shared_memory_regions, kDefaults.engine.shared_memory.max_regions,
-          "Shared-memory regions registered at once (each holds a file descriptor).");
+          "Shared-memory regions registered at once, by all clients (each holds a mapping).");
+ABSL_FLAG(int, max_shared_memory_regions_per_client,
+          kDefaults.engine.shared_memory.max_regions_per_client,
+          "Shared-memory regions one client (one gRPC connection) may hold at once.");
 ABSL_FLAG(int64_t, max_shared_memory_bytes, kDefaults.engine.shared_memory.max_total_bytes,
-          "Sum of the registered shared-memory regions' sizes (nothing is mapped; this bounds "
-          "what callers may point the server at).");
+          "Sum of the registered shared-memory regions' sizes. Each region is also admitted "
+          "against --max_inflight_bytes while registered, since the server touches its pages.");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain file; serves TLS when set.");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key file for --tls_cert.");
 ABSL_FLAG(std::string, tls_client_ca, "",
@@ -183,6 +187,8 @@ absl::StatusOr<posenc::server::ServerOptions> OptionsFromFlags() {
   o.models.dir = absl::GetFlag(FLAGS_model_dir);
   o.engine.shared_memory.enabled = absl::GetFlag(FLAGS_enable_system_shared_memory);
   o.engine.shared_memory.max_regions = absl::GetFlag(FLAGS_max_shared_memory_regions);
+  o.engine.shared_memory.max_regions_per_client =
+      absl::GetFlag(FLAGS_max_shared_memory_regions_per_client);
   o.engine.shared_memory.max_total_bytes = absl::GetFlag(FLAGS_max_shared_memory_bytes);
   posenc::server::EngineOptions& e = o.engine;
   e.cpu_threads = absl::GetFlag(FLAGS_threads);

@@ -33,6 +33,8 @@ TEST(ServerOptions, EachValueOutOfRangeIsRefusedNamingItsFlag) {
       {[](ServerOptions& o) { o.max_memory_bytes = 1 << 20; }, "--max_memory_bytes"},
       {[](ServerOptions& o) { o.max_connection_age_ms = -5; }, "--max_connection_age_ms"},
       {[](ServerOptions& o) { o.engine.shared_memory.max_regions = -1; }, "--max_shared_memory_regions"},
+      {[](ServerOptions& o) { o.engine.shared_memory.max_regions_per_client = -1; },
+       "--max_shared_memory_regions_per_client"},
       {[](ServerOptions& o) { o.engine.cpu_threads = -3; }, "--threads"},
       {[](ServerOptions& o) { o.engine.max_inflight_requests = 0; }, "--max_inflight"},
       {[](ServerOptions& o) { o.engine.max_inflight_bytes = 1000; }, "--max_inflight_bytes (1000)"},

@@ -295,14 +295,24 @@ Client::~Client() {
   if (pending_ != nullptr) pending_->WaitForNone();
 }
 
+namespace {
+
+// kRequire and no region: why, with the pool's code (RESOURCE_EXHAUSTED while
+// the server refuses regions for want of room, else FAILED_PRECONDITION).
+absl::Status NoRegionError(const client_internal::SharedMemoryPool& pool) {
+  const absl::Status why = pool.WhyNot();
+  return absl::Status(why.code(), absl::StrCat("ClientOptions.shared_memory is kRequire but ",
+                                               why.message()));
+}
+
+}  // namespace
+
 // Shared memory for a call of `bytes` (each tensor aligned): a region, or
 // nullopt for the socket; kRequire turns "none" into an error.
-#define POSENC_TAKE_REGION(lease, bytes)                                               \
-  std::optional<client_internal::Lease> lease = shm_->Take(bytes);                     \
-  if (!lease && options_.shared_memory == SharedMemoryUse::kRequire) {                 \
-    return absl::FailedPreconditionError(                                              \
-        "ClientOptions.shared_memory is kRequire but this server cannot share memory " \
-        "with this process (not on this node, another /dev/shm, or turned off)");      \
+#define POSENC_TAKE_REGION(lease, bytes)                                \
+  std::optional<client_internal::Lease> lease = shm_->Take(bytes);      \
+  if (!lease && options_.shared_memory == SharedMemoryUse::kRequire) {  \
+    return NoRegionError(*shm_);                                        \
   }
 
 namespace {
@@ -364,9 +374,7 @@ std::future<absl::Status> Client::ApplyRopeAsync(const RopeOptions& options, con
   state->request = RopeRequestOf(options, t, call);
   state->lease = shm_->Take(RopeBytes(t));
   if (!state->lease && options_.shared_memory == SharedMemoryUse::kRequire) {
-    state->done.set_value(absl::FailedPreconditionError(
-        "ClientOptions.shared_memory is kRequire but this server cannot share memory with this "
-        "process"));
+    state->done.set_value(NoRegionError(*shm_));
     return f;
   }
   if (state->lease) state->place.emplace(*state->lease);
@@ -445,9 +453,7 @@ std::future<absl::Status> Client::AddAbsoluteEncodingAsync(const AbsoluteOptions
   state->request = AbsoluteRequestOf(options, t, call);
   state->lease = shm_->Take(Placement::Aligned(t.x.nbytes));
   if (!state->lease && options_.shared_memory == SharedMemoryUse::kRequire) {
-    state->done.set_value(absl::FailedPreconditionError(
-        "ClientOptions.shared_memory is kRequire but this server cannot share memory with this "
-        "process"));
+    state->done.set_value(NoRegionError(*shm_));
     return f;
   }
   if (state->lease) state->place.emplace(*state->lease);

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -19,6 +20,7 @@ namespace {
 
 constexpr int64_t kMinRegionBytes = int64_t{1} << 20;
 constexpr size_t kMaxIdleRegions = 4;
+constexpr std::chrono::milliseconds kFirstBackoff{100}, kMaxBackoff{5000};
 
 int64_t RoundUpToPages(int64_t bytes) {
   const int64_t page = sysconf(_SC_PAGESIZE);
@@ -59,11 +61,28 @@ bool SharedMemoryPool::disabled() const {
   return usable_.has_value() && !*usable_;
 }
 
-void SharedMemoryPool::Disable(const absl::Status&) {
+absl::Status SharedMemoryPool::WhyNot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (why_not_.code() == absl::StatusCode::kResourceExhausted) return why_not_;
+  return absl::FailedPreconditionError(
+      why_not_.ok() ? "this server cannot share memory with this process (not on this node, "
+                      "another /dev/shm, or turned off)"
+                    : absl::StrCat("shared memory with this server failed: ", why_not_.message()));
+}
+
+void SharedMemoryPool::Defer(const absl::Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  why_not_ = why;
+  retry_at_ = std::chrono::steady_clock::now() + backoff_;
+  backoff_ = std::min(2 * backoff_, kMaxBackoff);
+}
+
+void SharedMemoryPool::Disable(const absl::Status& why) {
   std::vector<std::unique_ptr<ClientRegion>> idle;
   {
     std::lock_guard<std::mutex> lock(mu_);
     usable_ = false;
+    why_not_ = why;
     idle.swap(idle_);
   }
   for (const auto& r : idle) Unregister(r->name());
@@ -102,6 +121,7 @@ std::optional<Lease> SharedMemoryPool::Take(int64_t bytes) {
         return Lease(this, std::move(r));
       }
     }
+    if (std::chrono::steady_clock::now() < retry_at_) return std::nullopt;  // deferred
     // Geometric growth: a caller whose tensors grow reuses regions after a
     // few calls instead of registering one per size.
     size = RoundUpToPages(std::max({bytes, 2 * largest_, kMinRegionBytes}));
@@ -123,11 +143,10 @@ std::optional<Lease> SharedMemoryPool::Take(int64_t bytes) {
 }
 
 std::unique_ptr<ClientRegion> SharedMemoryPool::Create(int64_t bytes) {
-  int n;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    n = created_++;
-  }
+  // Numbered across the process: every Client of it has a pool, and their
+  // regions' keys and names must differ.
+  static std::atomic<uint64_t> created{0};
+  const uint64_t n = created.fetch_add(1);
   static const uint64_t nonce = std::random_device{}() * uint64_t{0x9e3779b97f4a7c15};
   const std::string key = absl::StrFormat("/posenc-client-%d-%016x-%d", ::getpid(), nonce, n);
   const int fd = ::shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -141,8 +160,10 @@ std::unique_ptr<ClientRegion> SharedMemoryPool::Create(int64_t bytes) {
   }
   ::close(fd);
   if (p == MAP_FAILED) {
+    const int e = errno;
     ::shm_unlink(key.c_str());
-    Disable(absl::ResourceExhaustedError("could not size or map a shared-memory region"));
+    Defer(absl::ResourceExhaustedError(absl::StrCat("could not size or map a shared-memory region of ",
+                                                    bytes, " bytes: ", std::strerror(e))));
     return nullptr;
   }
   auto region = std::unique_ptr<ClientRegion>(new ClientRegion(key, static_cast<char*>(p), bytes));
@@ -157,8 +178,18 @@ std::unique_ptr<ClientRegion> SharedMemoryPool::Create(int64_t bytes) {
   // Registered, the server maps the object; no file is needed after that.
   ::shm_unlink(key.c_str());
   if (!s.ok()) {
-    Disable(absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message()));
+    const absl::Status why(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+    if (why.code() == absl::StatusCode::kResourceExhausted) {
+      Defer(why);
+    } else {
+      Disable(why);
+    }
     return nullptr;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    backoff_ = kFirstBackoff;
+    why_not_ = absl::OkStatus();
   }
   return region;
 }

@@ -13,10 +13,16 @@
 //
 // Anything that stops a region from working (the server without shared
 // memory, in another /dev/shm, restarted and without our registration)
-// turns shared memory off for the client, which then uses the socket.
+// turns shared memory off for the client, which then uses the socket. A
+// region refused for want of room (the server's memory budget or region
+// caps, a full /dev/shm: RESOURCE_EXHAUSTED) is not that: the client uses
+// the socket for a while (100 ms, doubling to 5 s while refusals go on) and
+// then asks again, so that a busy moment does not cost it shared memory
+// for good.
 #ifndef POSENC_CLIENT_SRC_SHARED_MEMORY_H_
 #define POSENC_CLIENT_SRC_SHARED_MEMORY_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -94,6 +100,10 @@ class SharedMemoryPool {
   // Shared memory stops being used (the server refused a region).
   void Disable(const absl::Status& why);
   bool disabled() const;
+  // Why the last Take declined: RESOURCE_EXHAUSTED while regions are
+  // refused for want of room, else FAILED_PRECONDITION saying why shared
+  // memory is not used.
+  absl::Status WhyNot() const;
 
  private:
   friend class Lease;
@@ -102,15 +112,19 @@ class SharedMemoryPool {
   bool Usable();
   std::unique_ptr<ClientRegion> Create(int64_t bytes);
   void Unregister(const std::string& name);
+  // No region for a while (see the file comment).
+  void Defer(const absl::Status& why);
 
   v1::PositionalEncoding::Stub* const stub_;
   const bool enabled_;
   const bool unix_target_;
   mutable std::mutex mu_;
   std::optional<bool> usable_;  // decided on first use
+  absl::Status why_not_;        // the last reason Take declined
+  std::chrono::steady_clock::time_point retry_at_;  // Defer: no region before
+  std::chrono::milliseconds backoff_{100};
   std::vector<std::unique_ptr<ClientRegion>> idle_;
   int64_t largest_ = 0;  // grows geometrically
-  int created_ = 0;
 };
 
 }  // namespace posenc::client_internal

@@ -76,12 +76,14 @@ absl::Status SharedMemoryDisabledError() {
 }
 
 SharedMemoryRegion::SharedMemoryRegion(std::string name, std::string key, int64_t offset,
-                                       int64_t byte_size, std::unique_ptr<GuardedMapping> mapping,
+                                       int64_t byte_size, std::string client,
+                                       std::unique_ptr<GuardedMapping> mapping,
                                        AdmissionControl::Ticket admitted)
     : name_(std::move(name)),
       key_(std::move(key)),
       offset_(offset),
       byte_size_(byte_size),
+      client_(std::move(client)),
       mapping_(std::move(mapping)),
       admitted_(std::move(admitted)) {}
 
@@ -132,7 +134,8 @@ absl::Status SharedMemoryRegistry::CheckEnabled() const {
 }
 
 absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string_view key,
-                                            uint64_t offset, uint64_t byte_size) {
+                                            uint64_t offset, uint64_t byte_size,
+                                            absl::string_view client) {
   POSENC_RETURN_IF_ERROR(CheckEnabled());
   POSENC_RETURN_IF_ERROR(CheckName(name));
   POSENC_ASSIGN_OR_RETURN(const std::string file, FileOfKey(key));
@@ -152,6 +155,18 @@ absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string
       return absl::ResourceExhaustedError(
           absl::StrCat("at most ", options_.max_regions,
                        " shared memory regions may be registered (--max_shared_memory_regions)"));
+    }
+    if (auto it = regions_of_client_.find(client);
+        it != regions_of_client_.end() && it->second >= options_.max_regions_per_client) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "this client (", Shown(client), ") already holds ", it->second,
+          " shared memory regions, the most one client may (--max_shared_memory_regions_per_client); "
+          "unregister some first"));
+    }
+    if (options_.max_regions_per_client <= 0) {
+      return absl::ResourceExhaustedError(
+          "no client may register shared memory regions (--max_shared_memory_regions_per_client "
+          "is 0)");
     }
     if (static_cast<int64_t>(byte_size) > options_.max_total_bytes - total_bytes_) {
       return absl::ResourceExhaustedError(
@@ -206,10 +221,12 @@ absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string
       GuardedMapping::Map(fd, static_cast<int64_t>(offset), static_cast<int64_t>(byte_size)));
   auto region = std::make_shared<SharedMemoryRegion>(
       std::string(name), std::string(key), static_cast<int64_t>(offset),
-      static_cast<int64_t>(byte_size), std::move(mapping), std::move(admitted));
+      static_cast<int64_t>(byte_size), std::string(client), std::move(mapping),
+      std::move(admitted));
   std::lock_guard<std::mutex> lock(mu_);
   POSENC_RETURN_IF_ERROR(taken_or_full());
   total_bytes_ += region->byte_size();
+  ++regions_of_client_[region->client()];
   regions_.emplace(std::string(name), std::move(region));
   return absl::OkStatus();
 }
@@ -222,6 +239,9 @@ absl::Status SharedMemoryRegistry::Unregister(absl::string_view name, absl::Time
     for (auto it = regions_.begin(); it != regions_.end();) {
       if (name.empty() || it->first == name) {
         total_bytes_ -= it->second->byte_size();
+        if (auto c = regions_of_client_.find(it->second->client()); --c->second == 0) {
+          regions_of_client_.erase(c);
+        }
         gone.push_back(std::move(it->second));
         it = regions_.erase(it);
       } else {

@@ -38,6 +38,10 @@ namespace posenc::server {
 struct SharedMemoryOptions {
   bool enabled = false;  // --enable_system_shared_memory
   int max_regions = 64;  // --max_shared_memory_regions (each holds a mapping)
+  // --max_shared_memory_regions_per_client: how many of those one client
+  // may hold, so that one that leaks its registrations cannot lock the
+  // others out. A client is what the front says registered (the gRPC peer).
+  int max_regions_per_client = 32;
   // The sum of the registered byte sizes (--max_shared_memory_bytes), on top
   // of the memory budget every region is admitted against.
   int64_t max_total_bytes = int64_t{64} << 30;
@@ -51,7 +55,8 @@ struct SharedMemoryOptions {
 class SharedMemoryRegion {
  public:
   SharedMemoryRegion(std::string name, std::string key, int64_t offset, int64_t byte_size,
-                     std::unique_ptr<GuardedMapping> mapping, AdmissionControl::Ticket admitted);
+                     std::string client, std::unique_ptr<GuardedMapping> mapping,
+                     AdmissionControl::Ticket admitted);
   SharedMemoryRegion(const SharedMemoryRegion&) = delete;
   SharedMemoryRegion& operator=(const SharedMemoryRegion&) = delete;
 
@@ -59,6 +64,8 @@ class SharedMemoryRegion {
   const std::string& key() const { return key_; }
   int64_t offset() const { return offset_; }
   int64_t byte_size() const { return byte_size_; }
+  // Who registered it (see SharedMemoryOptions::max_regions_per_client).
+  const std::string& client() const { return client_; }
 
   // INVALID_ARGUMENT naming `field` unless [offset, offset + size) lies in
   // the region (overflow-safe).
@@ -86,6 +93,7 @@ class SharedMemoryRegion {
   const std::string key_;
   const int64_t offset_;
   const int64_t byte_size_;
+  const std::string client_;
   const std::unique_ptr<GuardedMapping> mapping_;
   const AdmissionControl::Ticket admitted_;  // its bytes in the budget
   // Requests holding the region (see Find); Unregister waits for none.
@@ -109,13 +117,15 @@ class SharedMemoryRegistry {
   std::string domain() const;
 
   // Opens /dev/shm/<key> (key "name" or "/name": one component, no "..")
-  // and registers and maps the slice as `name`. INVALID_ARGUMENT for a bad
-  // name, key or slice (beyond the object's size), NOT_FOUND when the
-  // object does not exist, ALREADY_EXISTS for a name taken,
-  // RESOURCE_EXHAUSTED beyond the caps or the memory budget.
-  // FAILED_PRECONDITION (saying how to enable) when off, as all are.
+  // and registers and maps the slice as `name`, on behalf of `client`.
+  // INVALID_ARGUMENT for a bad name, key or slice (beyond the object's
+  // size), NOT_FOUND when the object does not exist, ALREADY_EXISTS for a
+  // name taken, RESOURCE_EXHAUSTED beyond the caps (all regions, the
+  // client's, the bytes) or the memory budget. FAILED_PRECONDITION (saying
+  // how to enable) when off, as all are.
   [[nodiscard]] absl::Status Register(absl::string_view name, absl::string_view key,
-                                      uint64_t offset, uint64_t byte_size);
+                                      uint64_t offset, uint64_t byte_size,
+                                      absl::string_view client = "");
   // Removes `name` ("" every region), then waits until no request holds it
   // or `deadline` passes (DEADLINE_EXCEEDED: the name is gone, the mapping
   // goes when its last request finishes). A name not registered is not an
@@ -139,6 +149,7 @@ class SharedMemoryRegistry {
   AdmissionControl* const admission_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<SharedMemoryRegion>, std::less<>> regions_;
+  std::map<std::string, int, std::less<>> regions_of_client_;  // none at 0
   int64_t total_bytes_ = 0;
 };
 

@@ -15,10 +15,13 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace posenc::server {
 namespace {
+
+using ::testing::HasSubstr;
 
 // A shared-memory object of `size` seeded random bytes, removed at the end.
 class ShmObject {
@@ -182,6 +185,39 @@ TEST(SharedMemoryTest, NamesAreUniqueAndCapsHold) {
   ASSERT_TRUE(r.Unregister("").ok());
   EXPECT_EQ(r.count(), 0);
   EXPECT_TRUE(r.Register("d", obj.key(), 0, 100).ok());
+}
+
+TEST(SharedMemoryTest, OneClientCannotTakeEveryRegion) {
+  SharedMemoryOptions o = On();
+  o.max_regions = 5;
+  o.max_regions_per_client = 2;
+  SharedMemoryRegistry r(o, Budget());
+  ShmObject obj(100);
+  ASSERT_TRUE(r.Register("a1", obj.key(), 0, 10, "ipv4:127.0.0.1:1000").ok());
+  ASSERT_TRUE(r.Register("a2", obj.key(), 0, 10, "ipv4:127.0.0.1:1000").ok());
+  const absl::Status third = r.Register("a3", obj.key(), 0, 10, "ipv4:127.0.0.1:1000");
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(third.message(), HasSubstr("--max_shared_memory_regions_per_client"));
+  EXPECT_THAT(third.message(), HasSubstr("ipv4:127.0.0.1:1000"));
+  // Others still can, up to their own cap and the registry's.
+  ASSERT_TRUE(r.Register("b1", obj.key(), 0, 10, "ipv4:127.0.0.1:2000").ok());
+  ASSERT_TRUE(r.Register("b2", obj.key(), 0, 10, "ipv4:127.0.0.1:2000").ok());
+  ASSERT_TRUE(r.Register("c1", obj.key(), 0, 10, "unix:").ok());
+  const absl::Status full = r.Register("c2", obj.key(), 0, 10, "unix:");
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.message(), HasSubstr("--max_shared_memory_regions)"));
+  // A region unregistered, by anyone, counts no more against its client.
+  ASSERT_TRUE(r.Unregister("a1").ok());
+  EXPECT_TRUE(r.Register("a3", obj.key(), 0, 10, "ipv4:127.0.0.1:1000").ok());
+  EXPECT_EQ(r.Status("a3").value()[0]->client(), "ipv4:127.0.0.1:1000");
+  ASSERT_TRUE(r.Unregister("").ok());
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(r.Register(absl::StrCat("a", i), obj.key(), 0, 10, "ipv4:127.0.0.1:1000").ok());
+  }
+  o.max_regions_per_client = 0;
+  SharedMemoryRegistry none(o, Budget());
+  EXPECT_EQ(none.Register("x", obj.key(), 0, 10, "unix:").code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 TEST(SharedMemoryTest, TruncatedUnderTheMappingIsAnErrorNotASignal) {

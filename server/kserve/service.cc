@@ -187,9 +187,10 @@ std::vector<Method> KServeService::ControlMethods() {
       }));
   m.push_back(ControlMethod<SystemSharedMemoryRegisterRequest, SystemSharedMemoryRegisterResponse>(
       kKServeService, "SystemSharedMemoryRegister",
-      [this](MethodCall&, const SystemSharedMemoryRegisterRequest& req,
+      [this](MethodCall& call, const SystemSharedMemoryRegisterRequest& req,
              SystemSharedMemoryRegisterResponse*) {
-        return shared_memory().Register(req.name(), req.key(), req.offset(), req.byte_size());
+        return shared_memory().Register(req.name(), req.key(), req.offset(), req.byte_size(),
+                                        call.peer);
       }));
   // Waits until no request uses the region (up to the call's deadline, or
   // 30 s): on the executor, never on gRPC's threads.

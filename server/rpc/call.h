@@ -62,6 +62,9 @@ struct MethodCall {
   std::chrono::steady_clock::time_point arrived;  // when the call (message) came
   CallFacts* facts = nullptr;
   absl::Time deadline = absl::InfiniteFuture();  // the call's
+  // Who called, as gRPC names the peer ("ipv4:10.0.0.7:53412"; one TCP
+  // connection is one client): what per-client caps count by.
+  std::string peer;
 };
 
 struct Method {

@@ -288,7 +288,7 @@ class StreamCall final : public grpc::ServerGenericBidiReactor {
     if (s.ok()) s = CheckCallAlive(ctx_);
     if (s.ok()) {
       const RunContext rc = ContextOf(ctx_);
-      MethodCall call{rc, &m->ticket, m->start, &m->facts, DeadlineOf(ctx_)};
+      MethodCall call{rc, &m->ticket, m->start, &m->facts, DeadlineOf(ctx_), ctx_->peer()};
       s = RunMethod(method_, &m->request, &m->answer, call);
     }
     FinishCall(o_.metrics, {&method_, s, m->start, metadata_id_, &m->facts, m->bytes_in,

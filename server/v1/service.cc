@@ -52,10 +52,10 @@ std::vector<Method> PositionalEncodingService::Methods() const {
   };
   methods.push_back(ControlMethod<v1::RegisterSharedMemoryRequest, v1::SharedMemoryStatus>(
       kPositionalEncodingService, "RegisterSharedMemory",
-      [engine, status_of](MethodCall&, const v1::RegisterSharedMemoryRequest& req,
+      [engine, status_of](MethodCall& call, const v1::RegisterSharedMemoryRequest& req,
                           v1::SharedMemoryStatus* resp) -> absl::Status {
-        POSENC_RETURN_IF_ERROR(
-            engine->shared_memory().Register(req.name(), req.key(), req.offset(), req.byte_size()));
+        POSENC_RETURN_IF_ERROR(engine->shared_memory().Register(req.name(), req.key(), req.offset(),
+                                                                req.byte_size(), call.peer));
         return status_of(req.name(), resp);
       }));
   // Waits until no request uses the region (up to the call's deadline, or

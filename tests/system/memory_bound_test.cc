@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "posenc/client.h"
 #include "posenc/v1/posenc.grpc.pb.h"
 #include "server_process.h"
 
@@ -145,6 +146,100 @@ TEST(MemoryBound, ThirtyTwoCallersOfMixedSizesStayUnderTheBudget) {
   GTEST_SKIP() << "resident memory under a sanitizer is mostly shadow memory and quarantine";
 #endif
   CheckBound(32, {1, 2, 3, 5, 8, 12, 20, 30});
+}
+
+// Shared-memory regions count in the budget: 16 callers, each with the C++
+// client in automatic mode rotating 32 MiB fp32 tensors (its region grows
+// to 64 MiB: twice the largest tensor), want 1 GiB of regions from a
+// server whose budget is 768 MiB. The server maps and touches every region
+// it takes, so its resident set counts them; registrations past the budget
+// are refused and those callers go on over the socket. Every call succeeds
+// or is RESOURCE_EXHAUSTED, and the resident set stays under the budget
+// plus the fixed overhead.
+TEST(MemoryBound, SixteenCallersWith64MiBRegionsStayUnderTheBudget) {
+#ifdef POSENC_UNDER_SANITIZER
+  GTEST_SKIP() << "resident memory under a sanitizer is mostly shadow memory and quarantine";
+#endif
+  const int64_t budget = 768 * kMiB;
+  const int64_t overhead = EnvInt("POSENC_TEST_OVERHEAD_MIB", 96) * kMiB;
+  constexpr int kCallers = 16;
+  constexpr int64_t kTokens = 32 * kMiB / (8 * 128 * 4);  // 32 MiB of [1, tokens, 8, 128] fp32
+  testing::ServerProcess server;
+  ASSERT_TRUE(server.Start(POSENC_SERVER_BINARY,
+                           {"--threads=2", "--enable_system_shared_memory",
+                            "--max_inflight_bytes=" + std::to_string(budget),
+                            "--max_request_bytes=" + std::to_string(40 * kMiB)}))
+      << server.log_text();
+  const uint64_t seed = std::random_device{}();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+
+  std::atomic<int64_t> sampled_peak{0}, sampled_anon{0};
+  std::atomic<bool> stop{false};
+  std::thread sampler([&] {
+    while (!stop) {
+      sampled_peak =
+          std::max<int64_t>(sampled_peak, testing::ProcStatusBytes(server.pid(), "VmRSS"));
+      sampled_anon =
+          std::max<int64_t>(sampled_anon, testing::ProcStatusBytes(server.pid(), "RssAnon"));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  std::mutex mu;
+  std::map<absl::StatusCode, int> codes;
+  std::map<absl::StatusCode, std::string> messages;
+  std::atomic<int> on_shared_memory{0}, wrong{0};
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(8);
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kCallers; ++c) {
+    threads.emplace_back([&, c] {
+      ClientOptions co;
+      co.target = "127.0.0.1:" + std::to_string(server.port());
+      co.default_timeout = absl::Seconds(60);
+      auto client = Client::Create(co);
+      ASSERT_TRUE(client.ok()) << client.status();
+      std::mt19937_64 rng(seed + c);
+      std::vector<float> q(kTokens * 8 * 128);
+      const std::vector<int64_t> zeros(kTokens, 0);  // every token at position 0
+      bool used = false;
+      while (std::chrono::steady_clock::now() < end) {
+        // One value per call, so a result left unwritten or written by
+        // another caller's call shows: rotating position 0 is the identity.
+        const float v = static_cast<float>(rng() % 1000 + 1);
+        std::fill(q.begin(), q.end(), v);
+        RopeTensors t;
+        t.query = {DType::kFloat32, {1, kTokens, 8, 128}, q.data(), q.size() * 4};
+        t.positions.position_ids = {DType::kInt64, {1, kTokens}, zeros.data(), zeros.size() * 8};
+        const absl::Status s = (*client)->ApplyRope(RopeOptions{}, t);
+        used = used || (*client)->UsesSharedMemory();
+        if (s.ok() && (q.front() != v || q.back() != v)) ++wrong;
+        std::lock_guard<std::mutex> lock(mu);
+        ++codes[s.code()];
+        messages[s.code()] = std::string(s.message());
+      }
+      if (used) ++on_shared_memory;
+    });
+  }
+  for (auto& t : threads) t.join();
+  stop = true;
+  sampler.join();
+  const int64_t peak = testing::PeakRss(server.pid());
+  std::printf(
+      "shared memory bound: %d callers x 64 MiB regions, %d of them on shared memory; %d OK, %d "
+      "RESOURCE_EXHAUSTED; server RSS peak %.1f MiB (sampled %.1f MiB, of it anonymous at most "
+      "%.1f MiB); budget %lld MiB + overhead %lld MiB\n",
+      kCallers, on_shared_memory.load(), codes[absl::StatusCode::kOk],
+      codes[absl::StatusCode::kResourceExhausted], peak / double(kMiB),
+      sampled_peak / double(kMiB), sampled_anon / double(kMiB),
+      static_cast<long long>(budget / kMiB), static_cast<long long>(overhead / kMiB));
+  for (const auto& [code, n] : codes) {
+    EXPECT_TRUE(code == absl::StatusCode::kOk || code == absl::StatusCode::kResourceExhausted)
+        << n << " calls ended " << code << ": " << messages[code];
+  }
+  EXPECT_EQ(wrong, 0);
+  EXPECT_GT(codes[absl::StatusCode::kOk], 0);
+  EXPECT_GT(on_shared_memory, 0) << "no caller got a region";
+  EXPECT_LT(peak, budget + overhead);
+  EXPECT_TRUE(server.Alive()) << server.log_text();
 }
 
 }  // namespace

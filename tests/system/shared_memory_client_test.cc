@@ -11,6 +11,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -25,12 +26,14 @@ using testing::Bytes;
 
 constexpr DType kFloatTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
 
-std::unique_ptr<server::Server> StartServer(bool shared_memory, const std::string& listen) {
+std::unique_ptr<server::Server> StartServer(bool shared_memory, const std::string& listen,
+                                            int max_regions = 64) {
   server::ServerOptions o;
   o.listen_address = listen;
   o.engine.cpu_threads = 2;
   o.engine.enable_cuda = false;
   o.engine.shared_memory.enabled = shared_memory;
+  o.engine.shared_memory.max_regions = max_regions;
   auto s = server::Server::Start(o);
   EXPECT_TRUE(s.ok()) << s.status();
   return s.ok() ? std::move(*s) : nullptr;
@@ -205,6 +208,58 @@ TEST_F(SharedMemoryClient, AUnixSocketTargetUsesSharedMemoryToo) {
   ASSERT_TRUE(socket_client_->ApplyRope(RopeOptions(), b).ok());
   EXPECT_EQ(q1, q2);
   EXPECT_TRUE(over_unix->UsesSharedMemory());
+}
+
+// Every Client of a process has its own regions (their keys once collided:
+// the second client's registration failed and it gave shared memory up).
+TEST_F(SharedMemoryClient, ClientsOfOneProcessHaveTheirOwnRegions) {
+  auto other = Connect(tcp_, SharedMemoryUse::kRequire);
+  ASSERT_NE(other, nullptr);
+  const Bytes q0 = testing::RandomTensor(DType::kFloat32, 4 * 8 * 64);
+  Bytes q1 = q0, q2 = q0;
+  RopeTensors a, b;
+  a.query = testing::Mutable(DType::kFloat32, {1, 4, 8, 64}, q1);
+  b.query = testing::Mutable(DType::kFloat32, {1, 4, 8, 64}, q2);
+  ASSERT_TRUE(shm_->ApplyRope(RopeOptions(), a).ok());
+  const absl::Status s = other->ApplyRope(RopeOptions(), b);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(q1, q2);
+  EXPECT_EQ(Regions(), 2);
+  EXPECT_TRUE(shm_->UsesSharedMemory());
+}
+
+// A region refused for want of room (here the cap of one region) sends the
+// client to the socket for a while, not for good: once there is room again
+// it registers one.
+TEST(SharedMemoryClientUnderCaps, ARegionRefusedForRoomIsAskedForAgainLater) {
+  auto server = StartServer(true, "127.0.0.1:0", /*max_regions=*/1);
+  ASSERT_NE(server, nullptr);
+  const std::string target = "127.0.0.1:" + std::to_string(server->port());
+  const Bytes q0 = testing::RandomTensor(DType::kFloat32, 4 * 8 * 64);
+  auto call = [&](Client& c, Bytes* q) {
+    *q = q0;
+    RopeTensors t;
+    t.query = testing::Mutable(DType::kFloat32, {1, 4, 8, 64}, *q);
+    return c.ApplyRope(RopeOptions(), t);
+  };
+  auto first = Connect(target, SharedMemoryUse::kAuto);
+  auto second = Connect(target, SharedMemoryUse::kAuto);
+  auto required = Connect(target, SharedMemoryUse::kRequire);
+  Bytes q1, q2, q3;
+  ASSERT_TRUE(call(*first, &q1).ok());
+  ASSERT_EQ(server->engine().shared_memory().count(), 1);
+  ASSERT_TRUE(call(*second, &q2).ok()) << "refused a region, it used the socket";
+  EXPECT_EQ(q1, q2);
+  EXPECT_TRUE(second->UsesSharedMemory()) << "deferred, not given up";
+  const absl::Status s = call(*required, &q3);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("--max_shared_memory_regions"), std::string::npos) << s;
+  first.reset();  // gives its region back
+  ASSERT_EQ(server->engine().shared_memory().count(), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));  // the first back-off: 100 ms
+  ASSERT_TRUE(call(*second, &q2).ok());
+  EXPECT_EQ(q1, q2);
+  EXPECT_EQ(server->engine().shared_memory().count(), 1) << "the second client has a region now";
 }
 
 TEST(SharedMemoryClientWithoutServerSupport, AutoFallsBackAndRequireRefuses) {

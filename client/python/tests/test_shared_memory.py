@@ -7,6 +7,7 @@ and torch alike; a region the server lost falls back to the socket;
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 import numpy as np
@@ -120,3 +121,32 @@ def test_require_refuses_where_auto_falls_back(server, rng):
         assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
     with pytest.raises(posenc.PosencError):
         posenc.Client(server.target, shared_memory="sometimes")
+
+
+def test_a_region_refused_for_room_is_asked_for_again_later(rng):
+    # Room for one region: the second client is refused (RESOURCE_EXHAUSTED),
+    # uses the socket meanwhile and gets a region once the first gives its
+    # back, instead of giving shared memory up for good.
+    s = ServerProcess("--enable_system_shared_memory", "--max_shared_memory_regions=1")
+    try:
+        q = rng.standard_normal((1, 4, 8, 64)).astype(np.float32)
+        with posenc.Client(s.target, shared_memory="off") as socket:
+            expected = socket.apply_rope(q).query
+            first = posenc.Client(s.target)
+            assert same(first.apply_rope(q).query, expected) and first.uses_shared_memory
+            with posenc.Client(s.target) as second, \
+                    posenc.Client(s.target, shared_memory="require") as required:
+                assert same(second.apply_rope(q).query, expected)
+                assert second.uses_shared_memory, "still on, only deferred"
+                assert regions(s.target) == 1
+                with pytest.raises(posenc.PosencError) as e:
+                    required.apply_rope(q)
+                assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert "--max_shared_memory_regions" in e.value.message
+                first.close()
+                assert regions(s.target) == 0
+                time.sleep(0.25)  # past the first back-off (100 ms)
+                assert same(second.apply_rope(q).query, expected)
+                assert regions(s.target) == 1, "the second client registered its region"
+    finally:
+        s.stop()

@@ -16,6 +16,7 @@ import mmap
 import os
 import secrets
 import threading
+import time
 
 import math
 
@@ -29,6 +30,10 @@ from posenc.errors import PosencError
 MODES = ("auto", "off", "require")
 _MIN_REGION = 1 << 20
 _MAX_IDLE = 4
+# A region refused for want of room (the server's budget or caps, a full
+# /dev/shm) is no reason to give shared memory up: the socket for a while,
+# 100 ms doubling to 5 s while refusals go on, then ask again.
+_FIRST_BACKOFF_S, _MAX_BACKOFF_S = 0.1, 5.0
 _ALIGN = 64
 
 def local_domain() -> str:
@@ -113,6 +118,25 @@ class Pool:
         self._created = 0
         self._nonce = secrets.token_hex(8)
         self._stub = None
+        self._retry_at = 0.0
+        self._backoff = _FIRST_BACKOFF_S
+        self.why_not: tuple[grpc.StatusCode, str] | None = None  # the last refusal
+
+    def error(self) -> PosencError:
+        """For shared_memory='require' when take() declined: why."""
+        code, why = self.why_not or (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "this server cannot share memory with this process (not on this node, another "
+            "/dev/shm, or turned off)")
+        return PosencError(code if code == grpc.StatusCode.RESOURCE_EXHAUSTED
+                           else grpc.StatusCode.FAILED_PRECONDITION,
+                           f"shared_memory='require' but {why}")
+
+    def _defer(self, code: grpc.StatusCode, why: str) -> None:
+        with self._lock:
+            self.why_not = (code, why)
+            self._retry_at = time.monotonic() + self._backoff
+            self._backoff = min(2 * self._backoff, _MAX_BACKOFF_S)
 
     # -- deciding and registering (the caller passes its blocking stub) --
 
@@ -133,9 +157,11 @@ class Pool:
     def usable(self) -> bool:
         return bool(self._usable)
 
-    def disable(self) -> None:
+    def disable(self, why: str = "") -> None:
         with self._lock:
             self._usable = False
+            if why:
+                self.why_not = (grpc.StatusCode.FAILED_PRECONDITION, why)
             idle, self._idle = self._idle, []
         for r in idle:
             self._drop(r)
@@ -148,6 +174,8 @@ class Pool:
             for i, r in enumerate(self._idle):
                 if r.size >= nbytes:
                     return Lease(self, self._idle.pop(i))
+            if time.monotonic() < self._retry_at:
+                return None  # deferred
             size = max(nbytes, 2 * self._largest, _MIN_REGION)
             size = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
             self._largest = max(self._largest, size)
@@ -165,24 +193,28 @@ class Pool:
         path = "/dev/shm" + name
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        except OSError:
-            self.disable()
+        except OSError as e:
+            self.disable(f"creating {path}: {e}")
             return None
         try:
             os.ftruncate(fd, size)
             mapping = mmap.mmap(fd, size)
-        except OSError:
+        except OSError as e:
             os.close(fd)
             os.unlink(path)
-            self.disable()
+            self._defer(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"could not size or map a region of {size} bytes: {e}")
             return None
         os.close(fd)
         try:
             self._stub.RegisterSharedMemory(
                 pb.RegisterSharedMemoryRequest(name=name, key=name, byte_size=size), timeout=10)
-        except grpc.RpcError:
+        except grpc.RpcError as e:
             mapping.close()
-            self.disable()
+            if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                self._defer(e.code(), e.details() or "the server refused a region")
+            else:
+                self.disable(f"the server refused a region: {e.details()}")
             return None
         finally:
             # Registered, the server maps the object; no file is needed now.
@@ -190,6 +222,8 @@ class Pool:
                 os.unlink(path)
             except OSError:
                 pass
+        with self._lock:
+            self._backoff, self.why_not = _FIRST_BACKOFF_S, None
         return Region(name, mapping)
 
     def _give_back(self, region: Region, discard: bool) -> None:

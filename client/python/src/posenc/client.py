@@ -78,9 +78,7 @@ class Client:
         lease = (self._shm.take(self._stub, needed)
                  if self._shm.usable else None)
         if lease is None and self.config.shared_memory == "require":
-            raise PosencError(grpc.StatusCode.FAILED_PRECONDITION,
-                              "shared_memory='require' but this server cannot share memory with "
-                              "this process (not on this node, another /dev/shm, or turned off)")
+            raise self._shm.error()
         return lease
 
     def _run(self, op: _ops.Op, timeout, request_id: str = ""):
