@@ -1,5 +1,6 @@
 #include "engine/admission.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -137,10 +138,10 @@ AdmissionControl::Ticket& AdmissionControl::Ticket::operator=(Ticket&& o) noexce
   return *this;
 }
 
-absl::Status AdmissionControl::Ticket::TryGrow(int64_t bytes) {
+absl::Status AdmissionControl::Ticket::TryGrow(int64_t bytes, int64_t keep_free) {
   if (bytes <= 0) return absl::OkStatus();
   std::lock_guard<std::mutex> lock(control_->mu_);
-  const int64_t limit = control_->options_.max_bytes;
+  const int64_t limit = control_->options_.max_bytes - std::max<int64_t>(keep_free, 0);
   // Waiting reservations are not considered: a call growing here is already
   // running (ahead of every waiter), and refusing it would waste its work.
   if (bytes > limit - control_->bytes_) {

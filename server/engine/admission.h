@@ -96,8 +96,8 @@ class AdmissionControl::Ticket {
   ~Ticket() { Reset(); }
 
   // Holds `bytes` more now, or RESOURCE_EXHAUSTED (holding nothing more)
-  // when that would exceed the budget. Never waits.
-  [[nodiscard]] absl::Status TryGrow(int64_t bytes);
+  // when that would leave less than `keep_free` of the budget. Never waits.
+  [[nodiscard]] absl::Status TryGrow(int64_t bytes, int64_t keep_free = 0);
   // Holds `bytes` more now if they fit and no reservation is waiting (a
   // call reading ahead must not overtake calls queued for memory); returns
   // whether it did. Never waits.

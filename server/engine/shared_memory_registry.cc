@@ -126,8 +126,9 @@ absl::Status SharedMemoryRegion::Write(absl::string_view field, int64_t offset,
   return CheckIntact(field);
 }
 
-SharedMemoryRegistry::SharedMemoryRegistry(SharedMemoryOptions options, AdmissionControl* admission)
-    : options_(std::move(options)), admission_(admission) {}
+SharedMemoryRegistry::SharedMemoryRegistry(SharedMemoryOptions options, AdmissionControl* admission,
+                                           int64_t keep_free)
+    : options_(std::move(options)), admission_(admission), keep_free_(keep_free) {}
 
 absl::Status SharedMemoryRegistry::CheckEnabled() const {
   return options_.enabled ? absl::OkStatus() : SharedMemoryDisabledError();
@@ -209,11 +210,11 @@ absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string
   }
   // Its bytes join the memory budget first: the server will touch them.
   POSENC_ASSIGN_OR_RETURN(AdmissionControl::Ticket admitted, admission_->Enter());
-  if (absl::Status s = admitted.TryGrow(static_cast<int64_t>(byte_size)); !s.ok()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("shared memory region \"", Shown(name), "\" of ", byte_size,
-                     " bytes does not fit the server's memory budget now (--max_inflight_bytes): ",
-                     s.message()));
+  if (absl::Status s = admitted.TryGrow(static_cast<int64_t>(byte_size), keep_free_); !s.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "shared memory region \"", Shown(name), "\" of ", byte_size,
+        " bytes does not fit the server's memory budget now (--max_inflight_bytes, of which ",
+        keep_free_, " bytes are kept for calls to be read): ", s.message()));
   }
   admitted.ReleaseSlot();  // it is memory held, not work in progress
   POSENC_ASSIGN_OR_RETURN(

@@ -105,8 +105,11 @@ class SharedMemoryRegion {
 class SharedMemoryRegistry {
  public:
   // Regions' bytes are admitted against `admission` (not owned; outlives
-  // the registry).
-  SharedMemoryRegistry(SharedMemoryOptions options, AdmissionControl* admission);
+  // the registry), and never take the last `keep_free` bytes of it: what
+  // one call of the largest message reserves to be read (2 x the message
+  // limit), so that regions cannot starve the calls that use them.
+  SharedMemoryRegistry(SharedMemoryOptions options, AdmissionControl* admission,
+                       int64_t keep_free = 0);
 
   bool enabled() const { return options_.enabled; }
   const SharedMemoryOptions& options() const { return options_; }
@@ -147,6 +150,7 @@ class SharedMemoryRegistry {
 
   const SharedMemoryOptions options_;
   AdmissionControl* const admission_;
+  const int64_t keep_free_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<SharedMemoryRegion>, std::less<>> regions_;
   std::map<std::string, int, std::less<>> regions_of_client_;  // none at 0

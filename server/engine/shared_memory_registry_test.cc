@@ -299,5 +299,24 @@ TEST(SharedMemoryTest, RegionsAreAdmittedAgainstTheBudgetWhileRegistered) {
   ASSERT_TRUE(r.Unregister("").ok());
 }
 
+// Regions leave room for a call to be read: without it, regions holding the
+// whole budget would leave every call (those using them too) waiting.
+TEST(SharedMemoryTest, RegionsLeaveRoomForACall) {
+  AdmissionControl budget(AdmissionOptions{8, int64_t{1} << 20});
+  SharedMemoryRegistry r(On(), &budget, /*keep_free=*/256 << 10);
+  ShmObject obj(int64_t{1} << 20);
+  ASSERT_TRUE(r.Register("a", obj.key(), 0, 512 << 10).ok());
+  const absl::Status s = r.Register("b", obj.key(), 0, 512 << 10);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("kept for calls"), std::string::npos) << s;
+  ASSERT_TRUE(r.Register("b", obj.key(), 0, 256 << 10).ok());
+  EXPECT_EQ(budget.bytes(), 768 << 10);
+  // What is left is a call's.
+  auto call = budget.Enter();
+  ASSERT_TRUE(call.ok());
+  EXPECT_TRUE(call->TryGrow(256 << 10).ok());
+  ASSERT_TRUE(r.Unregister("").ok());
+}
+
 }  // namespace
 }  // namespace posenc::server

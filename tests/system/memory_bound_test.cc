@@ -149,11 +149,11 @@ TEST(MemoryBound, ThirtyTwoCallersOfMixedSizesStayUnderTheBudget) {
 }
 
 // Shared-memory regions count in the budget: 16 callers, each with the C++
-// client in automatic mode rotating 32 MiB fp32 tensors (its region grows
-// to 64 MiB: twice the largest tensor), want 1 GiB of regions from a
-// server whose budget is 768 MiB. The server maps and touches every region
+// client in automatic mode rotating 64 MiB fp32 tensors through a 64 MiB
+// region, want 1 GiB of regions from a server whose budget is 768 MiB. The server maps and touches every region
 // it takes, so its resident set counts them; registrations past the budget
-// are refused and those callers go on over the socket. Every call succeeds
+// (less room for one call to be read) are refused and those callers go on
+// over the socket, asking again later. Every call succeeds
 // or is RESOURCE_EXHAUSTED, and the resident set stays under the budget
 // plus the fixed overhead.
 TEST(MemoryBound, SixteenCallersWith64MiBRegionsStayUnderTheBudget) {
@@ -163,24 +163,33 @@ TEST(MemoryBound, SixteenCallersWith64MiBRegionsStayUnderTheBudget) {
   const int64_t budget = 768 * kMiB;
   const int64_t overhead = EnvInt("POSENC_TEST_OVERHEAD_MIB", 96) * kMiB;
   constexpr int kCallers = 16;
-  constexpr int64_t kTokens = 32 * kMiB / (8 * 128 * 4);  // 32 MiB of [1, tokens, 8, 128] fp32
+  constexpr int64_t kTokens = 64 * kMiB / (8 * 128 * 4);  // 64 MiB of [1, tokens, 8, 128] fp32
   testing::ServerProcess server;
   ASSERT_TRUE(server.Start(POSENC_SERVER_BINARY,
                            {"--threads=2", "--enable_system_shared_memory",
                             "--max_inflight_bytes=" + std::to_string(budget),
-                            "--max_request_bytes=" + std::to_string(40 * kMiB)}))
+                            "--max_request_bytes=" + std::to_string(72 * kMiB)}))
       << server.log_text();
   const uint64_t seed = std::random_device{}();
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
 
   std::atomic<int64_t> sampled_peak{0}, sampled_anon{0};
+  std::atomic<int> most_regions{0};
   std::atomic<bool> stop{false};
   std::thread sampler([&] {
-    while (!stop) {
+    auto stub = v1::PositionalEncoding::NewStub(server.NewChannel(100));
+    for (int i = 0; !stop; ++i) {
       sampled_peak =
           std::max<int64_t>(sampled_peak, testing::ProcStatusBytes(server.pid(), "VmRSS"));
       sampled_anon =
           std::max<int64_t>(sampled_anon, testing::ProcStatusBytes(server.pid(), "RssAnon"));
+      if (i % 10 == 0) {
+        grpc::ClientContext ctx;
+        v1::SharedMemoryStatus status;
+        if (stub->GetSharedMemoryStatus(&ctx, v1::SharedMemoryStatusRequest(), &status).ok()) {
+          most_regions = std::max(most_regions.load(), status.regions_size());
+        }
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   });
@@ -224,10 +233,11 @@ TEST(MemoryBound, SixteenCallersWith64MiBRegionsStayUnderTheBudget) {
   sampler.join();
   const int64_t peak = testing::PeakRss(server.pid());
   std::printf(
-      "shared memory bound: %d callers x 64 MiB regions, %d of them on shared memory; %d OK, %d "
-      "RESOURCE_EXHAUSTED; server RSS peak %.1f MiB (sampled %.1f MiB, of it anonymous at most "
-      "%.1f MiB); budget %lld MiB + overhead %lld MiB\n",
-      kCallers, on_shared_memory.load(), codes[absl::StatusCode::kOk],
+      "shared memory bound: %d callers x 64 MiB regions, %d of them with shared memory on, at "
+      "most %d regions registered at once; %d OK, %d RESOURCE_EXHAUSTED; server RSS peak %.1f MiB "
+      "(sampled %.1f MiB, of it anonymous at most %.1f MiB); budget %lld MiB + overhead %lld "
+      "MiB\n",
+      kCallers, on_shared_memory.load(), most_regions.load(), codes[absl::StatusCode::kOk],
       codes[absl::StatusCode::kResourceExhausted], peak / double(kMiB),
       sampled_peak / double(kMiB), sampled_anon / double(kMiB),
       static_cast<long long>(budget / kMiB), static_cast<long long>(overhead / kMiB));
@@ -237,7 +247,9 @@ TEST(MemoryBound, SixteenCallersWith64MiBRegionsStayUnderTheBudget) {
   }
   EXPECT_EQ(wrong, 0);
   EXPECT_GT(codes[absl::StatusCode::kOk], 0);
-  EXPECT_GT(on_shared_memory, 0) << "no caller got a region";
+  EXPECT_EQ(on_shared_memory, kCallers) << "a refused region must not turn shared memory off";
+  EXPECT_GT(most_regions, 1);
+  EXPECT_LE(most_regions * 64 * kMiB, budget) << "regions are admitted against the budget";
   EXPECT_LT(peak, budget + overhead);
   EXPECT_TRUE(server.Alive()) << server.log_text();
 }
