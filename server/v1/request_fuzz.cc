@@ -5,9 +5,15 @@
 // failed message gets).
 // Limits are small so the fuzzer spends its time on logic, not on memory.
 // The first byte picks the method; the rest is the serialised request.
+// Shared memory is on, with one region "f" (4 KiB of a /dev/shm object the
+// harness made), so the *_shm fields reach slices, in-place work and
+// answers written into the region; the GetSharedMemoryStatus method too.
 // Invariants: nothing crashes, leaks or hangs; an OK answer (and a stream's
 // error answer) parses as the method's response, strings valid UTF-8 as a
 // strict client requires; the admission's bytes never exceed the budget.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -30,7 +36,7 @@ namespace {
 // The corpus's first bytes were written for the first four.
 constexpr const char* kMethods[] = {"ApplyRope",     "AddAbsoluteEncoding", "GetEncodingTable",
                                     "AttentionBias", "StreamRope",          "ListTables",
-                                    "GetServerInfo"};
+                                    "GetServerInfo", "GetSharedMemoryStatus"};
 constexpr int kNumMethods = sizeof(kMethods) / sizeof(kMethods[0]);
 
 posenc::server::Engine* TheEngine() {
@@ -52,9 +58,23 @@ posenc::server::Engine* TheEngine() {
     o.max_message_bytes = 256 << 10;
     o.max_inflight_bytes = 1 << 20;
     o.table_dir = dir;
+    o.shared_memory.enabled = true;
     auto e = posenc::server::Engine::Create(o);
     if (!e.ok()) {
       std::fprintf(stderr, "engine: %s\n", e.status().ToString().c_str());
+      std::abort();
+    }
+    const std::string key = "/posenc-v1-fuzz-" + std::to_string(::getpid());
+    const int fd = ::open(("/dev/shm" + key).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0 || ::ftruncate(fd, 4096) != 0) {
+      std::fprintf(stderr, "cannot make /dev/shm%s\n", key.c_str());
+      std::abort();
+    }
+    ::close(fd);
+    const absl::Status registered = (*e)->shared_memory().Register("f", key, 0, 4096);
+    ::unlink(("/dev/shm" + key).c_str());
+    if (!registered.ok()) {
+      std::fprintf(stderr, "register: %s\n", registered.ToString().c_str());
       std::abort();
     }
     return e->release();
@@ -131,6 +151,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       case 6:
         ok = ParsesAs<posenc::v1::ServerInfo>(answer);
+        break;
+      case 7:
+        ok = ParsesAs<posenc::v1::SharedMemoryStatus>(answer);
         break;
     }
     if (!ok) std::abort();

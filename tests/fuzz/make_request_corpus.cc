@@ -174,6 +174,52 @@ int main(int argc, char** argv) {
     l.set_q_offset(-1);
     write("bias_logits", 3, l);
   }
+  // Tensors in shared memory: request_fuzz registers region "f" (4 KiB).
+  auto slice = [](v1::SharedMemorySlice* s, uint64_t offset, uint64_t bytes) {
+    s->set_region("f");
+    s->set_offset(offset);
+    s->set_byte_size(bytes);
+  };
+  {
+    v1::RopeRequest r;
+    Query(&r, {1, 4, 2, 8});
+    r.clear_query_data();
+    slice(r.mutable_query_shm(), 0, 4 * 2 * 8 * 4);
+    r.mutable_key()->set_dtype(v1::DATA_TYPE_FLOAT32);
+    for (int64_t d : {1, 4, 1, 8}) r.mutable_key()->add_shape(d);
+    slice(r.mutable_key_shm(), 1024, 4 * 1 * 8 * 4);
+    write("rope_shm_query_key", 0, r);
+  }
+  {
+    v1::AbsoluteEncodingRequest r;
+    r.mutable_x()->set_dtype(v1::DATA_TYPE_BFLOAT16);
+    for (int64_t d : {2, 3, 8}) r.mutable_x()->add_shape(d);
+    slice(r.mutable_x_shm(), 64, 48 * 2);
+    r.mutable_sinusoidal()->set_base(100);
+    write("absolute_shm", 1, r);
+  }
+  {
+    v1::EncodingTableRequest r;
+    r.mutable_sinusoidal()->set_base(100);
+    r.set_dim(8);
+    r.set_count(8);
+    slice(r.mutable_table_shm(), 512, 8 * 8 * 4);
+    write("table_shm", 2, r);
+  }
+  {
+    v1::AttentionBiasRequest r;
+    r.set_num_heads(2);
+    r.set_q_len(3);
+    r.set_k_len(5);
+    r.set_causal(true);
+    slice(r.mutable_bias_shm(), 0, 2 * 3 * 5 * 4);
+    write("bias_shm", 3, r);
+    v1::AttentionBiasRequest l;
+    l.mutable_logits()->set_dtype(v1::DATA_TYPE_FLOAT32);
+    for (int64_t d : {1, 2, 3, 3}) l.mutable_logits()->add_shape(d);
+    slice(l.mutable_logits_shm(), 2048, 18 * 4);
+    write("bias_logits_shm", 3, l);
+  }
   std::printf("request corpus written to %s\n", dir.c_str());
   return 0;
 }
