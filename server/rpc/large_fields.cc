@@ -180,14 +180,17 @@ namespace {
 bool SliceByteSize(SliceReader& in, uint64_t length, uint64_t* byte_size) {
   *byte_size = 0;
   const uint64_t end = in.remaining() - length;
+  // A varint may run past the slice's last byte: every read is checked
+  // against `end` before anything is computed from the bytes left.
+  const auto within = [&] { return in.remaining() >= end; };
   while (in.remaining() > end) {
     uint64_t tag, v;
-    if (!in.ReadVarint(&tag, nullptr)) return false;
+    if (!in.ReadVarint(&tag, nullptr) || !within()) return false;
     if ((tag & 7) == 0) {
-      if (!in.ReadVarint(&v, nullptr)) return false;
+      if (!in.ReadVarint(&v, nullptr) || !within()) return false;
       if (tag >> 3 == 3) *byte_size = v;
     } else if ((tag & 7) == 2) {
-      if (!in.ReadVarint(&v, nullptr) || v > in.remaining() - end) return false;
+      if (!in.ReadVarint(&v, nullptr) || !within() || v > in.remaining() - end) return false;
       in.Skip(v);
     } else {
       return false;

@@ -34,6 +34,11 @@ TEST(TensorBytesOf, CountsBytesFieldsAndNamedSlicesWithoutParsing) {
 TEST(TensorBytesOf, MalformedBytesAreUnknownNeverACrash) {
   EXPECT_EQ(TensorBytesOf(BufferOf("\xff\xff\xff"), {2}, {20}), ~uint64_t{0});
   EXPECT_EQ(TensorBytesOf(BufferOf(std::string("\x12\x7f", 2)), {2}, {20}), ~uint64_t{0});
+  // A slice (field 20) of 2 bytes whose inner length varint runs past its
+  // end: once read as a length of 133 and skipped beyond the buffer (found
+  // by request_fuzz under ASan).
+  EXPECT_EQ(TensorBytesOf(BufferOf(std::string("\xa2\x01\x02\x0a\x85\x01xy", 8)), {2}, {20}),
+            ~uint64_t{0});
   // Random bytes and every prefix of a real message: no crash, and any
   // answer other than unknown is at most the message's size plus slices.
   v1::RopeRequest r;
