@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "engine/aligned_work.h"
 #include "engine/no_throw.h"
 #include "posenc/limits.h"
 #include "posenc/status_macros.h"
@@ -226,9 +227,14 @@ absl::StatusOr<std::string> Engine::ApplyRope(const RopeOptions& options, RopeTe
         CheckAnswerSize(tensor_bytes, InAnswer(env, tensor_bytes), "the answer"));
     POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, tensor_bytes));
     const bool has_key = t.key.present();
+    AlignedWork aligned(env.admission);
+    MutableTensor query = t.query, key = t.key;
+    POSENC_RETURN_IF_ERROR(aligned.Align(query));
+    POSENC_RETURN_IF_ERROR(aligned.Align(key));
     POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
-      return b->ApplyRope(plan, t.query.data, has_key ? t.key.data : nullptr, env.ctx);
+      return b->ApplyRope(plan, query.data, has_key ? key.data : nullptr, env.ctx);
     }));
+    aligned.CopyBack();
     served = BackendName(backend);
     return absl::OkStatus();
   }));
@@ -249,9 +255,13 @@ absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTenso
     POSENC_RETURN_IF_ERROR(
         CheckAnswerSize(tensor_bytes, InAnswer(env, tensor_bytes), "the answer"));
     POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, tensor_bytes));
+    AlignedWork aligned(env.admission);
+    MutableTensor x = t.x;
+    POSENC_RETURN_IF_ERROR(aligned.Align(x));
     POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
-      return b->ApplyAbsolute(plan, t.x.data, env.ctx);
+      return b->ApplyAbsolute(plan, x.data, env.ctx);
     }));
+    aligned.CopyBack();
     served = BackendName(backend);
     return absl::OkStatus();
   }));
@@ -281,10 +291,13 @@ absl::StatusOr<Produced> Engine::EncodingTable(AbsoluteOptions o, int64_t dim, i
         }));
     const int64_t out_bytes = plan.num_tokens * dim * static_cast<int64_t>(SizeOf(dtype));
     POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, out_bytes));
-    POSENC_ASSIGN_OR_RETURN(char* const target, Prepare(out, out_bytes, env.ctx));
+    POSENC_ASSIGN_OR_RETURN(char* const prepared, Prepare(out, out_bytes, env.ctx));
+    AlignedWork aligned(env.admission);
+    POSENC_ASSIGN_OR_RETURN(char* const target, aligned.Output(prepared, out_bytes, dtype));
     POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
       return b->ApplyAbsolute(plan, target, env.ctx);
     }));
+    aligned.CopyBack();
     produced.dtype = dtype;
     produced.shape = {plan.num_tokens, dim};
     produced.backend = BackendName(backend);
@@ -311,14 +324,21 @@ absl::StatusOr<Produced> Engine::AttentionBias(const BiasOptions& o, MutableTens
           return env.admission.TryGrow(c.plan_bytes + c.output_bytes);
         }));
     const int64_t out_bytes = plan.NumElements() * static_cast<int64_t>(SizeOf(plan.dtype));
-    void* target = logits.data;
-    if (!has_logits) {
-      POSENC_ASSIGN_OR_RETURN(target, Prepare(out, out_bytes, env.ctx));
+    AlignedWork aligned(env.admission);
+    MutableTensor in_place = logits;
+    void* target = nullptr;
+    if (has_logits) {
+      POSENC_RETURN_IF_ERROR(aligned.Align(in_place));
+      target = in_place.data;
+    } else {
+      POSENC_ASSIGN_OR_RETURN(char* const prepared, Prepare(out, out_bytes, env.ctx));
+      POSENC_ASSIGN_OR_RETURN(target, aligned.Output(prepared, out_bytes, plan.dtype));
     }
     POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, out_bytes));
     POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
       return b->ApplyAttentionBias(plan, target, env.ctx);
     }));
+    aligned.CopyBack();
     produced.dtype = plan.dtype;
     produced.shape = {plan.batch, plan.num_heads, plan.q_len, plan.k_len};
     produced.slopes = plan.slopes;

@@ -4,6 +4,8 @@
 // shared memory on and off. Results must be bit for bit the socket's for
 // every operation and dtype; a region the server lost falls back to the
 // socket; kRequire refuses what kAuto falls back from.
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -226,6 +228,120 @@ TEST_F(SharedMemoryClient, ClientsOfOneProcessHaveTheirOwnRegions) {
   EXPECT_EQ(q1, q2);
   EXPECT_EQ(Regions(), 2);
   EXPECT_TRUE(shm_->UsesSharedMemory());
+}
+
+// Tensors at any byte of a region: a caller (a Triton client, say) may put
+// them at offsets that are no multiple of their element size. The server
+// computes those in an aligned copy; results are the socket's, bit for bit,
+// in the same misaligned place, and the bytes around them stay as they were.
+TEST_F(SharedMemoryClient, MisalignedSlicesGiveTheSocketsResults) {
+  constexpr int64_t kRegion = 1 << 16;
+  const std::string key = "/posenc-misaligned-" + std::to_string(::getpid());
+  const int fd = ::shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, kRegion), 0);
+  char* region =
+      static_cast<char*>(::mmap(nullptr, kRegion, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  ::close(fd);
+  ASSERT_NE(region, MAP_FAILED);
+  v1::PositionalEncoding::Stub& stub = socket_client_->stub();
+  {
+    grpc::ClientContext ctx;
+    v1::RegisterSharedMemoryRequest req;
+    req.set_name("odd");
+    req.set_key(key);
+    req.set_byte_size(kRegion);
+    v1::SharedMemoryStatus resp;
+    ASSERT_TRUE(stub.RegisterSharedMemory(&ctx, req, &resp).ok());
+  }
+  ::shm_unlink(key.c_str());
+  auto slice = [](v1::SharedMemorySlice* s, int64_t offset, int64_t bytes) {
+    s->set_region("odd");
+    s->set_offset(offset);
+    s->set_byte_size(bytes);
+  };
+  const Bytes noise = testing::RandomTensor(DType::kFloat32, kRegion / 4);
+  const struct {
+    DType dtype;
+    v1::DataType wire;
+  } kinds[] = {{DType::kFloat32, v1::DATA_TYPE_FLOAT32},
+               {DType::kFloat16, v1::DATA_TYPE_FLOAT16},
+               {DType::kBFloat16, v1::DATA_TYPE_BFLOAT16}};
+  for (const auto& kind : kinds) {
+    SCOPED_TRACE(DTypeName(kind.dtype));
+    std::memcpy(region, noise.data(), kRegion);
+    const int64_t elem = static_cast<int64_t>(SizeOf(kind.dtype));
+    // RoPE: query at byte 3, key at byte 8193, offsets [0, 77].
+    const Bytes q = testing::RandomTensor(kind.dtype, 2 * 5 * 3 * 16);
+    const Bytes k = testing::RandomTensor(kind.dtype, 2 * 5 * 1 * 16);
+    v1::RopeRequest rope;
+    rope.mutable_query()->set_dtype(kind.wire);
+    for (int64_t d : {2, 5, 3, 16}) rope.mutable_query()->add_shape(d);
+    rope.mutable_key()->set_dtype(kind.wire);
+    for (int64_t d : {2, 5, 1, 16}) rope.mutable_key()->add_shape(d);
+    rope.mutable_offsets()->set_dtype(v1::DATA_TYPE_INT64);
+    rope.mutable_offsets()->add_shape(2);
+    const int64_t offsets[] = {0, 77};
+    rope.mutable_offsets()->set_data(std::string(reinterpret_cast<const char*>(offsets), 16));
+    v1::RopeRequest by_socket = rope;
+    by_socket.set_query_data(std::string(q.begin(), q.end()));
+    by_socket.set_key_data(std::string(k.begin(), k.end()));
+    std::memcpy(region + 3, q.data(), q.size());
+    std::memcpy(region + 8193, k.data(), k.size());
+    slice(rope.mutable_query_shm(), 3, static_cast<int64_t>(q.size()));
+    slice(rope.mutable_key_shm(), 8193, static_cast<int64_t>(k.size()));
+    v1::RopeResponse want, got;
+    {
+      grpc::ClientContext a, b;
+      ASSERT_TRUE(stub.ApplyRope(&a, by_socket, &want).ok());
+      const grpc::Status s = stub.ApplyRope(&b, rope, &got);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+    }
+    EXPECT_EQ(std::string(region + 3, q.size()), want.query_data());
+    EXPECT_EQ(std::string(region + 8193, k.size()), want.key_data());
+    EXPECT_NE(want.query_data(), std::string(q.begin(), q.end())) << "rotated";
+    // The sinusoidal table written at byte 16385 + 1.
+    v1::EncodingTableRequest table;
+    table.mutable_sinusoidal()->set_base(10000);
+    table.set_dim(24);
+    table.set_count(9);
+    table.set_dtype(kind.wire);
+    v1::EncodingTableResponse table_want, table_got;
+    const int64_t table_bytes = 9 * 24 * elem;
+    {
+      grpc::ClientContext a, b;
+      ASSERT_TRUE(stub.GetEncodingTable(&a, table, &table_want).ok());
+      slice(table.mutable_table_shm(), 16385, table_bytes);
+      ASSERT_TRUE(stub.GetEncodingTable(&b, table, &table_got).ok());
+    }
+    EXPECT_EQ(std::string(region + 16385, table_bytes), table_want.table_data());
+    // The bias built at byte 24577 (+1).
+    v1::AttentionBiasRequest bias;
+    bias.set_num_heads(3);
+    bias.set_q_len(4);
+    bias.set_k_len(6);
+    bias.set_causal(true);
+    bias.set_dtype(kind.wire);
+    v1::AttentionBiasResponse bias_want, bias_got;
+    const int64_t bias_bytes = 3 * 4 * 6 * elem;
+    {
+      grpc::ClientContext a, b;
+      ASSERT_TRUE(stub.AttentionBias(&a, bias, &bias_want).ok());
+      slice(bias.mutable_bias_shm(), 24577, bias_bytes);
+      ASSERT_TRUE(stub.AttentionBias(&b, bias, &bias_got).ok());
+    }
+    EXPECT_EQ(std::string(region + 24577, bias_bytes), bias_want.bias_data());
+    // The bytes around every slice are as they were.
+    const auto unchanged = [&](int64_t from, int64_t to) {
+      return std::memcmp(region + from, noise.data() + from, to - from) == 0;
+    };
+    EXPECT_TRUE(unchanged(0, 3));
+    EXPECT_TRUE(unchanged(3 + static_cast<int64_t>(q.size()), 8193));
+    EXPECT_TRUE(unchanged(8193 + static_cast<int64_t>(k.size()), 16385));
+    EXPECT_TRUE(unchanged(16385 + table_bytes, 24577));
+    EXPECT_TRUE(unchanged(24577 + bias_bytes, kRegion));
+  }
+  ::munmap(region, kRegion);
 }
 
 // A region refused for want of room (here the cap of one region) sends the
