@@ -1,5 +1,8 @@
 // posenc-bench-gpu: device kernels against a device-to-device copy of the same
-// bytes, measured in the same run with CUDA events (issue 3's targets).
+// bytes, measured in the same run with CUDA events (issue 3's targets). Two
+// copies: cudaMemcpyAsync (a copy engine) and a copy kernel on the SMs
+// (sm_copy.h; the best of 2, 4 and 8 blocks per SM), checked to copy
+// exactly before it is timed; each row gives the ratio to both.
 //
 //   RoPE bf16 16384 tokens x (32 q + 8 k heads) x 128, NEOX and GPT-J:
 //     effective bandwidth (q and k read + written) vs cudaMemcpy D2D.
@@ -20,6 +23,7 @@
 
 #include "cuda/cuda_kernels.h"
 #include "math/phase.h"
+#include "sm_copy.h"
 
 namespace {
 
@@ -106,12 +110,42 @@ void* RandomDevice(size_t bytes) {
   return DeviceArray(h);
 }
 
+// The same run's copies of the bytes a kernel reads and writes.
+struct Baselines {
+  double copy_ms = 0;     // cudaMemcpyAsync D2D
+  double sm_copy_ms = 0;  // the SM copy kernel, its best launch shape
+};
+
 struct Row {
   std::string name;
   double bytes;  // moved by the kernel (read + write)
   double ms;
-  double copy_ms;  // D2D copy of bytes / 2 (same read + write traffic); 0 if n/a
+  Baselines base;  // of bytes / 2 (the same read + write traffic); zeros if n/a
 };
+
+// The SM copy must copy: every byte of a random buffer, compared on the host.
+void CheckSmCopy(int sms) {
+  const size_t bytes = size_t{16} << 20;
+  std::vector<uint8_t> host(bytes), back(bytes, 0);
+  uint32_t x = 777;
+  for (auto& b : host) {
+    x = x * 1664525u + 1013904223u;
+    b = static_cast<uint8_t>(x >> 24);
+  }
+  void *src, *dst;
+  CHECK(cudaMalloc(&src, bytes));
+  CHECK(cudaMalloc(&dst, bytes));
+  CHECK(cudaMemcpy(src, host.data(), bytes, cudaMemcpyHostToDevice));
+  CHECK(cudaMemset(dst, 0, bytes));
+  CHECK(posenc::bench::LaunchSmCopy(dst, src, bytes, sms, nullptr));
+  CHECK(cudaMemcpy(back.data(), dst, bytes, cudaMemcpyDeviceToHost));
+  CHECK(cudaFree(src));
+  CHECK(cudaFree(dst));
+  if (back != host) {
+    std::fprintf(stderr, "posenc-bench-gpu: the SM copy kernel did not copy\n");
+    std::exit(1);
+  }
+}
 
 }  // namespace
 
@@ -131,17 +165,26 @@ int main(int argc, char** argv) {
   int driver = 0;
   CHECK(cudaDriverGetVersion(&driver));
   std::vector<Row> rows;
+  CheckSmCopy(prop.multiProcessorCount);
 
   auto copy_ms = [&](size_t bytes) {
     void *src, *dst;
     CHECK(cudaMalloc(&src, bytes));
     CHECK(cudaMalloc(&dst, bytes));
     CHECK(cudaMemset(src, 1, bytes));
-    const double ms =
+    Baselines b;
+    b.copy_ms =
         MedianMs([&] { CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); });
+    for (int per_sm : {2, 4, 8}) {
+      const double ms = MedianMs([&] {
+        CHECK(posenc::bench::LaunchSmCopy(dst, src, bytes, prop.multiProcessorCount, nullptr,
+                                          per_sm));
+      });
+      if (b.sm_copy_ms == 0 || ms < b.sm_copy_ms) b.sm_copy_ms = ms;
+    }
     CHECK(cudaFree(src));
     CHECK(cudaFree(dst));
-    return ms;
+    return b;
   };
 
   // RoPE on T tokens, one position set, THD layout.
@@ -191,7 +234,7 @@ int main(int argc, char** argv) {
   for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
     size_t bytes;
     posenc::cuda::RopeParams p = rope_params(16384, dtype, RopeStyle::kNeox, &bytes);
-    const double copy = copy_ms(bytes);
+    const Baselines copy = copy_ms(bytes);
     for (int per_sm : {4, 8, 16}) {
       const int as_if = sms * per_sm / posenc::cuda::kBlocksPerSm;
       const double ms = MedianMs([&] { CHECK(posenc::cuda::LaunchRope(p, as_if, nullptr)); });
@@ -206,7 +249,7 @@ int main(int argc, char** argv) {
     const double ms =
         GraphMedianMs([&](cudaStream_t s) { CHECK(posenc::cuda::LaunchRope(p, sms, s)); }, 20, 200);
     rows.push_back(
-        {"decode rope bf16 batch " + std::to_string(batch) + " x1 token", 2.0 * bytes, ms, 0});
+        {"decode rope bf16 batch " + std::to_string(batch) + " x1 token", 2.0 * bytes, ms, {}});
   }
   for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
     const int64_t T = 16384, d = 4096;
@@ -265,15 +308,18 @@ int main(int argc, char** argv) {
 
   std::printf("posenc-bench-gpu on %s (cc %d.%d, %zu MiB, driver %d)\n", prop.name, prop.major,
               prop.minor, prop.totalGlobalMem >> 20, driver);
-  std::printf("%-52s %10s %10s %10s %8s\n", "operation", "us", "GB/s", "copy GB/s", "ratio");
+  std::printf("%-52s %10s %10s %10s %8s %12s %8s\n", "operation", "us", "GB/s", "copy GB/s",
+              "ratio", "SM copy GB/s", "ratio");
   for (const Row& r : rows) {
     const double gbs = r.bytes / (r.ms * 1e-3) / 1e9;
-    if (r.copy_ms > 0) {
-      const double cgbs = r.bytes / (r.copy_ms * 1e-3) / 1e9;
-      std::printf("%-52s %10.1f %10.0f %10.0f %8.2f\n", r.name.c_str(), r.ms * 1e3, gbs, cgbs,
-                  r.copy_ms / r.ms);
+    if (r.base.copy_ms > 0) {
+      const double cgbs = r.bytes / (r.base.copy_ms * 1e-3) / 1e9;
+      const double sgbs = r.bytes / (r.base.sm_copy_ms * 1e-3) / 1e9;
+      std::printf("%-52s %10.1f %10.0f %10.0f %8.2f %12.0f %8.2f\n", r.name.c_str(), r.ms * 1e3,
+                  gbs, cgbs, r.base.copy_ms / r.ms, sgbs, r.base.sm_copy_ms / r.ms);
     } else {
-      std::printf("%-52s %10.2f %10.0f %10s %8s\n", r.name.c_str(), r.ms * 1e3, gbs, "-", "-");
+      std::printf("%-52s %10.2f %10.0f %10s %8s %12s %8s\n", r.name.c_str(), r.ms * 1e3, gbs, "-",
+                  "-", "-", "-");
     }
   }
   if (!json.empty()) {
@@ -282,7 +328,8 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < rows.size(); ++i) {
       out << (i ? ", " : "") << "{\"name\": \"" << rows[i].name
           << "\", \"bytes\": " << rows[i].bytes << ", \"ms\": " << rows[i].ms
-          << ", \"copy_ms\": " << rows[i].copy_ms << "}";
+          << ", \"copy_ms\": " << rows[i].base.copy_ms
+          << ", \"sm_copy_ms\": " << rows[i].base.sm_copy_ms << "}";
     }
     out << "]}\n";
   }
