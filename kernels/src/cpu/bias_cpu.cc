@@ -58,8 +58,10 @@ POSENC_ALWAYS_INLINE void BiasRows(const BiasPlan& p, T* out, int64_t begin, int
     const BiasRowPlan r = PlanBiasRow(shape, p.slopes[where.h], p.q_offset + where.i,
                                       KeyRange{p.k_starts[where.b], p.k_lens[where.b]});
     T* y = out + row * p.k_len;
+    // In address order: the masked head, the visible range, the masked
+    // tail (the tail first made each row two streams out of order, which
+    // the prefetcher follows less well).
     FillMasked<T, kAdd>(y, r.lo);
-    FillMasked<T, kAdd>(y + r.hi, p.k_len - r.hi);
     for (int64_t c = r.lo; c < r.hi; c += kChunk) {
       const auto n = static_cast<int32_t>(std::min(kChunk, r.hi - c));
       if (r.in_float) {
@@ -69,6 +71,7 @@ POSENC_ALWAYS_INLINE void BiasRows(const BiasPlan& p, T* out, int64_t begin, int
         VisibleInDouble<T, kForm, kAdd>(y + c, n, static_cast<double>(r.qpos - c), r.neg_slope);
       }
     }
+    FillMasked<T, kAdd>(y + r.hi, p.k_len - r.hi);
   }
 }
 
