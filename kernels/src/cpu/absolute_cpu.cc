@@ -357,6 +357,13 @@ constexpr int64_t kNextEvery = 32 * kPhaseAnchorStride;
 // where 2, 4 and 8 KiB ahead gave 27-30 (bench/RESULTS.md).
 constexpr int64_t kPrefetchAhead = 4096;
 
+// The wide bfloat16 loop asks for the same block of the row this many rows
+// on: the next row's block is the very next work, too late to arrive in
+// time (a block is 2 KiB of a row). On the EPYC, bf16 [4096, 4096] ran
+// 36.7-40.9 GB/s one row ahead, 40.8-45.4 two and 43.6-45.7 three
+// (three rounds, alternated; bench/RESULTS.md).
+constexpr int64_t kWideRowsAhead = 3;
+
 // Frequencies [lo, hi) (multiples of 8 apart) of the row y: INTERLEAVED
 // elements [2 lo, 2 hi), or CONCATENATED [lo, hi) and [half + lo, half + hi).
 // Pointers are copied to locals so that the loop keeps them in registers.
@@ -525,7 +532,8 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
       for (int64_t g = 0; g < group; ++g) {
         const int64_t first = s.pending;
         FusedRange<T, kScaled>(source[g], interleaved, half, x + (t + g) * dim, block,
-                               std::min(vector_end, block + kNextEvery), xs, dim, s);
+                               std::min(vector_end, block + kNextEvery), xs,
+                               kWideRowsAhead * dim, s);
         for (int64_t k = first; k < s.pending; ++k) {
           s.pending_at[k] += static_cast<int32_t>(g * dim);
         }
