@@ -5,6 +5,10 @@
 
 #include "absl/strings/str_format.h"
 #include "emulated_gpu_backend.h"
+#ifdef POSENC_HAVE_CUDA
+#include "cuda_backend.h"
+#include "fake_device_runtime.h"
+#endif
 
 namespace posenc::testing {
 
@@ -17,6 +21,20 @@ std::unique_ptr<Backend> MakeBackend(const std::string& name) {
   // one SM splits none, which is the shape large requests take there.
   if (name == "emulated") return CreateEmulatedGpuBackend();
   if (name == "emulated_1sm") return CreateEmulatedGpuBackend(1);
+  // The CUDA backend itself (staging, worker streams, buffers, errors) on a
+  // fake CUDA runtime whose kernels are the emulated grid: the host side of
+  // the GPU path, proven on every machine.
+  if (name == "host_runtime") {
+#ifdef POSENC_HAVE_CUDA
+    static FakeDeviceRuntime* runtime = new FakeDeviceRuntime;
+    DeviceInfo info;
+    info.name = "CUDA backend on a fake runtime";
+    auto b = cuda::CreateCudaBackendOn(*runtime, 0, info, 132);
+    return b.ok() ? std::move(*b) : nullptr;
+#else
+    return nullptr;
+#endif
+  }
   auto cuda = CreateCudaBackend(0);
   return cuda.ok() ? std::move(*cuda) : nullptr;
 }

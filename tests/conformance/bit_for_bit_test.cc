@@ -65,7 +65,8 @@ TEST_P(BackendTest, AgreesWithCpuBitForBit) {
 // Once for the whole backend_conformance_test binary: every TEST_P of
 // BackendTest, in each of its files, runs on each backend.
 INSTANTIATE_TEST_SUITE_P(Backends, BackendTest,
-                         ::testing::Values("cpu", "cpu1", "emulated", "emulated_1sm", "cuda"));
+                         ::testing::Values("cpu", "cpu1", "emulated", "emulated_1sm",
+                                           "host_runtime", "cuda"));
 
 }  // namespace
 }  // namespace posenc

@@ -250,7 +250,8 @@ TEST(BloomSlopes, DefaultSlopesAreBloomsToFloat32Rounding) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, BloomLeftPadding, ::testing::Values("cpu", "emulated", "cuda"));
+INSTANTIATE_TEST_SUITE_P(Backends, BloomLeftPadding,
+                         ::testing::Values("cpu", "emulated", "host_runtime", "cuda"));
 
 }  // namespace
 }  // namespace posenc

@@ -127,7 +127,8 @@ TEST_P(HfConventions, RotationsMatchHfApplyFunctions) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, HfConventions, ::testing::Values("cpu", "emulated", "cuda"));
+INSTANTIATE_TEST_SUITE_P(Backends, HfConventions,
+                         ::testing::Values("cpu", "emulated", "host_runtime", "cuda"));
 
 }  // namespace
 }  // namespace posenc

@@ -28,11 +28,15 @@ void ForEachThread(const LaunchShape& shape, Body body) {
   }
 }
 
+// Runners for the Visit* functions; `dry` runs nothing (the visit then
+// only says whether a variant matched).
 struct RopeRunner {
   const cuda::RopeParams& p;
   LaunchShape shape;
+  bool dry = false;
   template <typename T, RopeStyle kStyle, int kPairs, bool kVector>
   void Run() {
+    if (dry) return;
     ForEachThread(shape,
                   [&](Coord b, Coord t) { cuda::RopeBody<T, kStyle, kPairs, kVector>(p, b, t); });
   }
@@ -40,8 +44,10 @@ struct RopeRunner {
 struct AbsoluteRunner {
   const cuda::AbsoluteParams& p;
   LaunchShape shape;
+  bool dry = false;
   template <typename T, int kWidth, bool kVector>
   void Run() {
+    if (dry) return;
     ForEachThread(shape,
                   [&](Coord b, Coord t) { cuda::AbsoluteBody<T, kWidth, kVector>(p, b, t); });
   }
@@ -49,12 +55,23 @@ struct AbsoluteRunner {
 struct BiasRunner {
   const cuda::BiasParams& p;
   LaunchShape shape;
+  bool dry = false;
   template <typename T, int kWidth, bool kVector>
   void Run() {
+    if (dry) return;
     ForEachThread(
         shape, [&](Coord b, Coord t) { cuda::BiasBody<T, kWidth, kVector>(p, b, t, shape.grid); });
   }
 };
+
+// A launch's outcome from its visit (see Emulate).
+template <typename Visit>
+GridOutcome Outcome(Visit visit) {
+  cuda::packet_internal::misaligned_packets = 0;
+  if (!visit()) return GridOutcome::kNoVariant;
+  return cuda::packet_internal::misaligned_packets != 0 ? GridOutcome::kMisaligned
+                                                        : GridOutcome::kRan;
+}
 
 // One emulated launch: `visit` runs the body over the grid and says whether
 // a variant matched. Vector accesses the GPU would make at a misaligned
@@ -125,6 +142,30 @@ class EmulatedGpuBackend final : public Backend {
 };
 
 }  // namespace
+
+GridOutcome EmulateRopeLaunch(const cuda::RopeParams& params, int sm_count, bool dry_run) {
+  cuda::RopeParams p = params;
+  const LaunchShape shape = cuda::PlanRopeLaunch(&p, sm_count);
+  if (shape.empty()) return GridOutcome::kRan;
+  RopeRunner runner{p, shape, dry_run};
+  return Outcome([&] { return cuda::VisitRope(p, runner); });
+}
+
+GridOutcome EmulateAbsoluteLaunch(const cuda::AbsoluteParams& params, bool dry_run) {
+  cuda::AbsoluteParams p = params;
+  const LaunchShape shape = cuda::PlanAbsoluteLaunch(&p);
+  if (shape.empty()) return GridOutcome::kRan;
+  AbsoluteRunner runner{p, shape, dry_run};
+  return Outcome([&] { return cuda::VisitAbsolute(p, runner); });
+}
+
+GridOutcome EmulateBiasLaunch(const cuda::BiasParams& params, bool dry_run) {
+  cuda::BiasParams p = params;
+  const LaunchShape shape = cuda::PlanBiasLaunch(&p);
+  if (shape.empty()) return GridOutcome::kRan;
+  BiasRunner runner{p, shape, dry_run};
+  return Outcome([&] { return cuda::VisitBias(p, runner); });
+}
 
 std::unique_ptr<Backend> CreateEmulatedGpuBackend(int sm_count) {
   return std::make_unique<EmulatedGpuBackend>(sm_count);

@@ -6,6 +6,10 @@
 // host staging buffer) from a small pool, so buffers are reused across
 // requests and concurrent calls overlap on separate streams.
 //
+// Every runtime call goes through a DeviceRuntime (device_runtime.h): the
+// CUDA runtime in production, a host-memory fake in tests, which run this
+// file's logic without a GPU.
+//
 // Errors go through cuda_status.h: out of memory is RESOURCE_EXHAUSTED and
 // leaves the backend usable, a shape the kernels do not cover is
 // UNIMPLEMENTED (the CPU serves it), and a sticky error marks the backend
@@ -20,8 +24,9 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "cuda_kernels.h"
+#include "cuda_backend.h"
 #include "cuda_status.h"
+#include "device_runtime.h"
 #include "params_from_plan.h"
 #include "posenc/backend.h"
 #include "posenc/status_macros.h"
@@ -30,6 +35,7 @@ namespace posenc {
 namespace {
 
 using cuda::CudaCall;
+using cuda::DeviceRuntime;
 
 // Concurrent GPU calls; more wait for a worker.
 constexpr int kWorkers = 4;
@@ -65,7 +71,8 @@ struct Worker {
 // for `bytes`. The old buffer is freed first so the peak stays one buffer.
 // On an error the buffer is empty and the next call starts over.
 template <typename Alloc, typename Release>
-cudaError_t Grow(char** buffer, size_t* capacity, size_t bytes, Alloc alloc, Release release) {
+cudaError_t Grow(DeviceRuntime& rt, char** buffer, size_t* capacity, size_t bytes, Alloc alloc,
+                 Release release) {
   if (bytes <= *capacity) return cudaSuccess;
   const size_t want = std::max(bytes, *capacity * 2);
   if (*buffer != nullptr) {
@@ -79,7 +86,7 @@ cudaError_t Grow(char** buffer, size_t* capacity, size_t bytes, Alloc alloc, Rel
   if (e == cudaErrorMemoryAllocation && want > bytes) {
     // Handled here, so clear it: left behind, the launcher's
     // cudaPeekAtLastError would report it for this healthy request.
-    cudaGetLastError();
+    rt.GetLastError();
     e = alloc(buffer, bytes);
     got = bytes;
   }
@@ -97,27 +104,27 @@ cudaError_t Grow(char** buffer, size_t* capacity, size_t bytes, Alloc alloc, Rel
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int device, DeviceInfo info, int sm_count)
-      : device_(device), info_(std::move(info)), sm_count_(sm_count) {}
+  CudaBackend(DeviceRuntime& rt, int device, DeviceInfo info, int sm_count)
+      : rt_(rt), device_(device), info_(std::move(info)), sm_count_(sm_count) {}
 
   ~CudaBackend() override {
     // Best effort: after a sticky error these fail too, and there is no one
     // left to tell.
-    cudaSetDevice(device_);
+    rt_.SetDevice(device_);
     for (auto& w : workers_) {
-      if (w->device) cudaFree(w->device);
-      if (w->pinned) cudaFreeHost(w->pinned);
-      if (w->stream) cudaStreamDestroy(w->stream);
+      if (w->device) rt_.Free(w->device);
+      if (w->pinned) rt_.FreeHost(w->pinned);
+      if (w->stream) rt_.StreamDestroy(w->stream);
     }
-    for (auto& [ptr, entry] : tables_) cudaFree(entry.device);
-    cudaGetLastError();
+    for (auto& [ptr, entry] : tables_) rt_.Free(entry.device);
+    rt_.GetLastError();
   }
 
   absl::Status Init() {
-    POSENC_CUDA(cudaSetDevice(device_));
+    POSENC_CUDA(rt_.SetDevice(device_));
     for (int i = 0; i < kWorkers; ++i) {
       auto w = std::make_unique<Worker>();
-      POSENC_CUDA(cudaStreamCreateWithFlags(&w->stream, cudaStreamNonBlocking));
+      POSENC_CUDA(rt_.StreamCreate(&w->stream));
       idle_.push_back(w.get());
       workers_.push_back(std::move(w));
     }
@@ -160,7 +167,7 @@ class CudaBackend final : public Backend {
       std::memcpy(h + freq_at, plan.inv_freq.data(), plan.inv_freq.size() * 8);
       std::memcpy(h + scale_at, plan.attention_scale.data(), plan.attention_scale.size() * 8);
       std::memcpy(h + axis_at, plan.slot_axis.data(), plan.slot_axis.size() * 4);
-      POSENC_CUDA(cudaMemcpyAsync(w.device, h, l.size(), cudaMemcpyHostToDevice, w.stream));
+      POSENC_CUDA(rt_.MemcpyAsync(w.device, h, l.size(), cudaMemcpyHostToDevice, w.stream));
       const cuda::RopeParams p = cuda::MakeRopeParams(
           plan, {w.device + q_at, k_bytes ? w.device + k_at : nullptr,
                  reinterpret_cast<const int64_t*>(w.device + pos_at),
@@ -169,14 +176,14 @@ class CudaBackend final : public Backend {
                  reinterpret_cast<const double*>(w.device + scale_at),
                  reinterpret_cast<const int32_t*>(w.device + axis_at)});
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
-      POSENC_RETURN_IF_ERROR(Check(cuda::LaunchRope(p, sm_count_, w.stream),
+      POSENC_RETURN_IF_ERROR(Check(rt_.LaunchRope(p, sm_count_, w.stream),
                                    "launching the RoPE kernel", CudaCall::kLaunch));
-      POSENC_CUDA(cudaMemcpyAsync(h, w.device, q_at + q_bytes, cudaMemcpyDeviceToHost, w.stream));
+      POSENC_CUDA(rt_.MemcpyAsync(h, w.device, q_at + q_bytes, cudaMemcpyDeviceToHost, w.stream));
       if (k_bytes) {
         POSENC_CUDA(
-            cudaMemcpyAsync(h + k_at, w.device + k_at, k_bytes, cudaMemcpyDeviceToHost, w.stream));
+            rt_.MemcpyAsync(h + k_at, w.device + k_at, k_bytes, cudaMemcpyDeviceToHost, w.stream));
       }
-      POSENC_CUDA(cudaStreamSynchronize(w.stream));
+      POSENC_CUDA(rt_.StreamSynchronize(w.stream));
       std::memcpy(query, h + q_at, q_bytes);
       if (k_bytes) std::memcpy(key, h + k_at, k_bytes);
       return absl::OkStatus();
@@ -209,7 +216,7 @@ class CudaBackend final : public Backend {
       std::memcpy(h + step_at, plan.phase_step.data(), plan.phase_step.size() * 8);
       std::memcpy(h + offset_sin_at, plan.offset_sin.data(), offsets_bytes);
       std::memcpy(h + offset_cos_at, plan.offset_cos.data(), offsets_bytes);
-      POSENC_CUDA(cudaMemcpyAsync(w.device, h, l.size(), cudaMemcpyHostToDevice, w.stream));
+      POSENC_CUDA(rt_.MemcpyAsync(w.device, h, l.size(), cudaMemcpyHostToDevice, w.stream));
       const cuda::SinusoidalTables tables{
           reinterpret_cast<const double*>(w.device + omega_at),
           reinterpret_cast<const uint64_t*>(w.device + step_at),
@@ -220,10 +227,10 @@ class CudaBackend final : public Backend {
           plan, w.device + x_at, reinterpret_cast<const int64_t*>(w.device + pos_at), tables,
           table);
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
-      POSENC_RETURN_IF_ERROR(Check(cuda::LaunchAbsolute(p, w.stream),
+      POSENC_RETURN_IF_ERROR(Check(rt_.LaunchAbsolute(p, w.stream),
                                    "launching the absolute encoding kernel", CudaCall::kLaunch));
-      POSENC_CUDA(cudaMemcpyAsync(h, w.device, x_bytes, cudaMemcpyDeviceToHost, w.stream));
-      POSENC_CUDA(cudaStreamSynchronize(w.stream));
+      POSENC_CUDA(rt_.MemcpyAsync(h, w.device, x_bytes, cudaMemcpyDeviceToHost, w.stream));
+      POSENC_CUDA(rt_.StreamSynchronize(w.stream));
       std::memcpy(x, h, x_bytes);
       return absl::OkStatus();
     });
@@ -247,17 +254,17 @@ class CudaBackend final : public Backend {
       std::memcpy(h + kstarts_at, plan.k_starts.data(), plan.k_starts.size() * 8);
       // Built biases upload only their small side tables.
       const size_t upload_from = plan.add_to_logits ? 0 : slopes_at;
-      POSENC_CUDA(cudaMemcpyAsync(w.device + upload_from, h + upload_from, l.size() - upload_from,
+      POSENC_CUDA(rt_.MemcpyAsync(w.device + upload_from, h + upload_from, l.size() - upload_from,
                                   cudaMemcpyHostToDevice, w.stream));
       const cuda::BiasParams p = cuda::MakeBiasParams(
           plan, w.device + out_at, reinterpret_cast<const double*>(w.device + slopes_at),
           reinterpret_cast<const int64_t*>(w.device + klens_at),
           reinterpret_cast<const int64_t*>(w.device + kstarts_at));
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
-      POSENC_RETURN_IF_ERROR(Check(cuda::LaunchBias(p, w.stream),
+      POSENC_RETURN_IF_ERROR(Check(rt_.LaunchBias(p, w.stream),
                                    "launching the attention bias kernel", CudaCall::kLaunch));
-      POSENC_CUDA(cudaMemcpyAsync(h, w.device, out_bytes, cudaMemcpyDeviceToHost, w.stream));
-      POSENC_CUDA(cudaStreamSynchronize(w.stream));
+      POSENC_CUDA(rt_.MemcpyAsync(h, w.device, out_bytes, cudaMemcpyDeviceToHost, w.stream));
+      POSENC_CUDA(rt_.StreamSynchronize(w.stream));
       std::memcpy(out, h, out_bytes);
       return absl::OkStatus();
     });
@@ -274,7 +281,7 @@ class CudaBackend final : public Backend {
     if (cuda::ClassifyCudaError(e, call).sticky) {
       MarkFailed(s);
     } else {
-      cudaGetLastError();
+      rt_.GetLastError();
     }
     return s;
   }
@@ -284,7 +291,7 @@ class CudaBackend final : public Backend {
   // launch's own error), unless it is sticky: then the context is gone and
   // launching is pointless.
   absl::Status BeforeLaunch() {
-    const cudaError_t stale = cudaGetLastError();
+    const cudaError_t stale = rt_.GetLastError();
     if (stale != cudaSuccess && cuda::ClassifyCudaError(stale, CudaCall::kRuntime).sticky) {
       return Check(stale, "an earlier CUDA call on this thread");
     }
@@ -302,19 +309,22 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status Reserve(Worker& w, size_t bytes) {
-    const auto device_alloc = [](char** p, size_t n) {
-      return cudaMalloc(reinterpret_cast<void**>(p), n);
+    const auto device_alloc = [this](char** p, size_t n) {
+      return rt_.Malloc(reinterpret_cast<void**>(p), n);
     };
-    const auto host_alloc = [](char** p, size_t n) {
-      return cudaMallocHost(reinterpret_cast<void**>(p), n);
+    const auto device_free = [this](char* p) { return rt_.Free(p); };
+    const auto host_alloc = [this](char** p, size_t n) {
+      return rt_.MallocHost(reinterpret_cast<void**>(p), n);
     };
+    const auto host_free = [this](char* p) { return rt_.FreeHost(p); };
     // The messages are built only on failure: this runs on every call.
-    if (const cudaError_t e = Grow(&w.device, &w.device_bytes, bytes, device_alloc, cudaFree);
+    if (const cudaError_t e =
+            Grow(rt_, &w.device, &w.device_bytes, bytes, device_alloc, device_free);
         e != cudaSuccess) {
       return Check(e, absl::StrCat("growing a worker's device buffer to ", bytes,
                                    " bytes (cudaFree, cudaMalloc)"));
     }
-    if (const cudaError_t e = Grow(&w.pinned, &w.pinned_bytes, bytes, host_alloc, cudaFreeHost);
+    if (const cudaError_t e = Grow(rt_, &w.pinned, &w.pinned_bytes, bytes, host_alloc, host_free);
         e != cudaSuccess) {
       return Check(e, absl::StrCat("growing a worker's pinned staging buffer to ", bytes,
                                    " bytes (cudaFreeHost, cudaMallocHost)"));
@@ -333,12 +343,12 @@ class CudaBackend final : public Backend {
     }
     // The backend may have failed while this call waited.
     absl::Status s = health();
-    if (s.ok()) s = Check(cudaSetDevice(device_), "cudaSetDevice");
+    if (s.ok()) s = Check(rt_.SetDevice(device_), "cudaSetDevice");
     if (s.ok()) s = Reserve(*w, bytes);
     if (s.ok()) s = fn(*w);
     if (!s.ok()) {
       // Leave no work in flight on the buffers the next call reuses.
-      Check(cudaStreamSynchronize(w->stream), "draining a worker's stream after an error")
+      Check(rt_.StreamSynchronize(w->stream), "draining a worker's stream after an error")
           .IgnoreError();
     }
     {
@@ -361,7 +371,7 @@ class CudaBackend final : public Backend {
     std::lock_guard<std::mutex> lock(tables_mu_);
     for (auto it = tables_.begin(); it != tables_.end();) {
       if (it->second.owner.expired()) {
-        Check(cudaFree(it->second.device), "freeing an unused learned table").IgnoreError();
+        Check(rt_.Free(it->second.device), "freeing an unused learned table").IgnoreError();
         it = tables_.erase(it);
       } else {
         ++it;
@@ -371,14 +381,14 @@ class CudaBackend final : public Backend {
     if (it != tables_.end()) return it->second.device;
     float* d = nullptr;
     const size_t bytes = t->values.size() * sizeof(float);
-    POSENC_RETURN_IF_ERROR(Check(cudaMalloc(&d, std::max<size_t>(bytes, 1)),
+    POSENC_RETURN_IF_ERROR(Check(rt_.Malloc(reinterpret_cast<void**>(&d), std::max<size_t>(bytes, 1)),
                                  absl::StrCat("allocating ", bytes, " bytes for a learned table")));
     absl::Status s =
-        Check(cudaMemcpyAsync(d, t->values.data(), bytes, cudaMemcpyHostToDevice, w.stream),
+        Check(rt_.MemcpyAsync(d, t->values.data(), bytes, cudaMemcpyHostToDevice, w.stream),
               "uploading a learned table");
-    if (s.ok()) s = Check(cudaStreamSynchronize(w.stream), "waiting for a learned table's upload");
+    if (s.ok()) s = Check(rt_.StreamSynchronize(w.stream), "waiting for a learned table's upload");
     if (!s.ok()) {
-      cudaFree(d);
+      rt_.Free(d);
       return s;
     }
     tables_[t.get()] = TableEntry{t, d};
@@ -390,6 +400,7 @@ class CudaBackend final : public Backend {
     float* device = nullptr;
   };
 
+  DeviceRuntime& rt_;
   const int device_;
   const DeviceInfo info_;
   const int sm_count_;
@@ -435,9 +446,19 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
   info.name = prop.name;
   info.memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);
   info.compute_capability = prop.major * 10 + prop.minor;
-  auto backend = std::make_unique<CudaBackend>(device, info, prop.multiProcessorCount);
+  return cuda::CreateCudaBackendOn(cuda::CudaRuntime(), device, std::move(info),
+                                   prop.multiProcessorCount);
+}
+
+namespace cuda {
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackendOn(DeviceRuntime& runtime, int device,
+                                                            DeviceInfo info, int sm_count) {
+  auto backend = std::make_unique<CudaBackend>(runtime, device, std::move(info), sm_count);
   POSENC_RETURN_IF_ERROR(backend->Init());
   return std::unique_ptr<Backend>(std::move(backend));
 }
+
+}  // namespace cuda
 
 }  // namespace posenc

@@ -1,0 +1,192 @@
+// The CUDA backend's host side on a fake CUDA runtime (tests/support/
+// fake_device_runtime.h), on any machine: what it does when the device runs
+// out of memory, when a copy or a launch fails, when the context is lost,
+// and under concurrent calls. Results are compared with the CPU backend's
+// bit for bit; the kernels are the emulated grid.
+#include "cuda_backend.h"
+
+#include <atomic>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fake_device_runtime.h"
+#include "gtest/gtest.h"
+#include "posenc/rope.h"
+#include "test_tensors.h"
+
+namespace posenc {
+namespace {
+
+using testing::Bytes;
+using testing::FakeDeviceRuntime;
+
+std::unique_ptr<Backend> OnFake(FakeDeviceRuntime& rt) {
+  DeviceInfo info;
+  info.name = "fake";
+  auto b = cuda::CreateCudaBackendOn(rt, 0, info, 132);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? std::move(*b) : nullptr;
+}
+
+// Uniform in [-1, 1) as bfloat16, from a generator of the caller's (the
+// shared one in test_tensors.h is not for concurrent callers).
+Bytes RandomBf16(int64_t n, std::mt19937_64& rng) {
+  Bytes b(n * 2);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int64_t i = 0; i < n; ++i) StoreElement(DType::kBFloat16, b.data(), i, u(rng));
+  return b;
+}
+
+// A RoPE call of `tokens` x 8 heads x 64 bf16 with a key; returns the
+// status and leaves the rotated bytes in *q / *k. Values drawn from `seed`,
+// itself drawn from the printed test seed.
+struct RopeCase {
+  RopeCase(int64_t tokens, uint64_t seed) : tokens(tokens) {
+    std::mt19937_64 rng(seed);
+    q = RandomBf16(tokens * 8 * 64, rng);
+    k = RandomBf16(tokens * 2 * 64, rng);
+  }
+  absl::Status Run(Backend& b, Bytes* qo, Bytes* ko) const {
+    *qo = q;
+    *ko = k;
+    RopeTensors t;
+    t.query = testing::Mutable(DType::kBFloat16, {1, tokens, 8, 64}, *qo);
+    t.key = testing::Mutable(DType::kBFloat16, {1, tokens, 2, 64}, *ko);
+    std::vector<int64_t> offsets = {17};
+    t.positions.offsets = testing::IntView(offsets, {1});
+    RopeOptions o;
+    auto plan = PlanRope(o, t);
+    if (!plan.ok()) return plan.status();
+    return b.ApplyRope(*plan, t.query.data, t.key.data, {});
+  }
+  int64_t tokens;
+  Bytes q, k;
+};
+
+void ExpectMatchesCpu(const RopeCase& c, const Bytes& q, const Bytes& k) {
+  auto cpu = CreateCpuBackend(1);
+  Bytes cq, ck;
+  ASSERT_TRUE(c.Run(*cpu, &cq, &ck).ok());
+  EXPECT_EQ(q, cq);
+  EXPECT_EQ(k, ck);
+  EXPECT_NE(q, c.q) << "rotated";
+}
+
+TEST(CudaBackendOnFakeRuntime, RotatesAsTheCpuDoes) {
+  FakeDeviceRuntime rt;
+  auto b = OnFake(rt);
+  ASSERT_NE(b, nullptr);
+  const RopeCase c(33, testing::Rng()());
+  Bytes q, k;
+  ASSERT_TRUE(c.Run(*b, &q, &k).ok());
+  ExpectMatchesCpu(c, q, k);
+  EXPECT_EQ(rt.launches(), 1);
+}
+
+// Out of device memory is the request's problem, not the backend's.
+TEST(CudaBackendOnFakeRuntime, OutOfDeviceMemoryIsResourceExhaustedAndTheBackendStaysUsable) {
+  FakeDeviceRuntime rt(/*device_memory_bytes=*/64 << 10);
+  auto b = OnFake(rt);
+  ASSERT_NE(b, nullptr);
+  const RopeCase big(1024, testing::Rng()()), small(4, testing::Rng()());
+  Bytes q, k;
+  const absl::Status s = big.Run(*b, &q, &k);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(q, big.q) << "a failed call leaves the caller's tensor as it was";
+  EXPECT_TRUE(b->health().ok());
+  ASSERT_TRUE(small.Run(*b, &q, &k).ok());
+  ExpectMatchesCpu(small, q, k);
+  rt.set_device_memory(int64_t{1} << 30);
+  ASSERT_TRUE(big.Run(*b, &q, &k).ok());
+  ExpectMatchesCpu(big, q, k);
+}
+
+// A launch the kernels do not cover is UNIMPLEMENTED (the server then runs
+// the CPU), and its error does not linger for the next call on the thread.
+TEST(CudaBackendOnFakeRuntime, AFailedLaunchLeavesNoStaleErrorBehind) {
+  FakeDeviceRuntime rt;
+  auto b = OnFake(rt);
+  ASSERT_NE(b, nullptr);
+  const RopeCase c(9, testing::Rng()());
+  Bytes q, k;
+  rt.FailNext(FakeDeviceRuntime::Op::kLaunch, cudaErrorInvalidValue);
+  EXPECT_EQ(c.Run(*b, &q, &k).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(q, c.q);
+  rt.FailNext(FakeDeviceRuntime::Op::kMemcpy, cudaErrorInvalidValue);
+  EXPECT_FALSE(c.Run(*b, &q, &k).ok());
+  EXPECT_TRUE(b->health().ok());
+  ASSERT_TRUE(c.Run(*b, &q, &k).ok());
+  ExpectMatchesCpu(c, q, k);
+}
+
+// A fault in a kernel (here reported when the stream is waited for, as on a
+// GPU) loses the context: this call fails, the caller's bytes stay, and the
+// backend refuses every later call with the first cause.
+TEST(CudaBackendOnFakeRuntime, ALostContextFailsTheBackendForGood) {
+  FakeDeviceRuntime rt;
+  auto b = OnFake(rt);
+  ASSERT_NE(b, nullptr);
+  const RopeCase c(9, testing::Rng()());
+  Bytes q, k;
+  rt.FailNext(FakeDeviceRuntime::Op::kStreamSynchronize, cudaErrorIllegalAddress);
+  const absl::Status s = c.Run(*b, &q, &k);
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(q, c.q);
+  EXPECT_EQ(b->health().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(b->health().message().find("illegal"), std::string::npos) << b->health();
+  const absl::Status later = c.Run(*b, &q, &k);
+  EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition) << later;
+  EXPECT_EQ(q, c.q);
+}
+
+// More callers than workers: each gets its own stream and buffers, and every
+// result is the CPU's.
+TEST(CudaBackendOnFakeRuntime, ConcurrentCallsMatchTheCpu) {
+  FakeDeviceRuntime rt;
+  auto b = OnFake(rt);
+  ASSERT_NE(b, nullptr);
+  const uint64_t seed = testing::Rng()();
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      auto cpu = CreateCpuBackend(1);
+      std::mt19937_64 rng(seed + t);
+      for (int i = 0; i < 6; ++i) {
+        const RopeCase c(1 + static_cast<int64_t>(rng() % 64), rng());
+        Bytes q, k, cq, ck;
+        if (!c.Run(*b, &q, &k).ok() || !c.Run(*cpu, &cq, &ck).ok() || q != cq || k != ck) {
+          ++wrong;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(rt.launches(), 48);
+}
+
+// Worker buffers grow to fit, at least doubling, and are reused: a run of
+// growing requests stays within a few allocations' worth of device memory.
+TEST(CudaBackendOnFakeRuntime, BuffersGrowAndAreReused) {
+  FakeDeviceRuntime rt;
+  auto b = OnFake(rt);
+  ASSERT_NE(b, nullptr);
+  int64_t largest = 0;
+  for (int64_t tokens = 1; tokens <= 512; tokens *= 2) {
+    const RopeCase c(tokens, testing::Rng()());
+    Bytes q, k;
+    ASSERT_TRUE(c.Run(*b, &q, &k).ok()) << tokens;
+    largest = static_cast<int64_t>(q.size() + k.size());
+  }
+  // One worker served them all in turn: its buffer is below 4x the largest
+  // request (doubling from below it, plus the small side tables).
+  EXPECT_GT(rt.device_bytes_in_use(), largest);
+  EXPECT_LT(rt.device_bytes_in_use(), 4 * largest);
+  EXPECT_LT(rt.pinned_bytes_in_use(), 4 * largest);
+}
+
+}  // namespace
+}  // namespace posenc
