@@ -2,9 +2,17 @@
 // brings the results back. Compiled by the host compiler; kernels live in
 // *.cu files behind cuda_kernels.h.
 //
-// Each call takes a Worker (a stream, a grow-only device buffer and a pinned
-// host staging buffer) from a small pool, so buffers are reused across
-// requests and concurrent calls overlap on separate streams.
+// Each call takes a Worker (two streams, a grow-only device buffer and a
+// pinned host staging buffer) from a small pool, so buffers are reused
+// across requests and concurrent calls overlap on separate streams.
+//
+// Large token-major RoPE and absolute-encoding calls are staged in chunks of
+// tokens on the worker's two streams: while chunk i uploads, rotates and
+// downloads, the host copies chunk i + 1 into the staging buffer, and the
+// two streams let one chunk's upload overlap the other's kernel and
+// download. Results reach the caller's memory only once every chunk has
+// succeeded, so a failed call leaves the caller's bytes as they were (the
+// server may then run it on the CPU).
 //
 // Every runtime call goes through a DeviceRuntime (device_runtime.h): the
 // CUDA runtime in production, a host-memory fake in tests, which run this
@@ -59,6 +67,7 @@ class Layout {
 
 struct Worker {
   cudaStream_t stream = nullptr;
+  cudaStream_t stream2 = nullptr;  // the chunk pipeline's second stream
   char* device = nullptr;
   size_t device_bytes = 0;
   char* pinned = nullptr;  // staging for both directions
@@ -104,8 +113,13 @@ cudaError_t Grow(DeviceRuntime& rt, char** buffer, size_t* capacity, size_t byte
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(DeviceRuntime& rt, int device, DeviceInfo info, int sm_count)
-      : rt_(rt), device_(device), info_(std::move(info)), sm_count_(sm_count) {}
+  CudaBackend(DeviceRuntime& rt, int device, DeviceInfo info, int sm_count,
+              cuda::CudaBackendOptions options)
+      : rt_(rt),
+        device_(device),
+        info_(std::move(info)),
+        sm_count_(sm_count),
+        chunk_bytes_(std::max<size_t>(options.chunk_bytes, 1)) {}
 
   ~CudaBackend() override {
     // Best effort: after a sticky error these fail too, and there is no one
@@ -115,6 +129,7 @@ class CudaBackend final : public Backend {
       if (w->device) rt_.Free(w->device);
       if (w->pinned) rt_.FreeHost(w->pinned);
       if (w->stream) rt_.StreamDestroy(w->stream);
+      if (w->stream2) rt_.StreamDestroy(w->stream2);
     }
     for (auto& [ptr, entry] : tables_) rt_.Free(entry.device);
     rt_.GetLastError();
@@ -125,6 +140,7 @@ class CudaBackend final : public Backend {
     for (int i = 0; i < kWorkers; ++i) {
       auto w = std::make_unique<Worker>();
       POSENC_CUDA(rt_.StreamCreate(&w->stream));
+      POSENC_CUDA(rt_.StreamCreate(&w->stream2));
       idle_.push_back(w.get());
       workers_.push_back(std::move(w));
     }
@@ -158,16 +174,22 @@ class CudaBackend final : public Backend {
     const size_t freq_at = l.Add(plan.inv_freq.size() * 8);
     const size_t scale_at = l.Add(plan.attention_scale.size() * 8);
     const size_t axis_at = l.Add(plan.slot_axis.size() * 4);
+    const size_t token_bytes = q_bytes / plan.num_tokens + k_bytes / plan.num_tokens;
+    const bool chunked = plan.layout != RopeLayout::kBHSD && q_bytes + k_bytes >= 2 * chunk_bytes_;
     return WithWorker(l.size(), [&](Worker& w) -> absl::Status {
       char* h = w.pinned;
-      std::memcpy(h + q_at, query, q_bytes);
-      if (k_bytes) std::memcpy(h + k_at, key, k_bytes);
+      if (!chunked) {
+        std::memcpy(h + q_at, query, q_bytes);
+        if (k_bytes) std::memcpy(h + k_at, key, k_bytes);
+      }
       std::memcpy(h + pos_at, plan.positions.values.data(), plan.positions.values.size() * 8);
       if (per_token_sets) std::memcpy(h + set_at, token_set.data(), token_set.size() * 4);
       std::memcpy(h + freq_at, plan.inv_freq.data(), plan.inv_freq.size() * 8);
       std::memcpy(h + scale_at, plan.attention_scale.data(), plan.attention_scale.size() * 8);
       std::memcpy(h + axis_at, plan.slot_axis.data(), plan.slot_axis.size() * 4);
-      POSENC_CUDA(rt_.MemcpyAsync(w.device, h, l.size(), cudaMemcpyHostToDevice, w.stream));
+      const size_t upload_from = chunked ? pos_at : 0;
+      POSENC_CUDA(rt_.MemcpyAsync(w.device + upload_from, h + upload_from, l.size() - upload_from,
+                                  cudaMemcpyHostToDevice, w.stream));
       const cuda::RopeParams p = cuda::MakeRopeParams(
           plan, {w.device + q_at, k_bytes ? w.device + k_at : nullptr,
                  reinterpret_cast<const int64_t*>(w.device + pos_at),
@@ -175,6 +197,45 @@ class CudaBackend final : public Backend {
                  reinterpret_cast<const double*>(w.device + freq_at),
                  reinterpret_cast<const double*>(w.device + scale_at),
                  reinterpret_cast<const int32_t*>(w.device + axis_at)});
+      if (chunked) {
+        // The side tables must be on the device before the second stream's
+        // first kernel: a short wait, once.
+        POSENC_CUDA(rt_.StreamSynchronize(w.stream));
+        const int64_t q_token = static_cast<int64_t>(plan.query_heads * plan.head_dim * esize);
+        const int64_t k_token = static_cast<int64_t>(plan.key_heads * plan.head_dim * esize);
+        const int64_t per_chunk = std::max<int64_t>(1, chunk_bytes_ / token_bytes);
+        int i = 0;
+        for (int64_t t0 = 0; t0 < plan.num_tokens; t0 += per_chunk, ++i) {
+          const int64_t n = std::min(per_chunk, plan.num_tokens - t0);
+          cudaStream_t s = i % 2 == 0 ? w.stream : w.stream2;
+          const size_t qa = q_at + t0 * q_token, qn = n * q_token;
+          const size_t ka = k_at + t0 * k_token, kn = n * k_token;
+          std::memcpy(h + qa, static_cast<const char*>(query) + t0 * q_token, qn);
+          POSENC_CUDA(rt_.MemcpyAsync(w.device + qa, h + qa, qn, cudaMemcpyHostToDevice, s));
+          if (k_bytes) {
+            std::memcpy(h + ka, static_cast<const char*>(key) + t0 * k_token, kn);
+            POSENC_CUDA(rt_.MemcpyAsync(w.device + ka, h + ka, kn, cudaMemcpyHostToDevice, s));
+          }
+          cuda::RopeParams c = p;
+          c.query = w.device + qa;
+          c.key = k_bytes ? w.device + ka : nullptr;
+          c.positions = p.positions + t0 * p.num_axes;
+          if (c.token_freq_set != nullptr) c.token_freq_set = p.token_freq_set + t0;
+          c.num_tokens = n;
+          POSENC_RETURN_IF_ERROR(BeforeLaunch());
+          POSENC_RETURN_IF_ERROR(Check(rt_.LaunchRope(c, sm_count_, s),
+                                       "launching the RoPE kernel", CudaCall::kLaunch));
+          POSENC_CUDA(rt_.MemcpyAsync(h + qa, w.device + qa, qn, cudaMemcpyDeviceToHost, s));
+          if (k_bytes) {
+            POSENC_CUDA(rt_.MemcpyAsync(h + ka, w.device + ka, kn, cudaMemcpyDeviceToHost, s));
+          }
+        }
+        POSENC_CUDA(rt_.StreamSynchronize(w.stream));
+        POSENC_CUDA(rt_.StreamSynchronize(w.stream2));
+        std::memcpy(query, h + q_at, q_bytes);
+        if (k_bytes) std::memcpy(key, h + k_at, k_bytes);
+        return absl::OkStatus();
+      }
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(rt_.LaunchRope(p, sm_count_, w.stream),
                                    "launching the RoPE kernel", CudaCall::kLaunch));
@@ -204,19 +265,23 @@ class CudaBackend final : public Backend {
     const size_t offsets_bytes = plan.offset_sin.size() * 4;
     const size_t offset_sin_at = l.Add(offsets_bytes);
     const size_t offset_cos_at = l.Add(offsets_bytes);
+    const bool chunked = x_bytes >= 2 * chunk_bytes_;
     return WithWorker(l.size(), [&](Worker& w) -> absl::Status {
       const float* table = nullptr;
       if (learned) {
         POSENC_ASSIGN_OR_RETURN(table, DeviceTable(plan.options.table, w));
       }
       char* h = w.pinned;
-      if (plan.has_input) std::memcpy(h + x_at, x, x_bytes);
+      if (plan.has_input && !chunked) std::memcpy(h + x_at, x, x_bytes);
       std::memcpy(h + pos_at, plan.positions.values.data(), plan.positions.values.size() * 8);
       std::memcpy(h + omega_at, plan.omega.data(), plan.omega.size() * 8);
       std::memcpy(h + step_at, plan.phase_step.data(), plan.phase_step.size() * 8);
       std::memcpy(h + offset_sin_at, plan.offset_sin.data(), offsets_bytes);
       std::memcpy(h + offset_cos_at, plan.offset_cos.data(), offsets_bytes);
-      POSENC_CUDA(rt_.MemcpyAsync(w.device, h, l.size(), cudaMemcpyHostToDevice, w.stream));
+      // Without an input (a table) x is written whole: nothing to upload.
+      const size_t upload_from = chunked || !plan.has_input ? pos_at : 0;
+      POSENC_CUDA(rt_.MemcpyAsync(w.device + upload_from, h + upload_from, l.size() - upload_from,
+                                  cudaMemcpyHostToDevice, w.stream));
       const cuda::SinusoidalTables tables{
           reinterpret_cast<const double*>(w.device + omega_at),
           reinterpret_cast<const uint64_t*>(w.device + step_at),
@@ -226,6 +291,34 @@ class CudaBackend final : public Backend {
       const cuda::AbsoluteParams p = cuda::MakeAbsoluteParams(
           plan, w.device + x_at, reinterpret_cast<const int64_t*>(w.device + pos_at), tables,
           table);
+      if (chunked) {
+        POSENC_CUDA(rt_.StreamSynchronize(w.stream));  // the side tables, before stream 2
+        const int64_t row = static_cast<int64_t>(x_bytes / plan.num_tokens);
+        const int64_t per_chunk = std::max<int64_t>(1, chunk_bytes_ / row);
+        int i = 0;
+        for (int64_t t0 = 0; t0 < plan.num_tokens; t0 += per_chunk, ++i) {
+          const int64_t n = std::min(per_chunk, plan.num_tokens - t0);
+          cudaStream_t s = i % 2 == 0 ? w.stream : w.stream2;
+          const size_t at = x_at + t0 * row, bytes = n * row;
+          if (plan.has_input) {
+            std::memcpy(h + at, static_cast<const char*>(x) + t0 * row, bytes);
+            POSENC_CUDA(rt_.MemcpyAsync(w.device + at, h + at, bytes, cudaMemcpyHostToDevice, s));
+          }
+          cuda::AbsoluteParams c = p;
+          c.x = w.device + at;
+          c.positions = p.positions + t0;
+          c.num_tokens = n;
+          POSENC_RETURN_IF_ERROR(BeforeLaunch());
+          POSENC_RETURN_IF_ERROR(Check(rt_.LaunchAbsolute(c, s),
+                                       "launching the absolute encoding kernel",
+                                       CudaCall::kLaunch));
+          POSENC_CUDA(rt_.MemcpyAsync(h + at, w.device + at, bytes, cudaMemcpyDeviceToHost, s));
+        }
+        POSENC_CUDA(rt_.StreamSynchronize(w.stream));
+        POSENC_CUDA(rt_.StreamSynchronize(w.stream2));
+        std::memcpy(x, h, x_bytes);
+        return absl::OkStatus();
+      }
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(rt_.LaunchAbsolute(p, w.stream),
                                    "launching the absolute encoding kernel", CudaCall::kLaunch));
@@ -350,6 +443,8 @@ class CudaBackend final : public Backend {
       // Leave no work in flight on the buffers the next call reuses.
       Check(rt_.StreamSynchronize(w->stream), "draining a worker's stream after an error")
           .IgnoreError();
+      Check(rt_.StreamSynchronize(w->stream2), "draining a worker's stream after an error")
+          .IgnoreError();
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -404,6 +499,7 @@ class CudaBackend final : public Backend {
   const int device_;
   const DeviceInfo info_;
   const int sm_count_;
+  const size_t chunk_bytes_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -453,8 +549,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
 namespace cuda {
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackendOn(DeviceRuntime& runtime, int device,
-                                                            DeviceInfo info, int sm_count) {
-  auto backend = std::make_unique<CudaBackend>(runtime, device, std::move(info), sm_count);
+                                                            DeviceInfo info, int sm_count,
+                                                            CudaBackendOptions options) {
+  auto backend =
+      std::make_unique<CudaBackend>(runtime, device, std::move(info), sm_count, options);
   POSENC_RETURN_IF_ERROR(backend->Init());
   return std::unique_ptr<Backend>(std::move(backend));
 }

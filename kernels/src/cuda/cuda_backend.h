@@ -13,9 +13,16 @@
 
 namespace posenc::cuda {
 
+struct CudaBackendOptions {
+  // Large token-major calls are staged in chunks of about this many bytes
+  // of tensors (cuda_backend.cc); calls under twice it go whole.
+  size_t chunk_bytes = size_t{4} << 20;
+};
+
 // `runtime` outlives the backend. `sm_count` sizes decode launches.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackendOn(DeviceRuntime& runtime, int device,
-                                                            DeviceInfo info, int sm_count);
+                                                            DeviceInfo info, int sm_count,
+                                                            CudaBackendOptions options = {});
 
 }  // namespace posenc::cuda
 

@@ -13,6 +13,7 @@
 
 #include "fake_device_runtime.h"
 #include "gtest/gtest.h"
+#include "posenc/absolute.h"
 #include "posenc/rope.h"
 #include "test_tensors.h"
 
@@ -22,10 +23,12 @@ namespace {
 using testing::Bytes;
 using testing::FakeDeviceRuntime;
 
-std::unique_ptr<Backend> OnFake(FakeDeviceRuntime& rt) {
+std::unique_ptr<Backend> OnFake(FakeDeviceRuntime& rt, size_t chunk_bytes = size_t{4} << 20) {
   DeviceInfo info;
   info.name = "fake";
-  auto b = cuda::CreateCudaBackendOn(rt, 0, info, 132);
+  cuda::CudaBackendOptions options;
+  options.chunk_bytes = chunk_bytes;
+  auto b = cuda::CreateCudaBackendOn(rt, 0, info, 132, options);
   EXPECT_TRUE(b.ok()) << b.status();
   return b.ok() ? std::move(*b) : nullptr;
 }
@@ -43,7 +46,8 @@ Bytes RandomBf16(int64_t n, std::mt19937_64& rng) {
 // status and leaves the rotated bytes in *q / *k. Values drawn from `seed`,
 // itself drawn from the printed test seed.
 struct RopeCase {
-  RopeCase(int64_t tokens, uint64_t seed) : tokens(tokens) {
+  RopeCase(int64_t tokens, uint64_t seed, RopeLayout layout = RopeLayout::kBSHD)
+      : tokens(tokens), layout(layout) {
     std::mt19937_64 rng(seed);
     q = RandomBf16(tokens * 8 * 64, rng);
     k = RandomBf16(tokens * 2 * 64, rng);
@@ -52,16 +56,32 @@ struct RopeCase {
     *qo = q;
     *ko = k;
     RopeTensors t;
-    t.query = testing::Mutable(DType::kBFloat16, {1, tokens, 8, 64}, *qo);
-    t.key = testing::Mutable(DType::kBFloat16, {1, tokens, 2, 64}, *ko);
-    std::vector<int64_t> offsets = {17};
-    t.positions.offsets = testing::IntView(offsets, {1});
     RopeOptions o;
+    o.layout = layout;
+    std::vector<int64_t> offsets = {17};
+    std::vector<int64_t> cu = {0, tokens / 3, tokens};
+    if (layout == RopeLayout::kTHD) {
+      t.query = testing::Mutable(DType::kBFloat16, {tokens, 8, 64}, *qo);
+      t.key = testing::Mutable(DType::kBFloat16, {tokens, 2, 64}, *ko);
+      t.cu_seqlens = testing::IntView(cu, {3});
+    } else {
+      const bool bhsd = layout == RopeLayout::kBHSD;
+      t.query = testing::Mutable(DType::kBFloat16,
+                                 bhsd ? std::vector<int64_t>{1, 8, tokens, 64}
+                                      : std::vector<int64_t>{1, tokens, 8, 64},
+                                 *qo);
+      t.key = testing::Mutable(DType::kBFloat16,
+                               bhsd ? std::vector<int64_t>{1, 2, tokens, 64}
+                                    : std::vector<int64_t>{1, tokens, 2, 64},
+                               *ko);
+      t.positions.offsets = testing::IntView(offsets, {1});
+    }
     auto plan = PlanRope(o, t);
     if (!plan.ok()) return plan.status();
     return b.ApplyRope(*plan, t.query.data, t.key.data, {});
   }
   int64_t tokens;
+  RopeLayout layout;
   Bytes q, k;
 };
 
@@ -186,6 +206,69 @@ TEST(CudaBackendOnFakeRuntime, BuffersGrowAndAreReused) {
   EXPECT_GT(rt.device_bytes_in_use(), largest);
   EXPECT_LT(rt.device_bytes_in_use(), 4 * largest);
   EXPECT_LT(rt.pinned_bytes_in_use(), 4 * largest);
+}
+
+// Large calls go in chunks of tokens over two streams; the results are the
+// same bytes, one launch per chunk. BHSD (a token's heads are far apart)
+// goes whole.
+TEST(CudaBackendOnFakeRuntime, ChunkedStagingGivesTheCpusResults) {
+  FakeDeviceRuntime rt;
+  auto b = OnFake(rt, /*chunk_bytes=*/4096);
+  ASSERT_NE(b, nullptr);
+  // 64 tokens x (8 + 2) heads x 64 bf16: 1280 bytes a token, 3 a chunk.
+  for (RopeLayout layout : {RopeLayout::kBSHD, RopeLayout::kTHD, RopeLayout::kBHSD}) {
+    const int before = rt.launches();
+    const RopeCase c(64, testing::Rng()(), layout);
+    Bytes q, k;
+    ASSERT_TRUE(c.Run(*b, &q, &k).ok());
+    ExpectMatchesCpu(c, q, k);
+    EXPECT_EQ(rt.launches() - before, layout == RopeLayout::kBHSD ? 1 : 22)
+        << static_cast<int>(layout);
+  }
+  // The sinusoidal add in place, and a table written whole (no input).
+  for (bool has_input : {true, false}) {
+    std::mt19937_64 rng(testing::Rng()());
+    const int64_t T = 100, d = 256;  // 512 bytes a bf16 row: 8 rows a chunk
+    Bytes x = RandomBf16(T * d, rng), cpu_x = x;
+    AbsoluteOptions o;
+    absl::StatusOr<AbsolutePlan> plan;
+    std::vector<int64_t> positions(T);
+    for (int64_t t = 0; t < T; ++t) positions[t] = 3 * t + 1;
+    if (has_input) {
+      AbsoluteTensors t;
+      t.x = testing::Mutable(DType::kBFloat16, {1, T, d}, x);
+      plan = PlanAbsolute(o, t);
+    } else {
+      plan = PlanEncodingTable(o, d, DType::kBFloat16, testing::IntView(positions, {T}), 0);
+    }
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const int before = rt.launches();
+    ASSERT_TRUE(b->ApplyAbsolute(*plan, x.data(), {}).ok());
+    EXPECT_EQ(rt.launches() - before, 13);
+    auto cpu = CreateCpuBackend(1);
+    ASSERT_TRUE(cpu->ApplyAbsolute(*plan, cpu_x.data(), {}).ok());
+    EXPECT_EQ(x, cpu_x) << "has_input " << has_input;
+  }
+}
+
+// A chunk that fails fails the call before anything reaches the caller:
+// its bytes stay as they were (the server may run the call on the CPU).
+TEST(CudaBackendOnFakeRuntime, AChunkThatFailsLeavesTheCallersBytes) {
+  FakeDeviceRuntime rt;
+  auto b = OnFake(rt, /*chunk_bytes=*/4096);
+  ASSERT_NE(b, nullptr);
+  const RopeCase c(64, testing::Rng()());
+  Bytes q, k;
+  rt.FailNext(FakeDeviceRuntime::Op::kLaunch, cudaErrorInvalidValue, /*skip=*/5);
+  EXPECT_EQ(c.Run(*b, &q, &k).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(q, c.q);
+  EXPECT_EQ(k, c.k);
+  rt.FailNext(FakeDeviceRuntime::Op::kMemcpy, cudaErrorInvalidValue, /*skip=*/30);
+  EXPECT_FALSE(c.Run(*b, &q, &k).ok());
+  EXPECT_EQ(q, c.q);
+  EXPECT_TRUE(b->health().ok());
+  ASSERT_TRUE(c.Run(*b, &q, &k).ok());
+  ExpectMatchesCpu(c, q, k);
 }
 
 }  // namespace
