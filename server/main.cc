@@ -75,6 +75,10 @@ ABSL_FLAG(bool, enable_cuda, kDefaults.engine.enable_cuda,
 ABSL_FLAG(int, cuda_device, kDefaults.engine.cuda_device, "CUDA device ordinal.");
 ABSL_FLAG(int64_t, auto_gpu_min_bytes, kDefaults.engine.auto_gpu_min_bytes,
           "AUTO sends requests of at least this many tensor bytes to the GPU.");
+ABSL_FLAG(bool, auto_by_measured_cost, kDefaults.engine.auto_by_measured_cost,
+          "With a GPU, time both backends' served path at start-up and let backend AUTO send a "
+          "request (of at least --auto_gpu_min_bytes) to the GPU only where it is predicted "
+          "faster; false: by --auto_gpu_min_bytes alone.");
 ABSL_FLAG(int, drain_seconds, kDefaults.drain_seconds,
           "On SIGTERM, how long calls in flight may take to finish.");
 ABSL_FLAG(int, max_connection_age_ms, kDefaults.max_connection_age_ms,
@@ -149,9 +153,13 @@ void LogStartup(posenc::server::Server& server, const posenc::server::ServerOpti
     spdlog::info("metrics on port {} (/metrics)", server.metrics_port());
   for (const auto& b : info.backends()) {
     if (b.available()) {
-      spdlog::info("backend {}: {} threads={} memory={}MiB cc={}",
+      spdlog::info("backend {}: {} threads={} memory={}MiB cc={}{}",
                    posenc::v1::Backend_Name(b.kind()), b.device_name(), b.threads(),
-                   b.memory_bytes() >> 20, b.compute_capability());
+                   b.memory_bytes() >> 20, b.compute_capability(),
+                   b.has_cost() ? fmt::format("; served cost {:.1f} us + {:.1f} us/MiB (AUTO "
+                                              "routes by it)",
+                                              b.cost().fixed_us(), b.cost().us_per_mib())
+                                : "");
     } else {
       spdlog::info("backend {}: unavailable ({}); serving from the CPU",
                    posenc::v1::Backend_Name(b.kind()), b.unavailable_reason());
@@ -203,6 +211,7 @@ absl::StatusOr<posenc::server::ServerOptions> OptionsFromFlags() {
   e.enable_cuda = absl::GetFlag(FLAGS_enable_cuda);
   e.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   e.auto_gpu_min_bytes = absl::GetFlag(FLAGS_auto_gpu_min_bytes);
+  e.auto_by_measured_cost = absl::GetFlag(FLAGS_auto_by_measured_cost);
   POSENC_ASSIGN_OR_RETURN(e.default_backend,
                           posenc::wire::Parse<posenc::BackendChoice>(
                               "--default_backend", absl::GetFlag(FLAGS_default_backend)));

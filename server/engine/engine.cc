@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/aligned_work.h"
+#include "engine/backend_cost.h"
 #include "engine/no_throw.h"
 #include "posenc/limits.h"
 #include "posenc/status_macros.h"
@@ -64,21 +65,43 @@ Engine::Engine(const EngineOptions& options)
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   POSENC_RETURN_IF_ERROR(options.Validate());
-  std::unique_ptr<Engine> e(new Engine(options));
-  e->cpu_ = CreateCpuBackend(options.cpu_threads);
+  std::unique_ptr<Backend> cuda;
+  std::string why_not;
   if (options.enable_cuda) {
-    auto cuda = CreateCudaBackend(options.cuda_device);
-    if (cuda.ok()) {
-      e->cuda_ = std::move(*cuda);
+    auto created = CreateCudaBackend(options.cuda_device);
+    if (created.ok()) {
+      cuda = std::move(*created);
     } else {
-      e->cuda_unavailable_reason_ = std::string(cuda.status().message());
+      why_not = std::string(created.status().message());
     }
   } else {
-    e->cuda_unavailable_reason_ = "disabled by --enable_cuda=false";
+    why_not = "disabled by --enable_cuda=false";
   }
+  return CreateWith(options, CreateCpuBackend(options.cpu_threads), std::move(cuda), why_not);
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWith(const EngineOptions& options,
+                                                          std::unique_ptr<Backend> cpu,
+                                                          std::unique_ptr<Backend> cuda,
+                                                          std::string cuda_unavailable_reason) {
+  POSENC_RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<Engine> e(new Engine(options));
+  e->cpu_ = std::move(cpu);
+  e->cuda_ = std::move(cuda);
+  e->cuda_unavailable_reason_ = std::move(cuda_unavailable_reason);
   if (options.default_backend == BackendChoice::kCuda && e->cuda_ == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("--default_backend=cuda but no CUDA backend: ", e->cuda_unavailable_reason_));
+  }
+  // With a GPU to choose, AUTO routes by what each backend's served path
+  // was measured to cost. A measurement that fails leaves the threshold.
+  if (e->cuda_ != nullptr && options.auto_by_measured_cost) {
+    auto cpu_cost = MeasureCost(*e->cpu_);
+    auto cuda_cost = MeasureCost(*e->cuda_);
+    if (cpu_cost.ok() && cuda_cost.ok()) {
+      e->cpu_cost_ = *cpu_cost;
+      e->cuda_cost_ = *cuda_cost;
+    }
   }
   e->tables_.Reload();
   return e;
@@ -148,11 +171,14 @@ absl::StatusOr<Backend*> Engine::Choose(BackendChoice requested, int64_t bytes) 
       return cuda_.get();
     }
     case BackendChoice::kAuto:
-    case BackendChoice::kDefault:
-      // A failed GPU (a sticky device error) is routed around.
-      return (cuda_ != nullptr && bytes >= options_.auto_gpu_min_bytes && cuda_->health().ok())
-                 ? cuda_.get()
-                 : cpu_.get();
+    case BackendChoice::kDefault: {
+      // A failed GPU (a sticky device error) is routed around. Measured:
+      // the GPU where it is predicted faster; else by size alone.
+      const bool gpu = cuda_ != nullptr && bytes >= options_.auto_gpu_min_bytes &&
+                       (!cuda_cost_ || cuda_cost_->PredictUs(bytes) < cpu_cost_->PredictUs(bytes)) &&
+                       cuda_->health().ok();
+      return gpu ? cuda_.get() : cpu_.get();
+    }
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("backend has unknown value ", static_cast<int>(requested)));

@@ -10,12 +10,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/admission.h"
+#include "engine/backend_cost.h"
 #include "engine/shared_memory_registry.h"
 #include "engine/table_repository.h"
 #include "posenc/backend.h"
@@ -35,6 +37,10 @@ struct EngineOptions {
   int cuda_device = 0;
   // AUTO sends requests of at least this many tensor bytes to the GPU.
   int64_t auto_gpu_min_bytes = int64_t{1} << 20;
+  // With a GPU, measure both backends' served cost at start-up and let AUTO
+  // send a request (of at least auto_gpu_min_bytes) to the GPU only where
+  // that is predicted faster (backend_cost.h). --auto_by_measured_cost.
+  bool auto_by_measured_cost = true;
   // Largest total of tensor bytes in one request, and in one response.
   int64_t max_request_tensor_bytes = int64_t{64} << 20;
   // Requests in flight (from arrival until the answer is final), and the
@@ -105,6 +111,11 @@ struct Produced {
 class Engine {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
+  // An engine on the given backends (`cuda` may be null, then with the
+  // reason): what Create does once it has made them; tests pass their own.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Engine>> CreateWith(
+      const EngineOptions& options, std::unique_ptr<Backend> cpu, std::unique_ptr<Backend> cuda,
+      std::string cuda_unavailable_reason);
 
   // A call's claim on the in-flight budget (admission.h).
   using Admission = AdmissionControl::Ticket;
@@ -166,6 +177,11 @@ class Engine {
   const Backend* cuda() const { return cuda_.get(); }  // null without a GPU
   // Why there is no CUDA backend ("" when there is one).
   const std::string& cuda_unavailable_reason() const { return cuda_unavailable_reason_; }
+  // What AUTO routes by: each backend's measured served cost (empty without
+  // a GPU to choose, with --auto_by_measured_cost=false, or when measuring
+  // failed).
+  const std::optional<CostModel>& cpu_cost() const { return cpu_cost_; }
+  const std::optional<CostModel>& cuda_cost() const { return cuda_cost_; }
   // The longest name BackendName gives (answers are sized with it).
   std::string LongestBackendName() const;
 
@@ -191,6 +207,7 @@ class Engine {
   std::unique_ptr<Backend> cpu_;
   std::unique_ptr<Backend> cuda_;
   std::string cuda_unavailable_reason_;
+  std::optional<CostModel> cpu_cost_, cuda_cost_;
   TableRepository tables_;
   AdmissionControl admission_;
   SharedMemoryRegistry shared_memory_;  // after admission_, which it admits against

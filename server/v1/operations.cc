@@ -232,8 +232,12 @@ v1::ServerInfo GetServerInfo(const Engine& engine) {
                               ", debug"
 #endif
                               ));
-  auto add = [&](const Backend* b, BackendChoice kind) {
+  auto add = [&](const Backend* b, BackendChoice kind, const std::optional<CostModel>& cost) {
     v1::BackendInfo* bi = info.add_backends();
+    if (cost) {
+      bi->mutable_cost()->set_fixed_us(cost->fixed_us);
+      bi->mutable_cost()->set_us_per_mib(cost->us_per_mib);
+    }
     bi->set_kind(wire::ToProto(kind));
     bi->set_available(b != nullptr);
     if (b == nullptr) {
@@ -255,8 +259,8 @@ v1::ServerInfo GetServerInfo(const Engine& engine) {
   if (engine.shared_memory().enabled()) {
     info.set_shared_memory_domain(engine.shared_memory().domain());
   }
-  add(engine.cpu(), BackendChoice::kCpu);
-  add(engine.cuda(), BackendChoice::kCuda);
+  add(engine.cpu(), BackendChoice::kCpu, engine.cpu_cost());
+  add(engine.cuda(), BackendChoice::kCuda, engine.cuda_cost());
   info.set_default_backend(wire::ToProto(options.default_backend));
   v1::Limits* limits = info.mutable_limits();
   limits->set_max_message_bytes(options.message_limit());

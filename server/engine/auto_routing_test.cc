@@ -1,0 +1,102 @@
+// AUTO by measured cost: an engine with a GPU to choose times both backends
+// at start-up and sends each request where it is predicted faster. The
+// "GPU" here is a stand-in that computes on the CPU after a fixed wait
+// (what staging and a launch cost), so small requests belong to the CPU and
+// large ones to it.
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.h"
+#include "gtest/gtest.h"
+#include "posenc/rope.h"
+
+namespace posenc::server {
+namespace {
+
+// kCuda in name only: each call waits `fixed_us` (what staging and a launch
+// cost) and computes nothing, so it costs next to nothing per byte, like a
+// GPU behind a fast link. Routing is what is tested; results are not read.
+class SlowStartGpu final : public Backend {
+ public:
+  explicit SlowStartGpu(int fixed_us) : fixed_us_(fixed_us) {}
+  BackendKind kind() const override { return BackendKind::kCuda; }
+  DeviceInfo device() const override {
+    DeviceInfo d;
+    d.name = "stand-in GPU";
+    return d;
+  }
+  absl::Status ApplyRope(const RopePlan&, void*, void*, const RunContext&) override {
+    std::this_thread::sleep_for(std::chrono::microseconds(fixed_us_));
+    return absl::OkStatus();
+  }
+  absl::Status ApplyAbsolute(const AbsolutePlan&, void*, const RunContext&) override {
+    return absl::OkStatus();
+  }
+  absl::Status ApplyAttentionBias(const BiasPlan&, void*, const RunContext&) override {
+    return absl::OkStatus();
+  }
+
+ private:
+  const int fixed_us_;
+};
+
+EngineOptions Options() {
+  EngineOptions o;
+  o.cpu_threads = 1;
+  o.enable_cuda = false;
+  o.auto_gpu_min_bytes = 0;
+  o.max_request_tensor_bytes = int64_t{64} << 20;
+  return o;
+}
+
+std::string Served(Engine& e, int64_t tokens) {
+  std::vector<uint16_t> q(static_cast<size_t>(tokens * 32 * 128), 0x3f80);
+  RopeTensors t;
+  t.query = {DType::kBFloat16, {1, tokens, 32, 128}, q.data(), q.size() * 2};
+  auto ticket = e.admission().Enter();
+  EXPECT_TRUE(ticket.ok());
+  CallEnv env{RunContext{}, *ticket};
+  env.backend = BackendChoice::kAuto;
+  auto served = e.ApplyRope(RopeOptions{}, t, env);
+  EXPECT_TRUE(served.ok()) << served.status();
+  return served.ok() ? *served : "";
+}
+
+TEST(AutoRouting, SendsEachRequestWhereItIsPredictedFaster) {
+  auto gpu = std::make_unique<SlowStartGpu>(/*fixed_us=*/500);
+  auto engine = Engine::CreateWith(Options(), CreateCpuBackend(1), std::move(gpu), "");
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  Engine& e = **engine;
+  ASSERT_TRUE(e.cpu_cost().has_value());
+  ASSERT_TRUE(e.cuda_cost().has_value());
+  std::printf("cpu %s, gpu %s\n", e.cpu_cost()->ToString().c_str(),
+              e.cuda_cost()->ToString().c_str());
+  // 8 KiB: the 0.5 ms start is far more than the CPU takes.
+  EXPECT_EQ(Served(e, 1), "cpu");
+  // 64 MiB: the CPU takes milliseconds, the stand-in 0.5 ms.
+  EXPECT_EQ(Served(e, 8192), "cuda:0");
+  EXPECT_LT(e.cuda_cost()->PredictUs(int64_t{64} << 20), e.cpu_cost()->PredictUs(int64_t{64} << 20));
+}
+
+TEST(AutoRouting, WithoutMeasurementTheThresholdDecides) {
+  EngineOptions o = Options();
+  o.auto_by_measured_cost = false;
+  o.auto_gpu_min_bytes = int64_t{1} << 20;
+  auto engine = Engine::CreateWith(o, CreateCpuBackend(1), std::make_unique<SlowStartGpu>(10), "");
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_FALSE((*engine)->cuda_cost().has_value());
+  EXPECT_EQ(Served(**engine, 1), "cpu");
+  EXPECT_EQ(Served(**engine, 256), "cuda:0");  // 2 MiB
+}
+
+TEST(AutoRouting, NoGpuNoMeasurement) {
+  auto engine = Engine::CreateWith(Options(), CreateCpuBackend(1), nullptr, "none here");
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_FALSE((*engine)->cpu_cost().has_value());
+  EXPECT_EQ(Served(**engine, 256), "cpu");
+}
+
+}  // namespace
+}  // namespace posenc::server
