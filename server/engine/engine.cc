@@ -93,6 +93,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWith(const EngineOptions& 
     return absl::FailedPreconditionError(
         absl::StrCat("--default_backend=cuda but no CUDA backend: ", e->cuda_unavailable_reason_));
   }
+  if (e->cuda_ != nullptr) {
+    // Regions become pinned memory for the GPU: calls on their tensors move
+    // bytes straight between region and device (best effort: a region the
+    // device will not pin is staged as before).
+    Backend* gpu = e->cuda_.get();
+    e->shared_memory_.SetPinning(
+        [gpu](char* p, int64_t n) { gpu->PinHostMemory(p, static_cast<size_t>(n)).IgnoreError(); },
+        [gpu](char* p) { gpu->UnpinHostMemory(p); });
+  }
   // With a GPU to choose, AUTO routes by what each backend's served path
   // was measured to cost. A measurement that fails leaves the threshold.
   if (e->cuda_ != nullptr && options.auto_by_measured_cost) {

@@ -78,14 +78,20 @@ absl::Status SharedMemoryDisabledError() {
 SharedMemoryRegion::SharedMemoryRegion(std::string name, std::string key, int64_t offset,
                                        int64_t byte_size, std::string client,
                                        std::unique_ptr<GuardedMapping> mapping,
-                                       AdmissionControl::Ticket admitted)
+                                       AdmissionControl::Ticket admitted,
+                                       std::function<void(char*)> unpin)
     : name_(std::move(name)),
       key_(std::move(key)),
       offset_(offset),
       byte_size_(byte_size),
       client_(std::move(client)),
       mapping_(std::move(mapping)),
-      admitted_(std::move(admitted)) {}
+      admitted_(std::move(admitted)),
+      unpin_(std::move(unpin)) {}
+
+SharedMemoryRegion::~SharedMemoryRegion() {
+  if (unpin_) unpin_(mapping_->data());
+}
 
 absl::Status SharedMemoryRegion::CheckSlice(absl::string_view field, int64_t offset,
                                             int64_t size) const {
@@ -220,10 +226,11 @@ absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string
   POSENC_ASSIGN_OR_RETURN(
       std::unique_ptr<GuardedMapping> mapping,
       GuardedMapping::Map(fd, static_cast<int64_t>(offset), static_cast<int64_t>(byte_size)));
+  if (pin_) pin_(mapping->data(), mapping->size());
   auto region = std::make_shared<SharedMemoryRegion>(
       std::string(name), std::string(key), static_cast<int64_t>(offset),
       static_cast<int64_t>(byte_size), std::string(client), std::move(mapping),
-      std::move(admitted));
+      std::move(admitted), unpin_);
   std::lock_guard<std::mutex> lock(mu_);
   POSENC_RETURN_IF_ERROR(taken_or_full());
   total_bytes_ += region->byte_size();

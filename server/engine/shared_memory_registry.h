@@ -20,6 +20,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -56,7 +57,10 @@ class SharedMemoryRegion {
  public:
   SharedMemoryRegion(std::string name, std::string key, int64_t offset, int64_t byte_size,
                      std::string client, std::unique_ptr<GuardedMapping> mapping,
-                     AdmissionControl::Ticket admitted);
+                     AdmissionControl::Ticket admitted,
+                     std::function<void(char*)> unpin = nullptr);
+  // Unpins (see SharedMemoryRegistry::SetPinning), then unmaps.
+  ~SharedMemoryRegion();
   SharedMemoryRegion(const SharedMemoryRegion&) = delete;
   SharedMemoryRegion& operator=(const SharedMemoryRegion&) = delete;
 
@@ -96,6 +100,7 @@ class SharedMemoryRegion {
   const std::string client_;
   const std::unique_ptr<GuardedMapping> mapping_;
   const AdmissionControl::Ticket admitted_;  // its bytes in the budget
+  const std::function<void(char*)> unpin_;   // or null
   // Requests holding the region (see Find); Unregister waits for none.
   mutable std::mutex mu_;
   mutable std::condition_variable unused_;
@@ -112,6 +117,14 @@ class SharedMemoryRegistry {
                        int64_t keep_free = 0);
 
   bool enabled() const { return options_.enabled; }
+  // Each region's mapping is handed to `pin` once mapped and to `unpin`
+  // before it is unmapped: the CUDA backend registers it as pinned memory,
+  // so calls on its tensors skip the staging copy. Set once, before the
+  // first registration.
+  void SetPinning(std::function<void(char*, int64_t)> pin, std::function<void(char*)> unpin) {
+    pin_ = std::move(pin);
+    unpin_ = std::move(unpin);
+  }
   const SharedMemoryOptions& options() const { return options_; }
   // Where keys resolve: this boot of the kernel and the file system of the
   // key directory ("<boot id>/<device>:<inode>"). A client that computes the
@@ -150,6 +163,8 @@ class SharedMemoryRegistry {
 
   const SharedMemoryOptions options_;
   AdmissionControl* const admission_;
+  std::function<void(char*, int64_t)> pin_;
+  std::function<void(char*)> unpin_;
   const int64_t keep_free_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<SharedMemoryRegion>, std::less<>> regions_;

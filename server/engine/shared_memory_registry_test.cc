@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <chrono>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -218,6 +220,37 @@ TEST(SharedMemoryTest, OneClientCannotTakeEveryRegion) {
   SharedMemoryRegistry none(o, Budget());
   EXPECT_EQ(none.Register("x", obj.key(), 0, 10, "unix:").code(),
             absl::StatusCode::kResourceExhausted);
+}
+
+// Each mapping is pinned once mapped and unpinned before it goes, after
+// the last request holding its region is done.
+TEST(SharedMemoryTest, RegionsArePinnedWhileMapped) {
+  SharedMemoryRegistry r(On(), Budget());
+  std::map<char*, int64_t> pinned;
+  int unpins = 0;
+  r.SetPinning([&](char* p, int64_t n) { pinned[p] = n; },
+               [&](char* p) {
+                 EXPECT_EQ(pinned.erase(p), 1u);
+                 ++unpins;
+               });
+  ShmObject obj(1 << 20);
+  ASSERT_TRUE(r.Register("a", obj.key(), 4096, 8192).ok());
+  ASSERT_EQ(pinned.size(), 1u);
+  auto held = r.Find("x", "a");
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(pinned.begin()->first, (*held)->At(0));
+  EXPECT_EQ(pinned.begin()->second, 8192);
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    held->reset();
+  });
+  ASSERT_TRUE(r.Unregister("a").ok());
+  later.join();
+  EXPECT_EQ(unpins, 1);
+  EXPECT_TRUE(pinned.empty());
+  // A refused registration pins nothing.
+  EXPECT_FALSE(r.Register("b", obj.key(), 0, 2 << 20).ok());
+  EXPECT_TRUE(pinned.empty());
 }
 
 TEST(SharedMemoryTest, TruncatedUnderTheMappingIsAnErrorNotASignal) {

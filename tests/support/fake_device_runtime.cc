@@ -71,6 +71,36 @@ int64_t FakeDeviceRuntime::bytes_copied() const {
   return bytes_copied_;
 }
 
+int64_t FakeDeviceRuntime::bytes_copied_direct() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_copied_direct_;
+}
+
+int64_t FakeDeviceRuntime::registered_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t n = 0;
+  for (const auto& [p, b] : registered_) n += static_cast<int64_t>(b);
+  return n;
+}
+
+cudaError_t FakeDeviceRuntime::HostRegister(void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cudaError_t e = Injection(Op::kHostRegister); e != cudaSuccess) return Result(e);
+  if (p == nullptr || bytes == 0 || OnDevice(p, 1) || Within(registered_, p, 1) ||
+      Within(pinned_, p, 1)) {
+    return Result(cudaErrorInvalidValue);
+  }
+  registered_[reinterpret_cast<uintptr_t>(p)] = bytes;
+  return cudaSuccess;
+}
+
+cudaError_t FakeDeviceRuntime::HostUnregister(void* p) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Result(registered_.erase(reinterpret_cast<uintptr_t>(p)) == 1
+                    ? cudaSuccess
+                    : cudaErrorHostMemoryNotRegistered);
+}
+
 cudaError_t FakeDeviceRuntime::Result(cudaError_t e) {
   if (e == cudaSuccess) return e;
   last_error_[std::this_thread::get_id()] = e;
@@ -217,6 +247,10 @@ cudaError_t FakeDeviceRuntime::MemcpyAsync(void* dst, const void* src, size_t by
   }
   if (!ok) return Result(cudaErrorInvalidValue);
   bytes_copied_ += static_cast<int64_t>(bytes);
+  if ((kind == cudaMemcpyHostToDevice && Within(registered_, src, bytes)) ||
+      (kind == cudaMemcpyDeviceToHost && Within(registered_, dst, bytes))) {
+    bytes_copied_direct_ += static_cast<int64_t>(bytes);
+  }
   return Result(Enqueue(stream, [dst, src, bytes] {
     if (bytes > 0) std::memcpy(dst, src, bytes);
     return cudaSuccess;

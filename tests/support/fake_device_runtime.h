@@ -32,7 +32,7 @@ namespace posenc::testing {
 class FakeDeviceRuntime final : public cuda::DeviceRuntime {
  public:
   enum class Op { kSetDevice, kStreamCreate, kStreamSynchronize, kMalloc, kMallocHost, kMemcpy,
-                  kLaunch };
+                  kLaunch, kHostRegister };
 
   explicit FakeDeviceRuntime(int64_t device_memory_bytes = int64_t{1} << 30);
   ~FakeDeviceRuntime() override;
@@ -46,6 +46,10 @@ class FakeDeviceRuntime final : public cuda::DeviceRuntime {
   int64_t pinned_bytes_in_use() const;
   int launches() const;
   int64_t bytes_copied() const;
+  // Bytes copied straight from or to host memory registered with
+  // HostRegister (no staging buffer in between).
+  int64_t bytes_copied_direct() const;
+  int64_t registered_bytes() const;
 
   cudaError_t SetDevice(int device) override;
   cudaError_t StreamCreate(cudaStream_t* stream) override;
@@ -58,6 +62,8 @@ class FakeDeviceRuntime final : public cuda::DeviceRuntime {
   cudaError_t MemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                           cudaStream_t stream) override;
   cudaError_t GetLastError() override;
+  cudaError_t HostRegister(void* p, size_t bytes) override;
+  cudaError_t HostUnregister(void* p) override;
   cudaError_t LaunchRope(const cuda::RopeParams& p, int sm_count, cudaStream_t stream) override;
   cudaError_t LaunchAbsolute(const cuda::AbsoluteParams& p, cudaStream_t stream) override;
   cudaError_t LaunchBias(const cuda::BiasParams& p, cudaStream_t stream) override;
@@ -86,13 +92,14 @@ class FakeDeviceRuntime final : public cuda::DeviceRuntime {
 
   mutable std::mutex mu_;
   int64_t device_memory_;
-  std::map<uintptr_t, size_t> device_, pinned_;  // start -> bytes
+  std::map<uintptr_t, size_t> device_, pinned_, registered_;  // start -> bytes
   std::map<cudaStream_t, std::deque<Work>> streams_;
   std::deque<Injected> injected_;
   std::map<std::thread::id, cudaError_t> last_error_;
   cudaError_t sticky_ = cudaSuccess;
   int launches_ = 0;
   int64_t bytes_copied_ = 0;
+  int64_t bytes_copied_direct_ = 0;
   int next_stream_ = 1;
 };
 

@@ -62,6 +62,16 @@ class Backend {
   // elements: the logits when plan.add_to_logits, else written whole.
   [[nodiscard]] virtual absl::Status ApplyAttentionBias(const BiasPlan& plan, void* out,
                                                         const RunContext& ctx) = 0;
+
+  // Host memory that stays put across many calls (a registered
+  // shared-memory region). A backend that stages host tensors through
+  // pinned buffers (CUDA) registers it with the device, and calls whose
+  // tensors lie inside it then move their bytes straight between it and
+  // the device, with no staging copy. Best effort: an error (say, the
+  // device's limit on pinned memory) leaves calls working as before.
+  // Unpin before the memory goes away. Default: nothing to do.
+  virtual absl::Status PinHostMemory(void* /*p*/, size_t /*bytes*/) { return absl::OkStatus(); }
+  virtual void UnpinHostMemory(void* /*p*/) {}
 };
 
 // CPUs this process may use: the affinity mask's count, lowered to the

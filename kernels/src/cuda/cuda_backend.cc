@@ -14,6 +14,10 @@
 // succeeded, so a failed call leaves the caller's bytes as they were (the
 // server may then run it on the CPU).
 //
+// Tensors inside host memory registered with PinHostMemory (shared-memory
+// regions) skip staging altogether: their bytes go straight from the caller's
+// memory to the device and, once the kernel has succeeded, straight back.
+//
 // Every runtime call goes through a DeviceRuntime (device_runtime.h): the
 // CUDA runtime in production, a host-memory fake in tests, which run this
 // file's logic without a GPU.
@@ -132,6 +136,7 @@ class CudaBackend final : public Backend {
       if (w->stream2) rt_.StreamDestroy(w->stream2);
     }
     for (auto& [ptr, entry] : tables_) rt_.Free(entry.device);
+    for (auto& [start, bytes] : pinned_) rt_.HostUnregister(reinterpret_cast<void*>(start));
     rt_.GetLastError();
   }
 
@@ -175,10 +180,12 @@ class CudaBackend final : public Backend {
     const size_t scale_at = l.Add(plan.attention_scale.size() * 8);
     const size_t axis_at = l.Add(plan.slot_axis.size() * 4);
     const size_t token_bytes = q_bytes / plan.num_tokens + k_bytes / plan.num_tokens;
-    const bool chunked = plan.layout != RopeLayout::kBHSD && q_bytes + k_bytes >= 2 * chunk_bytes_;
+    const bool direct = InPinned(query, q_bytes) && (k_bytes == 0 || InPinned(key, k_bytes));
+    const bool chunked = !direct && plan.layout != RopeLayout::kBHSD &&
+                         q_bytes + k_bytes >= 2 * chunk_bytes_;
     return WithWorker(l.size(), [&](Worker& w) -> absl::Status {
       char* h = w.pinned;
-      if (!chunked) {
+      if (!chunked && !direct) {
         std::memcpy(h + q_at, query, q_bytes);
         if (k_bytes) std::memcpy(h + k_at, key, k_bytes);
       }
@@ -187,9 +194,17 @@ class CudaBackend final : public Backend {
       std::memcpy(h + freq_at, plan.inv_freq.data(), plan.inv_freq.size() * 8);
       std::memcpy(h + scale_at, plan.attention_scale.data(), plan.attention_scale.size() * 8);
       std::memcpy(h + axis_at, plan.slot_axis.data(), plan.slot_axis.size() * 4);
-      const size_t upload_from = chunked ? pos_at : 0;
+      const size_t upload_from = chunked || direct ? pos_at : 0;
       POSENC_CUDA(rt_.MemcpyAsync(w.device + upload_from, h + upload_from, l.size() - upload_from,
                                   cudaMemcpyHostToDevice, w.stream));
+      if (direct) {
+        POSENC_CUDA(
+            rt_.MemcpyAsync(w.device + q_at, query, q_bytes, cudaMemcpyHostToDevice, w.stream));
+        if (k_bytes) {
+          POSENC_CUDA(
+              rt_.MemcpyAsync(w.device + k_at, key, k_bytes, cudaMemcpyHostToDevice, w.stream));
+        }
+      }
       const cuda::RopeParams p = cuda::MakeRopeParams(
           plan, {w.device + q_at, k_bytes ? w.device + k_at : nullptr,
                  reinterpret_cast<const int64_t*>(w.device + pos_at),
@@ -239,6 +254,9 @@ class CudaBackend final : public Backend {
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(rt_.LaunchRope(p, sm_count_, w.stream),
                                    "launching the RoPE kernel", CudaCall::kLaunch));
+      if (direct) {
+        return DownloadDirect(w, {{query, w.device + q_at, q_bytes}, {key, w.device + k_at, k_bytes}});
+      }
       POSENC_CUDA(rt_.MemcpyAsync(h, w.device, q_at + q_bytes, cudaMemcpyDeviceToHost, w.stream));
       if (k_bytes) {
         POSENC_CUDA(
@@ -265,23 +283,27 @@ class CudaBackend final : public Backend {
     const size_t offsets_bytes = plan.offset_sin.size() * 4;
     const size_t offset_sin_at = l.Add(offsets_bytes);
     const size_t offset_cos_at = l.Add(offsets_bytes);
-    const bool chunked = x_bytes >= 2 * chunk_bytes_;
+    const bool direct = InPinned(x, x_bytes);
+    const bool chunked = !direct && x_bytes >= 2 * chunk_bytes_;
     return WithWorker(l.size(), [&](Worker& w) -> absl::Status {
       const float* table = nullptr;
       if (learned) {
         POSENC_ASSIGN_OR_RETURN(table, DeviceTable(plan.options.table, w));
       }
       char* h = w.pinned;
-      if (plan.has_input && !chunked) std::memcpy(h + x_at, x, x_bytes);
+      if (plan.has_input && !chunked && !direct) std::memcpy(h + x_at, x, x_bytes);
       std::memcpy(h + pos_at, plan.positions.values.data(), plan.positions.values.size() * 8);
       std::memcpy(h + omega_at, plan.omega.data(), plan.omega.size() * 8);
       std::memcpy(h + step_at, plan.phase_step.data(), plan.phase_step.size() * 8);
       std::memcpy(h + offset_sin_at, plan.offset_sin.data(), offsets_bytes);
       std::memcpy(h + offset_cos_at, plan.offset_cos.data(), offsets_bytes);
       // Without an input (a table) x is written whole: nothing to upload.
-      const size_t upload_from = chunked || !plan.has_input ? pos_at : 0;
+      const size_t upload_from = chunked || direct || !plan.has_input ? pos_at : 0;
       POSENC_CUDA(rt_.MemcpyAsync(w.device + upload_from, h + upload_from, l.size() - upload_from,
                                   cudaMemcpyHostToDevice, w.stream));
+      if (direct && plan.has_input) {
+        POSENC_CUDA(rt_.MemcpyAsync(w.device + x_at, x, x_bytes, cudaMemcpyHostToDevice, w.stream));
+      }
       const cuda::SinusoidalTables tables{
           reinterpret_cast<const double*>(w.device + omega_at),
           reinterpret_cast<const uint64_t*>(w.device + step_at),
@@ -322,6 +344,7 @@ class CudaBackend final : public Backend {
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(rt_.LaunchAbsolute(p, w.stream),
                                    "launching the absolute encoding kernel", CudaCall::kLaunch));
+      if (direct) return DownloadDirect(w, {{x, w.device + x_at, x_bytes}});
       POSENC_CUDA(rt_.MemcpyAsync(h, w.device, x_bytes, cudaMemcpyDeviceToHost, w.stream));
       POSENC_CUDA(rt_.StreamSynchronize(w.stream));
       std::memcpy(x, h, x_bytes);
@@ -339,16 +362,21 @@ class CudaBackend final : public Backend {
     const size_t slopes_at = l.Add(plan.slopes.size() * 8);
     const size_t klens_at = l.Add(plan.k_lens.size() * 8);
     const size_t kstarts_at = l.Add(plan.k_starts.size() * 8);
+    const bool direct = InPinned(out, out_bytes);
     return WithWorker(l.size(), [&](Worker& w) -> absl::Status {
       char* h = w.pinned;
-      if (plan.add_to_logits) std::memcpy(h + out_at, out, out_bytes);
+      if (plan.add_to_logits && !direct) std::memcpy(h + out_at, out, out_bytes);
       std::memcpy(h + slopes_at, plan.slopes.data(), plan.slopes.size() * 8);
       std::memcpy(h + klens_at, plan.k_lens.data(), plan.k_lens.size() * 8);
       std::memcpy(h + kstarts_at, plan.k_starts.data(), plan.k_starts.size() * 8);
       // Built biases upload only their small side tables.
-      const size_t upload_from = plan.add_to_logits ? 0 : slopes_at;
+      const size_t upload_from = plan.add_to_logits && !direct ? 0 : slopes_at;
       POSENC_CUDA(rt_.MemcpyAsync(w.device + upload_from, h + upload_from, l.size() - upload_from,
                                   cudaMemcpyHostToDevice, w.stream));
+      if (direct && plan.add_to_logits) {
+        POSENC_CUDA(
+            rt_.MemcpyAsync(w.device + out_at, out, out_bytes, cudaMemcpyHostToDevice, w.stream));
+      }
       const cuda::BiasParams p = cuda::MakeBiasParams(
           plan, w.device + out_at, reinterpret_cast<const double*>(w.device + slopes_at),
           reinterpret_cast<const int64_t*>(w.device + klens_at),
@@ -356,6 +384,7 @@ class CudaBackend final : public Backend {
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(rt_.LaunchBias(p, w.stream),
                                    "launching the attention bias kernel", CudaCall::kLaunch));
+      if (direct) return DownloadDirect(w, {{out, w.device + out_at, out_bytes}});
       POSENC_CUDA(rt_.MemcpyAsync(h, w.device, out_bytes, cudaMemcpyDeviceToHost, w.stream));
       POSENC_CUDA(rt_.StreamSynchronize(w.stream));
       std::memcpy(out, h, out_bytes);
@@ -363,7 +392,58 @@ class CudaBackend final : public Backend {
     });
   }
 
+  absl::Status PinHostMemory(void* p, size_t bytes) override {
+    POSENC_RETURN_IF_ERROR(health());
+    std::lock_guard<std::mutex> lock(pinned_mu_);
+    POSENC_CUDA(rt_.SetDevice(device_));
+    POSENC_RETURN_IF_ERROR(Check(rt_.HostRegister(p, bytes),
+                                 absl::StrCat("registering ", bytes,
+                                              " bytes of host memory with the device "
+                                              "(cudaHostRegister)")));
+    pinned_[reinterpret_cast<uintptr_t>(p)] = bytes;
+    return absl::OkStatus();
+  }
+
+  void UnpinHostMemory(void* p) override {
+    std::lock_guard<std::mutex> lock(pinned_mu_);
+    if (pinned_.erase(reinterpret_cast<uintptr_t>(p)) == 0) return;
+    rt_.SetDevice(device_);
+    Check(rt_.HostUnregister(p), "unregistering host memory (cudaHostUnregister)").IgnoreError();
+  }
+
  private:
+  // One result to bring back straight into pinned caller memory.
+  struct Direct {
+    void* to;
+    const char* from;  // device
+    size_t bytes;
+  };
+
+  // Waits for the kernel, then copies each result into the caller's memory
+  // and waits for that: the caller's bytes change only after the kernel
+  // has succeeded.
+  absl::Status DownloadDirect(Worker& w, std::initializer_list<Direct> results) {
+    POSENC_CUDA(rt_.StreamSynchronize(w.stream));
+    for (const Direct& d : results) {
+      if (d.bytes == 0) continue;
+      POSENC_CUDA(rt_.MemcpyAsync(d.to, d.from, d.bytes, cudaMemcpyDeviceToHost, w.stream));
+    }
+    POSENC_CUDA(rt_.StreamSynchronize(w.stream));
+    return absl::OkStatus();
+  }
+
+  // Whether [p, p + bytes) lies in one PinHostMemory registration.
+  bool InPinned(const void* p, size_t bytes) const {
+    if (p == nullptr) return false;
+    std::lock_guard<std::mutex> lock(pinned_mu_);
+    if (pinned_.empty()) return false;
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    auto it = pinned_.upper_bound(at);
+    if (it == pinned_.begin()) return false;
+    --it;
+    return at - it->first <= it->second && bytes <= it->second - (at - it->first);
+  }
+
   // The status of a CUDA call's result. A sticky error marks the backend
   // failed; any other is cleared from the thread's last-error slot, since it
   // is reported here and would otherwise resurface in a later launch's
@@ -506,6 +586,8 @@ class CudaBackend final : public Backend {
   std::vector<Worker*> idle_;
   std::mutex tables_mu_;
   std::map<const LearnedTable*, TableEntry> tables_;
+  mutable std::mutex pinned_mu_;
+  std::map<uintptr_t, size_t> pinned_;  // PinHostMemory: start -> bytes
   // Set once, by the first sticky error; health() reads the flag without the
   // lock so healthy calls do not contend.
   std::atomic<bool> failed_{false};

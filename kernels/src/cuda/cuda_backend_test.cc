@@ -6,6 +6,7 @@
 #include "cuda_backend.h"
 
 #include <atomic>
+#include <cstring>
 #include <random>
 #include <string>
 #include <thread>
@@ -269,6 +270,79 @@ TEST(CudaBackendOnFakeRuntime, AChunkThatFailsLeavesTheCallersBytes) {
   EXPECT_TRUE(b->health().ok());
   ASSERT_TRUE(c.Run(*b, &q, &k).ok());
   ExpectMatchesCpu(c, q, k);
+}
+
+// Tensors in memory the backend pinned (a registered shared-memory region)
+// go straight to the device and back: no staging copy, the same results;
+// a call that fails leaves them as they were; unpinned, calls stage again.
+TEST(CudaBackendOnFakeRuntime, PinnedHostMemorySkipsStaging) {
+  FakeDeviceRuntime rt;
+  auto b = OnFake(rt);
+  ASSERT_NE(b, nullptr);
+  const RopeCase c(40, testing::Rng()());
+  const size_t qn = c.q.size(), kn = c.k.size();
+  std::vector<uint64_t> words((qn + kn + 4096) / 8 + 1);
+  char* region = reinterpret_cast<char*>(words.data());
+  const size_t region_bytes = words.size() * 8;
+  ASSERT_TRUE(b->PinHostMemory(region, region_bytes).ok());
+  EXPECT_EQ(rt.registered_bytes(), static_cast<int64_t>(region_bytes));
+  char* q = region + 64;
+  char* k = q + qn;
+  auto run = [&] {
+    std::memcpy(q, c.q.data(), qn);
+    std::memcpy(k, c.k.data(), kn);
+    RopeTensors t;
+    t.query = {DType::kBFloat16, {1, c.tokens, 8, 64}, q, qn};
+    t.key = {DType::kBFloat16, {1, c.tokens, 2, 64}, k, kn};
+    std::vector<int64_t> offsets = {17};
+    t.positions.offsets = testing::IntView(offsets, {1});
+    auto plan = PlanRope(RopeOptions{}, t);
+    EXPECT_TRUE(plan.ok());
+    return b->ApplyRope(*plan, q, k, {});
+  };
+  ASSERT_TRUE(run().ok());
+  EXPECT_EQ(rt.bytes_copied_direct(), static_cast<int64_t>(2 * (qn + kn)))
+      << "up and down, straight from and to the region";
+  ExpectMatchesCpu(c, Bytes(q, q + qn), Bytes(k, k + kn));
+  // A failed launch: nothing came back into the region.
+  rt.FailNext(FakeDeviceRuntime::Op::kLaunch, cudaErrorInvalidValue);
+  EXPECT_EQ(run().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(Bytes(q, q + qn), c.q);
+  // The absolute encoding and a bias built into the region, direct too.
+  const int64_t before = rt.bytes_copied_direct();
+  {
+    AbsoluteOptions o;
+    auto plan = PlanEncodingTable(o, 64, DType::kFloat32, {}, 9);
+    ASSERT_TRUE(plan.ok());
+    ASSERT_TRUE(b->ApplyAbsolute(*plan, q, {}).ok());
+    Bytes cpu_table(9 * 64 * 4);
+    ASSERT_TRUE(CreateCpuBackend(1)->ApplyAbsolute(*plan, cpu_table.data(), {}).ok());
+    EXPECT_EQ(Bytes(q, q + cpu_table.size()), cpu_table);
+  }
+  EXPECT_EQ(rt.bytes_copied_direct() - before, 9 * 64 * 4) << "a table only comes back";
+  b->UnpinHostMemory(region);
+  EXPECT_EQ(rt.registered_bytes(), 0);
+  const int64_t after = rt.bytes_copied_direct();
+  ASSERT_TRUE(run().ok());
+  EXPECT_EQ(rt.bytes_copied_direct(), after) << "unpinned: staged again";
+  ExpectMatchesCpu(c, Bytes(q, q + qn), Bytes(k, k + kn));
+}
+
+// Pinning is best effort: refused, calls still work (staged).
+TEST(CudaBackendOnFakeRuntime, PinningThatFailsChangesNothing) {
+  FakeDeviceRuntime rt;
+  auto b = OnFake(rt);
+  ASSERT_NE(b, nullptr);
+  std::vector<uint64_t> words(4096);
+  rt.FailNext(FakeDeviceRuntime::Op::kHostRegister, cudaErrorHostMemoryAlreadyRegistered);
+  EXPECT_FALSE(b->PinHostMemory(words.data(), words.size() * 8).ok());
+  EXPECT_TRUE(b->health().ok());
+  const RopeCase c(8, testing::Rng()());
+  Bytes q, k;
+  ASSERT_TRUE(c.Run(*b, &q, &k).ok());
+  ExpectMatchesCpu(c, q, k);
+  EXPECT_EQ(rt.bytes_copied_direct(), 0);
+  b->UnpinHostMemory(words.data());  // not pinned: nothing to do
 }
 
 }  // namespace

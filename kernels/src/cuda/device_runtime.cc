@@ -24,6 +24,10 @@ class RealRuntime final : public DeviceRuntime {
     return cudaMemcpyAsync(dst, src, bytes, kind, stream);
   }
   cudaError_t GetLastError() override { return cudaGetLastError(); }
+  cudaError_t HostRegister(void* p, size_t bytes) override {
+    return cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+  }
+  cudaError_t HostUnregister(void* p) override { return cudaHostUnregister(p); }
   cudaError_t LaunchRope(const RopeParams& p, int sm_count, cudaStream_t stream) override {
     return cuda::LaunchRope(p, sm_count, stream);
   }

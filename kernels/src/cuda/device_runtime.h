@@ -33,6 +33,9 @@ class DeviceRuntime {
                                   cudaStream_t stream) = 0;
   // Returns and clears the calling thread's last error (sticky ones stay).
   virtual cudaError_t GetLastError() = 0;
+  // cudaHostRegister (cudaHostRegisterDefault) and cudaHostUnregister.
+  virtual cudaError_t HostRegister(void* p, size_t bytes) = 0;
+  virtual cudaError_t HostUnregister(void* p) = 0;
 
   // cuda_kernels.h's launchers: the launch's own error.
   virtual cudaError_t LaunchRope(const RopeParams& p, int sm_count, cudaStream_t stream) = 0;
