@@ -120,7 +120,11 @@ class SharedMemoryRegistry {
   // Each region's mapping is handed to `pin` once mapped and to `unpin`
   // before it is unmapped: the CUDA backend registers it as pinned memory,
   // so calls on its tensors skip the staging copy. Set once, before the
-  // first registration.
+  // first registration. A caller that truncates its object under a pinned
+  // mapping gets zero pages mapped over it (guarded_mapping.h) while the
+  // device keeps the pages it pinned: whatever a call then computes there
+  // is void, and the call fails as "truncated" (CheckIntact), as without a
+  // GPU.
   void SetPinning(std::function<void(char*, int64_t)> pin, std::function<void(char*)> unpin) {
     pin_ = std::move(pin);
     unpin_ = std::move(unpin);
