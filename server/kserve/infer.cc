@@ -195,31 +195,29 @@ absl::Status CheckHeadDim(const Model& model, InputSet& in) {
 //  - in the message: in its own bytes (the output moves into the answer, or
 //    is copied to the output's slice);
 //  - in shared memory, output to the same slice: in place there;
-//  - in shared memory, output to another slice: copied there, then computed
-//    in place there (the input's region is the caller's and stays as it
-//    was);
-//  - in shared memory, output to the answer (or not asked for): a private
-//    copy, admitted first.
+//  - in shared memory, output anywhere else (another slice, the answer, or
+//    not asked for): in a private copy, admitted first, whose result is
+//    then copied to the output's slice.
+// Never computed in place in another slice: concurrent calls may name the
+// same output slice (perf_analyzer gives all its concurrent requests one
+// output region per output), and Triton only ever writes finished values
+// there, so a reader sees old or new results. Copying the input there and
+// rotating it in place would let one call rotate what another had already
+// rotated, and show a reader raw input meanwhile.
 absl::Status Place(Input* t, absl::string_view output, OutputSet& want,
                    Engine::Admission& admission) {
   if (t == nullptr || !t->shm.has_value()) return absl::OkStatus();
   const std::string field = absl::StrCat("input \"", t->name, "\"");
   const ShmRef* out = want.ShmOf(output);
-  if (out == nullptr) {
-    POSENC_RETURN_IF_ERROR(admission.TryGrow(t->size()));
-    return t->MakePrivate(field);
-  }
   const ShmRef& in = *t->shm;
-  if (out->region != in.region || out->offset != in.offset) {
-    if (t->size() > out->byte_size) {
+  if (out == nullptr || out->region != in.region || out->offset != in.offset) {
+    if (out != nullptr && t->size() > out->byte_size) {
       return absl::InvalidArgumentError(
           absl::StrCat("requested output \"", output, "\" has ", t->size(),
                        " bytes; its shared_memory_byte_size is ", out->byte_size));
     }
-    // memmove: the caller may have made the two slices overlap.
-    std::memmove(out->region->At(out->offset), t->bytes(), static_cast<size_t>(t->size()));
-    POSENC_RETURN_IF_ERROR(in.region->CheckIntact(field));
-    t->shm = ShmRef{out->region, out->offset, t->size()};
+    POSENC_RETURN_IF_ERROR(admission.TryGrow(t->size()));
+    return t->MakePrivate(field);
   }
   want.MarkInPlace(output);
   return absl::OkStatus();

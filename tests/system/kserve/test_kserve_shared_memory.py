@@ -321,6 +321,42 @@ def test_unregister_while_requests_use_the_region(client, regions, shm_server):
     assert client.is_server_live()
 
 
+def test_callers_sharing_one_output_slice_only_ever_see_results(client, regions, shm_server):
+    # perf_analyzer gives all its concurrent requests one output region per
+    # output. As with Triton, every call writes only finished values there:
+    # each caller, reading the slice right after its own call while the
+    # others keep writing it, finds the rotated query (each input is the
+    # same), never the raw input nor a query rotated twice.
+    rng = np.random.default_rng([SEED, 26])
+    q = rng.standard_normal((1, 128, 8, 64)).astype(np.float32)
+    r = regions("shared_out", 2 * q.nbytes)
+    r.put([q])
+    client.register_system_shared_memory("shared_out", r.key, r.size)
+    want = rope_reference(q.astype(np.float64),
+                          np.arange(128, dtype=np.float64)[None, :], 10000.0, 64, "neox")
+    errors = []
+
+    def caller():
+        c = tc.InferenceServerClient(url=shm_server["url"])
+        for _ in range(40):
+            c.infer("rope", [shm_input("query", q, "FP32", "shared_out")],
+                    outputs=[shm_output("query_out", "shared_out", q.nbytes, q.nbytes)])
+            got = r.get(np.float32, q.shape, q.nbytes).astype(np.float64)
+            err = np.max(np.abs(got - want) / (1.0 + np.abs(want)))
+            if err > 2e-5:
+                errors.append(err)
+        c.close()
+
+    callers = [threading.Thread(target=caller) for _ in range(4)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(timeout=120)
+    assert not errors, f"{len(errors)} of 160 reads were not the rotated query (seed {SEED})"
+    assert_close(r.get(np.float32, q.shape).astype(np.float64), q.astype(np.float64), "FP32",
+                 "the input slice, which the calls only read")
+
+
 def test_metrics_count_shared_memory_bytes(client, regions, shm_server):
     def bytes_in():
         text = urllib.request.urlopen(shm_server["metrics"], timeout=10).read().decode()
