@@ -166,6 +166,8 @@ bool AdmissionControl::Ticket::TryReserve(int64_t bytes) {
   return true;
 }
 
+AdmissionControl::Ticket AdmissionControl::Holder() { return Ticket(this, /*slot=*/false); }
+
 AdmissionControl::Ticket AdmissionControl::Ticket::BytesOnly() const {
   return Ticket(control_, /*slot=*/false);
 }

@@ -47,6 +47,10 @@ class AdmissionControl {
   // RESOURCE_EXHAUSTED when --max_inflight calls are in flight.
   [[nodiscard]] absl::StatusOr<Ticket> Enter();
 
+  // A ticket with no slot and no bytes yet, for memory the server keeps
+  // between calls (idle scratch buffers): held, but not work in progress.
+  Ticket Holder();
+
   // Refuses new calls (UNAVAILABLE) and ends waiting reservations.
   void StartDraining();
   bool draining() const;

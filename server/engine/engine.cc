@@ -61,7 +61,8 @@ Engine::Engine(const EngineOptions& options)
       }()),
       admission_(AdmissionOptions{options.max_inflight_requests, options.max_inflight_bytes,
                                   options.admission_wait}),
-      shared_memory_(options.shared_memory, &admission_, 2 * options.message_limit()) {}
+      shared_memory_(options.shared_memory, &admission_, 2 * options.message_limit()),
+      scratch_(&admission_, options.max_request_tensor_bytes) {}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   POSENC_RETURN_IF_ERROR(options.Validate());

@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "engine/admission.h"
 #include "engine/backend_cost.h"
+#include "engine/scratch_pool.h"
 #include "engine/shared_memory_registry.h"
 #include "engine/table_repository.h"
 #include "posenc/backend.h"
@@ -157,6 +158,9 @@ class Engine {
   // against this engine's budget.
   SharedMemoryRegistry& shared_memory() { return shared_memory_; }
   const SharedMemoryRegistry& shared_memory() const { return shared_memory_; }
+  // Reused buffers for work that cannot be done where a tensor lies
+  // (scratch_pool.h); up to --max_request_bytes of them are kept idle.
+  ScratchPool& scratch() { return scratch_; }
   // A drain abandons a reload in progress (the old tables stay).
   void ReloadTables();
 
@@ -211,6 +215,7 @@ class Engine {
   TableRepository tables_;
   AdmissionControl admission_;
   SharedMemoryRegistry shared_memory_;  // after admission_, which it admits against
+  ScratchPool scratch_;                 // likewise
 };
 
 }  // namespace posenc::server

@@ -123,6 +123,15 @@ absl::Status SharedMemoryRegion::Read(absl::string_view field, int64_t offset, i
   return absl::OkStatus();
 }
 
+absl::Status SharedMemoryRegion::ReadInto(absl::string_view field, int64_t offset, int64_t size,
+                                          char* to) const {
+  POSENC_RETURN_IF_ERROR(CheckSlice(field, offset, size));
+  POSENC_RETURN_IF_ERROR(CheckIntact(field));
+  if (size > 0) std::memcpy(to, At(offset), static_cast<size_t>(size));
+  // A truncation during the copy left zeros in it.
+  return CheckIntact(field);
+}
+
 absl::Status SharedMemoryRegion::Write(absl::string_view field, int64_t offset,
                                        absl::string_view data) const {
   const int64_t size = static_cast<int64_t>(data.size());

@@ -83,6 +83,9 @@ class SharedMemoryRegion {
   // validated and then used to index).
   [[nodiscard]] absl::Status Read(absl::string_view field, int64_t offset, int64_t size,
                                   std::string* out) const;
+  // The same into `size` bytes at `to` (a scratch buffer).
+  [[nodiscard]] absl::Status ReadInto(absl::string_view field, int64_t offset, int64_t size,
+                                      char* to) const;
   // `data` copied into the slice at `offset`.
   [[nodiscard]] absl::Status Write(absl::string_view field, int64_t offset,
                                    absl::string_view data) const;

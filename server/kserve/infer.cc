@@ -120,10 +120,14 @@ class OutputSet {
   // Adds an output: its raw contents move into the answer, or its bytes go
   // to the shared-memory slice the caller named (which must hold them),
   // unless they were computed there (MarkInPlace).
+  // `computed`, when given, holds the result instead of `data` (a scratch
+  // buffer; see Place).
   absl::Status Add(absl::string_view name, const char* datatype, const std::vector<int64_t>& shape,
-                   std::string* data, inference::ModelInferResponse* resp, int64_t size) {
+                   std::string* data, inference::ModelInferResponse* resp, int64_t size,
+                   const char* computed = nullptr) {
     const Wanted* w = Find(name);
     if (w == nullptr || !w->shm.has_value()) {
+      if (computed != nullptr) data->assign(computed, static_cast<size_t>(size));
       inference::ModelInferResponse::InferOutputTensor* out = resp->add_outputs();
       Describe(name, datatype, shape, out);
       resp->add_raw_output_contents()->swap(*data);
@@ -135,7 +139,11 @@ class OutputSet {
       return absl::InvalidArgumentError(absl::StrCat(
           field, " has ", size, " bytes; its shared_memory_byte_size is ", ref.byte_size));
     }
-    if (!w->in_place) POSENC_RETURN_IF_ERROR(ref.region->Write(field, ref.offset, *data));
+    if (!w->in_place) {
+      POSENC_RETURN_IF_ERROR(ref.region->Write(
+          field, ref.offset,
+          computed != nullptr ? absl::string_view(computed, static_cast<size_t>(size)) : *data));
+    }
     shm_bytes_ += size;
     inference::ModelInferResponse::InferOutputTensor* out = resp->add_outputs();
     Describe(name, datatype, shape, out);
@@ -148,6 +156,12 @@ class OutputSet {
     // unchecked, as Triton always sends one).
     resp->add_raw_output_contents();
     return absl::OkStatus();
+  }
+
+  // The input `t`, computed on, as the output `name`.
+  absl::Status AddComputed(absl::string_view name, Input& t, inference::ModelInferResponse* resp) {
+    return Add(name, DatatypeOf(t.dtype), t.shape, &t.data, resp, t.size(),
+               t.scratch ? t.scratch.data() : nullptr);
   }
 
   int64_t shm_bytes() const { return shm_bytes_; }
@@ -195,32 +209,36 @@ absl::Status CheckHeadDim(const Model& model, InputSet& in) {
 //  - in the message: in its own bytes (the output moves into the answer, or
 //    is copied to the output's slice);
 //  - in shared memory, output to the same slice: in place there;
-//  - in shared memory, output anywhere else (another slice, the answer, or
-//    not asked for): in a private copy, admitted first, whose result is
-//    then copied to the output's slice.
-// Never computed in place in another slice: concurrent calls may name the
-// same output slice (perf_analyzer gives all its concurrent requests one
-// output region per output), and Triton only ever writes finished values
-// there, so a reader sees old or new results. Copying the input there and
-// rotating it in place would let one call rotate what another had already
-// rotated, and show a reader raw input meanwhile.
-absl::Status Place(Input* t, absl::string_view output, OutputSet& want,
+//  - in shared memory, output to another slice: in a scratch buffer (reused
+//    across calls, so no fresh pages), the result then copied there;
+//  - in shared memory, output to the answer (or not asked for): a private
+//    copy, admitted first, that moves into the answer.
+// Never in place in another slice: concurrent calls may name the same
+// output slice (perf_analyzer gives all its concurrent requests one output
+// region per output), and Triton only ever writes finished values there,
+// so a reader sees one call's result or another's. Copying the input there
+// and rotating it in place would let one call rotate what another had
+// already rotated, and show a reader raw input meanwhile.
+absl::Status Place(Input* t, absl::string_view output, OutputSet& want, Engine& engine,
                    Engine::Admission& admission) {
   if (t == nullptr || !t->shm.has_value()) return absl::OkStatus();
   const std::string field = absl::StrCat("input \"", t->name, "\"");
   const ShmRef* out = want.ShmOf(output);
-  const ShmRef& in = *t->shm;
-  if (out == nullptr || out->region != in.region || out->offset != in.offset) {
-    if (out != nullptr && t->size() > out->byte_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("requested output \"", output, "\" has ", t->size(),
-                       " bytes; its shared_memory_byte_size is ", out->byte_size));
-    }
+  if (out == nullptr) {
     POSENC_RETURN_IF_ERROR(admission.TryGrow(t->size()));
     return t->MakePrivate(field);
   }
-  want.MarkInPlace(output);
-  return absl::OkStatus();
+  const ShmRef& in = *t->shm;
+  if (out->region == in.region && out->offset == in.offset) {
+    want.MarkInPlace(output);
+    return absl::OkStatus();
+  }
+  if (t->size() > out->byte_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("requested output \"", output, "\" has ", t->size(),
+                     " bytes; its shared_memory_byte_size is ", out->byte_size));
+  }
+  return t->MakeScratch(field, engine.scratch(), admission);
 }
 
 absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params, InputSet& in,
@@ -234,8 +252,8 @@ absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params
                       query != nullptr && !query->shape.empty() ? query->shape.back() : 0));
   POSENC_RETURN_IF_ERROR(params.Finish(model.name));
   POSENC_RETURN_IF_ERROR(CheckHeadDim(model, in));
-  POSENC_RETURN_IF_ERROR(Place(in.Find("query"), "query_out", want, env.admission));
-  POSENC_RETURN_IF_ERROR(Place(in.Find("key"), "key_out", want, env.admission));
+  POSENC_RETURN_IF_ERROR(Place(in.Find("query"), "query_out", want, engine, env.admission));
+  POSENC_RETURN_IF_ERROR(Place(in.Find("key"), "key_out", want, engine, env.admission));
   RopeTensors t;
   t.query = in.Mutable("query");
   t.key = in.Mutable("key");
@@ -245,12 +263,10 @@ absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params
   POSENC_ASSIGN_OR_RETURN(*backend_out, engine.ApplyRope(options, t, env));
   if (want.Wants("query_out")) {
     Input* q = in.Find("query");
-    POSENC_RETURN_IF_ERROR(
-        want.Add("query_out", DatatypeOf(q->dtype), q->shape, &q->data, resp, q->size()));
+    POSENC_RETURN_IF_ERROR(want.AddComputed("query_out", *q, resp));
   }
   if (Input* k = in.Find("key"); k != nullptr && want.Wants("key_out")) {
-    POSENC_RETURN_IF_ERROR(
-        want.Add("key_out", DatatypeOf(k->dtype), k->shape, &k->data, resp, k->size()));
+    POSENC_RETURN_IF_ERROR(want.AddComputed("key_out", *k, resp));
   }
   return absl::OkStatus();
 }
@@ -263,7 +279,7 @@ absl::Status RunAbsolute(Engine& engine, const Model& model, ParameterReader& pa
   POSENC_RETURN_IF_ERROR(
       ReadAbsoluteOptions(params, model.kind == ModelKind::kLearned, &options, &env.backend));
   POSENC_RETURN_IF_ERROR(params.Finish(model.name));
-  POSENC_RETURN_IF_ERROR(Place(in.Find("x"), "y", want, env.admission));
+  POSENC_RETURN_IF_ERROR(Place(in.Find("x"), "y", want, engine, env.admission));
   AbsoluteTensors t;
   t.x = in.Mutable("x");
   t.positions.position_ids = in.View("position_ids");
@@ -271,7 +287,7 @@ absl::Status RunAbsolute(Engine& engine, const Model& model, ParameterReader& pa
   t.cu_seqlens = in.View("cu_seqlens");
   POSENC_ASSIGN_OR_RETURN(*backend_out, engine.AddAbsolute(std::move(options), t, env));
   Input* x = in.Find("x");
-  return want.Add("y", DatatypeOf(x->dtype), x->shape, &x->data, resp, x->size());
+  return want.AddComputed("y", *x, resp);
 }
 
 absl::Status RunBias(Engine& engine, const Model& model, ParameterReader& params, InputSet& in,
@@ -284,7 +300,7 @@ absl::Status RunBias(Engine& engine, const Model& model, ParameterReader& params
   options.k_lens = in.View("k_lens");
   options.k_starts = in.View("k_starts");
   Input* l = in.Find("logits");
-  POSENC_RETURN_IF_ERROR(Place(l, "bias", want, env.admission));
+  POSENC_RETURN_IF_ERROR(Place(l, "bias", want, engine, env.admission));
   MutableTensor logits = in.Mutable("logits");
   // A bias built (no logits) into a slice is written there directly.
   std::string built;
@@ -300,7 +316,8 @@ absl::Status RunBias(Engine& engine, const Model& model, ParameterReader& params
     int64_t bias_bytes = static_cast<int64_t>(SizeOf(bias.dtype));
     for (int64_t d : bias.shape) bias_bytes *= d;  // planned, so no overflow
     POSENC_RETURN_IF_ERROR(want.Add("bias", DatatypeOf(bias.dtype), bias.shape,
-                                    l != nullptr ? &l->data : &built, resp, bias_bytes));
+                                    l != nullptr ? &l->data : &built, resp, bias_bytes,
+                                    l != nullptr && l->scratch ? l->scratch.data() : nullptr));
   }
   if (want.Wants("slopes")) {
     std::string slopes(bias.slopes.size() * sizeof(double), '\0');

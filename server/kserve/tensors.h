@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "engine/scratch_pool.h"
 #include "kserve/grpc_service.pb.h"
 #include "kserve/shared_memory.h"
 #include "posenc/tensor.h"
@@ -33,8 +34,14 @@ struct Input {
   std::vector<int64_t> shape;
   std::string data;           // the bytes, unless they are in shared memory
   std::optional<ShmRef> shm;  // where they are instead (data is then empty)
+  // A private copy of a shared-memory input worked on aside (MakeScratch);
+  // its first `size()` bytes are the tensor's.
+  ScratchPool::Buffer scratch;
 
-  char* bytes() { return shm ? shm->region->At(shm->offset) : data.data(); }
+  char* bytes() {
+    if (scratch) return scratch.data();
+    return shm ? shm->region->At(shm->offset) : data.data();
+  }
   int64_t size() const { return shm ? shm->byte_size : static_cast<int64_t>(data.size()); }
   TensorView view() { return TensorView{dtype, shape, bytes(), static_cast<size_t>(size())}; }
   // A writable view (for tensors worked on in place).
@@ -46,6 +53,11 @@ struct Input {
   // the caller must not be able to change them in between) and for tensors
   // whose results go into the answer. No-op for bytes already private.
   [[nodiscard]] absl::Status MakePrivate(absl::string_view field);
+  // Copies the bytes out of shared memory into a scratch buffer lent by
+  // `pool` and charged to `call`, leaving `shm` naming where they came
+  // from: for a tensor whose result goes to another slice.
+  [[nodiscard]] absl::Status MakeScratch(absl::string_view field, ScratchPool& pool,
+                                         AdmissionControl::Ticket& call);
 };
 
 // The tensor bytes a request carries (what admission and the request size
