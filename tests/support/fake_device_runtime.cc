@@ -101,6 +101,61 @@ cudaError_t FakeDeviceRuntime::HostUnregister(void* p) {
                     : cudaErrorHostMemoryNotRegistered);
 }
 
+namespace {
+constexpr char kIpcMagic[] = "posenc-fake-ipc";  // 16 bytes with its NUL
+}  // namespace
+
+cudaIpcMemHandle_t FakeDeviceRuntime::IpcHandleOf(void* p) const {
+  cudaIpcMemHandle_t h;
+  std::memset(&h, 0, sizeof(h));
+  static_assert(sizeof(kIpcMagic) + sizeof(uintptr_t) <= sizeof(h.reserved));
+  std::memcpy(h.reserved, kIpcMagic, sizeof(kIpcMagic));
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  std::memcpy(h.reserved + sizeof(kIpcMagic), &at, sizeof(at));
+  return h;
+}
+
+int FakeDeviceRuntime::ipc_open() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int n = 0;
+  for (const auto& [p, count] : ipc_open_) n += count;
+  return n;
+}
+
+cudaError_t FakeDeviceRuntime::IpcOpenMemHandle(void** p, const cudaIpcMemHandle_t& handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cudaError_t e = Injection(Op::kIpcOpen); e != cudaSuccess) return Result(e);
+  uintptr_t at = 0;
+  std::memcpy(&at, handle.reserved + sizeof(kIpcMagic), sizeof(at));
+  // A forged or stale handle: no such allocation (or not its start).
+  if (std::memcmp(handle.reserved, kIpcMagic, sizeof(kIpcMagic)) != 0 || device_.count(at) == 0) {
+    return Result(cudaErrorInvalidResourceHandle);
+  }
+  ++ipc_open_[at];
+  *p = reinterpret_cast<void*>(at);
+  return cudaSuccess;
+}
+
+cudaError_t FakeDeviceRuntime::IpcCloseMemHandle(void* p) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ipc_open_.find(reinterpret_cast<uintptr_t>(p));
+  if (it == ipc_open_.end()) return Result(cudaErrorInvalidResourceHandle);
+  if (--it->second == 0) ipc_open_.erase(it);
+  return cudaSuccess;
+}
+
+cudaError_t FakeDeviceRuntime::MemGetAddressRange(const void* p, void** base, size_t* bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  auto it = device_.upper_bound(at);
+  if (it == device_.begin()) return Result(cudaErrorInvalidValue);
+  --it;
+  if (at - it->first >= it->second) return Result(cudaErrorInvalidValue);
+  *base = reinterpret_cast<void*>(it->first);
+  *bytes = it->second;
+  return cudaSuccess;
+}
+
 cudaError_t FakeDeviceRuntime::Result(cudaError_t e) {
   if (e == cudaSuccess) return e;
   last_error_[std::this_thread::get_id()] = e;

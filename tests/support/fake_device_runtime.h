@@ -32,7 +32,7 @@ namespace posenc::testing {
 class FakeDeviceRuntime final : public cuda::DeviceRuntime {
  public:
   enum class Op { kSetDevice, kStreamCreate, kStreamSynchronize, kMalloc, kMallocHost, kMemcpy,
-                  kLaunch, kHostRegister };
+                  kLaunch, kHostRegister, kIpcOpen };
 
   explicit FakeDeviceRuntime(int64_t device_memory_bytes = int64_t{1} << 30);
   ~FakeDeviceRuntime() override;
@@ -50,6 +50,11 @@ class FakeDeviceRuntime final : public cuda::DeviceRuntime {
   // HostRegister (no staging buffer in between).
   int64_t bytes_copied_direct() const;
   int64_t registered_bytes() const;
+  // What another process would send for the device allocation starting at
+  // `p` (cudaIpcGetMemHandle): opening it maps that allocation.
+  cudaIpcMemHandle_t IpcHandleOf(void* p) const;
+  // Handles opened and not yet closed.
+  int ipc_open() const;
 
   cudaError_t SetDevice(int device) override;
   cudaError_t StreamCreate(cudaStream_t* stream) override;
@@ -64,6 +69,9 @@ class FakeDeviceRuntime final : public cuda::DeviceRuntime {
   cudaError_t GetLastError() override;
   cudaError_t HostRegister(void* p, size_t bytes) override;
   cudaError_t HostUnregister(void* p) override;
+  cudaError_t IpcOpenMemHandle(void** p, const cudaIpcMemHandle_t& handle) override;
+  cudaError_t IpcCloseMemHandle(void* p) override;
+  cudaError_t MemGetAddressRange(const void* p, void** base, size_t* bytes) override;
   cudaError_t LaunchRope(const cuda::RopeParams& p, int sm_count, cudaStream_t stream) override;
   cudaError_t LaunchAbsolute(const cuda::AbsoluteParams& p, cudaStream_t stream) override;
   cudaError_t LaunchBias(const cuda::BiasParams& p, cudaStream_t stream) override;
@@ -94,6 +102,7 @@ class FakeDeviceRuntime final : public cuda::DeviceRuntime {
   int64_t device_memory_;
   std::map<uintptr_t, size_t> device_, pinned_, registered_;  // start -> bytes
   std::map<cudaStream_t, std::deque<Work>> streams_;
+  std::map<uintptr_t, int> ipc_open_;  // allocation -> times opened
   std::deque<Injected> injected_;
   std::map<std::thread::id, cudaError_t> last_error_;
   cudaError_t sticky_ = cudaSuccess;

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "posenc/absolute.h"
 #include "posenc/attention_bias.h"
 #include "posenc/rope.h"
@@ -50,7 +51,9 @@ class Backend {
   // call, so a server can route requests elsewhere. Thread-safe and cheap.
   virtual absl::Status health() const { return absl::OkStatus(); }
 
-  // REQUIRES: plan from PlanRope over buffers of these sizes (host memory).
+  // REQUIRES: plan from PlanRope over buffers of these sizes, in host
+  // memory or (all of a call's tensors) inside memory this backend opened
+  // with OpenSharedDeviceMemory. The same holds for every Apply* call.
   // Rotates query (and key when plan.has_key) in place.
   [[nodiscard]] virtual absl::Status ApplyRope(const RopePlan& plan, void* query, void* key,
                                                const RunContext& ctx) = 0;
@@ -72,6 +75,22 @@ class Backend {
   // Unpin before the memory goes away. Default: nothing to do.
   virtual absl::Status PinHostMemory(void* /*p*/, size_t /*bytes*/) { return absl::OkStatus(); }
   virtual void UnpinHostMemory(void* /*p*/) {}
+  // Device memory another process shares with this one (Triton's CUDA
+  // shared memory): `raw_handle` is a CUDA IPC handle (cudaIpcGetMemHandle's
+  // 64 bytes) of an allocation of at least `bytes` on this backend's device.
+  // Opened once and kept until CloseSharedDeviceMemory; the Apply* calls
+  // compute tensors that lie inside it in place there, with no copy at all.
+  // Returns where it is mapped in this process. INVALID_ARGUMENT when the
+  // handle does not open here (forged, stale, of another device) or its
+  // allocation is smaller than `bytes`: the caller's mistake, never a
+  // failure of the backend. Close only once no call uses the memory.
+  // Default: FAILED_PRECONDITION (a backend computing in host memory).
+  [[nodiscard]] virtual absl::StatusOr<void*> OpenSharedDeviceMemory(
+      absl::string_view /*raw_handle*/, size_t /*bytes*/) {
+    return absl::FailedPreconditionError(
+        "this backend computes in host memory; device memory needs the CUDA backend");
+  }
+  virtual void CloseSharedDeviceMemory(void* /*p*/) {}
 };
 
 // CPUs this process may use: the affinity mask's count, lowered to the

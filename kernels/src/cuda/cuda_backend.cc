@@ -17,6 +17,10 @@
 // Tensors inside host memory registered with PinHostMemory (shared-memory
 // regions) skip staging altogether: their bytes go straight from the caller's
 // memory to the device and, once the kernel has succeeded, straight back.
+// Tensors inside device memory another process shared (CUDA IPC handles,
+// OpenSharedDeviceMemory) are not moved at all: the kernels run on them
+// where they are, and only the small side tables (positions, frequencies)
+// go up.
 //
 // Every runtime call goes through a DeviceRuntime (device_runtime.h): the
 // CUDA runtime in production, a host-memory fake in tests, which run this
@@ -137,6 +141,9 @@ class CudaBackend final : public Backend {
     }
     for (auto& [ptr, entry] : tables_) rt_.Free(entry.device);
     for (auto& [start, bytes] : pinned_) rt_.HostUnregister(reinterpret_cast<void*>(start));
+    for (auto& [start, entry] : shared_) {
+      for (int i = 0; i < entry.opened; ++i) rt_.IpcCloseMemHandle(reinterpret_cast<void*>(start));
+    }
     rt_.GetLastError();
   }
 
@@ -170,22 +177,24 @@ class CudaBackend final : public Backend {
     const size_t q_bytes = plan.num_tokens * plan.query_heads * plan.head_dim * esize;
     const size_t k_bytes =
         plan.has_key ? plan.num_tokens * plan.key_heads * plan.head_dim * esize : 0;
+    POSENC_ASSIGN_OR_RETURN(const bool resident, Resident({{query, q_bytes}, {key, k_bytes}}));
     const std::vector<int32_t> token_set = cuda::TokenFreqSets(plan);
     const bool per_token_sets = !token_set.empty();
     Layout l;
-    const size_t q_at = l.Add(q_bytes), k_at = l.Add(k_bytes);
+    const size_t q_at = l.Add(resident ? 0 : q_bytes), k_at = l.Add(resident ? 0 : k_bytes);
     const size_t pos_at = l.Add(plan.positions.values.size() * 8);
     const size_t set_at = l.Add(token_set.size() * 4);
     const size_t freq_at = l.Add(plan.inv_freq.size() * 8);
     const size_t scale_at = l.Add(plan.attention_scale.size() * 8);
     const size_t axis_at = l.Add(plan.slot_axis.size() * 4);
     const size_t token_bytes = q_bytes / plan.num_tokens + k_bytes / plan.num_tokens;
-    const bool direct = InPinned(query, q_bytes) && (k_bytes == 0 || InPinned(key, k_bytes));
-    const bool chunked = !direct && plan.layout != RopeLayout::kBHSD &&
+    const bool direct =
+        !resident && InPinned(query, q_bytes) && (k_bytes == 0 || InPinned(key, k_bytes));
+    const bool chunked = !resident && !direct && plan.layout != RopeLayout::kBHSD &&
                          q_bytes + k_bytes >= 2 * chunk_bytes_;
     return WithWorker(l.size(), [&](Worker& w) -> absl::Status {
       char* h = w.pinned;
-      if (!chunked && !direct) {
+      if (!chunked && !direct && !resident) {
         std::memcpy(h + q_at, query, q_bytes);
         if (k_bytes) std::memcpy(h + k_at, key, k_bytes);
       }
@@ -194,7 +203,7 @@ class CudaBackend final : public Backend {
       std::memcpy(h + freq_at, plan.inv_freq.data(), plan.inv_freq.size() * 8);
       std::memcpy(h + scale_at, plan.attention_scale.data(), plan.attention_scale.size() * 8);
       std::memcpy(h + axis_at, plan.slot_axis.data(), plan.slot_axis.size() * 4);
-      const size_t upload_from = chunked || direct ? pos_at : 0;
+      const size_t upload_from = chunked || direct || resident ? pos_at : 0;
       POSENC_CUDA(rt_.MemcpyAsync(w.device + upload_from, h + upload_from, l.size() - upload_from,
                                   cudaMemcpyHostToDevice, w.stream));
       if (direct) {
@@ -206,7 +215,8 @@ class CudaBackend final : public Backend {
         }
       }
       const cuda::RopeParams p = cuda::MakeRopeParams(
-          plan, {w.device + q_at, k_bytes ? w.device + k_at : nullptr,
+          plan, {resident ? static_cast<char*>(query) : w.device + q_at,
+                 k_bytes == 0 ? nullptr : resident ? static_cast<char*>(key) : w.device + k_at,
                  reinterpret_cast<const int64_t*>(w.device + pos_at),
                  per_token_sets ? reinterpret_cast<const int32_t*>(w.device + set_at) : nullptr,
                  reinterpret_cast<const double*>(w.device + freq_at),
@@ -254,6 +264,7 @@ class CudaBackend final : public Backend {
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(rt_.LaunchRope(p, sm_count_, w.stream),
                                    "launching the RoPE kernel", CudaCall::kLaunch));
+      if (resident) return Check(rt_.StreamSynchronize(w.stream), "waiting for the RoPE kernel");
       if (direct) {
         return DownloadDirect(w, {{query, w.device + q_at, q_bytes}, {key, w.device + k_at, k_bytes}});
       }
@@ -275,30 +286,31 @@ class CudaBackend final : public Backend {
     if (ctx.IsCancelled()) return absl::CancelledError("the call was cancelled");
     const size_t x_bytes = plan.num_tokens * plan.dim * SizeOf(plan.dtype);
     const bool learned = plan.options.kind == AbsoluteOptions::Kind::kLearned;
+    POSENC_ASSIGN_OR_RETURN(const bool resident, Resident({{x, x_bytes}}));
     Layout l;
-    const size_t x_at = l.Add(x_bytes);
+    const size_t x_at = l.Add(resident ? 0 : x_bytes);
     const size_t pos_at = l.Add(plan.positions.values.size() * 8);
     const size_t omega_at = l.Add(plan.omega.size() * 8);
     const size_t step_at = l.Add(plan.phase_step.size() * 8);
     const size_t offsets_bytes = plan.offset_sin.size() * 4;
     const size_t offset_sin_at = l.Add(offsets_bytes);
     const size_t offset_cos_at = l.Add(offsets_bytes);
-    const bool direct = InPinned(x, x_bytes);
-    const bool chunked = !direct && x_bytes >= 2 * chunk_bytes_;
+    const bool direct = !resident && InPinned(x, x_bytes);
+    const bool chunked = !resident && !direct && x_bytes >= 2 * chunk_bytes_;
     return WithWorker(l.size(), [&](Worker& w) -> absl::Status {
       const float* table = nullptr;
       if (learned) {
         POSENC_ASSIGN_OR_RETURN(table, DeviceTable(plan.options.table, w));
       }
       char* h = w.pinned;
-      if (plan.has_input && !chunked && !direct) std::memcpy(h + x_at, x, x_bytes);
+      if (plan.has_input && !chunked && !direct && !resident) std::memcpy(h + x_at, x, x_bytes);
       std::memcpy(h + pos_at, plan.positions.values.data(), plan.positions.values.size() * 8);
       std::memcpy(h + omega_at, plan.omega.data(), plan.omega.size() * 8);
       std::memcpy(h + step_at, plan.phase_step.data(), plan.phase_step.size() * 8);
       std::memcpy(h + offset_sin_at, plan.offset_sin.data(), offsets_bytes);
       std::memcpy(h + offset_cos_at, plan.offset_cos.data(), offsets_bytes);
       // Without an input (a table) x is written whole: nothing to upload.
-      const size_t upload_from = chunked || direct || !plan.has_input ? pos_at : 0;
+      const size_t upload_from = chunked || direct || resident || !plan.has_input ? pos_at : 0;
       POSENC_CUDA(rt_.MemcpyAsync(w.device + upload_from, h + upload_from, l.size() - upload_from,
                                   cudaMemcpyHostToDevice, w.stream));
       if (direct && plan.has_input) {
@@ -311,7 +323,8 @@ class CudaBackend final : public Backend {
           reinterpret_cast<const float*>(w.device + offset_cos_at),
           static_cast<int64_t>(plan.omega.size())};
       const cuda::AbsoluteParams p = cuda::MakeAbsoluteParams(
-          plan, w.device + x_at, reinterpret_cast<const int64_t*>(w.device + pos_at), tables,
+          plan, resident ? static_cast<char*>(x) : w.device + x_at,
+          reinterpret_cast<const int64_t*>(w.device + pos_at), tables,
           table);
       if (chunked) {
         POSENC_CUDA(rt_.StreamSynchronize(w.stream));  // the side tables, before stream 2
@@ -344,6 +357,9 @@ class CudaBackend final : public Backend {
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(rt_.LaunchAbsolute(p, w.stream),
                                    "launching the absolute encoding kernel", CudaCall::kLaunch));
+      if (resident) {
+        return Check(rt_.StreamSynchronize(w.stream), "waiting for the absolute encoding kernel");
+      }
       if (direct) return DownloadDirect(w, {{x, w.device + x_at, x_bytes}});
       POSENC_CUDA(rt_.MemcpyAsync(h, w.device, x_bytes, cudaMemcpyDeviceToHost, w.stream));
       POSENC_CUDA(rt_.StreamSynchronize(w.stream));
@@ -357,20 +373,21 @@ class CudaBackend final : public Backend {
     if (plan.empty()) return absl::OkStatus();
     if (ctx.IsCancelled()) return absl::CancelledError("the call was cancelled");
     const size_t out_bytes = plan.NumElements() * SizeOf(plan.dtype);
+    POSENC_ASSIGN_OR_RETURN(const bool resident, Resident({{out, out_bytes}}));
     Layout l;
-    const size_t out_at = l.Add(out_bytes);
+    const size_t out_at = l.Add(resident ? 0 : out_bytes);
     const size_t slopes_at = l.Add(plan.slopes.size() * 8);
     const size_t klens_at = l.Add(plan.k_lens.size() * 8);
     const size_t kstarts_at = l.Add(plan.k_starts.size() * 8);
-    const bool direct = InPinned(out, out_bytes);
+    const bool direct = !resident && InPinned(out, out_bytes);
     return WithWorker(l.size(), [&](Worker& w) -> absl::Status {
       char* h = w.pinned;
-      if (plan.add_to_logits && !direct) std::memcpy(h + out_at, out, out_bytes);
+      if (plan.add_to_logits && !direct && !resident) std::memcpy(h + out_at, out, out_bytes);
       std::memcpy(h + slopes_at, plan.slopes.data(), plan.slopes.size() * 8);
       std::memcpy(h + klens_at, plan.k_lens.data(), plan.k_lens.size() * 8);
       std::memcpy(h + kstarts_at, plan.k_starts.data(), plan.k_starts.size() * 8);
       // Built biases upload only their small side tables.
-      const size_t upload_from = plan.add_to_logits && !direct ? 0 : slopes_at;
+      const size_t upload_from = plan.add_to_logits && !direct && !resident ? 0 : slopes_at;
       POSENC_CUDA(rt_.MemcpyAsync(w.device + upload_from, h + upload_from, l.size() - upload_from,
                                   cudaMemcpyHostToDevice, w.stream));
       if (direct && plan.add_to_logits) {
@@ -378,12 +395,16 @@ class CudaBackend final : public Backend {
             rt_.MemcpyAsync(w.device + out_at, out, out_bytes, cudaMemcpyHostToDevice, w.stream));
       }
       const cuda::BiasParams p = cuda::MakeBiasParams(
-          plan, w.device + out_at, reinterpret_cast<const double*>(w.device + slopes_at),
+          plan, resident ? static_cast<char*>(out) : w.device + out_at,
+          reinterpret_cast<const double*>(w.device + slopes_at),
           reinterpret_cast<const int64_t*>(w.device + klens_at),
           reinterpret_cast<const int64_t*>(w.device + kstarts_at));
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(rt_.LaunchBias(p, w.stream),
                                    "launching the attention bias kernel", CudaCall::kLaunch));
+      if (resident) {
+        return Check(rt_.StreamSynchronize(w.stream), "waiting for the attention bias kernel");
+      }
       if (direct) return DownloadDirect(w, {{out, w.device + out_at, out_bytes}});
       POSENC_CUDA(rt_.MemcpyAsync(h, w.device, out_bytes, cudaMemcpyDeviceToHost, w.stream));
       POSENC_CUDA(rt_.StreamSynchronize(w.stream));
@@ -402,6 +423,59 @@ class CudaBackend final : public Backend {
                                               "(cudaHostRegister)")));
     pinned_[reinterpret_cast<uintptr_t>(p)] = bytes;
     return absl::OkStatus();
+  }
+
+  absl::StatusOr<void*> OpenSharedDeviceMemory(absl::string_view raw_handle,
+                                               size_t bytes) override {
+    POSENC_RETURN_IF_ERROR(health());
+    cudaIpcMemHandle_t handle;
+    if (raw_handle.size() != sizeof(handle)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a CUDA IPC handle (cudaIpcGetMemHandle's cudaIpcMemHandle_t) has ",
+                       sizeof(handle), " bytes, got ", raw_handle.size()));
+    }
+    std::memcpy(&handle, raw_handle.data(), sizeof(handle));
+    std::lock_guard<std::mutex> lock(shared_mu_);
+    POSENC_CUDA(rt_.SetDevice(device_));
+    void* p = nullptr;
+    const absl::Status opened =
+        Check(rt_.IpcOpenMemHandle(&p, handle), "cudaIpcOpenMemHandle");
+    if (!opened.ok()) {
+      // Lost contexts and lack of memory are the backend's; anything else
+      // is a handle that does not open here.
+      if (!health().ok() || absl::IsResourceExhausted(opened)) return opened;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the CUDA IPC handle does not open on device ", device_, " (", info_.name,
+          "): it must come from cudaIpcGetMemHandle on that device, for an allocation still "
+          "alive; ", opened.message()));
+    }
+    void* base = nullptr;
+    size_t size = 0;
+    absl::Status ranged =
+        Check(rt_.MemGetAddressRange(p, &base, &size), "cuMemGetAddressRange");
+    if (ranged.ok() && (base != p || size < bytes)) {
+      ranged = absl::InvalidArgumentError(
+          absl::StrCat("the allocation behind the CUDA IPC handle has ", size,
+                       " bytes from where it opens, fewer than the ", bytes, " asked for"));
+    }
+    if (!ranged.ok()) {
+      Check(rt_.IpcCloseMemHandle(p), "cudaIpcCloseMemHandle").IgnoreError();
+      return ranged;
+    }
+    // The same allocation opened again maps at the same address.
+    Shared& entry = shared_[reinterpret_cast<uintptr_t>(p)];
+    entry.bytes = std::max(entry.bytes, bytes);
+    ++entry.opened;
+    return p;
+  }
+
+  void CloseSharedDeviceMemory(void* p) override {
+    std::lock_guard<std::mutex> lock(shared_mu_);
+    auto it = shared_.find(reinterpret_cast<uintptr_t>(p));
+    if (it == shared_.end()) return;
+    if (--it->second.opened == 0) shared_.erase(it);
+    rt_.SetDevice(device_);
+    Check(rt_.IpcCloseMemHandle(p), "cudaIpcCloseMemHandle").IgnoreError();
   }
 
   void UnpinHostMemory(void* p) override {
@@ -430,6 +504,31 @@ class CudaBackend final : public Backend {
     }
     POSENC_CUDA(rt_.StreamSynchronize(w.stream));
     return absl::OkStatus();
+  }
+
+  // Whether a call's tensors (those of nonzero size) all lie in device
+  // memory from OpenSharedDeviceMemory (true) or none does (false).
+  absl::StatusOr<bool> Resident(std::initializer_list<std::pair<const void*, size_t>> tensors) {
+    int resident = 0, given = 0;
+    {
+      std::lock_guard<std::mutex> lock(shared_mu_);
+      if (shared_.empty()) return false;
+      for (const auto& [p, bytes] : tensors) {
+        if (p == nullptr || bytes == 0) continue;
+        ++given;
+        const auto at = reinterpret_cast<uintptr_t>(p);
+        auto it = shared_.upper_bound(at);
+        if (it == shared_.begin()) continue;
+        --it;
+        if (at - it->first <= it->second.bytes && bytes <= it->second.bytes - (at - it->first))
+          ++resident;
+      }
+    }
+    if (resident != 0 && resident != given) {
+      return absl::InvalidArgumentError(
+          "a call's tensors must all be in shared device memory or all in host memory");
+    }
+    return resident != 0;
   }
 
   // Whether [p, p + bytes) lies in one PinHostMemory registration.
@@ -588,6 +687,12 @@ class CudaBackend final : public Backend {
   std::map<const LearnedTable*, TableEntry> tables_;
   mutable std::mutex pinned_mu_;
   std::map<uintptr_t, size_t> pinned_;  // PinHostMemory: start -> bytes
+  struct Shared {
+    size_t bytes = 0;  // the most any opening asked for
+    int opened = 0;
+  };
+  std::mutex shared_mu_;
+  std::map<uintptr_t, Shared> shared_;  // OpenSharedDeviceMemory: start -> entry
   // Set once, by the first sticky error; health() reads the flag without the
   // lock so healthy calls do not contend.
   std::atomic<bool> failed_{false};

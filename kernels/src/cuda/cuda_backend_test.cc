@@ -345,5 +345,126 @@ TEST(CudaBackendOnFakeRuntime, PinningThatFailsChangesNothing) {
   b->UnpinHostMemory(words.data());  // not pinned: nothing to do
 }
 
+// Device memory another process shared (a CUDA IPC handle): the kernels run
+// on the tensors where they are; only the side tables move.
+TEST(CudaBackendOnFakeRuntime, ComputesInSharedDeviceMemoryWithoutMovingTheTensors) {
+  FakeDeviceRuntime rt;
+  auto b = OnFake(rt, /*chunk_bytes=*/4096);  // a host call this size would be chunked
+  ASSERT_NE(b, nullptr);
+  const RopeCase c(40, testing::Rng()());
+  const size_t qn = c.q.size(), kn = c.k.size();
+  // The other process's allocation, and the handle it sends.
+  void* theirs = nullptr;
+  ASSERT_EQ(rt.Malloc(&theirs, qn + kn + 512), cudaSuccess);
+  const cudaIpcMemHandle_t h = rt.IpcHandleOf(theirs);
+  absl::StatusOr<void*> opened =
+      b->OpenSharedDeviceMemory(absl::string_view(h.reserved, sizeof(h)), qn + kn + 512);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ(rt.ipc_open(), 1);
+  char* q = static_cast<char*>(*opened) + 256;
+  char* k = q + qn;
+  std::memcpy(q, c.q.data(), qn);  // the fake's device memory is host memory
+  std::memcpy(k, c.k.data(), kn);
+  RopeTensors t;
+  t.query = {DType::kBFloat16, {1, c.tokens, 8, 64}, q, qn};
+  t.key = {DType::kBFloat16, {1, c.tokens, 2, 64}, k, kn};
+  std::vector<int64_t> offsets = {17};
+  t.positions.offsets = testing::IntView(offsets, {1});
+  auto plan = PlanRope(RopeOptions{}, t);
+  ASSERT_TRUE(plan.ok());
+  const int64_t copied = rt.bytes_copied();
+  ASSERT_TRUE(b->ApplyRope(*plan, q, k, {}).ok());
+  EXPECT_LT(rt.bytes_copied() - copied, static_cast<int64_t>(qn / 4))
+      << "only positions and frequencies went up; nothing came down";
+  EXPECT_EQ(rt.launches(), 1) << "one launch, not chunks";
+  ExpectMatchesCpu(c, Bytes(q, q + qn), Bytes(k, k + kn));
+
+  // The absolute encoding added in place there too.
+  std::vector<int64_t> positions(c.tokens);
+  for (int64_t i = 0; i < c.tokens; ++i) positions[i] = 3 * i;
+  Bytes x = c.q, cpu_x = c.q;
+  std::memcpy(q, x.data(), qn);
+  AbsoluteTensors a;
+  a.x = {DType::kBFloat16, {c.tokens, 8 * 64}, q, qn};
+  a.positions.position_ids = testing::IntView(positions, {c.tokens});
+  auto abs_plan = PlanAbsolute(AbsoluteOptions{}, a);
+  ASSERT_TRUE(abs_plan.ok()) << abs_plan.status();
+  ASSERT_TRUE(b->ApplyAbsolute(*abs_plan, q, {}).ok());
+  ASSERT_TRUE(CreateCpuBackend(1)->ApplyAbsolute(*abs_plan, cpu_x.data(), {}).ok());
+  EXPECT_EQ(Bytes(q, q + qn), cpu_x);
+
+  // A call with one tensor on the device and one in host memory is refused
+  // before anything runs.
+  Bytes host_k = c.k;
+  const int launches = rt.launches();
+  EXPECT_EQ(b->ApplyRope(*plan, q, host_k.data(), {}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rt.launches(), launches);
+
+  b->CloseSharedDeviceMemory(*opened);
+  EXPECT_EQ(rt.ipc_open(), 0);
+  EXPECT_TRUE(b->health().ok());
+  ASSERT_EQ(rt.Free(theirs), cudaSuccess);
+}
+
+// A handle that does not open, or opens on too small an allocation, is the
+// caller's mistake: a clear INVALID_ARGUMENT, nothing left open, and the
+// backend serves on.
+TEST(CudaBackendOnFakeRuntime, HandlesThatDoNotFitAreRefusedAndTheBackendServesOn) {
+  FakeDeviceRuntime rt;
+  auto b = OnFake(rt);
+  ASSERT_NE(b, nullptr);
+  void* theirs = nullptr;
+  ASSERT_EQ(rt.Malloc(&theirs, 4096), cudaSuccess);
+  const cudaIpcMemHandle_t h = rt.IpcHandleOf(theirs);
+  const absl::string_view raw(h.reserved, sizeof(h));
+
+  absl::Status s = b->OpenSharedDeviceMemory(raw.substr(0, 63), 4096).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("64 bytes, got 63"), std::string::npos) << s;
+
+  std::string forged(raw);
+  forged[3] ^= 0x55;
+  s = b->OpenSharedDeviceMemory(forged, 4096).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("does not open on device 0"), std::string::npos) << s;
+
+  s = b->OpenSharedDeviceMemory(raw, 4097).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("4096 bytes"), std::string::npos) << s;
+  EXPECT_EQ(rt.ipc_open(), 0) << "opened, measured, closed again";
+
+  rt.FailNext(FakeDeviceRuntime::Op::kIpcOpen, cudaErrorMapBufferObjectFailed);
+  EXPECT_EQ(b->OpenSharedDeviceMemory(raw, 4096).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(b->health().ok());
+
+  // Opened twice (two regions on one allocation): one mapping, two closes.
+  absl::StatusOr<void*> one = b->OpenSharedDeviceMemory(raw, 1024);
+  absl::StatusOr<void*> two = b->OpenSharedDeviceMemory(raw, 4096);
+  ASSERT_TRUE(one.ok() && two.ok());
+  EXPECT_EQ(*one, *two);
+  b->CloseSharedDeviceMemory(*one);
+  EXPECT_EQ(rt.ipc_open(), 1);
+  b->CloseSharedDeviceMemory(*two);
+  EXPECT_EQ(rt.ipc_open(), 0);
+
+  const RopeCase c(8, testing::Rng()());
+  Bytes q, k;
+  ASSERT_TRUE(c.Run(*b, &q, &k).ok());
+  ExpectMatchesCpu(c, q, k);
+
+  // A lost context while opening is the backend's failure, reported as such.
+  rt.FailNext(FakeDeviceRuntime::Op::kIpcOpen, cudaErrorIllegalAddress);
+  s = b->OpenSharedDeviceMemory(raw, 4096).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_EQ(b->health().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// The CPU backend has no device memory to open.
+TEST(CudaBackendOnFakeRuntime, TheCpuBackendRefusesSharedDeviceMemory) {
+  EXPECT_EQ(CreateCpuBackend(1)->OpenSharedDeviceMemory(std::string(64, 'x'), 64).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace posenc

@@ -37,6 +37,15 @@ class DeviceRuntime {
   virtual cudaError_t HostRegister(void* p, size_t bytes) = 0;
   virtual cudaError_t HostUnregister(void* p) = 0;
 
+  // cudaIpcOpenMemHandle (cudaIpcMemLazyEnablePeerAccess) and
+  // cudaIpcCloseMemHandle: another process's device allocation, mapped
+  // into this one.
+  virtual cudaError_t IpcOpenMemHandle(void** p, const cudaIpcMemHandle_t& handle) = 0;
+  virtual cudaError_t IpcCloseMemHandle(void* p) = 0;
+  // The allocation `p` lies in: its first byte and size (the driver's
+  // cuMemGetAddressRange, which the runtime API lacks).
+  virtual cudaError_t MemGetAddressRange(const void* p, void** base, size_t* bytes) = 0;
+
   // cuda_kernels.h's launchers: the launch's own error.
   virtual cudaError_t LaunchRope(const RopeParams& p, int sm_count, cudaStream_t stream) = 0;
   virtual cudaError_t LaunchAbsolute(const AbsoluteParams& p, cudaStream_t stream) = 0;
