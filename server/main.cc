@@ -99,6 +99,11 @@ ABSL_FLAG(bool, enable_system_shared_memory, kDefaults.engine.shared_memory.enab
           "shared-memory extension): callers on this node (the same /dev/shm) register POSIX "
           "shared-memory objects and pass tensors in them, computed on in place. Off: those RPCs "
           "and fields are FAILED_PRECONDITION.");
+ABSL_FLAG(bool, enable_cuda_shared_memory, kDefaults.engine.shared_memory.cuda_enabled,
+          "CUDA shared memory on the KServe v2 front (Triton's cudasharedmemory extension): "
+          "callers on this node and GPU register CUDA IPC handles of their device memory and "
+          "pass tensors in it, computed on in place by the CUDA backend. Off, or without a GPU: "
+          "those RPCs and references are FAILED_PRECONDITION, saying which.");
 ABSL_FLAG(int, max_shared_memory_regions, kDefaults.engine.shared_memory.max_regions,
           "Shared-memory regions registered at once, by all clients (each holds a mapping).");
 ABSL_FLAG(int, max_shared_memory_regions_per_client,
@@ -194,6 +199,7 @@ absl::StatusOr<posenc::server::ServerOptions> OptionsFromFlags() {
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.models.dir = absl::GetFlag(FLAGS_model_dir);
   o.engine.shared_memory.enabled = absl::GetFlag(FLAGS_enable_system_shared_memory);
+  o.engine.shared_memory.cuda_enabled = absl::GetFlag(FLAGS_enable_cuda_shared_memory);
   o.engine.shared_memory.max_regions = absl::GetFlag(FLAGS_max_shared_memory_regions);
   o.engine.shared_memory.max_regions_per_client =
       absl::GetFlag(FLAGS_max_shared_memory_regions_per_client);

@@ -82,9 +82,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWith(const EngineOptions& options,
-                                                          std::unique_ptr<Backend> cpu,
-                                                          std::unique_ptr<Backend> cuda,
-                                                          std::string cuda_unavailable_reason) {
+                                                           std::unique_ptr<Backend> cpu,
+                                                           std::unique_ptr<Backend> cuda,
+                                                           std::string cuda_unavailable_reason) {
   POSENC_RETURN_IF_ERROR(options.Validate());
   std::unique_ptr<Engine> e(new Engine(options));
   e->cpu_ = std::move(cpu);
@@ -102,6 +102,33 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWith(const EngineOptions& 
     e->shared_memory_.SetPinning(
         [gpu](char* p, int64_t n) { gpu->PinHostMemory(p, static_cast<size_t>(n)).IgnoreError(); },
         [gpu](char* p) { gpu->UnpinHostMemory(p); });
+    // CUDA regions are opened by the backend of their device, once.
+    const int served = options.cuda_device;
+    e->shared_memory_.SetDeviceOpener(
+        [gpu, served](int device_id, absl::string_view handle,
+                      int64_t bytes) -> absl::StatusOr<DeviceMemory> {
+          if (device_id != served) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("device_id ", device_id,
+                             " is not served here: this server computes on CUDA "
+                             "device ",
+                             served, " (--cuda_device), and its regions must live there"));
+          }
+          POSENC_ASSIGN_OR_RETURN(void* p,
+                                  gpu->OpenSharedDeviceMemory(handle, static_cast<size_t>(bytes)));
+          DeviceMemory m;
+          m.data = static_cast<char*>(p);
+          m.device = device_id;
+          m.close = [gpu](char* at) { gpu->CloseSharedDeviceMemory(at); };
+          m.copy = [gpu](void* to, const void* from, size_t n) {
+            return gpu->CopyMemory(to, from, n);
+          };
+          return m;
+        },
+        "");
+  } else {
+    e->shared_memory_.SetDeviceOpener(nullptr, absl::StrCat("this server has no GPU backend (",
+                                                            e->cuda_unavailable_reason_, ")"));
   }
   // With a GPU to choose, AUTO routes by what each backend's served path
   // was measured to cost. A measurement that fails leaves the threshold.
@@ -184,9 +211,10 @@ absl::StatusOr<Backend*> Engine::Choose(BackendChoice requested, int64_t bytes) 
     case BackendChoice::kDefault: {
       // A failed GPU (a sticky device error) is routed around. Measured:
       // the GPU where it is predicted faster; else by size alone.
-      const bool gpu = cuda_ != nullptr && bytes >= options_.auto_gpu_min_bytes &&
-                       (!cuda_cost_ || cuda_cost_->PredictUs(bytes) < cpu_cost_->PredictUs(bytes)) &&
-                       cuda_->health().ok();
+      const bool gpu =
+          cuda_ != nullptr && bytes >= options_.auto_gpu_min_bytes &&
+          (!cuda_cost_ || cuda_cost_->PredictUs(bytes) < cpu_cost_->PredictUs(bytes)) &&
+          cuda_->health().ok();
       return gpu ? cuda_.get() : cpu_.get();
     }
     default:
@@ -194,6 +222,36 @@ absl::StatusOr<Backend*> Engine::Choose(BackendChoice requested, int64_t bytes) 
           absl::StrCat("backend has unknown value ", static_cast<int>(requested)));
   }
 }
+
+absl::StatusOr<Backend*> Engine::DeviceBackend(BackendChoice requested) const {
+  const BackendChoice resolved = Resolve(requested);
+  if (resolved == BackendChoice::kCpu) {
+    return absl::InvalidArgumentError(
+        "the tensors are in CUDA shared memory, which only the CUDA backend computes on; backend "
+        "CPU was asked for (ask for AUTO or CUDA, or send the tensors in system shared memory or "
+        "the message)");
+  }
+  if (cuda_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the tensors are in CUDA shared memory but this server has no GPU backend: ",
+                     cuda_unavailable_reason_));
+  }
+  POSENC_RETURN_IF_ERROR(cuda_->health());
+  return cuda_.get();
+}
+
+namespace {
+
+// Device tensors are computed where they are, so they must start at a
+// multiple of their element size (host ones are copied aside instead).
+absl::Status CheckDeviceAligned(const MutableTensor& t, absl::string_view what) {
+  if (!t.present() || AlignedFor(t.data, t.dtype)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " in CUDA shared memory must start at a multiple of its element size (",
+                   SizeOf(t.dtype), " bytes); fix its shared_memory_offset"));
+}
+
+}  // namespace
 
 absl::Status Engine::RunWithFallback(BackendChoice requested, Backend** backend,
                                      const std::function<absl::Status(Backend*)>& run) {
@@ -261,8 +319,17 @@ absl::StatusOr<std::string> Engine::ApplyRope(const RopeOptions& options, RopeTe
                             }));
     POSENC_RETURN_IF_ERROR(
         CheckAnswerSize(tensor_bytes, InAnswer(env, tensor_bytes), "the answer"));
-    POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, tensor_bytes));
     const bool has_key = t.key.present();
+    if (env.tensors_on_device) {
+      POSENC_ASSIGN_OR_RETURN(Backend * gpu, DeviceBackend(env.backend));
+      POSENC_RETURN_IF_ERROR(CheckDeviceAligned(t.query, "query"));
+      POSENC_RETURN_IF_ERROR(CheckDeviceAligned(t.key, "key"));
+      POSENC_RETURN_IF_ERROR(
+          gpu->ApplyRope(plan, t.query.data, has_key ? t.key.data : nullptr, env.ctx));
+      served = BackendName(gpu);
+      return absl::OkStatus();
+    }
+    POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, tensor_bytes));
     AlignedWork aligned(env.admission);
     MutableTensor query = t.query, key = t.key;
     POSENC_RETURN_IF_ERROR(aligned.Align(query));
@@ -290,6 +357,13 @@ absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTenso
                             }));
     POSENC_RETURN_IF_ERROR(
         CheckAnswerSize(tensor_bytes, InAnswer(env, tensor_bytes), "the answer"));
+    if (env.tensors_on_device) {
+      POSENC_ASSIGN_OR_RETURN(Backend * gpu, DeviceBackend(env.backend));
+      POSENC_RETURN_IF_ERROR(CheckDeviceAligned(t.x, "x"));
+      POSENC_RETURN_IF_ERROR(gpu->ApplyAbsolute(plan, t.x.data, env.ctx));
+      served = BackendName(gpu);
+      return absl::OkStatus();
+    }
     POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, tensor_bytes));
     AlignedWork aligned(env.admission);
     MutableTensor x = t.x;
@@ -360,6 +434,19 @@ absl::StatusOr<Produced> Engine::AttentionBias(const BiasOptions& o, MutableTens
           return env.admission.TryGrow(c.plan_bytes + c.output_bytes);
         }));
     const int64_t out_bytes = plan.NumElements() * static_cast<int64_t>(SizeOf(plan.dtype));
+    produced.dtype = plan.dtype;
+    produced.shape = {plan.batch, plan.num_heads, plan.q_len, plan.k_len};
+    produced.slopes = plan.slopes;
+    if (env.tensors_on_device) {
+      // Logits in CUDA shared memory (a bias built for such a slice is
+      // built in host memory and copied there by the front).
+      if (!has_logits) return absl::InternalError("a device bias without logits");
+      POSENC_ASSIGN_OR_RETURN(Backend * gpu, DeviceBackend(env.backend));
+      POSENC_RETURN_IF_ERROR(CheckDeviceAligned(logits, "logits"));
+      POSENC_RETURN_IF_ERROR(gpu->ApplyAttentionBias(plan, logits.data, env.ctx));
+      produced.backend = BackendName(gpu);
+      return absl::OkStatus();
+    }
     AlignedWork aligned(env.admission);
     MutableTensor in_place = logits;
     void* target = nullptr;
@@ -375,9 +462,6 @@ absl::StatusOr<Produced> Engine::AttentionBias(const BiasOptions& o, MutableTens
       return b->ApplyAttentionBias(plan, target, env.ctx);
     }));
     aligned.CopyBack();
-    produced.dtype = plan.dtype;
-    produced.shape = {plan.batch, plan.num_heads, plan.q_len, plan.k_len};
-    produced.slopes = plan.slopes;
     produced.backend = BackendName(backend);
     return absl::OkStatus();
   }));

@@ -88,6 +88,10 @@ struct CallEnv {
   // False when the results stay in shared memory: the answer's message then
   // carries no tensor bytes (the request size limit still holds).
   bool tensors_in_answer = true;
+  // The tensors worked on lie in CUDA shared memory: computed there by the
+  // CUDA backend, never by the CPU (which cannot reach device memory) and
+  // never copied aside.
+  bool tensors_on_device = false;
 };
 
 // Where a tensor an operation produces (a table, a built bias) goes: a
@@ -203,6 +207,9 @@ class Engine {
   [[nodiscard]] absl::Status CheckAnswerSize(int64_t tensor_bytes, int64_t message_bytes,
                                              absl::string_view what) const;
   std::string BackendName(const Backend* b) const;
+  // The backend for a call whose tensors are in CUDA shared memory: the
+  // CUDA one, healthy, unless the caller asked for another.
+  [[nodiscard]] absl::StatusOr<Backend*> DeviceBackend(BackendChoice requested) const;
   BackendChoice Resolve(BackendChoice requested) const {
     return requested == BackendChoice::kDefault ? options_.default_backend : requested;
   }

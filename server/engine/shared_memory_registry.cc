@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -75,6 +76,13 @@ absl::Status SharedMemoryDisabledError() {
       "--enable_system_shared_memory (callers on the same node only; see docs/shared-memory.md)");
 }
 
+absl::Status CudaSharedMemoryDisabledError() {
+  return absl::FailedPreconditionError(
+      "CUDA shared memory is off on this server; start posenc-server with "
+      "--enable_cuda_shared_memory (callers on the same node and GPU only; see "
+      "docs/shared-memory.md)");
+}
+
 SharedMemoryRegion::SharedMemoryRegion(std::string name, std::string key, int64_t offset,
                                        int64_t byte_size, std::string client,
                                        std::unique_ptr<GuardedMapping> mapping,
@@ -89,7 +97,19 @@ SharedMemoryRegion::SharedMemoryRegion(std::string name, std::string key, int64_
       admitted_(std::move(admitted)),
       unpin_(std::move(unpin)) {}
 
+SharedMemoryRegion::SharedMemoryRegion(std::string name, int64_t byte_size, std::string client,
+                                       DeviceMemory device)
+    : name_(std::move(name)),
+      offset_(0),
+      byte_size_(byte_size),
+      client_(std::move(client)),
+      device_(std::move(device)) {}
+
 SharedMemoryRegion::~SharedMemoryRegion() {
+  if (device_.data != nullptr) {
+    if (device_.close) device_.close(device_.data);
+    return;
+  }
   if (unpin_) unpin_(mapping_->data());
 }
 
@@ -104,7 +124,8 @@ absl::Status SharedMemoryRegion::CheckSlice(absl::string_view field, int64_t off
 }
 
 absl::Status SharedMemoryRegion::CheckIntact(absl::string_view field) const {
-  if (!mapping_->broken()) return absl::OkStatus();
+  // A CUDA allocation cannot shrink under an open handle.
+  if (mapping_ == nullptr || !mapping_->broken()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       field, ": shared memory region \"", Shown(name_), "\" (key ", Shown(key_),
       ") was truncated while the server used it; unregister it and register the object again"));
@@ -114,6 +135,10 @@ absl::Status SharedMemoryRegion::Read(absl::string_view field, int64_t offset, i
                                       std::string* out) const {
   POSENC_RETURN_IF_ERROR(CheckSlice(field, offset, size));
   POSENC_RETURN_IF_ERROR(CheckIntact(field));
+  if (on_device()) {
+    out->resize(static_cast<size_t>(size));
+    return size > 0 ? device_.copy(out->data(), At(offset), out->size()) : absl::OkStatus();
+  }
   out->assign(At(offset), static_cast<size_t>(size));
   // A truncation during the copy left zeros in it.
   if (absl::Status s = CheckIntact(field); !s.ok()) {
@@ -127,6 +152,9 @@ absl::Status SharedMemoryRegion::ReadInto(absl::string_view field, int64_t offse
                                           char* to) const {
   POSENC_RETURN_IF_ERROR(CheckSlice(field, offset, size));
   POSENC_RETURN_IF_ERROR(CheckIntact(field));
+  if (on_device()) {
+    return size > 0 ? device_.copy(to, At(offset), static_cast<size_t>(size)) : absl::OkStatus();
+  }
   if (size > 0) std::memcpy(to, At(offset), static_cast<size_t>(size));
   // A truncation during the copy left zeros in it.
   return CheckIntact(field);
@@ -137,6 +165,9 @@ absl::Status SharedMemoryRegion::Write(absl::string_view field, int64_t offset,
   const int64_t size = static_cast<int64_t>(data.size());
   POSENC_RETURN_IF_ERROR(CheckSlice(field, offset, size));
   POSENC_RETURN_IF_ERROR(CheckIntact(field));
+  if (on_device()) {
+    return size > 0 ? device_.copy(At(offset), data.data(), data.size()) : absl::OkStatus();
+  }
   if (size > 0) std::memcpy(At(offset), data.data(), data.size());
   return CheckIntact(field);
 }
@@ -145,8 +176,88 @@ SharedMemoryRegistry::SharedMemoryRegistry(SharedMemoryOptions options, Admissio
                                            int64_t keep_free)
     : options_(std::move(options)), admission_(admission), keep_free_(keep_free) {}
 
-absl::Status SharedMemoryRegistry::CheckEnabled() const {
+absl::Status SharedMemoryRegistry::CheckEnabled(MemoryKind kind) const {
+  if (kind == MemoryKind::kCuda) {
+    return options_.cuda_enabled ? absl::OkStatus() : CudaSharedMemoryDisabledError();
+  }
   return options_.enabled ? absl::OkStatus() : SharedMemoryDisabledError();
+}
+
+absl::Status SharedMemoryRegistry::TakenOrFull(absl::string_view name, absl::string_view client,
+                                               int64_t host_bytes) const {
+  if (regions_.count(name) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat("shared memory region \"", Shown(name),
+                                                 "\" is already registered; unregister it first"));
+  }
+  if (static_cast<int>(regions_.size()) >= options_.max_regions) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("at most ", options_.max_regions,
+                     " shared memory regions may be registered (--max_shared_memory_regions)"));
+  }
+  if (auto it = regions_of_client_.find(client);
+      it != regions_of_client_.end() && it->second >= options_.max_regions_per_client) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this client (", Shown(client), ") already holds ", it->second,
+        " shared memory regions, the most one client may (--max_shared_memory_regions_per_client); "
+        "unregister some first"));
+  }
+  if (options_.max_regions_per_client <= 0) {
+    return absl::ResourceExhaustedError(
+        "no client may register shared memory regions (--max_shared_memory_regions_per_client "
+        "is 0)");
+  }
+  if (host_bytes > options_.max_total_bytes - total_bytes_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("shared memory region \"", Shown(name), "\" of ", host_bytes,
+                     " bytes would bring the registered total over ", options_.max_total_bytes,
+                     " bytes (--max_shared_memory_bytes; ", total_bytes_, " registered)"));
+  }
+  return absl::OkStatus();
+}
+
+void SharedMemoryRegistry::AddLocked(std::string name, std::shared_ptr<SharedMemoryRegion> region) {
+  if (!region->on_device()) total_bytes_ += region->byte_size();
+  ++regions_of_client_[region->client()];
+  regions_.emplace(std::move(name), std::move(region));
+}
+
+absl::Status SharedMemoryRegistry::RegisterCuda(absl::string_view name,
+                                                absl::string_view raw_handle, int64_t device_id,
+                                                uint64_t byte_size, absl::string_view client) {
+  POSENC_RETURN_IF_ERROR(CheckEnabled(MemoryKind::kCuda));
+  POSENC_RETURN_IF_ERROR(CheckName(name));
+  constexpr uint64_t kMax = std::numeric_limits<int64_t>::max();
+  if (byte_size == 0 || byte_size > kMax) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA shared memory region \"", Shown(name),
+                                                   "\": byte_size must be 1 to 2^63-1, got ",
+                                                   byte_size));
+  }
+  if (!open_device_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA shared memory region \"", Shown(name),
+                     "\" cannot be registered: ", device_unavailable_,
+                     "; system shared memory (SystemSharedMemoryRegister) and tensors in "
+                     "the message work without one"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    POSENC_RETURN_IF_ERROR(TakenOrFull(name, client, 0));
+  }
+  absl::StatusOr<DeviceMemory> opened =
+      open_device_(static_cast<int>(std::clamp<int64_t>(device_id, -1, INT32_MAX)), raw_handle,
+                   static_cast<int64_t>(byte_size));
+  if (!opened.ok()) {
+    return absl::Status(
+        opened.status().code(),
+        absl::StrCat("CUDA shared memory region \"", Shown(name), "\" (device ", device_id, ", ",
+                     byte_size, " bytes): ", opened.status().message()));
+  }
+  auto region = std::make_shared<SharedMemoryRegion>(
+      std::string(name), static_cast<int64_t>(byte_size), std::string(client), *std::move(opened));
+  std::lock_guard<std::mutex> lock(mu_);
+  POSENC_RETURN_IF_ERROR(TakenOrFull(name, client, 0));  // the region closes as it goes
+  AddLocked(std::string(name), std::move(region));
+  return absl::OkStatus();
 }
 
 absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string_view key,
@@ -163,34 +274,7 @@ absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string
                                                    byte_size, " and offset ", offset));
   }
   const auto taken_or_full = [&]() -> absl::Status {
-    if (regions_.count(name) > 0) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "shared memory region \"", Shown(name), "\" is already registered; unregister it first"));
-    }
-    if (static_cast<int>(regions_.size()) >= options_.max_regions) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("at most ", options_.max_regions,
-                       " shared memory regions may be registered (--max_shared_memory_regions)"));
-    }
-    if (auto it = regions_of_client_.find(client);
-        it != regions_of_client_.end() && it->second >= options_.max_regions_per_client) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "this client (", Shown(client), ") already holds ", it->second,
-          " shared memory regions, the most one client may (--max_shared_memory_regions_per_client); "
-          "unregister some first"));
-    }
-    if (options_.max_regions_per_client <= 0) {
-      return absl::ResourceExhaustedError(
-          "no client may register shared memory regions (--max_shared_memory_regions_per_client "
-          "is 0)");
-    }
-    if (static_cast<int64_t>(byte_size) > options_.max_total_bytes - total_bytes_) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("shared memory region \"", Shown(name), "\" of ", byte_size,
-                       " bytes would bring the registered total over ", options_.max_total_bytes,
-                       " bytes (--max_shared_memory_bytes; ", total_bytes_, " registered)"));
-    }
-    return absl::OkStatus();
+    return TakenOrFull(name, client, static_cast<int64_t>(byte_size));
   };
   {
     // Cheap refusals before opening anything.
@@ -238,24 +322,23 @@ absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string
   if (pin_) pin_(mapping->data(), mapping->size());
   auto region = std::make_shared<SharedMemoryRegion>(
       std::string(name), std::string(key), static_cast<int64_t>(offset),
-      static_cast<int64_t>(byte_size), std::string(client), std::move(mapping),
-      std::move(admitted), unpin_);
+      static_cast<int64_t>(byte_size), std::string(client), std::move(mapping), std::move(admitted),
+      unpin_);
   std::lock_guard<std::mutex> lock(mu_);
   POSENC_RETURN_IF_ERROR(taken_or_full());
-  total_bytes_ += region->byte_size();
-  ++regions_of_client_[region->client()];
-  regions_.emplace(std::string(name), std::move(region));
+  AddLocked(std::string(name), std::move(region));
   return absl::OkStatus();
 }
 
-absl::Status SharedMemoryRegistry::Unregister(absl::string_view name, absl::Time deadline) {
-  POSENC_RETURN_IF_ERROR(CheckEnabled());
+absl::Status SharedMemoryRegistry::Unregister(absl::string_view name, absl::Time deadline,
+                                              MemoryKind kind) {
+  POSENC_RETURN_IF_ERROR(CheckEnabled(kind));
   std::vector<std::shared_ptr<SharedMemoryRegion>> gone;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = regions_.begin(); it != regions_.end();) {
-      if (name.empty() || it->first == name) {
-        total_bytes_ -= it->second->byte_size();
+      if ((name.empty() || it->first == name) && it->second->kind() == kind) {
+        if (!it->second->on_device()) total_bytes_ -= it->second->byte_size();
         if (auto c = regions_of_client_.find(it->second->client()); --c->second == 0) {
           regions_of_client_.erase(c);
         }
@@ -281,16 +364,18 @@ absl::Status SharedMemoryRegistry::Unregister(absl::string_view name, absl::Time
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<const SharedMemoryRegion>>> SharedMemoryRegistry::Status(
-    absl::string_view name) const {
-  POSENC_RETURN_IF_ERROR(CheckEnabled());
+    absl::string_view name, MemoryKind kind) const {
+  POSENC_RETURN_IF_ERROR(CheckEnabled(kind));
   std::vector<std::shared_ptr<const SharedMemoryRegion>> out;
   std::lock_guard<std::mutex> lock(mu_);
   if (name.empty()) {
-    for (const auto& [n, r] : regions_) out.push_back(r);
+    for (const auto& [n, r] : regions_) {
+      if (r->kind() == kind) out.push_back(r);
+    }
     return out;
   }
   auto it = regions_.find(name);
-  if (it == regions_.end()) {
+  if (it == regions_.end() || it->second->kind() != kind) {
     return absl::NotFoundError(
         absl::StrCat("no shared memory region \"", Shown(name), "\" is registered"));
   }
@@ -300,7 +385,7 @@ absl::StatusOr<std::vector<std::shared_ptr<const SharedMemoryRegion>>> SharedMem
 
 absl::StatusOr<std::shared_ptr<const SharedMemoryRegion>> SharedMemoryRegistry::Find(
     absl::string_view field, absl::string_view name) const {
-  if (absl::Status s = CheckEnabled(); !s.ok()) {
+  if (absl::Status s = CheckEnabled(); !s.ok() && !options_.cuda_enabled) {
     return absl::FailedPreconditionError(absl::StrCat(field, ": ", s.message()));
   }
   std::shared_ptr<SharedMemoryRegion> region;

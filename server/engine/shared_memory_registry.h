@@ -11,6 +11,14 @@
 // for as long as it is registered: the server touches its pages, so they
 // count in its resident memory.
 //
+// CUDA shared memory (Triton's cudasharedmemory extension) lives here too:
+// a caller on the same node and GPU registers a CUDA IPC handle of its
+// device allocation, the backend that owns the device opens it once
+// (SetDeviceOpener), and requests name slices of it exactly as they name
+// slices of system regions, in the same namespace (as in Triton). Tensors
+// there are computed in place on the device; copies in or out of such a
+// region (Read, Write) are device copies.
+//
 // Lifetime: Find hands out a hold on the region that a request keeps until
 // its outputs are written. Unregister removes the name at once (no new
 // request can use it) and then waits until no request holds the region, so
@@ -36,8 +44,14 @@
 
 namespace posenc::server {
 
+enum class MemoryKind { kSystem, kCuda };
+
 struct SharedMemoryOptions {
   bool enabled = false;  // --enable_system_shared_memory
+  // --enable_cuda_shared_memory: off by default for the reason system
+  // shared memory is: a handle names memory of another process, and the
+  // server writes where it points.
+  bool cuda_enabled = false;
   int max_regions = 64;  // --max_shared_memory_regions (each holds a mapping)
   // --max_shared_memory_regions_per_client: how many of those one client
   // may hold, so that one that leaks its registrations cannot lock the
@@ -51,15 +65,28 @@ struct SharedMemoryOptions {
   std::string directory = "/dev/shm";
 };
 
+// Device memory a backend opened for a CUDA region.
+struct DeviceMemory {
+  char* data = nullptr;
+  int device = 0;
+  // Closes the handle (when the region goes, after its last request).
+  std::function<void(char*)> close;
+  // Copies bytes between it and host memory (either direction).
+  std::function<absl::Status(void* to, const void* from, size_t bytes)> copy;
+};
+
 // One registered region: the slice [offset, offset + byte_size) of a
-// shared-memory object, mapped into the server.
+// shared-memory object, mapped into the server; or a CUDA allocation of
+// another process, opened by the backend of its device.
 class SharedMemoryRegion {
  public:
   SharedMemoryRegion(std::string name, std::string key, int64_t offset, int64_t byte_size,
                      std::string client, std::unique_ptr<GuardedMapping> mapping,
-                     AdmissionControl::Ticket admitted,
-                     std::function<void(char*)> unpin = nullptr);
-  // Unpins (see SharedMemoryRegistry::SetPinning), then unmaps.
+                     AdmissionControl::Ticket admitted, std::function<void(char*)> unpin = nullptr);
+  // A CUDA region.
+  SharedMemoryRegion(std::string name, int64_t byte_size, std::string client, DeviceMemory device);
+  // Unpins (see SharedMemoryRegistry::SetPinning), then unmaps; or closes
+  // the CUDA handle.
   ~SharedMemoryRegion();
   SharedMemoryRegion(const SharedMemoryRegion&) = delete;
   SharedMemoryRegion& operator=(const SharedMemoryRegion&) = delete;
@@ -70,6 +97,12 @@ class SharedMemoryRegion {
   int64_t byte_size() const { return byte_size_; }
   // Who registered it (see SharedMemoryOptions::max_regions_per_client).
   const std::string& client() const { return client_; }
+  MemoryKind kind() const {
+    return device_.data != nullptr ? MemoryKind::kCuda : MemoryKind::kSystem;
+  }
+  // Whether At() points to device memory (the host must not touch it).
+  bool on_device() const { return kind() == MemoryKind::kCuda; }
+  int device_id() const { return device_.device; }
 
   // INVALID_ARGUMENT naming `field` unless [offset, offset + size) lies in
   // the region (overflow-safe).
@@ -78,7 +111,9 @@ class SharedMemoryRegion {
   // The slice's first byte, in place: the caller may rewrite the bytes at
   // any time, so only tensor values are used from here, never bytes that
   // steer memory accesses. REQUIRES: CheckSlice(..., offset, ...) is OK.
-  char* At(int64_t offset) const { return mapping_->data() + offset; }
+  char* At(int64_t offset) const {
+    return (device_.data != nullptr ? device_.data : mapping_->data()) + offset;
+  }
   // A private copy of a slice (for positions and lengths, which are
   // validated and then used to index).
   [[nodiscard]] absl::Status Read(absl::string_view field, int64_t offset, int64_t size,
@@ -104,6 +139,7 @@ class SharedMemoryRegion {
   const std::unique_ptr<GuardedMapping> mapping_;
   const AdmissionControl::Ticket admitted_;  // its bytes in the budget
   const std::function<void(char*)> unpin_;   // or null
+  const DeviceMemory device_;                // a CUDA region's (else data is null)
   // Requests holding the region (see Find); Unregister waits for none.
   mutable std::mutex mu_;
   mutable std::condition_variable unused_;
@@ -139,6 +175,17 @@ class SharedMemoryRegistry {
   // same memory volume), so it may move tensors through regions.
   std::string domain() const;
 
+  // How CUDA regions are opened: `open` (the backend of the device), or,
+  // when null, why they cannot be (no GPU). Set once, before the first
+  // registration.
+  using DeviceOpener = std::function<absl::StatusOr<DeviceMemory>(
+      int device_id, absl::string_view raw_handle, int64_t byte_size)>;
+  void SetDeviceOpener(DeviceOpener open, std::string unavailable) {
+    open_device_ = std::move(open);
+    device_unavailable_ = std::move(unavailable);
+  }
+  bool cuda_enabled() const { return options_.cuda_enabled; }
+
   // Opens /dev/shm/<key> (key "name" or "/name": one component, no "..")
   // and registers and maps the slice as `name`, on behalf of `client`.
   // INVALID_ARGUMENT for a bad name, key or slice (beyond the object's
@@ -149,15 +196,29 @@ class SharedMemoryRegistry {
   [[nodiscard]] absl::Status Register(absl::string_view name, absl::string_view key,
                                       uint64_t offset, uint64_t byte_size,
                                       absl::string_view client = "");
+  // Registers `byte_size` bytes of the CUDA allocation `raw_handle` (a
+  // cudaIpcMemHandle_t) on `device_id` as `name`, for `client`: opened once
+  // here, kept until unregistered. As Register for names and caps (its
+  // bytes are device memory, outside the host memory budget and the byte
+  // cap); INVALID_ARGUMENT for a handle that does not open or an
+  // allocation too small; FAILED_PRECONDITION when CUDA shared memory is
+  // off or the server has no GPU, saying which.
+  [[nodiscard]] absl::Status RegisterCuda(absl::string_view name, absl::string_view raw_handle,
+                                          int64_t device_id, uint64_t byte_size,
+                                          absl::string_view client = "");
   // Removes `name` ("" every region), then waits until no request holds it
   // or `deadline` passes (DEADLINE_EXCEEDED: the name is gone, the mapping
   // goes when its last request finishes). A name not registered is not an
   // error (as in Triton, so cleanup may repeat).
+  // Only regions of `kind` are touched (a name of the other kind is left
+  // alone, as in Triton).
   [[nodiscard]] absl::Status Unregister(absl::string_view name,
-                                        absl::Time deadline = absl::InfiniteFuture());
-  // Every region ("") or the one named (NOT_FOUND when none), by name.
+                                        absl::Time deadline = absl::InfiniteFuture(),
+                                        MemoryKind kind = MemoryKind::kSystem);
+  // Every region of `kind` ("") or the one named (NOT_FOUND when none of
+  // that kind), by name.
   [[nodiscard]] absl::StatusOr<std::vector<std::shared_ptr<const SharedMemoryRegion>>> Status(
-      absl::string_view name) const;
+      absl::string_view name, MemoryKind kind = MemoryKind::kSystem) const;
   // The region a request names, held (see the file comment) for as long as
   // the returned pointer or a copy of it lives.
   [[nodiscard]] absl::StatusOr<std::shared_ptr<const SharedMemoryRegion>> Find(
@@ -166,12 +227,19 @@ class SharedMemoryRegistry {
   int count() const;
 
  private:
-  absl::Status CheckEnabled() const;
+  absl::Status CheckEnabled(MemoryKind kind = MemoryKind::kSystem) const;
+  // RESOURCE_EXHAUSTED or ALREADY_EXISTS when `name` cannot join: taken,
+  // or a cap reached. REQUIRES: mu_ held.
+  absl::Status TakenOrFull(absl::string_view name, absl::string_view client,
+                           int64_t host_bytes) const;
+  void AddLocked(std::string name, std::shared_ptr<SharedMemoryRegion> region);
 
   const SharedMemoryOptions options_;
   AdmissionControl* const admission_;
   std::function<void(char*, int64_t)> pin_;
   std::function<void(char*)> unpin_;
+  DeviceOpener open_device_;
+  std::string device_unavailable_ = "this server has no GPU";
   const int64_t keep_free_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<SharedMemoryRegion>, std::less<>> regions_;
@@ -181,6 +249,7 @@ class SharedMemoryRegistry {
 
 // The error every shared-memory use gets while the extension is off.
 absl::Status SharedMemoryDisabledError();
+absl::Status CudaSharedMemoryDisabledError();
 
 }  // namespace posenc::server
 

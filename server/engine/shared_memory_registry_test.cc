@@ -9,8 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <chrono>
+#include <cstdio>
 #include <map>
 #include <random>
 #include <string>
@@ -349,6 +349,143 @@ TEST(SharedMemoryTest, RegionsLeaveRoomForACall) {
   ASSERT_TRUE(call.ok());
   EXPECT_TRUE(call->TryGrow(256 << 10).ok());
   ASSERT_TRUE(r.Unregister("").ok());
+}
+
+// CUDA regions, opened by a stand-in for the backend: "device" memory is a
+// host buffer per handle, copies are memcpy, and opens and closes are
+// counted, so the registry's part (names, kinds, caps, lifetimes, copies)
+// is tested without a GPU. The backend's part is in cuda_backend_test.cc.
+class FakeDevice {
+ public:
+  SharedMemoryRegistry::DeviceOpener Opener() {
+    return [this](int device_id, absl::string_view handle,
+                  int64_t bytes) -> absl::StatusOr<DeviceMemory> {
+      if (device_id != 0) return absl::InvalidArgumentError("device_id 1 is not served here");
+      if (handle != "good-handle") return absl::InvalidArgumentError("does not open");
+      if (bytes > static_cast<int64_t>(memory_.size())) {
+        return absl::InvalidArgumentError("allocation too small");
+      }
+      ++open_;
+      DeviceMemory m;
+      m.data = memory_.data();
+      m.device = device_id;
+      m.close = [this](char*) { --open_; };
+      m.copy = [this](void* to, const void* from, size_t n) {
+        copied_ += static_cast<int64_t>(n);
+        std::memcpy(to, from, n);
+        return absl::OkStatus();
+      };
+      return m;
+    };
+  }
+  std::string memory_ = std::string(4096, 'd');
+  int open_ = 0;
+  int64_t copied_ = 0;
+};
+
+SharedMemoryOptions CudaOn() {
+  SharedMemoryOptions o;
+  o.cuda_enabled = true;
+  o.max_regions = 3;
+  return o;
+}
+
+TEST(CudaSharedMemoryTest, OffOrWithoutAGpuIsRefusedSayingWhy) {
+  SharedMemoryRegistry off{SharedMemoryOptions{}, Budget()};
+  for (const absl::Status& s : {off.RegisterCuda("g", "good-handle", 0, 64),
+                                off.Unregister("", absl::InfiniteFuture(), MemoryKind::kCuda),
+                                off.Status("", MemoryKind::kCuda).status()}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(s.message(), HasSubstr("--enable_cuda_shared_memory"));
+  }
+  SharedMemoryRegistry no_gpu{CudaOn(), Budget()};
+  no_gpu.SetDeviceOpener(nullptr, "this server has no GPU backend (no CUDA driver)");
+  const absl::Status s = no_gpu.RegisterCuda("g", "good-handle", 0, 64);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("no CUDA driver"));
+  EXPECT_THAT(s.message(), HasSubstr("\"g\""));
+}
+
+TEST(CudaSharedMemoryTest, RegionsOpenOnceShareTheNamespaceAndCloseAfterTheirLastRequest) {
+  FakeDevice dev;
+  SharedMemoryOptions o = CudaOn();
+  o.enabled = true;
+  SharedMemoryRegistry r(o, Budget());
+  r.SetDeviceOpener(dev.Opener(), "");
+  ShmObject obj(64);
+  ASSERT_TRUE(r.Register("sys", obj.key(), 0, 64).ok());
+  ASSERT_TRUE(r.RegisterCuda("gpu", "good-handle", 0, 4096, "client-a").ok());
+  EXPECT_EQ(dev.open_, 1);
+  // One namespace for both kinds, as in Triton.
+  EXPECT_EQ(r.RegisterCuda("sys", "good-handle", 0, 64).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(r.Register("gpu", obj.key(), 0, 64).code(), absl::StatusCode::kAlreadyExists);
+  // Each kind's status lists its own.
+  auto cuda = r.Status("", MemoryKind::kCuda);
+  ASSERT_TRUE(cuda.ok());
+  ASSERT_EQ(cuda->size(), 1u);
+  EXPECT_EQ((*cuda)[0]->name(), "gpu");
+  EXPECT_TRUE((*cuda)[0]->on_device());
+  EXPECT_EQ(r.Status("gpu").status().code(), absl::StatusCode::kNotFound) << "not a system one";
+  EXPECT_EQ(r.Status("sys", MemoryKind::kCuda).status().code(), absl::StatusCode::kNotFound);
+  cuda->clear();
+  // Unregistering every system region leaves the CUDA one.
+  ASSERT_TRUE(r.Unregister("").ok());
+  EXPECT_EQ(r.count(), 1);
+
+  // Reads and writes are the device's copies, within the slice only.
+  auto held = r.Find("input 0", "gpu");
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_TRUE((*held)->Write("output 0", 100, "abc").ok());
+  EXPECT_EQ(dev.memory_.substr(99, 5), "dabcd");
+  std::string got;
+  ASSERT_TRUE((*held)->Read("input 0", 100, 3, &got).ok());
+  EXPECT_EQ(got, "abc");
+  EXPECT_EQ(dev.copied_, 6);
+  EXPECT_EQ((*held)->Write("output 0", 4095, "ab").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(dev.copied_, 6) << "nothing copied past the region";
+
+  // Unregistering waits for the request holding the region; the handle
+  // closes after it.
+  std::thread unregister(
+      [&] { ASSERT_TRUE(r.Unregister("gpu", absl::InfiniteFuture(), MemoryKind::kCuda).ok()); });
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(dev.open_, 1);
+  EXPECT_EQ(r.Find("input 1", "gpu").status().code(), absl::StatusCode::kNotFound);
+  held->reset();
+  unregister.join();
+  EXPECT_EQ(dev.open_, 0);
+}
+
+TEST(CudaSharedMemoryTest, HandlesThatDoNotOpenAreRefusedNamingTheRegion) {
+  FakeDevice dev;
+  SharedMemoryRegistry r(CudaOn(), Budget());
+  r.SetDeviceOpener(dev.Opener(), "");
+  struct Case {
+    const char* handle;
+    int64_t device;
+    uint64_t bytes;
+    const char* says;
+  };
+  for (const Case& c :
+       {Case{"forged", 0, 64, "does not open"}, Case{"good-handle", 1, 64, "device_id 1"},
+        Case{"good-handle", 0, 8192, "too small"}, Case{"good-handle", 0, 0, "byte_size must be 1"},
+        Case{"good-handle", 0, uint64_t{1} << 63, "byte_size must be 1"}}) {
+    const absl::Status s = r.RegisterCuda("bad", c.handle, c.device, c.bytes);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr(c.says));
+    EXPECT_THAT(s.message(), HasSubstr("\"bad\""));
+  }
+  EXPECT_EQ(dev.open_, 0);
+  EXPECT_EQ(r.count(), 0);
+  // The caps count CUDA regions too.
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(r.RegisterCuda(absl::StrCat("g", i), "good-handle", 0, 64).ok());
+  }
+  EXPECT_EQ(r.RegisterCuda("g3", "good-handle", 0, 64).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(dev.open_, 3);
+  ASSERT_TRUE(r.Unregister("", absl::InfiniteFuture(), MemoryKind::kCuda).ok());
+  EXPECT_EQ(dev.open_, 0);
 }
 
 }  // namespace

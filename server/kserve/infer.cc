@@ -208,11 +208,14 @@ absl::Status CheckHeadDim(const Model& model, InputSet& in) {
 // is computed, given where its output (`output`) goes:
 //  - in the message: in its own bytes (the output moves into the answer, or
 //    is copied to the output's slice);
-//  - in shared memory, output to the same slice: in place there;
+//  - in shared memory, output to the same slice: in place there (in CUDA
+//    shared memory: on the device, by the CUDA backend, with no copy);
 //  - in shared memory, output to another slice: in a scratch buffer (reused
 //    across calls, so no fresh pages), the result then copied there;
 //  - in shared memory, output to the answer (or not asked for): a private
 //    copy, admitted first, that moves into the answer.
+// (Copies out of CUDA shared memory and results into it are device copies:
+// such calls compute in host memory, like socket calls.)
 // Never in place in another slice: concurrent calls may name the same
 // output slice (perf_analyzer gives all its concurrent requests one output
 // region per output), and Triton only ever writes finished values there,
@@ -241,6 +244,11 @@ absl::Status Place(Input* t, absl::string_view output, OutputSet& want, Engine& 
   return t->MakeScratch(field, engine.scratch(), admission);
 }
 
+// Whether `t` is computed in place in CUDA shared memory (see Place).
+bool OnDevice(const Input* t) {
+  return t != nullptr && t->shm.has_value() && !t->scratch && t->shm->region->on_device();
+}
+
 absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params, InputSet& in,
                      OutputSet& want, const CallEnv& env_in, inference::ModelInferResponse* resp,
                      std::string* backend_out) {
@@ -254,6 +262,7 @@ absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params
   POSENC_RETURN_IF_ERROR(CheckHeadDim(model, in));
   POSENC_RETURN_IF_ERROR(Place(in.Find("query"), "query_out", want, engine, env.admission));
   POSENC_RETURN_IF_ERROR(Place(in.Find("key"), "key_out", want, engine, env.admission));
+  env.tensors_on_device = OnDevice(in.Find("query")) || OnDevice(in.Find("key"));
   RopeTensors t;
   t.query = in.Mutable("query");
   t.key = in.Mutable("key");
@@ -280,6 +289,7 @@ absl::Status RunAbsolute(Engine& engine, const Model& model, ParameterReader& pa
       ReadAbsoluteOptions(params, model.kind == ModelKind::kLearned, &options, &env.backend));
   POSENC_RETURN_IF_ERROR(params.Finish(model.name));
   POSENC_RETURN_IF_ERROR(Place(in.Find("x"), "y", want, engine, env.admission));
+  env.tensors_on_device = OnDevice(in.Find("x"));
   AbsoluteTensors t;
   t.x = in.Mutable("x");
   t.positions.position_ids = in.View("position_ids");
@@ -301,10 +311,14 @@ absl::Status RunBias(Engine& engine, const Model& model, ParameterReader& params
   options.k_starts = in.View("k_starts");
   Input* l = in.Find("logits");
   POSENC_RETURN_IF_ERROR(Place(l, "bias", want, engine, env.admission));
+  env.tensors_on_device = OnDevice(l);
   MutableTensor logits = in.Mutable("logits");
-  // A bias built (no logits) into a slice is written there directly.
+  // A bias built (no logits) into a slice of system shared memory is
+  // written there directly; one for CUDA shared memory is built here and
+  // copied there.
   std::string built;
   const ShmRef* bias_slice = l == nullptr ? want.ShmOf("bias") : nullptr;
+  if (bias_slice != nullptr && bias_slice->region->on_device()) bias_slice = nullptr;
   const OutputTarget target =
       bias_slice != nullptr
           ? OutputTarget(bias_slice->region->At(bias_slice->offset), bias_slice->byte_size)

@@ -97,6 +97,7 @@ std::vector<Method> KServeService::ControlMethods() {
           resp->add_extensions(e);
         }
         if (shared_memory().enabled()) resp->add_extensions("system_shared_memory");
+        if (shared_memory().cuda_enabled()) resp->add_extensions("cuda_shared_memory");
         return absl::OkStatus();
       }));
   m.push_back(ControlMethod<ModelMetadataRequest, ModelMetadataResponse>(
@@ -202,6 +203,36 @@ std::vector<Method> KServeService::ControlMethods() {
             return shared_memory().Unregister(req.name(), UnregisterDeadline(call));
           },
           Method::Kind::kControlIo));
+  m.push_back(ControlMethod<CudaSharedMemoryStatusRequest, CudaSharedMemoryStatusResponse>(
+      kKServeService, "CudaSharedMemoryStatus",
+      [this](MethodCall&, const CudaSharedMemoryStatusRequest& req,
+             CudaSharedMemoryStatusResponse* resp) -> absl::Status {
+        POSENC_ASSIGN_OR_RETURN(auto regions,
+                                shared_memory().Status(req.name(), MemoryKind::kCuda));
+        for (const auto& r : regions) {
+          auto& status = (*resp->mutable_regions())[r->name()];
+          status.set_name(r->name());
+          status.set_device_id(static_cast<uint64_t>(r->device_id()));
+          status.set_byte_size(static_cast<uint64_t>(r->byte_size()));
+        }
+        return absl::OkStatus();
+      }));
+  // Opening a handle maps device memory: on the executor.
+  m.push_back(ControlMethod<CudaSharedMemoryRegisterRequest, CudaSharedMemoryRegisterResponse>(
+      kKServeService, "CudaSharedMemoryRegister",
+      [this](MethodCall& call, const CudaSharedMemoryRegisterRequest& req,
+             CudaSharedMemoryRegisterResponse*) {
+        return shared_memory().RegisterCuda(req.name(), req.raw_handle(), req.device_id(),
+                                            req.byte_size(), call.peer);
+      },
+      Method::Kind::kControlIo));
+  m.push_back(ControlMethod<CudaSharedMemoryUnregisterRequest, CudaSharedMemoryUnregisterResponse>(
+      kKServeService, "CudaSharedMemoryUnregister",
+      [this](MethodCall& call, const CudaSharedMemoryUnregisterRequest& req,
+             CudaSharedMemoryUnregisterResponse*) {
+        return shared_memory().Unregister(req.name(), UnregisterDeadline(call), MemoryKind::kCuda);
+      },
+      Method::Kind::kControlIo));
   return m;
 }
 

@@ -33,7 +33,9 @@ absl::StatusOr<std::optional<ShmRef>> ShmRefOf(absl::string_view field,
     }
     return std::nullopt;
   }
-  if (registry == nullptr || !registry->enabled()) return in_field(SharedMemoryDisabledError());
+  if (registry == nullptr || (!registry->enabled() && !registry->cuda_enabled())) {
+    return in_field(SharedMemoryDisabledError());
+  }
   ParameterReader reader(parameters);
   std::string region;
   std::optional<int64_t> byte_size;

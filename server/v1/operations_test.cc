@@ -164,5 +164,39 @@ TEST(Engine, FailedValidationLeavesNoPartialResponse) {
   EXPECT_NE(s.message().find("offsets.dtype"), absl::string_view::npos) << s;
 }
 
+// posenc.v1 computes in host memory only: a CUDA region named in one of its
+// requests is refused by name before anything reads or writes it (the host
+// touching device memory would fault on a GPU).
+TEST(Engine, ACudaRegionInAV1RequestIsRefusedUntouched) {
+  EngineOptions o;
+  o.cpu_threads = 1;
+  o.shared_memory.cuda_enabled = true;
+  auto engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  // A stand-in for the device: memory the test watches.
+  std::string device(1 << 16, '\x5a');
+  (*engine)->shared_memory().SetDeviceOpener(
+      [&](int, absl::string_view, int64_t) -> absl::StatusOr<DeviceMemory> {
+        DeviceMemory m;
+        m.data = device.data();
+        m.copy = [](void*, const void*, size_t) { return absl::InternalError("no copies"); };
+        return m;
+      },
+      "");
+  ASSERT_TRUE((*engine)->shared_memory().RegisterCuda("gpu", "handle", 0, device.size()).ok());
+  v1::RopeRequest req;
+  req.mutable_query()->set_dtype(v1::DATA_TYPE_FLOAT32);
+  for (int64_t d : {1, 64, 4, 64}) req.mutable_query()->add_shape(d);
+  req.mutable_query_shm()->set_region("gpu");
+  req.mutable_query_shm()->set_byte_size(64 * 4 * 64 * 4);
+  v1::RopeResponse resp;
+  const absl::Status s = ApplyRope(**engine, &req, &resp, RunContext{});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("query_shm: region \"gpu\" is CUDA shared memory"),
+            absl::string_view::npos)
+      << s;
+  EXPECT_EQ(device, std::string(1 << 16, '\x5a'));
+}
+
 }  // namespace
 }  // namespace posenc::server

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "engine/utf8.h"
 #include "posenc/status_macros.h"
 #include "posenc/wire/tensors.h"
 
@@ -28,6 +29,14 @@ absl::StatusOr<char*> ShmSlices::Resolve(absl::string_view field,
   }
   POSENC_ASSIGN_OR_RETURN(std::shared_ptr<const SharedMemoryRegion> region,
                           engine_.shared_memory().Find(where, slice.region()));
+  // posenc.v1 computes in host memory only for now (its light path runs
+  // small calls inline on the CPU); CUDA regions are KServe's.
+  if (region->on_device()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": region \"", Utf8Prefix(slice.region(), 64),
+        "\" is CUDA shared memory, which posenc.v1 does not "
+        "take; name it in a KServe ModelInfer request, or use system shared memory here"));
+  }
   const auto offset = static_cast<int64_t>(slice.offset());
   POSENC_RETURN_IF_ERROR(
       region->CheckSlice(where, offset, static_cast<int64_t>(slice.byte_size())));

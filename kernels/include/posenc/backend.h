@@ -3,6 +3,7 @@
 #ifndef POSENC_BACKEND_H_
 #define POSENC_BACKEND_H_
 
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -91,6 +92,13 @@ class Backend {
         "this backend computes in host memory; device memory needs the CUDA backend");
   }
   virtual void CloseSharedDeviceMemory(void* /*p*/) {}
+  // Copies `bytes` between host memory and memory from
+  // OpenSharedDeviceMemory (either way, or within it) and returns once they
+  // have landed. Default: host memory on both sides.
+  [[nodiscard]] virtual absl::Status CopyMemory(void* to, const void* from, size_t bytes) {
+    if (bytes > 0) std::memcpy(to, from, bytes);
+    return absl::OkStatus();
+  }
 };
 
 // CPUs this process may use: the affinity mask's count, lowered to the

@@ -30,6 +30,8 @@
 // leaves the backend usable, a shape the kernels do not cover is
 // UNIMPLEMENTED (the CPU serves it), and a sticky error marks the backend
 // failed, after which every call returns health() (FAILED_PRECONDITION).
+#include "cuda_backend.h"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -40,7 +42,6 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
-#include "cuda_backend.h"
 #include "cuda_status.h"
 #include "device_runtime.h"
 #include "params_from_plan.h"
@@ -216,7 +217,9 @@ class CudaBackend final : public Backend {
       }
       const cuda::RopeParams p = cuda::MakeRopeParams(
           plan, {resident ? static_cast<char*>(query) : w.device + q_at,
-                 k_bytes == 0 ? nullptr : resident ? static_cast<char*>(key) : w.device + k_at,
+                 k_bytes == 0 ? nullptr
+                 : resident   ? static_cast<char*>(key)
+                              : w.device + k_at,
                  reinterpret_cast<const int64_t*>(w.device + pos_at),
                  per_token_sets ? reinterpret_cast<const int32_t*>(w.device + set_at) : nullptr,
                  reinterpret_cast<const double*>(w.device + freq_at),
@@ -248,8 +251,8 @@ class CudaBackend final : public Backend {
           if (c.token_freq_set != nullptr) c.token_freq_set = p.token_freq_set + t0;
           c.num_tokens = n;
           POSENC_RETURN_IF_ERROR(BeforeLaunch());
-          POSENC_RETURN_IF_ERROR(Check(rt_.LaunchRope(c, sm_count_, s),
-                                       "launching the RoPE kernel", CudaCall::kLaunch));
+          POSENC_RETURN_IF_ERROR(Check(rt_.LaunchRope(c, sm_count_, s), "launching the RoPE kernel",
+                                       CudaCall::kLaunch));
           POSENC_CUDA(rt_.MemcpyAsync(h + qa, w.device + qa, qn, cudaMemcpyDeviceToHost, s));
           if (k_bytes) {
             POSENC_CUDA(rt_.MemcpyAsync(h + ka, w.device + ka, kn, cudaMemcpyDeviceToHost, s));
@@ -266,7 +269,8 @@ class CudaBackend final : public Backend {
                                    "launching the RoPE kernel", CudaCall::kLaunch));
       if (resident) return Check(rt_.StreamSynchronize(w.stream), "waiting for the RoPE kernel");
       if (direct) {
-        return DownloadDirect(w, {{query, w.device + q_at, q_bytes}, {key, w.device + k_at, k_bytes}});
+        return DownloadDirect(w,
+                              {{query, w.device + q_at, q_bytes}, {key, w.device + k_at, k_bytes}});
       }
       POSENC_CUDA(rt_.MemcpyAsync(h, w.device, q_at + q_bytes, cudaMemcpyDeviceToHost, w.stream));
       if (k_bytes) {
@@ -316,16 +320,14 @@ class CudaBackend final : public Backend {
       if (direct && plan.has_input) {
         POSENC_CUDA(rt_.MemcpyAsync(w.device + x_at, x, x_bytes, cudaMemcpyHostToDevice, w.stream));
       }
-      const cuda::SinusoidalTables tables{
-          reinterpret_cast<const double*>(w.device + omega_at),
-          reinterpret_cast<const uint64_t*>(w.device + step_at),
-          reinterpret_cast<const float*>(w.device + offset_sin_at),
-          reinterpret_cast<const float*>(w.device + offset_cos_at),
-          static_cast<int64_t>(plan.omega.size())};
+      const cuda::SinusoidalTables tables{reinterpret_cast<const double*>(w.device + omega_at),
+                                          reinterpret_cast<const uint64_t*>(w.device + step_at),
+                                          reinterpret_cast<const float*>(w.device + offset_sin_at),
+                                          reinterpret_cast<const float*>(w.device + offset_cos_at),
+                                          static_cast<int64_t>(plan.omega.size())};
       const cuda::AbsoluteParams p = cuda::MakeAbsoluteParams(
           plan, resident ? static_cast<char*>(x) : w.device + x_at,
-          reinterpret_cast<const int64_t*>(w.device + pos_at), tables,
-          table);
+          reinterpret_cast<const int64_t*>(w.device + pos_at), tables, table);
       if (chunked) {
         POSENC_CUDA(rt_.StreamSynchronize(w.stream));  // the side tables, before stream 2
         const int64_t row = static_cast<int64_t>(x_bytes / plan.num_tokens);
@@ -394,11 +396,11 @@ class CudaBackend final : public Backend {
         POSENC_CUDA(
             rt_.MemcpyAsync(w.device + out_at, out, out_bytes, cudaMemcpyHostToDevice, w.stream));
       }
-      const cuda::BiasParams p = cuda::MakeBiasParams(
-          plan, resident ? static_cast<char*>(out) : w.device + out_at,
-          reinterpret_cast<const double*>(w.device + slopes_at),
-          reinterpret_cast<const int64_t*>(w.device + klens_at),
-          reinterpret_cast<const int64_t*>(w.device + kstarts_at));
+      const cuda::BiasParams p =
+          cuda::MakeBiasParams(plan, resident ? static_cast<char*>(out) : w.device + out_at,
+                               reinterpret_cast<const double*>(w.device + slopes_at),
+                               reinterpret_cast<const int64_t*>(w.device + klens_at),
+                               reinterpret_cast<const int64_t*>(w.device + kstarts_at));
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(rt_.LaunchBias(p, w.stream),
                                    "launching the attention bias kernel", CudaCall::kLaunch));
@@ -417,10 +419,10 @@ class CudaBackend final : public Backend {
     POSENC_RETURN_IF_ERROR(health());
     std::lock_guard<std::mutex> lock(pinned_mu_);
     POSENC_CUDA(rt_.SetDevice(device_));
-    POSENC_RETURN_IF_ERROR(Check(rt_.HostRegister(p, bytes),
-                                 absl::StrCat("registering ", bytes,
-                                              " bytes of host memory with the device "
-                                              "(cudaHostRegister)")));
+    POSENC_RETURN_IF_ERROR(
+        Check(rt_.HostRegister(p, bytes), absl::StrCat("registering ", bytes,
+                                                       " bytes of host memory with the device "
+                                                       "(cudaHostRegister)")));
     pinned_[reinterpret_cast<uintptr_t>(p)] = bytes;
     return absl::OkStatus();
   }
@@ -438,8 +440,7 @@ class CudaBackend final : public Backend {
     std::lock_guard<std::mutex> lock(shared_mu_);
     POSENC_CUDA(rt_.SetDevice(device_));
     void* p = nullptr;
-    const absl::Status opened =
-        Check(rt_.IpcOpenMemHandle(&p, handle), "cudaIpcOpenMemHandle");
+    const absl::Status opened = Check(rt_.IpcOpenMemHandle(&p, handle), "cudaIpcOpenMemHandle");
     if (!opened.ok()) {
       // Lost contexts and lack of memory are the backend's; anything else
       // is a handle that does not open here.
@@ -447,12 +448,12 @@ class CudaBackend final : public Backend {
       return absl::InvalidArgumentError(absl::StrCat(
           "the CUDA IPC handle does not open on device ", device_, " (", info_.name,
           "): it must come from cudaIpcGetMemHandle on that device, for an allocation still "
-          "alive; ", opened.message()));
+          "alive; ",
+          opened.message()));
     }
     void* base = nullptr;
     size_t size = 0;
-    absl::Status ranged =
-        Check(rt_.MemGetAddressRange(p, &base, &size), "cuMemGetAddressRange");
+    absl::Status ranged = Check(rt_.MemGetAddressRange(p, &base, &size), "cuMemGetAddressRange");
     if (ranged.ok() && (base != p || size < bytes)) {
       ranged = absl::InvalidArgumentError(
           absl::StrCat("the allocation behind the CUDA IPC handle has ", size,
@@ -467,6 +468,23 @@ class CudaBackend final : public Backend {
     entry.bytes = std::max(entry.bytes, bytes);
     ++entry.opened;
     return p;
+  }
+
+  absl::Status CopyMemory(void* to, const void* from, size_t bytes) override {
+    if (bytes == 0) return absl::OkStatus();
+    const bool to_device = InShared(to, bytes), from_device = InShared(from, bytes);
+    if (!to_device && !from_device) {
+      std::memcpy(to, from, bytes);
+      return absl::OkStatus();
+    }
+    const cudaMemcpyKind kind = to_device && from_device ? cudaMemcpyDeviceToDevice
+                                : to_device              ? cudaMemcpyHostToDevice
+                                                         : cudaMemcpyDeviceToHost;
+    return WithWorker(0, [&](Worker& w) -> absl::Status {
+      POSENC_CUDA(rt_.MemcpyAsync(to, from, bytes, kind, w.stream));
+      POSENC_CUDA(rt_.StreamSynchronize(w.stream));
+      return absl::OkStatus();
+    });
   }
 
   void CloseSharedDeviceMemory(void* p) override {
@@ -510,25 +528,28 @@ class CudaBackend final : public Backend {
   // memory from OpenSharedDeviceMemory (true) or none does (false).
   absl::StatusOr<bool> Resident(std::initializer_list<std::pair<const void*, size_t>> tensors) {
     int resident = 0, given = 0;
-    {
-      std::lock_guard<std::mutex> lock(shared_mu_);
-      if (shared_.empty()) return false;
-      for (const auto& [p, bytes] : tensors) {
-        if (p == nullptr || bytes == 0) continue;
-        ++given;
-        const auto at = reinterpret_cast<uintptr_t>(p);
-        auto it = shared_.upper_bound(at);
-        if (it == shared_.begin()) continue;
-        --it;
-        if (at - it->first <= it->second.bytes && bytes <= it->second.bytes - (at - it->first))
-          ++resident;
-      }
+    for (const auto& [p, bytes] : tensors) {
+      if (p == nullptr || bytes == 0) continue;
+      ++given;
+      resident += InShared(p, bytes) ? 1 : 0;
     }
     if (resident != 0 && resident != given) {
       return absl::InvalidArgumentError(
           "a call's tensors must all be in shared device memory or all in host memory");
     }
     return resident != 0;
+  }
+
+  // Whether [p, p + bytes) lies in one OpenSharedDeviceMemory mapping.
+  bool InShared(const void* p, size_t bytes) {
+    if (p == nullptr) return false;
+    std::lock_guard<std::mutex> lock(shared_mu_);
+    if (shared_.empty()) return false;
+    const auto at = reinterpret_cast<uintptr_t>(p);
+    auto it = shared_.upper_bound(at);
+    if (it == shared_.begin()) return false;
+    --it;
+    return at - it->first <= it->second.bytes && bytes <= it->second.bytes - (at - it->first);
   }
 
   // Whether [p, p + bytes) lies in one PinHostMemory registration.
@@ -655,8 +676,9 @@ class CudaBackend final : public Backend {
     if (it != tables_.end()) return it->second.device;
     float* d = nullptr;
     const size_t bytes = t->values.size() * sizeof(float);
-    POSENC_RETURN_IF_ERROR(Check(rt_.Malloc(reinterpret_cast<void**>(&d), std::max<size_t>(bytes, 1)),
-                                 absl::StrCat("allocating ", bytes, " bytes for a learned table")));
+    POSENC_RETURN_IF_ERROR(
+        Check(rt_.Malloc(reinterpret_cast<void**>(&d), std::max<size_t>(bytes, 1)),
+              absl::StrCat("allocating ", bytes, " bytes for a learned table")));
     absl::Status s =
         Check(rt_.MemcpyAsync(d, t->values.data(), bytes, cudaMemcpyHostToDevice, w.stream),
               "uploading a learned table");
@@ -736,10 +758,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
 namespace cuda {
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackendOn(DeviceRuntime& runtime, int device,
-                                                            DeviceInfo info, int sm_count,
-                                                            CudaBackendOptions options) {
-  auto backend =
-      std::make_unique<CudaBackend>(runtime, device, std::move(info), sm_count, options);
+                                                             DeviceInfo info, int sm_count,
+                                                             CudaBackendOptions options) {
+  auto backend = std::make_unique<CudaBackend>(runtime, device, std::move(info), sm_count, options);
   POSENC_RETURN_IF_ERROR(backend->Init());
   return std::unique_ptr<Backend>(std::move(backend));
 }

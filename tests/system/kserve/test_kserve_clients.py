@@ -187,7 +187,7 @@ def test_our_proto_is_wire_compatible_with_tritonclients():
     (their_service,) = [s for p in theirs for s in p.service]
     assert service.name == their_service.name == "GRPCInferenceService"
     methods = {m.name: m for m in their_service.method}
-    assert len(service.method) == 14
+    assert len(service.method) == 17
     for m in service.method:
         t = methods[m.name]
         assert (m.input_type, m.output_type, m.client_streaming, m.server_streaming) == (
@@ -198,12 +198,23 @@ def test_methods_not_served_are_unimplemented(server):
     with grpc.insecure_channel(server["url"]) as ch:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
         with pytest.raises(grpc.RpcError) as e:
-            stub.CudaSharedMemoryStatus(service_pb2.CudaSharedMemoryStatusRequest(), timeout=10)
-        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        with pytest.raises(grpc.RpcError) as e:
             stub.RepositoryModelUnload(service_pb2.RepositoryModelUnloadRequest(model_name="rope"),
                                        timeout=10)
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_cuda_shared_memory_is_off_unless_enabled(client):
+    # Served only with --enable_cuda_shared_memory (and a GPU):
+    # test_kserve_shared_memory.py has the rest.
+    handle = base64.b64encode(bytes(64))
+    for call in (lambda: client.get_cuda_shared_memory_status(),
+                 lambda: client.register_cuda_shared_memory("g", handle, 0, 64),
+                 lambda: client.unregister_cuda_shared_memory()):
+        with pytest.raises(InferenceServerException) as e:
+            call()
+        assert e.value.status() == "StatusCode.FAILED_PRECONDITION"
+        assert "--enable_cuda_shared_memory" in e.value.message()
+    assert "cuda_shared_memory" not in client.get_server_metadata().extensions
 
 
 def test_system_shared_memory_is_off_unless_enabled(client):

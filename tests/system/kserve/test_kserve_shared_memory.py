@@ -10,6 +10,7 @@ Seeded (the seed is printed; POSENC_SEED replays).
 Environment: as test_kserve_clients.py (run_kserve_tests.sh sets it).
 """
 
+import base64
 import os
 import re
 import subprocess
@@ -37,7 +38,8 @@ def shm_server():
     proc = subprocess.Popen(
         [os.environ["POSENC_SERVER"], "--listen=127.0.0.1:0", f"--port_file={port_file}",
          "--metrics_listen=127.0.0.1:0", "--log_level=info", "--threads=2",
-         "--enable_system_shared_memory", "--max_shared_memory_regions=16"],
+         "--enable_system_shared_memory", "--enable_cuda_shared_memory",
+         "--max_shared_memory_regions=16"],
         stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 30
     while not (os.path.exists(port_file) and open(port_file).read().strip()):
@@ -114,7 +116,32 @@ def infer_error(client, *args, **kw):
 
 
 def test_server_advertises_the_extension(client):
-    assert "system_shared_memory" in client.get_server_metadata().extensions
+    extensions = client.get_server_metadata().extensions
+    assert "system_shared_memory" in extensions
+    assert "cuda_shared_memory" in extensions
+
+
+def test_cuda_shared_memory_without_a_gpu_says_why(client, regions):
+    # This server has no GPU (CI; on a GPU host the handle, all zeros, is a
+    # forged one and refused as such). Either way nothing is registered and
+    # system regions keep working beside it.
+    handle = base64.b64encode(bytes(64))
+    with pytest.raises(InferenceServerException) as e:
+        client.register_cuda_shared_memory("g", handle, 0, 1024)
+    assert e.value.status() in ("StatusCode.FAILED_PRECONDITION", "StatusCode.INVALID_ARGUMENT")
+    assert '"g"' in e.value.message()
+    if e.value.status() == "StatusCode.FAILED_PRECONDITION":
+        assert "no GPU" in e.value.message()
+    assert client.get_cuda_shared_memory_status(as_json=True) in ({}, {"regions": {}})
+    client.unregister_cuda_shared_memory("g")  # not registered: not an error, as in Triton
+    client.unregister_cuda_shared_memory()
+    with pytest.raises(InferenceServerException) as e:
+        client.get_cuda_shared_memory_status("g")
+    assert e.value.status() == "StatusCode.NOT_FOUND"
+    r = regions("beside_cuda", 64)
+    client.register_system_shared_memory("beside_cuda", r.key, r.size)
+    assert list(client.get_system_shared_memory_status(as_json=True)["regions"]) == ["beside_cuda"]
+    assert client.get_cuda_shared_memory_status(as_json=True) in ({}, {"regions": {}})
 
 
 @pytest.mark.parametrize("datatype", ["FP32", "FP16"])

@@ -1,0 +1,190 @@
+// KServe requests naming CUDA shared memory, run in process on an engine
+// whose CUDA backend sits on the fake CUDA runtime (tests/support/
+// fake_device_runtime.h): the registry, the front's placement of each
+// tensor and the engine's routing are the real ones; the device is host
+// memory and the kernels are the emulated grid. Every result is compared
+// bit for bit with the same request sent with its tensors in the message
+// and computed by the CPU backend.
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "cuda_backend.h"
+#include "engine/engine.h"
+#include "fake_device_runtime.h"
+#include "gtest/gtest.h"
+#include "kserve/infer.h"
+#include "kserve/models.h"
+#include "kserve/shared_memory.h"
+
+namespace posenc::server::kserve {
+namespace {
+
+using inference::ModelInferRequest;
+using inference::ModelInferResponse;
+using testing::FakeDeviceRuntime;
+
+constexpr int64_t kTokens = 24, kHeads = 4, kDim = 64;
+constexpr int64_t kQueryBytes = kTokens * kHeads * kDim * 4;  // FP32
+constexpr int64_t kRegionBytes = 4 * kQueryBytes;
+
+class CudaSharedMemory : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const unsigned seed = std::random_device()();
+    std::printf("seed %u\n", seed);
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+    query_.resize(kQueryBytes);
+    for (int64_t i = 0; i < kQueryBytes / 4; ++i) {
+      const float v = u(rng);
+      std::memcpy(query_.data() + 4 * i, &v, 4);
+    }
+    DeviceInfo info;
+    info.name = "fake";
+    auto cuda = cuda::CreateCudaBackendOn(rt_, 0, info, 132);
+    ASSERT_TRUE(cuda.ok()) << cuda.status();
+    EngineOptions o;
+    o.shared_memory.cuda_enabled = true;
+    o.auto_by_measured_cost = false;
+    auto engine = Engine::CreateWith(o, CreateCpuBackend(1), std::move(*cuda), "");
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = std::move(*engine);
+    // The other process's allocation, holding the query at offset 0 and
+    // poison after it; registered by its handle.
+    ASSERT_EQ(rt_.Malloc(&device_, kRegionBytes), cudaSuccess);
+    std::memset(device_, 0x7f, kRegionBytes);
+    std::memcpy(device_, query_.data(), kQueryBytes);
+    const cudaIpcMemHandle_t h = rt_.IpcHandleOf(device_);
+    ASSERT_TRUE(engine_->shared_memory()
+                    .RegisterCuda("gpu", std::string(h.reserved, sizeof(h)), 0, kRegionBytes)
+                    .ok());
+  }
+  void TearDown() override {
+    engine_.reset();  // closes the handle
+    EXPECT_EQ(rt_.ipc_open(), 0);
+    rt_.Free(device_);
+  }
+
+  // The fake's device memory is host memory: the test reads it directly.
+  std::string DeviceBytes(int64_t offset, int64_t n) const {
+    return std::string(static_cast<const char*>(device_) + offset, static_cast<size_t>(n));
+  }
+
+  static void Slice(google::protobuf::Map<std::string, inference::InferParameter>* p, int64_t size,
+                    int64_t offset) {
+    (*p)[kShmRegion].set_string_param("gpu");
+    (*p)[kShmByteSize].set_int64_param(size);
+    (*p)[kShmOffset].set_int64_param(offset);
+  }
+  // A rope request for the query: in the region at `in_offset` (-1: in the
+  // message), its output to the region at `out_offset` (-1: the answer).
+  ModelInferRequest Request(int64_t in_offset, int64_t out_offset, const char* backend = "") {
+    ModelInferRequest req;
+    req.set_model_name("rope");
+    auto* in = req.add_inputs();
+    in->set_name("query");
+    in->set_datatype("FP32");
+    for (int64_t d : {int64_t{1}, kTokens, kHeads, kDim}) in->add_shape(d);
+    if (in_offset >= 0) {
+      Slice(in->mutable_parameters(), kQueryBytes, in_offset);
+    } else {
+      req.add_raw_input_contents(query_);
+    }
+    auto* out = req.add_outputs();
+    out->set_name("query_out");
+    if (out_offset >= 0) Slice(out->mutable_parameters(), kQueryBytes, out_offset);
+    if (*backend != '\0') (*req.mutable_parameters())["backend"].set_string_param(backend);
+    return req;
+  }
+  absl::Status Run(ModelInferRequest req, ModelInferResponse* resp, std::string* backend) {
+    auto admission = engine_->Admit(0);
+    if (!admission.ok()) return admission.status();
+    RunContext ctx;
+    return RunInfer(*engine_, BuiltInModel(ModelKind::kRope), &req, resp, ctx, *admission, backend,
+                    &engine_->shared_memory());
+  }
+  // What the CPU backend makes of the query sent in the message.
+  std::string Expected() {
+    ModelInferResponse resp;
+    std::string backend;
+    EXPECT_TRUE(Run(Request(-1, -1, "cpu"), &resp, &backend).ok());
+    EXPECT_EQ(backend, "cpu");
+    EXPECT_NE(resp.raw_output_contents(0), query_) << "rotated";
+    return resp.raw_output_contents(0);
+  }
+
+  FakeDeviceRuntime rt_;
+  std::unique_ptr<Engine> engine_;
+  void* device_ = nullptr;
+  std::string query_;
+};
+
+TEST_F(CudaSharedMemory, InPlaceOnTheDeviceWithNoCopyOfTheTensor) {
+  const std::string want = Expected();
+  const int64_t copied = rt_.bytes_copied();
+  ModelInferResponse resp;
+  std::string backend;
+  ASSERT_TRUE(Run(Request(0, 0), &resp, &backend).ok());
+  EXPECT_EQ(backend, "cuda:0");
+  EXPECT_EQ(DeviceBytes(0, kQueryBytes), want);
+  EXPECT_EQ(DeviceBytes(kQueryBytes, 8), std::string(8, '\x7f')) << "nothing past the tensor";
+  EXPECT_LT(rt_.bytes_copied() - copied, kQueryBytes / 8) << "only the side tables moved";
+  ASSERT_EQ(resp.outputs_size(), 1);
+  EXPECT_EQ(resp.outputs(0).parameters().at(kShmRegion).string_param(), "gpu");
+  EXPECT_TRUE(resp.raw_output_contents(0).empty());
+}
+
+TEST_F(CudaSharedMemory, ToTheAnswerOrAnotherSliceTheInputStaysAsItWas) {
+  // Computed in host memory, brought there and back by device copies (the
+  // host never reads device memory itself: on a GPU that would fault).
+  const std::string want = Expected();
+  ModelInferResponse resp;
+  std::string backend;
+  int64_t copied = rt_.bytes_copied();
+  ASSERT_TRUE(Run(Request(0, -1), &resp, &backend).ok());
+  EXPECT_EQ(resp.raw_output_contents(0), want);
+  EXPECT_EQ(DeviceBytes(0, kQueryBytes), query_);
+  EXPECT_GE(rt_.bytes_copied() - copied, kQueryBytes);
+
+  ModelInferResponse resp2;
+  copied = rt_.bytes_copied();
+  ASSERT_TRUE(Run(Request(0, 2 * kQueryBytes), &resp2, &backend).ok());
+  EXPECT_GE(rt_.bytes_copied() - copied, 2 * kQueryBytes);
+  EXPECT_EQ(DeviceBytes(2 * kQueryBytes, kQueryBytes), want);
+  EXPECT_EQ(DeviceBytes(0, kQueryBytes), query_);
+  EXPECT_EQ(DeviceBytes(kQueryBytes, kQueryBytes), std::string(kQueryBytes, '\x7f'));
+}
+
+TEST_F(CudaSharedMemory, RequestsTheDeviceCannotServeAreRefusedByName) {
+  ModelInferResponse resp;
+  std::string backend;
+  // The CPU cannot reach device memory.
+  absl::Status s = Run(Request(0, 0, "cpu"), &resp, &backend);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("CUDA shared memory"), std::string::npos) << s;
+  // Misaligned for its elements, in place on the device.
+  std::memcpy(static_cast<char*>(device_) + 2, query_.data(), kQueryBytes);
+  s = Run(Request(2, 2), &resp, &backend);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("multiple of its element size"), std::string::npos) << s;
+  // Past the region.
+  s = Run(Request(kRegionBytes - 8, kRegionBytes - 8), &resp, &backend);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("\"gpu\""), std::string::npos) << s;
+  EXPECT_TRUE(engine_->Ready().ok()) << "none of these hurt the backend";
+}
+
+TEST_F(CudaSharedMemory, UnregisteredRegionsAreGoneAndTheirHandlesClosed) {
+  EXPECT_EQ(rt_.ipc_open(), 1);
+  ASSERT_TRUE(
+      engine_->shared_memory().Unregister("gpu", absl::InfiniteFuture(), MemoryKind::kCuda).ok());
+  EXPECT_EQ(rt_.ipc_open(), 0);
+  ModelInferResponse resp;
+  std::string backend;
+  EXPECT_EQ(Run(Request(0, 0), &resp, &backend).code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace posenc::server::kserve
