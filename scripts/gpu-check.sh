@@ -79,7 +79,7 @@ cuda_tests() {  # cuda_tests BINARY > names, one per line
     /^[^ ]/ { suite = $1; next }
     /^  / {
       name = suite $1
-      if (name ~ /WithoutGpu/) next
+      if (name ~ /WithoutGpu|OnFakeRuntime/) next
       if ($0 ~ /GetParam\(\) = "cuda"/ || name ~ /[Cc][Uu][Dd][Aa]/) print name
     }'
 }
@@ -100,7 +100,8 @@ device_facts() {
 step_suites() {
   : > "$out/suites.txt"
   local t rc log names
-  for t in backend_conformance_test hf_agreement_test bloom_left_padding_test e2e_test; do
+  for t in backend_conformance_test hf_agreement_test bloom_left_padding_test e2e_test \
+           kserve_cuda_shared_memory_test; do
     if [ ! -x "$bundle/bin/$t" ]; then
       verdict "suite $t" 0 "not in the bundle"
       continue

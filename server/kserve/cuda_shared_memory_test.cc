@@ -5,12 +5,16 @@
 // memory and the kernels are the emulated grid. Every result is compared
 // bit for bit with the same request sent with its tensors in the message
 // and computed by the CPU backend.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <random>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "cuda_backend.h"
+#include "cuda_runtime.h"
 #include "engine/engine.h"
 #include "fake_device_runtime.h"
 #include "gtest/gtest.h"
@@ -29,18 +33,72 @@ constexpr int64_t kTokens = 24, kHeads = 4, kDim = 64;
 constexpr int64_t kQueryBytes = kTokens * kHeads * kDim * 4;  // FP32
 constexpr int64_t kRegionBytes = 4 * kQueryBytes;
 
-class CudaSharedMemory : public ::testing::Test {
+void Slice(google::protobuf::Map<std::string, inference::InferParameter>* p, int64_t size,
+           int64_t offset) {
+  (*p)[kShmRegion].set_string_param("gpu");
+  (*p)[kShmByteSize].set_int64_param(size);
+  (*p)[kShmOffset].set_int64_param(offset);
+}
+
+// A rope request for `query`: in region "gpu" at `in_offset` (-1: in the
+// message), its output to the region at `out_offset` (-1: the answer).
+ModelInferRequest RopeRequest(const std::string& query, int64_t in_offset, int64_t out_offset,
+                              const char* backend = "") {
+  ModelInferRequest req;
+  req.set_model_name("rope");
+  auto* in = req.add_inputs();
+  in->set_name("query");
+  in->set_datatype("FP32");
+  for (int64_t d : {int64_t{1}, kTokens, kHeads, kDim}) in->add_shape(d);
+  if (in_offset >= 0) {
+    Slice(in->mutable_parameters(), kQueryBytes, in_offset);
+  } else {
+    req.add_raw_input_contents(query);
+  }
+  auto* out = req.add_outputs();
+  out->set_name("query_out");
+  if (out_offset >= 0) Slice(out->mutable_parameters(), kQueryBytes, out_offset);
+  if (*backend != '\0') (*req.mutable_parameters())["backend"].set_string_param(backend);
+  return req;
+}
+
+absl::Status RunOn(Engine& engine, ModelInferRequest req, ModelInferResponse* resp,
+                   std::string* backend) {
+  auto admission = engine.Admit(0);
+  if (!admission.ok()) return admission.status();
+  RunContext ctx;
+  return RunInfer(engine, BuiltInModel(ModelKind::kRope), &req, resp, ctx, *admission, backend,
+                  &engine.shared_memory());
+}
+
+// What the CPU backend makes of `query` sent in the message.
+std::string CpuResult(Engine& engine, const std::string& query) {
+  ModelInferResponse resp;
+  std::string backend;
+  EXPECT_TRUE(RunOn(engine, RopeRequest(query, -1, -1, "cpu"), &resp, &backend).ok());
+  EXPECT_EQ(backend, "cpu");
+  EXPECT_NE(resp.raw_output_contents(0), query) << "rotated";
+  return resp.raw_output_contents(0);
+}
+
+// Seeded uniform FP32 values in [-2, 2), the seed printed.
+std::string RandomQuery() {
+  const unsigned seed = std::random_device()();
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  std::string q(kQueryBytes, '\0');
+  for (int64_t i = 0; i < kQueryBytes / 4; ++i) {
+    const float v = u(rng);
+    std::memcpy(q.data() + 4 * i, &v, 4);
+  }
+  return q;
+}
+
+class CudaSharedMemoryOnFakeRuntime : public ::testing::Test {
  protected:
   void SetUp() override {
-    const unsigned seed = std::random_device()();
-    std::printf("seed %u\n", seed);
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
-    query_.resize(kQueryBytes);
-    for (int64_t i = 0; i < kQueryBytes / 4; ++i) {
-      const float v = u(rng);
-      std::memcpy(query_.data() + 4 * i, &v, 4);
-    }
+    query_ = RandomQuery();
     DeviceInfo info;
     info.name = "fake";
     auto cuda = cuda::CreateCudaBackendOn(rt_, 0, info, 132);
@@ -72,48 +130,13 @@ class CudaSharedMemory : public ::testing::Test {
     return std::string(static_cast<const char*>(device_) + offset, static_cast<size_t>(n));
   }
 
-  static void Slice(google::protobuf::Map<std::string, inference::InferParameter>* p, int64_t size,
-                    int64_t offset) {
-    (*p)[kShmRegion].set_string_param("gpu");
-    (*p)[kShmByteSize].set_int64_param(size);
-    (*p)[kShmOffset].set_int64_param(offset);
-  }
-  // A rope request for the query: in the region at `in_offset` (-1: in the
-  // message), its output to the region at `out_offset` (-1: the answer).
   ModelInferRequest Request(int64_t in_offset, int64_t out_offset, const char* backend = "") {
-    ModelInferRequest req;
-    req.set_model_name("rope");
-    auto* in = req.add_inputs();
-    in->set_name("query");
-    in->set_datatype("FP32");
-    for (int64_t d : {int64_t{1}, kTokens, kHeads, kDim}) in->add_shape(d);
-    if (in_offset >= 0) {
-      Slice(in->mutable_parameters(), kQueryBytes, in_offset);
-    } else {
-      req.add_raw_input_contents(query_);
-    }
-    auto* out = req.add_outputs();
-    out->set_name("query_out");
-    if (out_offset >= 0) Slice(out->mutable_parameters(), kQueryBytes, out_offset);
-    if (*backend != '\0') (*req.mutable_parameters())["backend"].set_string_param(backend);
-    return req;
+    return RopeRequest(query_, in_offset, out_offset, backend);
   }
   absl::Status Run(ModelInferRequest req, ModelInferResponse* resp, std::string* backend) {
-    auto admission = engine_->Admit(0);
-    if (!admission.ok()) return admission.status();
-    RunContext ctx;
-    return RunInfer(*engine_, BuiltInModel(ModelKind::kRope), &req, resp, ctx, *admission, backend,
-                    &engine_->shared_memory());
+    return RunOn(*engine_, std::move(req), resp, backend);
   }
-  // What the CPU backend makes of the query sent in the message.
-  std::string Expected() {
-    ModelInferResponse resp;
-    std::string backend;
-    EXPECT_TRUE(Run(Request(-1, -1, "cpu"), &resp, &backend).ok());
-    EXPECT_EQ(backend, "cpu");
-    EXPECT_NE(resp.raw_output_contents(0), query_) << "rotated";
-    return resp.raw_output_contents(0);
-  }
+  std::string Expected() { return CpuResult(*engine_, query_); }
 
   FakeDeviceRuntime rt_;
   std::unique_ptr<Engine> engine_;
@@ -121,7 +144,7 @@ class CudaSharedMemory : public ::testing::Test {
   std::string query_;
 };
 
-TEST_F(CudaSharedMemory, InPlaceOnTheDeviceWithNoCopyOfTheTensor) {
+TEST_F(CudaSharedMemoryOnFakeRuntime, InPlaceOnTheDeviceWithNoCopyOfTheTensor) {
   const std::string want = Expected();
   const int64_t copied = rt_.bytes_copied();
   ModelInferResponse resp;
@@ -136,7 +159,7 @@ TEST_F(CudaSharedMemory, InPlaceOnTheDeviceWithNoCopyOfTheTensor) {
   EXPECT_TRUE(resp.raw_output_contents(0).empty());
 }
 
-TEST_F(CudaSharedMemory, ToTheAnswerOrAnotherSliceTheInputStaysAsItWas) {
+TEST_F(CudaSharedMemoryOnFakeRuntime, ToTheAnswerOrAnotherSliceTheInputStaysAsItWas) {
   // Computed in host memory, brought there and back by device copies (the
   // host never reads device memory itself: on a GPU that would fault).
   const std::string want = Expected();
@@ -157,7 +180,7 @@ TEST_F(CudaSharedMemory, ToTheAnswerOrAnotherSliceTheInputStaysAsItWas) {
   EXPECT_EQ(DeviceBytes(kQueryBytes, kQueryBytes), std::string(kQueryBytes, '\x7f'));
 }
 
-TEST_F(CudaSharedMemory, RequestsTheDeviceCannotServeAreRefusedByName) {
+TEST_F(CudaSharedMemoryOnFakeRuntime, RequestsTheDeviceCannotServeAreRefusedByName) {
   ModelInferResponse resp;
   std::string backend;
   // The CPU cannot reach device memory.
@@ -176,7 +199,7 @@ TEST_F(CudaSharedMemory, RequestsTheDeviceCannotServeAreRefusedByName) {
   EXPECT_TRUE(engine_->Ready().ok()) << "none of these hurt the backend";
 }
 
-TEST_F(CudaSharedMemory, UnregisteredRegionsAreGoneAndTheirHandlesClosed) {
+TEST_F(CudaSharedMemoryOnFakeRuntime, UnregisteredRegionsAreGoneAndTheirHandlesClosed) {
   EXPECT_EQ(rt_.ipc_open(), 1);
   ASSERT_TRUE(
       engine_->shared_memory().Unregister("gpu", absl::InfiniteFuture(), MemoryKind::kCuda).ok());
@@ -184,6 +207,106 @@ TEST_F(CudaSharedMemory, UnregisteredRegionsAreGoneAndTheirHandlesClosed) {
   ModelInferResponse resp;
   std::string backend;
   EXPECT_EQ(Run(Request(0, 0), &resp, &backend).code(), absl::StatusCode::kNotFound);
+}
+
+// The real thing, on a GPU (skipped without one): another process (a forked
+// child, as a model server would be) allocates device memory, fills it and
+// sends its IPC handle; this process's server registers it, rotates the
+// tensor in place on the device, and the child reads back exactly what the
+// CPU backend computes. A forged handle and one of a smaller size are
+// refused without hurting the backend.
+TEST(CudaSharedMemoryOnAGpu, AnotherProcesssTensorIsRotatedInPlaceOnTheDevice) {
+  const std::string query = RandomQuery();
+  int down[2], up[2];  // parent -> child, child -> parent
+  ASSERT_EQ(::pipe(down), 0);
+  ASSERT_EQ(::pipe(up), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  // Each side keeps only its own ends, so a side that dies is an end of
+  // file to the other, never a hang.
+  ::close(child == 0 ? up[0] : up[1]);
+  ::close(child == 0 ? down[1] : down[0]);
+  if (child == 0) {
+    // The child touches CUDA first; the parent only once it has the handle.
+    const auto fail = [&](char why) {
+      (void)!::write(up[1], &why, 1);
+      ::_exit(0);
+    };
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) fail('n');
+    void* d = nullptr;
+    if (cudaMalloc(&d, kRegionBytes) != cudaSuccess) fail('m');
+    cudaMemset(d, 0x7f, kRegionBytes);
+    cudaMemcpy(d, query.data(), kQueryBytes, cudaMemcpyHostToDevice);
+    cudaIpcMemHandle_t h;
+    if (cudaIpcGetMemHandle(&h, d) != cudaSuccess) fail('h');
+    char ok = 'y';
+    (void)!::write(up[1], &ok, 1);
+    (void)!::write(up[1], &h, sizeof(h));
+    char go = 0;
+    (void)!::read(down[0], &go, 1);  // the parent is done with it
+    std::string back(kRegionBytes, '\0');
+    cudaMemcpy(back.data(), d, kRegionBytes, cudaMemcpyDeviceToHost);
+    (void)!::write(up[1], back.data(), back.size());
+    char bye = 0;
+    (void)!::read(down[0], &bye, 1);  // unregistered: now it may go
+    cudaFree(d);
+    ::_exit(0);
+  }
+  const auto read_all = [&](void* to, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+      const ssize_t r = ::read(up[0], static_cast<char*>(to) + got, n - got);
+      if (r <= 0) return false;
+      got += static_cast<size_t>(r);
+    }
+    return true;
+  };
+  char state = 0;
+  ASSERT_TRUE(read_all(&state, 1));
+  if (state != 'y') {
+    ::waitpid(child, nullptr, 0);
+    GTEST_SKIP() << "no GPU here (child said '" << state << "')";
+  }
+  cudaIpcMemHandle_t h;
+  ASSERT_TRUE(read_all(&h, sizeof(h)));
+  EngineOptions o;
+  o.shared_memory.cuda_enabled = true;
+  o.auto_by_measured_cost = false;
+  auto engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  SharedMemoryRegistry& registry = (*engine)->shared_memory();
+  const std::string raw(h.reserved, sizeof(h));
+  std::string forged = raw;
+  forged[9] ^= 0x5a;
+  absl::Status s = registry.RegisterCuda("forged", forged, 0, kRegionBytes);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  s = registry.RegisterCuda("big", raw, 0, uint64_t{1} << 40);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  ASSERT_TRUE(registry.RegisterCuda("gpu", raw, 0, kRegionBytes).ok());
+  const std::string want = CpuResult(**engine, query);
+  ModelInferResponse resp;
+  std::string backend;
+  ASSERT_TRUE(RunOn(**engine, RopeRequest(query, 0, 0), &resp, &backend).ok());
+  EXPECT_EQ(backend, "cuda:0");
+  // Again, to the answer this time: through a device copy, leaving the
+  // (now rotated) tensor in the region as it is.
+  const std::string twice = CpuResult(**engine, want);
+  ModelInferResponse answer;
+  ASSERT_TRUE(RunOn(**engine, RopeRequest(query, 0, -1), &answer, &backend).ok());
+  EXPECT_EQ(answer.raw_output_contents(0), twice);
+  EXPECT_TRUE((*engine)->Ready().ok());
+  const char go = 'g';
+  ASSERT_EQ(::write(down[1], &go, 1), 1);
+  std::string back(kRegionBytes, '\0');
+  ASSERT_TRUE(read_all(back.data(), back.size()));
+  EXPECT_EQ(back.substr(0, kQueryBytes), want) << "rotated in place, bit for bit";
+  EXPECT_EQ(back.substr(kQueryBytes), std::string(kRegionBytes - kQueryBytes, '\x7f'));
+  ASSERT_TRUE(registry.Unregister("gpu", absl::InfiniteFuture(), MemoryKind::kCuda).ok());
+  ASSERT_EQ(::write(down[1], &go, 1), 1);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
 }  // namespace
