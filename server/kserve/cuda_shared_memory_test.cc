@@ -17,6 +17,7 @@
 #include "cuda_runtime.h"
 #include "engine/engine.h"
 #include "fake_device_runtime.h"
+#include "fake_gpu_engine.h"
 #include "gtest/gtest.h"
 #include "kserve/infer.h"
 #include "kserve/models.h"
@@ -99,35 +100,17 @@ class CudaSharedMemoryOnFakeRuntime : public ::testing::Test {
  protected:
   void SetUp() override {
     query_ = RandomQuery();
-    DeviceInfo info;
-    info.name = "fake";
-    auto cuda = cuda::CreateCudaBackendOn(rt_, 0, info, 132);
-    ASSERT_TRUE(cuda.ok()) << cuda.status();
-    EngineOptions o;
-    o.shared_memory.cuda_enabled = true;
-    o.auto_by_measured_cost = false;
-    auto engine = Engine::CreateWith(o, CreateCpuBackend(1), std::move(*cuda), "");
-    ASSERT_TRUE(engine.ok()) << engine.status();
-    engine_ = std::move(*engine);
     // The other process's allocation, holding the query at offset 0 and
     // poison after it; registered by its handle.
-    ASSERT_EQ(rt_.Malloc(&device_, kRegionBytes), cudaSuccess);
-    std::memset(device_, 0x7f, kRegionBytes);
+    device_ = gpu_.Allocate(kRegionBytes, 0x7f);
     std::memcpy(device_, query_.data(), kQueryBytes);
-    const cudaIpcMemHandle_t h = rt_.IpcHandleOf(device_);
-    ASSERT_TRUE(engine_->shared_memory()
-                    .RegisterCuda("gpu", std::string(h.reserved, sizeof(h)), 0, kRegionBytes)
-                    .ok());
-  }
-  void TearDown() override {
-    engine_.reset();  // closes the handle
-    EXPECT_EQ(rt_.ipc_open(), 0);
-    rt_.Free(device_);
+    ASSERT_TRUE(
+        engine_->shared_memory().RegisterCuda("gpu", gpu_.Handle(device_), 0, kRegionBytes).ok());
   }
 
   // The fake's device memory is host memory: the test reads it directly.
   std::string DeviceBytes(int64_t offset, int64_t n) const {
-    return std::string(static_cast<const char*>(device_) + offset, static_cast<size_t>(n));
+    return std::string(device_ + offset, static_cast<size_t>(n));
   }
 
   ModelInferRequest Request(int64_t in_offset, int64_t out_offset, const char* backend = "") {
@@ -138,9 +121,10 @@ class CudaSharedMemoryOnFakeRuntime : public ::testing::Test {
   }
   std::string Expected() { return CpuResult(*engine_, query_); }
 
-  FakeDeviceRuntime rt_;
-  std::unique_ptr<Engine> engine_;
-  void* device_ = nullptr;
+  testing::FakeGpuEngine gpu_;
+  FakeDeviceRuntime& rt_ = gpu_.runtime();
+  Engine* engine_ = &gpu_.engine();
+  char* device_ = nullptr;
   std::string query_;
 };
 

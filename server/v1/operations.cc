@@ -94,6 +94,7 @@ absl::Status ApplyRope(Engine& engine, v1::RopeRequest* req, v1::RopeResponse* r
   CallEnv env{ctx, admission, backend,
               Overhead(*resp, resp->query_data().size() + resp->key_data().size())};
   env.tensors_in_answer = !req->has_query_shm() || (has_key && !req->has_key_shm());
+  env.tensors_on_device = shm.on_device();
   POSENC_ASSIGN_OR_RETURN(std::string served, engine.ApplyRope(options, t, env));
   POSENC_RETURN_IF_ERROR(shm.CheckIntact());
   *resp->mutable_query() = wire::DescOf(t.query.dtype, t.query.shape);
@@ -133,6 +134,7 @@ absl::Status AddAbsoluteEncoding(Engine& engine, v1::AbsoluteEncodingRequest* re
   resp->set_backend(engine.LongestBackendName());
   CallEnv env{ctx, admission, backend, Overhead(*resp, resp->y_data().size())};
   env.tensors_in_answer = !req->has_x_shm();
+  env.tensors_on_device = shm.on_device();
   POSENC_ASSIGN_OR_RETURN(std::string served, engine.AddAbsolute(std::move(options), t, env));
   POSENC_RETURN_IF_ERROR(shm.CheckIntact());
   *resp->mutable_y() = wire::DescOf(t.x.dtype, t.x.shape);
@@ -198,6 +200,7 @@ absl::Status AttentionBias(Engine& engine, v1::AttentionBiasRequest* req,
   resp->set_backend(engine.LongestBackendName());
   CallEnv env{ctx, admission, backend, Overhead(*resp, resp->bias_data().size())};
   env.tensors_in_answer = !req->has_logits_shm() && !req->has_bias_shm();
+  env.tensors_on_device = shm.on_device();
   POSENC_ASSIGN_OR_RETURN(Produced bias, engine.AttentionBias(options, logits, out, env));
   POSENC_RETURN_IF_ERROR(shm.CheckIntact());
   *resp->mutable_bias() = wire::DescOf(bias.dtype, bias.shape);
@@ -254,8 +257,11 @@ v1::ServerInfo GetServerInfo(const Engine& engine) {
     bi->set_memory_bytes(d.memory_bytes);
     bi->set_compute_capability(d.compute_capability);
     bi->set_threads(d.threads);
+    bi->set_device_uuid(d.uuid);
   };
   info.set_shared_memory_enabled(engine.shared_memory().enabled());
+  info.set_cuda_shared_memory_enabled(engine.shared_memory().cuda_enabled() &&
+                                      engine.cuda() != nullptr && engine.cuda()->health().ok());
   if (engine.shared_memory().enabled()) {
     info.set_shared_memory_domain(engine.shared_memory().domain());
   }

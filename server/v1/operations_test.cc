@@ -164,10 +164,12 @@ TEST(Engine, FailedValidationLeavesNoPartialResponse) {
   EXPECT_NE(s.message().find("offsets.dtype"), absl::string_view::npos) << s;
 }
 
-// posenc.v1 computes in host memory only: a CUDA region named in one of its
-// requests is refused by name before anything reads or writes it (the host
-// touching device memory would fault on a GPU).
-TEST(Engine, ACudaRegionInAV1RequestIsRefusedUntouched) {
+// A CUDA region named in a posenc.v1 request is computed on by the CUDA
+// backend only: without one (this engine has no GPU) the call is refused
+// saying so, and nothing reads or writes the region (the host touching
+// device memory would fault on a GPU). Built outputs (tables, biases) never
+// go there. (On the fake CUDA runtime: kserve/cuda_shared_memory_test.cc.)
+TEST(Engine, ACudaRegionWithoutAGpuIsRefusedUntouched) {
   EngineOptions o;
   o.cpu_threads = 1;
   o.shared_memory.cuda_enabled = true;
@@ -191,10 +193,24 @@ TEST(Engine, ACudaRegionInAV1RequestIsRefusedUntouched) {
   req.mutable_query_shm()->set_byte_size(64 * 4 * 64 * 4);
   v1::RopeResponse resp;
   const absl::Status s = ApplyRope(**engine, &req, &resp, RunContext{});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_NE(s.message().find("query_shm: region \"gpu\" is CUDA shared memory"),
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("CUDA shared memory but this server has no GPU backend"),
             absl::string_view::npos)
       << s;
+  v1::EncodingTableRequest table;
+  table.mutable_sinusoidal();
+  table.set_dim(64);
+  table.set_count(4);
+  table.mutable_table_shm()->set_region("gpu");
+  table.mutable_table_shm()->set_byte_size(64 * 4 * 4);
+  v1::EncodingTableResponse table_resp;
+  auto admission = (*engine)->Admit(0);
+  ASSERT_TRUE(admission.ok());
+  const absl::Status t = GetEncodingTable(**engine, &table, &table_resp, RunContext{}, *admission);
+  EXPECT_EQ(t.code(), absl::StatusCode::kInvalidArgument) << t;
+  EXPECT_NE(t.message().find("table_shm: region \"gpu\" is CUDA shared memory"),
+            absl::string_view::npos)
+      << t;
   EXPECT_EQ(device, std::string(1 << 16, '\x5a'));
 }
 

@@ -40,22 +40,48 @@ std::vector<Method> PositionalEncodingService::Methods() const {
   // Shared memory, the registry KServe's SystemSharedMemory* methods use too.
   const auto status_of = [engine](absl::string_view name,
                                   v1::SharedMemoryStatus* resp) -> absl::Status {
-    POSENC_ASSIGN_OR_RETURN(auto regions, engine->shared_memory().Status(name));
-    for (const auto& r : regions) {
-      v1::SharedMemoryRegion* out = resp->add_regions();
-      out->set_name(r->name());
-      out->set_key(r->key());
-      out->set_offset(static_cast<uint64_t>(r->offset()));
-      out->set_byte_size(static_cast<uint64_t>(r->byte_size()));
+    SharedMemoryRegistry& registry = engine->shared_memory();
+    // Both kinds, those served: a name of either kind is found.
+    bool found = false;
+    absl::Status first = absl::OkStatus();
+    for (MemoryKind kind : {MemoryKind::kSystem, MemoryKind::kCuda}) {
+      auto regions = registry.Status(name, kind);
+      if (!regions.ok()) {
+        if (first.ok()) first = regions.status();
+        continue;
+      }
+      found = true;
+      for (const auto& r : *regions) {
+        v1::SharedMemoryRegion* out = resp->add_regions();
+        out->set_name(r->name());
+        out->set_key(r->key());
+        out->set_offset(static_cast<uint64_t>(r->offset()));
+        out->set_byte_size(static_cast<uint64_t>(r->byte_size()));
+        out->set_cuda(r->on_device());
+        if (r->on_device()) out->set_cuda_device(r->device_id());
+      }
     }
-    return absl::OkStatus();
+    // Neither kind served (their errors say how to enable), or the name is
+    // of neither (NOT_FOUND from the kind that is served).
+    return found && (name.empty() || resp->regions_size() > 0) ? absl::OkStatus() : first;
   };
   methods.push_back(ControlMethod<v1::RegisterSharedMemoryRequest, v1::SharedMemoryStatus>(
       kPositionalEncodingService, "RegisterSharedMemory",
       [engine, status_of](MethodCall& call, const v1::RegisterSharedMemoryRequest& req,
                           v1::SharedMemoryStatus* resp) -> absl::Status {
-        POSENC_RETURN_IF_ERROR(engine->shared_memory().Register(req.name(), req.key(), req.offset(),
-                                                                req.byte_size(), call.peer));
+        SharedMemoryRegistry& registry = engine->shared_memory();
+        if (!req.cuda_handle().empty()) {
+          if (!req.key().empty() || req.offset() != 0) {
+            return absl::InvalidArgumentError(
+                "a region is either a /dev/shm object (key, offset) or a CUDA allocation "
+                "(cuda_handle), not both");
+          }
+          POSENC_RETURN_IF_ERROR(registry.RegisterCuda(
+              req.name(), req.cuda_handle(), req.cuda_device(), req.byte_size(), call.peer));
+        } else {
+          POSENC_RETURN_IF_ERROR(
+              registry.Register(req.name(), req.key(), req.offset(), req.byte_size(), call.peer));
+        }
         return status_of(req.name(), resp);
       }));
   // Waits until no request uses the region (up to the call's deadline, or
@@ -63,9 +89,19 @@ std::vector<Method> PositionalEncodingService::Methods() const {
   methods.push_back(ControlMethod<v1::UnregisterSharedMemoryRequest, v1::SharedMemoryStatus>(
       kPositionalEncodingService, "UnregisterSharedMemory",
       [engine](MethodCall& call, const v1::UnregisterSharedMemoryRequest& req,
-               v1::SharedMemoryStatus*) {
-        return engine->shared_memory().Unregister(
-            req.name(), std::min(call.deadline, absl::Now() + absl::Seconds(30)));
+               v1::SharedMemoryStatus*) -> absl::Status {
+        SharedMemoryRegistry& registry = engine->shared_memory();
+        const absl::Time deadline = std::min(call.deadline, absl::Now() + absl::Seconds(30));
+        if (!registry.enabled() && !registry.cuda_enabled()) {
+          return registry.Unregister(req.name(), deadline);  // says how to enable
+        }
+        for (MemoryKind kind : {MemoryKind::kSystem, MemoryKind::kCuda}) {
+          if (kind == MemoryKind::kSystem ? !registry.enabled() : !registry.cuda_enabled()) {
+            continue;
+          }
+          POSENC_RETURN_IF_ERROR(registry.Unregister(req.name(), deadline, kind));
+        }
+        return absl::OkStatus();
       },
       Method::Kind::kControlIo));
   methods.push_back(ControlMethod<v1::SharedMemoryStatusRequest, v1::SharedMemoryStatus>(

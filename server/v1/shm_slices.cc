@@ -20,7 +20,7 @@ int64_t SliceBytes(const v1::SharedMemorySlice& slice) {
 }
 
 absl::StatusOr<char*> ShmSlices::Resolve(absl::string_view field,
-                                         const v1::SharedMemorySlice& slice) {
+                                         const v1::SharedMemorySlice& slice, bool device_ok) {
   const std::string where = absl::StrCat(field, "_shm");
   if (slice.offset() > kMaxInt64 || slice.byte_size() > kMaxInt64) {
     return absl::InvalidArgumentError(
@@ -29,14 +29,15 @@ absl::StatusOr<char*> ShmSlices::Resolve(absl::string_view field,
   }
   POSENC_ASSIGN_OR_RETURN(std::shared_ptr<const SharedMemoryRegion> region,
                           engine_.shared_memory().Find(where, slice.region()));
-  // posenc.v1 computes in host memory only for now (its light path runs
-  // small calls inline on the CPU); CUDA regions are KServe's.
-  if (region->on_device()) {
+  // Outputs the server builds (tables, biases) are written by the host.
+  if (region->on_device() && !device_ok) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, ": region \"", Utf8Prefix(slice.region(), 64),
-        "\" is CUDA shared memory, which posenc.v1 does not "
-        "take; name it in a KServe ModelInfer request, or use system shared memory here"));
+        "\" is CUDA shared memory, which takes the tensors computed in place (query, key, x, "
+        "logits); a built ",
+        field, " goes to system shared memory or the answer"));
   }
+  on_device_ = on_device_ || region->on_device();
   const auto offset = static_cast<int64_t>(slice.offset());
   POSENC_RETURN_IF_ERROR(
       region->CheckSlice(where, offset, static_cast<int64_t>(slice.byte_size())));
@@ -54,13 +55,13 @@ absl::StatusOr<MutableTensor> ShmSlices::Input(absl::string_view field,
                                                    "_shm names the tensor, got ", data.size(),
                                                    " bytes"));
   }
-  POSENC_ASSIGN_OR_RETURN(char* at, Resolve(field, slice));
+  POSENC_ASSIGN_OR_RETURN(char* at, Resolve(field, slice, /*device_ok=*/true));
   return wire::MutableOf(field, desc, at, static_cast<size_t>(slice.byte_size()));
 }
 
 absl::StatusOr<OutputTarget> ShmSlices::Output(absl::string_view field,
                                                const v1::SharedMemorySlice& slice) {
-  POSENC_ASSIGN_OR_RETURN(char* at, Resolve(field, slice));
+  POSENC_ASSIGN_OR_RETURN(char* at, Resolve(field, slice, /*device_ok=*/false));
   return OutputTarget(at, static_cast<int64_t>(slice.byte_size()));
 }
 

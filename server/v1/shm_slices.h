@@ -36,12 +36,17 @@ class ShmSlices {
   // FAILED_PRECONDITION when the caller truncated a region the call used
   // while it ran: what the call read or wrote there is void.
   [[nodiscard]] absl::Status CheckIntact() const;
+  // Whether a tensor resolved so far lies in CUDA shared memory: the call
+  // then runs on the device, in place (CallEnv::tensors_on_device).
+  bool on_device() const { return on_device_; }
 
  private:
-  absl::StatusOr<char*> Resolve(absl::string_view field, const v1::SharedMemorySlice& slice);
+  absl::StatusOr<char*> Resolve(absl::string_view field, const v1::SharedMemorySlice& slice,
+                                bool device_ok);
 
   Engine& engine_;
   std::vector<std::pair<std::string, std::shared_ptr<const SharedMemoryRegion>>> held_;
+  bool on_device_ = false;
 };
 
 }  // namespace posenc::server

@@ -397,5 +397,73 @@ TEST(SharedMemoryClientWithoutServerSupport, AutoFallsBackAndRequireRefuses) {
   EXPECT_EQ(q2, q0) << "a refused call leaves the caller's tensor as it was";
 }
 
+// CUDA regions through posenc.v1's RegisterSharedMemory (cuda_handle), over
+// a real socket, on a server without a GPU: refused saying why, by flag or
+// by GPU; a request mixing a key and a handle is refused as such; system
+// regions keep working beside them and list as not CUDA. (With a GPU, on
+// the fake runtime: server/v1/cuda_shared_memory_test.cc.)
+TEST(CudaSharedMemoryOverV1, WithoutAGpuRegistrationSaysWhyAndSystemRegionsWork) {
+  for (const bool cuda_enabled : {false, true}) {
+    server::ServerOptions o;
+    o.listen_address = "127.0.0.1:0";
+    o.engine.cpu_threads = 1;
+    o.engine.enable_cuda = false;
+    o.engine.shared_memory.enabled = true;
+    o.engine.shared_memory.cuda_enabled = cuda_enabled;
+    auto server = server::Server::Start(o);
+    ASSERT_TRUE(server.ok()) << server.status();
+    auto client = Connect("127.0.0.1:" + std::to_string((*server)->port()), SharedMemoryUse::kOff);
+    v1::PositionalEncoding::Stub& stub = client->stub();
+    const auto rpc_register = [&](const std::string& key, const std::string& handle) {
+      grpc::ClientContext ctx;
+      v1::RegisterSharedMemoryRequest req;
+      req.set_name("g");
+      req.set_key(key);
+      req.set_cuda_handle(handle);
+      req.set_byte_size(4096);
+      v1::SharedMemoryStatus resp;
+      return stub.RegisterSharedMemory(&ctx, req, &resp);
+    };
+    grpc::Status s = rpc_register("", std::string(64, '\0'));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+    EXPECT_NE(
+        s.error_message().find(cuda_enabled ? "no GPU backend" : "--enable_cuda_shared_memory"),
+        std::string::npos)
+        << s.error_message();
+    s = rpc_register("/posenc-both", std::string(64, '\0'));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_NE(s.error_message().find("not both"), std::string::npos) << s.error_message();
+
+    const std::string key = "/posenc-v1-cuda-" + std::to_string(::getpid());
+    const int fd = ::shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, 4096), 0);
+    ::close(fd);
+    ASSERT_TRUE(rpc_register(key, "").ok());
+    ::shm_unlink(key.c_str());
+    {
+      grpc::ClientContext ctx;
+      v1::SharedMemoryStatus status;
+      ASSERT_TRUE(stub.GetSharedMemoryStatus(&ctx, v1::SharedMemoryStatusRequest(), &status).ok());
+      ASSERT_EQ(status.regions_size(), 1);
+      EXPECT_EQ(status.regions(0).name(), "g");
+      EXPECT_FALSE(status.regions(0).cuda());
+    }
+    {
+      grpc::ClientContext ctx;
+      v1::ServerInfo info;
+      ASSERT_TRUE(stub.GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info).ok());
+      EXPECT_FALSE(info.cuda_shared_memory_enabled()) << "no GPU";
+    }
+    {
+      grpc::ClientContext ctx;
+      v1::UnregisterSharedMemoryRequest req;
+      v1::SharedMemoryStatus resp;
+      ASSERT_TRUE(stub.UnregisterSharedMemory(&ctx, req, &resp).ok());
+    }
+    EXPECT_EQ((*server)->engine().shared_memory().count(), 0);
+  }
+}
+
 }  // namespace
 }  // namespace posenc

@@ -33,6 +33,7 @@ struct DeviceInfo {
   int64_t memory_bytes = 0;    // GPU memory; 0 for the CPU
   int compute_capability = 0;  // major * 10 + minor; 0 for the CPU
   int threads = 0;             // CPU worker threads
+  std::string uuid;            // the GPU's, "GPU-xxxxxxxx-..." as nvidia-smi prints it
 };
 
 // Per-call context: lets a backend stop work for a caller who left.

@@ -751,6 +751,15 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
   info.name = prop.name;
   info.memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);
   info.compute_capability = prop.major * 10 + prop.minor;
+  {
+    const auto* u = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+    std::string uuid = "GPU-";
+    for (int i = 0; i < 16; ++i) {
+      if (i == 4 || i == 6 || i == 8 || i == 10) uuid += '-';
+      absl::StrAppend(&uuid, absl::Hex(u[i], absl::kZeroPad2));
+    }
+    info.uuid = uuid;
+  }
   return cuda::CreateCudaBackendOn(cuda::CudaRuntime(), device, std::move(info),
                                    prop.multiProcessorCount);
 }
