@@ -224,8 +224,10 @@ absl::StatusOr<Backend*> Engine::Choose(BackendChoice requested, int64_t bytes) 
 }
 
 absl::StatusOr<Backend*> Engine::DeviceBackend(BackendChoice requested) const {
-  const BackendChoice resolved = Resolve(requested);
-  if (resolved == BackendChoice::kCpu) {
+  // Only a caller's own choice of the CPU is refused: a request that leaves
+  // the backend to the server (even one defaulting to the CPU) can only be
+  // served where its tensors are.
+  if (requested == BackendChoice::kCpu) {
     return absl::InvalidArgumentError(
         "the tensors are in CUDA shared memory, which only the CUDA backend computes on; backend "
         "CPU was asked for (ask for AUTO or CUDA, or send the tensors in system shared memory or "

@@ -208,7 +208,9 @@ class Engine {
                                              absl::string_view what) const;
   std::string BackendName(const Backend* b) const;
   // The backend for a call whose tensors are in CUDA shared memory: the
-  // CUDA one, healthy, unless the caller asked for another.
+  // CUDA one, healthy, unless the caller asked for the CPU (whatever
+  // --default_backend says: the tensors can only be computed on where they
+  // are).
   [[nodiscard]] absl::StatusOr<Backend*> DeviceBackend(BackendChoice requested) const;
   BackendChoice Resolve(BackendChoice requested) const {
     return requested == BackendChoice::kDefault ? options_.default_backend : requested;

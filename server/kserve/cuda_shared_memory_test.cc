@@ -193,6 +193,28 @@ TEST_F(CudaSharedMemoryOnFakeRuntime, UnregisteredRegionsAreGoneAndTheirHandlesC
   EXPECT_EQ(Run(Request(0, 0), &resp, &backend).code(), absl::StatusCode::kNotFound);
 }
 
+// A server whose default is the CPU still computes device tensors on the
+// GPU when the request leaves the backend to it: they cannot be computed
+// anywhere else.
+TEST(CudaSharedMemoryDefaults, ADefaultOfCpuStillServesDeviceTensorsOnTheGpu) {
+  testing::FakeGpuEngine gpu(BackendChoice::kCpu);
+  const std::string query = RandomQuery();
+  char* device = gpu.Allocate(kRegionBytes, 0x7f);
+  std::memcpy(device, query.data(), kQueryBytes);
+  ASSERT_TRUE(
+      gpu.engine().shared_memory().RegisterCuda("gpu", gpu.Handle(device), 0, kRegionBytes).ok());
+  const std::string want = CpuResult(gpu.engine(), query);
+  ModelInferResponse resp;
+  std::string backend;
+  ASSERT_TRUE(RunOn(gpu.engine(), RopeRequest(query, 0, 0), &resp, &backend).ok());
+  EXPECT_EQ(backend, "cuda:0");
+  EXPECT_EQ(std::string(device, kQueryBytes), want);
+  // The same request with its tensors in the message goes to the CPU.
+  ModelInferResponse socket;
+  ASSERT_TRUE(RunOn(gpu.engine(), RopeRequest(query, -1, -1), &socket, &backend).ok());
+  EXPECT_EQ(backend, "cpu");
+}
+
 // The real thing, on a GPU (skipped without one): another process (a forked
 // child, as a model server would be) allocates device memory, fills it and
 // sends its IPC handle; this process's server registers it, rotates the

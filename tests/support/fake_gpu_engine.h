@@ -18,7 +18,7 @@ namespace posenc::testing {
 
 class FakeGpuEngine {
  public:
-  FakeGpuEngine() {
+  explicit FakeGpuEngine(BackendChoice default_backend = BackendChoice::kAuto) {
     DeviceInfo info;
     info.name = "fake";
     info.uuid = "GPU-00000000-0000-0000-0000-000000000000";
@@ -28,6 +28,7 @@ class FakeGpuEngine {
     o.shared_memory.cuda_enabled = true;
     o.auto_by_measured_cost = false;
     o.cpu_threads = 1;
+    o.default_backend = default_backend;
     auto engine = server::Engine::CreateWith(o, CreateCpuBackend(1), std::move(*cuda), "");
     EXPECT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
