@@ -1,22 +1,21 @@
 #!/usr/bin/env bash
 # The GPU checks (issues 3, 9), for the device tool (a lent GPU).
 #
-# Here (no GPU needed), build with CUDA and bundle the binaries:
-#   scripts/build.sh
-#   ../shared/tools/gpu-bundle .gpu/bundle build/tests/conformance/backend_conformance_test \
-#     build/tests/conformance/hf_agreement_test build/tests/conformance/bloom_left_padding_test \
-#     build/tests/system/e2e_test \
-#     build/bench/posenc-bench-gpu
+# Here (no GPU needed), build with CUDA and pack the binaries:
+#   scripts/build.sh && scripts/gpu-pack.sh      (-> .gpu/bundle.tar.xz, ~16 MB)
 #   (.gpu/ is git-ignored; pass it in the device tool's `carry`)
-# There, from the repository root, in one call (all steps took 99 s of run
-# time on an H100 on 2026-11-26; each step has its own timeout below):
-#   bash scripts/gpu-check.sh .gpu/bundle suites bench ncu peers sanitizers
+# There, from the repository root, in one call (suites, bench and serving
+# take about 5 minutes on an H100; each step has its own timeout below):
+#   tar -C .gpu -xJf .gpu/bundle.tar.xz &&
+#     bash scripts/gpu-check.sh .gpu/bundle suites bench serving
+# and, with device time left, a second call for ncu peers sanitizers.
 # Peers need Liger-Kernel as a wheel in .whl/ (carried, installed with
 # pip --target; see bench/RESULTS.md), or they run without it.
 # Steps: suites, memcheck, racecheck, synccheck, initcheck (sanitizers: all
-# four), bench, ncu, peers; none named: all of them, in that order.
+# four), bench, serving, ncu, peers; none named: all but serving, in that
+# order.
 #
-# Files under $OUT, 6 over all steps (the device tool takes back at most 8):
+# Files under $OUT, 7 over all steps (the device tool takes back at most 8):
 #   summary.txt     device facts, one verdict line per step, the benchmark and
 #                   peer tables, the Nsight Compute figures (also on stdout)
 #   suites.txt      the four suites' output
@@ -24,6 +23,7 @@
 #   ncu.txt         Nsight Compute's report on one RoPE kernel
 #   gpu_bench.json  posenc-bench-gpu's figures
 #   peers.json      rope_peers.py's figures
+#   serving.csv     bench/gpu_serving.sh's figures (served calls)
 # Every step runs under its own `timeout` (seconds; override with the
 # environment: TIMEOUT_SUITE per suite, TIMEOUT_SANITIZER per tool and
 # binary, TIMEOUT_BENCH, TIMEOUT_NCU, TIMEOUT_PEERS). Test counts come from
@@ -46,6 +46,7 @@ t_sanitizer=${TIMEOUT_SANITIZER:-120}
 t_bench=${TIMEOUT_BENCH:-180}
 t_ncu=${TIMEOUT_NCU:-240}
 t_peers=${TIMEOUT_PEERS:-300}
+t_serving=${TIMEOUT_SERVING:-330}
 
 say() { echo "$*" | tee -a "$summary"; }
 verdict() {  # verdict NAME OK DETAIL: one line per step; a failure fails the run
@@ -226,6 +227,29 @@ step_ncu() {
   verdict "ncu RoPE memory throughput and occupancy" "$ok" "$detail"
 }
 
+# Served calls end to end (issue 24): bench/gpu_serving.sh with the
+# bundle's posenc-server and perf_analyzer; CPU and GPU servers, socket,
+# system and CUDA shared memory, decode / 1 MiB / prefill, 1, 4, 16 callers.
+step_serving() {
+  local rc
+  if [ ! -x "$bundle/bin/posenc-server" ] || [ ! -x "$bundle/bin/perf_analyzer" ]; then
+    verdict "serving" 0 "posenc-server or perf_analyzer is not in the bundle"
+    return
+  fi
+  say "--- served calls (perf_analyzer, rope_qk)"
+  timeout -k 10 "$t_serving" bash bench/gpu_serving.sh "$bundle" "$out/serving.csv" \
+    > "$tmp/serving.log" 2>&1
+  rc=$?
+  tee -a "$summary" < "$tmp/serving.log"
+  local points failed cuda
+  points=$(tail -n +2 "$out/serving.csv" 2> /dev/null | wc -l)
+  failed=$(grep -c FAILED "$out/serving.csv" 2> /dev/null)
+  cuda=$(grep -c '^cuda,[a-z0-9]*,cuda,[0-9]*,[0-9]' "$out/serving.csv" 2> /dev/null)
+  local ok=0
+  [ "$rc" = 0 ] && [ "$points" -gt 0 ] && [ "$cuda" -gt 0 ] && ok=1
+  verdict "serving" "$ok" "exit $rc; $points points, $failed failed, $cuda through CUDA shared memory$(timed_out "$rc" && echo "; timed out after ${t_serving}s")"
+}
+
 step_peers() {
   local rc
   if ! python3 -c 'import torch' > /dev/null 2>&1; then
@@ -252,9 +276,10 @@ for s in "${steps[@]}"; do
     sanitizers) for tool in memcheck racecheck synccheck initcheck; do step_sanitizer "$tool"; done ;;
     memcheck | racecheck | synccheck | initcheck) step_sanitizer "$s" ;;
     bench) step_bench ;;
+    serving) step_serving ;;
     ncu) step_ncu ;;
     peers) step_peers ;;
-    *) verdict "$s" 0 "unknown step (suites, sanitizers, memcheck, racecheck, synccheck, initcheck, bench, ncu, peers)" ;;
+    *) verdict "$s" 0 "unknown step (suites, sanitizers, memcheck, racecheck, synccheck, initcheck, bench, serving, ncu, peers)" ;;
   esac
 done
 files=$(find "$out" -type f | wc -l)

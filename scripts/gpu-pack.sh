@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Packs what a lent GPU runs (scripts/gpu-check.sh) into .gpu/bundle.tar.xz,
+# small enough for the device tool's 64 MiB carry: the test suites, the GPU
+# benchmark, posenc-server and perf_analyzer (from scripts/install-kserve-
+# tools.sh's venv) with their libraries (../shared/tools/gpu-bundle), and
+# the libcudart.so.12 perf_analyzer links to. Unpacked there with
+#   tar -C .gpu -xJf .gpu/bundle.tar.xz
+# (run after scripts/build.sh; .gpu/ is git-ignored).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${POSENC_BUILD_DIR:-build}
+venv=$build/kserve-venv
+scripts/install-kserve-tools.sh "$venv" > /dev/null
+cudart=$(find "$venv" -name 'libcudart.so.12' | head -1)
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+LD_LIBRARY_PATH=$(dirname "$cudart") ../shared/tools/gpu-bundle "$stage/bundle" \
+  "$build/tests/conformance/backend_conformance_test" \
+  "$build/tests/conformance/hf_agreement_test" \
+  "$build/tests/conformance/bloom_left_padding_test" \
+  "$build/tests/system/e2e_test" \
+  "$build/server/kserve/kserve_cuda_shared_memory_test" \
+  "$build/bench/posenc-bench-gpu" \
+  "$build/server/posenc-server" \
+  "$venv/bin/perf_analyzer"
+cp "$cudart" "$stage/bundle/lib/"
+mkdir -p .gpu
+rm -rf .gpu/bundle .gpu/bundle.tar.xz
+tar -C "$stage" -cJf .gpu/bundle.tar.xz bundle
+ls -la .gpu/bundle.tar.xz
