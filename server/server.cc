@@ -22,9 +22,16 @@ namespace posenc::server {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   POSENC_RETURN_IF_ERROR(options.Validate());
+  POSENC_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(options.engine));
+  return StartWith(options, std::move(engine));
+}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::StartWith(const ServerOptions& options,
+                                                          std::unique_ptr<Engine> engine) {
+  POSENC_RETURN_IF_ERROR(options.Validate());
   std::unique_ptr<Server> s(new Server());
   SetSlowCallThreshold(absl::Milliseconds(options.slow_call_ms));
-  POSENC_ASSIGN_OR_RETURN(s->engine_, Engine::Create(options.engine));
+  s->engine_ = std::move(engine);
   const int64_t max_message_bytes = options.engine.message_limit();
   if (!options.metrics_listen.empty()) {
     POSENC_ASSIGN_OR_RETURN(s->metrics_, Metrics::Start(options.metrics_listen, s->engine_.get()));

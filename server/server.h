@@ -35,6 +35,10 @@ inline constexpr char kReadinessService[] = "posenc.v1.PositionalEncoding";
 class Server {
  public:
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
+  // On an engine made elsewhere (tests: one on the fake CUDA runtime);
+  // options.engine is then not used to make one.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Server>> StartWith(
+      const ServerOptions& options, std::unique_ptr<Engine> engine);
   ~Server();
 
   int port() const { return port_; }

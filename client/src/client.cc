@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "device_memory.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "posenc/status_macros.h"
@@ -216,7 +217,21 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   c->shm_ = std::make_unique<client_internal::SharedMemoryPool>(
       c->stub_.get(), options.shared_memory != SharedMemoryUse::kOff,
       absl::StartsWith(options.target, "unix:"));
+  c->device_ = std::make_unique<client_internal::DeviceRegions>(c->stub_.get());
   return c;
+}
+
+absl::Status Client::RegisterDeviceMemory(const DeviceAllocation& allocation,
+                                          const CallOptions& call) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, call);
+  return device_->Register(allocation, &ctx);
+}
+
+absl::Status Client::UnregisterDeviceMemory(const void* base, const CallOptions& call) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, call);
+  return device_->Unregister(base, &ctx);
 }
 
 bool Client::UsesSharedMemory() const {
@@ -301,18 +316,18 @@ namespace {
 // the server refuses regions for want of room, else FAILED_PRECONDITION).
 absl::Status NoRegionError(const client_internal::SharedMemoryPool& pool) {
   const absl::Status why = pool.WhyNot();
-  return absl::Status(why.code(), absl::StrCat("ClientOptions.shared_memory is kRequire but ",
-                                               why.message()));
+  return absl::Status(why.code(),
+                      absl::StrCat("ClientOptions.shared_memory is kRequire but ", why.message()));
 }
 
 }  // namespace
 
 // Shared memory for a call of `bytes` (each tensor aligned): a region, or
 // nullopt for the socket; kRequire turns "none" into an error.
-#define POSENC_TAKE_REGION(lease, bytes)                                \
-  std::optional<client_internal::Lease> lease = shm_->Take(bytes);      \
-  if (!lease && options_.shared_memory == SharedMemoryUse::kRequire) {  \
-    return NoRegionError(*shm_);                                        \
+#define POSENC_TAKE_REGION(lease, bytes)                               \
+  std::optional<client_internal::Lease> lease = shm_->Take(bytes);     \
+  if (!lease && options_.shared_memory == SharedMemoryUse::kRequire) { \
+    return NoRegionError(*shm_);                                       \
   }
 
 namespace {
@@ -372,6 +387,20 @@ std::future<absl::Status> Client::ApplyRopeAsync(const RopeOptions& options, con
   auto state = std::make_shared<AsyncCall<v1::RopeRequest, v1::RopeResponse>>(pending_);
   std::future<absl::Status> f = state->done.get_future();
   state->request = RopeRequestOf(options, t, call);
+  auto on_device = device_->Find({{"query", &t.query}, {"key", &t.key}});
+  if (!on_device.ok() || on_device->has_value()) {
+    if (!on_device.ok()) {
+      state->done.set_value(on_device.status());
+      return f;
+    }
+    // In place in the caller's device memory: nothing comes back to copy.
+    *state->request.mutable_query_shm() = (**on_device)[0];
+    if (t.key.present()) *state->request.mutable_key_shm() = (**on_device)[1];
+    Prepare(&state->ctx, call);
+    stub_->async()->ApplyRope(&state->ctx, &state->request, &state->response,
+                              [state](grpc::Status s) { state->done.set_value(FromGrpc(s)); });
+    return f;
+  }
   state->lease = shm_->Take(RopeBytes(t));
   if (!state->lease && options_.shared_memory == SharedMemoryUse::kRequire) {
     state->done.set_value(NoRegionError(*shm_));
@@ -423,6 +452,16 @@ std::future<absl::Status> Client::ApplyRopeAsync(const RopeOptions& options, con
 // under AddressSanitizer).
 absl::Status Client::ApplyRope(const RopeOptions& options, const RopeTensors& t,
                                const CallOptions& call) {
+  POSENC_ASSIGN_OR_RETURN(auto on_device, device_->Find({{"query", &t.query}, {"key", &t.key}}));
+  if (on_device) {
+    v1::RopeRequest req = RopeRequestOf(options, t, call);
+    *req.mutable_query_shm() = (*on_device)[0];
+    if (t.key.present()) *req.mutable_key_shm() = (*on_device)[1];
+    grpc::ClientContext ctx;
+    Prepare(&ctx, call);
+    v1::RopeResponse resp;
+    return FromGrpc(stub_->ApplyRope(&ctx, req, &resp));  // the results are in place
+  }
   POSENC_TAKE_REGION(lease, RopeBytes(t));
   for (;;) {
     std::optional<Placement> place;
@@ -451,6 +490,19 @@ std::future<absl::Status> Client::AddAbsoluteEncodingAsync(const AbsoluteOptions
           pending_);
   std::future<absl::Status> f = state->done.get_future();
   state->request = AbsoluteRequestOf(options, t, call);
+  auto on_device = device_->Find({{"x", &t.x}});
+  if (!on_device.ok() || on_device->has_value()) {
+    if (!on_device.ok()) {
+      state->done.set_value(on_device.status());
+      return f;
+    }
+    *state->request.mutable_x_shm() = (**on_device)[0];
+    Prepare(&state->ctx, call);
+    stub_->async()->AddAbsoluteEncoding(
+        &state->ctx, &state->request, &state->response,
+        [state](grpc::Status s) { state->done.set_value(FromGrpc(s)); });
+    return f;
+  }
   state->lease = shm_->Take(Placement::Aligned(t.x.nbytes));
   if (!state->lease && options_.shared_memory == SharedMemoryUse::kRequire) {
     state->done.set_value(NoRegionError(*shm_));
@@ -493,6 +545,15 @@ std::future<absl::Status> Client::AddAbsoluteEncodingAsync(const AbsoluteOptions
 
 absl::Status Client::AddAbsoluteEncoding(const AbsoluteOptions& options, const AbsoluteTensors& t,
                                          const CallOptions& call) {
+  POSENC_ASSIGN_OR_RETURN(auto on_device, device_->Find({{"x", &t.x}}));
+  if (on_device) {
+    v1::AbsoluteEncodingRequest req = AbsoluteRequestOf(options, t, call);
+    *req.mutable_x_shm() = (*on_device)[0];
+    grpc::ClientContext ctx;
+    Prepare(&ctx, call);
+    v1::AbsoluteEncodingResponse resp;
+    return FromGrpc(stub_->AddAbsoluteEncoding(&ctx, req, &resp));
+  }
   POSENC_TAKE_REGION(lease, Placement::Aligned(t.x.nbytes));
   for (;;) {
     std::optional<Placement> place;
@@ -515,6 +576,20 @@ absl::Status Client::AddAbsoluteEncoding(const AbsoluteOptions& options, const A
 
 absl::Status Client::ApplyAttentionBias(const BiasOptions& options, MutableTensor logits,
                                         std::vector<double>* slopes, const CallOptions& call) {
+  POSENC_ASSIGN_OR_RETURN(auto on_device, device_->Find({{"logits", &logits}}));
+  if (on_device) {
+    v1::AttentionBiasRequest req;
+    wire::SetBiasOptions(options, &req);
+    *req.mutable_logits() = wire::DescOf(logits.dtype, logits.shape);
+    *req.mutable_logits_shm() = (*on_device)[0];
+    req.set_backend(wire::ToProto(call.backend));
+    grpc::ClientContext ctx;
+    Prepare(&ctx, call);
+    v1::AttentionBiasResponse resp;
+    absl::Status st = FromGrpc(stub_->AttentionBias(&ctx, req, &resp));
+    if (st.ok() && slopes != nullptr) slopes->assign(resp.slopes().begin(), resp.slopes().end());
+    return st;
+  }
   POSENC_TAKE_REGION(lease, Placement::Aligned(logits.nbytes));
   for (;;) {
     std::optional<Placement> place;

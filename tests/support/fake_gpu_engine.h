@@ -40,6 +40,9 @@ class FakeGpuEngine {
   }
 
   server::Engine& engine() { return *engine_; }
+  // The engine, for a server to own (this object keeps the fake runtime,
+  // and must outlive the engine).
+  std::unique_ptr<server::Engine> TakeEngine() { return std::move(engine_); }
   FakeDeviceRuntime& runtime() { return rt_; }
   // "Device" memory of the other process, filled with `fill`.
   char* Allocate(size_t bytes, char fill) {

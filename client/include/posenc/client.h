@@ -99,7 +99,20 @@ struct ServerTensor {
   std::string backend;         // which backend built it ("cpu", "cuda:0")
 };
 
+// Device memory of the caller's process that the server may compute on in
+// place (CUDA shared memory: the server on this node, with the same GPU):
+// an allocation's first byte, its size, the device as this process numbers
+// it, and cudaIpcGetMemHandle's 64 bytes for it. The client does not link
+// CUDA: a caller with device memory has the runtime to make the handle.
+struct DeviceAllocation {
+  const void* base = nullptr;
+  size_t bytes = 0;
+  int device = 0;
+  std::string ipc_handle;
+};
+
 namespace client_internal {
+class DeviceRegions;
 class PendingCalls;
 class SharedMemoryPool;
 }  // namespace client_internal
@@ -147,6 +160,20 @@ class Client {
                                                            DType dtype = DType::kFloat32,
                                                            const CallOptions& call = {});
 
+  // Registers device memory with the server, once (RegisterSharedMemory
+  // with its CUDA IPC handle). From then on, ApplyRope(Async),
+  // AddAbsoluteEncoding(Async) and ApplyAttentionBias calls whose tensors
+  // all lie inside registered allocations name them there instead of
+  // sending bytes, and the server computes them in place on its GPU: when
+  // the call returns, the results are in the caller's device memory. A call
+  // with some tensors there and some in host memory is INVALID_ARGUMENT.
+  // The server's errors otherwise (FAILED_PRECONDITION without a GPU or
+  // --enable_cuda_shared_memory, INVALID_ARGUMENT for a handle that does not
+  // open there). Unregistered when the client goes.
+  [[nodiscard]] absl::Status RegisterDeviceMemory(const DeviceAllocation& allocation,
+                                                  const CallOptions& call = {});
+  [[nodiscard]] absl::Status UnregisterDeviceMemory(const void* base, const CallOptions& call = {});
+
   // The control plane, as the server's messages.
   [[nodiscard]] absl::StatusOr<v1::ListTablesResponse> ListTables(const CallOptions& call = {});
   [[nodiscard]] absl::StatusOr<v1::ListTablesResponse> ReloadTables(const CallOptions& call = {});
@@ -183,6 +210,7 @@ class Client {
   std::shared_ptr<client_internal::PendingCalls> pending_;
   // After stub_: destroyed first, it unregisters its regions through it.
   std::unique_ptr<client_internal::SharedMemoryPool> shm_;
+  std::unique_ptr<client_internal::DeviceRegions> device_;  // likewise
 };
 
 // Kept for callers of the earlier API: wire::SetTensor.

@@ -1,0 +1,120 @@
+#include "device_memory.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace posenc::client_internal {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  return s.ok() ? absl::OkStatus()
+                : absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+}  // namespace
+
+DeviceRegions::~DeviceRegions() {
+  for (const auto& [base, a] : allocations_) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::UnregisterSharedMemoryRequest req;
+    req.set_name(a.name);
+    v1::SharedMemoryStatus resp;
+    stub_->UnregisterSharedMemory(&ctx, req, &resp);  // best effort
+  }
+}
+
+absl::Status DeviceRegions::Register(const DeviceAllocation& a, grpc::ClientContext* ctx) {
+  if (a.base == nullptr || a.bytes == 0) {
+    return absl::InvalidArgumentError("DeviceAllocation needs its base and a size above 0");
+  }
+  if (a.ipc_handle.size() != 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DeviceAllocation.ipc_handle must be cudaIpcGetMemHandle's 64 bytes, got ",
+                     a.ipc_handle.size()));
+  }
+  const auto base = reinterpret_cast<uintptr_t>(a.base);
+  std::string name;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto next = allocations_.lower_bound(base);
+    if ((next != allocations_.end() && next->first - base < a.bytes) ||
+        (next != allocations_.begin() &&
+         base - std::prev(next)->first < std::prev(next)->second.bytes)) {
+      return absl::AlreadyExistsError(
+          "this device memory overlaps an allocation already registered");
+    }
+    name = absl::StrCat("posenc-cpp-dev-", ::getpid(), "-", reinterpret_cast<uintptr_t>(this), "-",
+                        next_++);
+  }
+  v1::RegisterSharedMemoryRequest req;
+  req.set_name(name);
+  req.set_cuda_handle(a.ipc_handle);
+  req.set_cuda_device(a.device);
+  req.set_byte_size(a.bytes);
+  v1::SharedMemoryStatus resp;
+  if (absl::Status s = FromGrpc(stub_->RegisterSharedMemory(ctx, req, &resp)); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  allocations_[base] = Allocation{a.bytes, std::move(name)};
+  return absl::OkStatus();
+}
+
+absl::Status DeviceRegions::Unregister(const void* base, grpc::ClientContext* ctx) {
+  std::string name;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = allocations_.find(reinterpret_cast<uintptr_t>(base));
+    if (it == allocations_.end()) {
+      return absl::NotFoundError("no device memory is registered at this base");
+    }
+    name = it->second.name;
+    allocations_.erase(it);
+  }
+  v1::UnregisterSharedMemoryRequest req;
+  req.set_name(name);
+  v1::SharedMemoryStatus resp;
+  return FromGrpc(stub_->UnregisterSharedMemory(ctx, req, &resp));
+}
+
+absl::StatusOr<std::optional<std::vector<v1::SharedMemorySlice>>> DeviceRegions::Find(
+    std::initializer_list<std::pair<const char*, const MutableTensor*>> tensors) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (allocations_.empty()) return std::nullopt;
+  std::vector<v1::SharedMemorySlice> slices;
+  const char* in_host = nullptr;
+  for (const auto& [field, t] : tensors) {
+    if (!t->present()) continue;
+    const auto at = reinterpret_cast<uintptr_t>(t->data);
+    auto it = allocations_.upper_bound(at);
+    bool inside = false;
+    if (it != allocations_.begin()) {
+      --it;
+      const bool starts_in = at - it->first < it->second.bytes;
+      inside = starts_in && t->nbytes <= it->second.bytes - (at - it->first);
+      if (starts_in && !inside) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, " starts in registered device memory but runs past the end of its allocation"));
+      }
+    }
+    if (!inside) {
+      if (in_host == nullptr) in_host = field;
+      continue;
+    }
+    v1::SharedMemorySlice s;
+    s.set_region(it->second.name);
+    s.set_offset(at - it->first);
+    s.set_byte_size(t->nbytes);
+    slices.push_back(std::move(s));
+  }
+  if (slices.empty()) return std::nullopt;
+  if (in_host != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(in_host,
+                     " is in host memory while other tensors of the call are in registered device "
+                     "memory; a call's tensors must all be in one or the other"));
+  }
+  return slices;
+}
+
+}  // namespace posenc::client_internal
