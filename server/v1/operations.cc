@@ -258,6 +258,7 @@ v1::ServerInfo GetServerInfo(const Engine& engine) {
     bi->set_compute_capability(d.compute_capability);
     bi->set_threads(d.threads);
     bi->set_device_uuid(d.uuid);
+    if (kind == BackendChoice::kCuda) bi->set_device_index(options.cuda_device);
   };
   info.set_shared_memory_enabled(engine.shared_memory().enabled());
   info.set_cuda_shared_memory_enabled(engine.shared_memory().cuda_enabled() &&

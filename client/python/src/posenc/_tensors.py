@@ -39,11 +39,48 @@ class Origin:
     """Where an input came from, so its result goes back the same way."""
 
     torch_device: Any = None  # a torch.device when the input was a torch tensor
+    source: Any = None  # a torch CUDA tensor, which a call may compute in place
 
-    def restore(self, array: np.ndarray):
+    def restore(self, array):
+        from posenc._cuda import IN_PLACE
+
+        if array is IN_PLACE:
+            return self.source  # computed where it was (_cuda.py)
         if self.torch_device is None:
             return array
         return _numpy_to_torch(array).to(self.torch_device)
+
+
+_TORCH_FLOATS = {"torch.float32": np.dtype(np.float32), "torch.float16": np.dtype(np.float16),
+                 "torch.bfloat16": BFLOAT16}
+
+
+class CudaTensor:
+    """A torch CUDA tensor as an input: its dtype and shape now, its bytes
+    (a copy to the host) only if the call does not pass it by CUDA IPC
+    handle (_cuda.py), so a call that does copies nothing."""
+
+    def __init__(self, tensor, dtype: np.dtype):
+        self.tensor, self.dtype, self.shape = tensor, dtype, tuple(tensor.shape)
+        self.ndim = len(self.shape)
+        self.size = math.prod(self.shape)
+        self.nbytes = self.size * dtype.itemsize
+        self._host = None
+
+    def host(self) -> np.ndarray:
+        if self._host is None:
+            self._host = _torch_to_numpy(self.tensor)
+        return self._host
+
+    def tobytes(self) -> bytes:
+        return self.host().tobytes()
+
+    def reshape(self, *shape):
+        return self.host().reshape(*shape)
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.host()
+        return a if dtype is None else a.astype(dtype)
 
 
 def _is_torch(x) -> bool:
@@ -72,6 +109,9 @@ def as_array(x, field: str, allowed) -> tuple[np.ndarray, Origin]:
     """A C-contiguous little-endian array of an allowed dtype, or PosencError."""
     origin = Origin()
     if _is_torch(x):
+        dtype = _TORCH_FLOATS.get(str(x.dtype))
+        if getattr(x, "is_cuda", False) and dtype is not None and dtype in allowed:
+            return CudaTensor(x, dtype), Origin(torch_device=x.device, source=x)
         origin = Origin(torch_device=x.device)
         x = _torch_to_numpy(x)
     a = np.asarray(x)

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import grpc
 import grpc.aio
 
-from posenc import _ops, _shm
+from posenc import _cuda, _ops, _shm
 from posenc._channel import ChannelConfig
 from posenc._proto.posenc.v1 import posenc_pb2 as pb
 from posenc._proto.posenc.v1 import posenc_pb2_grpc as pb_grpc
@@ -31,11 +31,15 @@ class AsyncClient:
                          else grpc.aio.insecure_channel(target, opts))
         self._stub = pb_grpc.PositionalEncodingStub(self._channel)
         self._shm = _shm.Pool(self.config.shared_memory, target.startswith("unix:"))
+        self._device = _cuda.DeviceRegions(self.config.shared_memory, target.startswith("unix:"))
+        self._info_asked = False
         # Registering and unregistering regions (rare: first use, growth)
         # go over a small blocking channel of their own.
         self._control = None
 
     async def close(self) -> None:
+        if self._control is not None:
+            self._device.close(self._control_stub())
         self._shm.close()
         if self._control is not None:
             self._control[0].close()
@@ -71,17 +75,37 @@ class AsyncClient:
         except grpc.RpcError as e:
             raise PosencError.from_rpc_error(e) from None
 
+    async def _decide(self) -> None:
+        """Asks the server, once, what it shares with this process."""
+        if self._info_asked:
+            return
+        self._info_asked = True
+        try:
+            info = await self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
+        except grpc.RpcError:
+            info = None
+        self._shm.decide(info)
+        self._device.decide(info)
+
+    async def _on_device(self, op: _ops.Op) -> bool:
+        """Client._on_device: the registrations are blocking calls (rare:
+        once per allocation) on the control channel."""
+        tensors = _cuda.device_tensors(op)
+        if tensors is None or self.config.shared_memory == "off":
+            return False
+        await self._decide()
+        slices = self._device.slices(self._control_stub(), tensors)
+        if slices is None:
+            return False
+        _cuda.place(op, slices)
+        return True
+
     async def _lease(self, op: _ops.Op) -> _shm.Lease | None:
         """A region for the call's tensors, when shared memory is in use."""
         needed = _shm.bytes_needed(op)
         if self.config.shared_memory == "off" or needed <= 0:
             return None
-        if not self._shm.decided:
-            try:
-                info = await self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
-            except grpc.RpcError:
-                info = None
-            self._shm.decide(info)
+        await self._decide()
         lease = (self._shm.take(self._control_stub(), needed)
                  if self._shm.usable else None)
         if lease is None and self.config.shared_memory == "require":
@@ -89,6 +113,15 @@ class AsyncClient:
         return lease
 
     async def _run(self, op: _ops.Op, timeout, request_id: str = ""):
+        if await self._on_device(op):
+            try:
+                response = await self._call(op.method, op.request, timeout, request_id)
+                return op.parse(response, _cuda.in_place_reader)
+            except PosencError as e:
+                if not _shm.region_failed(e.code, e.message):
+                    raise
+                self._device.disable(e.message)
+                _shm.unplace(op)
         lease = await self._lease(op)
         if lease is not None:
             try:

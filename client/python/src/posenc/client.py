@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 
 import grpc
 
-from posenc import _ops, _shm
+from posenc import _cuda, _ops, _shm
 from posenc._channel import ChannelConfig
 from posenc._proto.posenc.v1 import posenc_pb2 as pb
 from posenc._proto.posenc.v1 import posenc_pb2_grpc as pb_grpc
@@ -33,8 +33,11 @@ class Client:
                          else grpc.insecure_channel(target, opts))
         self._stub = pb_grpc.PositionalEncodingStub(self._channel)
         self._shm = _shm.Pool(self.config.shared_memory, target.startswith("unix:"))
+        self._device = _cuda.DeviceRegions(self.config.shared_memory, target.startswith("unix:"))
+        self._info_asked = False
 
     def close(self) -> None:
+        self._device.close(self._stub)
         self._shm.close()
         self._channel.close()
 
@@ -64,17 +67,37 @@ class Client:
         except grpc.RpcError as e:
             raise PosencError.from_rpc_error(e) from None
 
+    def _decide(self) -> None:
+        """Asks the server, once, what it shares with this process."""
+        if self._info_asked:
+            return
+        self._info_asked = True
+        try:
+            info = self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
+        except grpc.RpcError:
+            info = None
+        self._shm.decide(info)
+        self._device.decide(info)
+
+    def _on_device(self, op: _ops.Op) -> bool:
+        """Names the call's torch CUDA tensors in registered device memory
+        (_cuda.py), when the server computes on their GPU on this node."""
+        tensors = _cuda.device_tensors(op)
+        if tensors is None or self.config.shared_memory == "off":
+            return False
+        self._decide()
+        slices = self._device.slices(self._stub, tensors)
+        if slices is None:
+            return False
+        _cuda.place(op, slices)
+        return True
+
     def _lease(self, op: _ops.Op) -> _shm.Lease | None:
         """A region for the call's tensors, when shared memory is in use."""
         needed = _shm.bytes_needed(op)
         if self.config.shared_memory == "off" or needed <= 0:
             return None
-        if not self._shm.decided:
-            try:
-                info = self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
-            except grpc.RpcError:
-                info = None
-            self._shm.decide(info)
+        self._decide()
         lease = (self._shm.take(self._stub, needed)
                  if self._shm.usable else None)
         if lease is None and self.config.shared_memory == "require":
@@ -82,6 +105,17 @@ class Client:
         return lease
 
     def _run(self, op: _ops.Op, timeout, request_id: str = ""):
+        if self._on_device(op):
+            try:
+                response = self._call(op.method, op.request, timeout, request_id)
+                return op.parse(response, _cuda.in_place_reader)
+            except PosencError as e:
+                if not _shm.region_failed(e.code, e.message):
+                    raise
+                # The device memory failed (the server restarted, say), not
+                # the tensors: host memory from now on.
+                self._device.disable(e.message)
+                _shm.unplace(op)
         lease = self._lease(op)
         if lease is not None:
             try:
