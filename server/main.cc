@@ -17,8 +17,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "posenc/backend.h"
 #include "posenc/status_macros.h"
 #include "posenc/wire/enums.h"
@@ -72,7 +74,13 @@ ABSL_FLAG(std::string, default_backend, "auto",
           "Backend for requests that name none: auto, cpu or cuda.");
 ABSL_FLAG(bool, enable_cuda, kDefaults.engine.enable_cuda,
           "Use the GPU when this build has CUDA and a device is visible.");
-ABSL_FLAG(int, cuda_device, kDefaults.engine.cuda_device, "CUDA device ordinal.");
+ABSL_FLAG(int, cuda_device, kDefaults.engine.cuda_device,
+          "The primary CUDA device ordinal: AUTO's cost model is measured on it, and system "
+          "shared-memory regions are pinned for it.");
+ABSL_FLAG(std::string, cuda_devices, "all",
+          "The GPUs served: 'all' (every visible one) or ordinals, comma-separated, "
+          "--cuda_device among them. Staged calls spread over them; a call on CUDA shared "
+          "memory runs on the GPU its region lives on.");
 ABSL_FLAG(int64_t, auto_gpu_min_bytes, kDefaults.engine.auto_gpu_min_bytes,
           "AUTO sends requests of at least this many tensor bytes to the GPU.");
 ABSL_FLAG(bool, auto_by_measured_cost, kDefaults.engine.auto_by_measured_cost,
@@ -216,6 +224,16 @@ absl::StatusOr<posenc::server::ServerOptions> OptionsFromFlags() {
   e.max_table_bytes = absl::GetFlag(FLAGS_max_table_bytes);
   e.enable_cuda = absl::GetFlag(FLAGS_enable_cuda);
   e.cuda_device = absl::GetFlag(FLAGS_cuda_device);
+  if (const std::string devices = absl::GetFlag(FLAGS_cuda_devices); devices != "all") {
+    for (absl::string_view d : absl::StrSplit(devices, ',', absl::SkipWhitespace())) {
+      int ordinal = 0;
+      if (!absl::SimpleAtoi(d, &ordinal)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--cuda_devices must be 'all' or comma-separated ordinals, got '", devices, "'"));
+      }
+      e.cuda_devices.push_back(ordinal);
+    }
+  }
   e.auto_gpu_min_bytes = absl::GetFlag(FLAGS_auto_gpu_min_bytes);
   e.auto_by_measured_cost = absl::GetFlag(FLAGS_auto_by_measured_cost);
   POSENC_ASSIGN_OR_RETURN(e.default_backend,

@@ -32,7 +32,8 @@ TEST(ServerOptions, EachValueOutOfRangeIsRefusedNamingItsFlag) {
       {[](ServerOptions& o) { o.max_memory_bytes = -1; }, "--max_memory_bytes must be >= 0"},
       {[](ServerOptions& o) { o.max_memory_bytes = 1 << 20; }, "--max_memory_bytes"},
       {[](ServerOptions& o) { o.max_connection_age_ms = -5; }, "--max_connection_age_ms"},
-      {[](ServerOptions& o) { o.engine.shared_memory.max_regions = -1; }, "--max_shared_memory_regions"},
+      {[](ServerOptions& o) { o.engine.shared_memory.max_regions = -1; },
+       "--max_shared_memory_regions"},
       {[](ServerOptions& o) { o.engine.shared_memory.max_regions_per_client = -1; },
        "--max_shared_memory_regions_per_client"},
       {[](ServerOptions& o) { o.engine.cpu_threads = -3; }, "--threads"},
@@ -46,6 +47,18 @@ TEST(ServerOptions, EachValueOutOfRangeIsRefusedNamingItsFlag) {
       {[](ServerOptions& o) { o.engine.admission_wait = absl::Milliseconds(-1); },
        "--admission_wait_ms"},
       {[](ServerOptions& o) { o.engine.cuda_device = -1; }, "--cuda_device"},
+      {[](ServerOptions& o) {
+         o.engine.cuda_devices = {0, -1};
+       },
+       "--cuda_devices must be >= 0"},
+      {[](ServerOptions& o) {
+         o.engine.cuda_devices = {0, 1, 0};
+       },
+       "--cuda_devices must be named once"},
+      {[](ServerOptions& o) {
+         o.engine.cuda_devices = {1, 2};
+       },
+       "--cuda_device must be one of --cuda_devices"},
   };
   for (const Case& c : cases) {
     ServerOptions o;

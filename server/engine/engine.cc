@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/aligned_work.h"
 #include "engine/backend_cost.h"
 #include "engine/no_throw.h"
@@ -66,62 +67,88 @@ Engine::Engine(const EngineOptions& options)
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   POSENC_RETURN_IF_ERROR(options.Validate());
-  std::unique_ptr<Backend> cuda;
+  std::vector<Gpu> gpus;
   std::string why_not;
   if (options.enable_cuda) {
-    auto created = CreateCudaBackend(options.cuda_device);
-    if (created.ok()) {
-      cuda = std::move(*created);
+    auto primary = CreateCudaBackend(options.cuda_device);
+    if (primary.ok()) {
+      gpus.push_back({options.cuda_device, std::move(*primary)});
+      // The others served: those named, or every one visible. One that
+      // will not start is left out (the primary speaks for the server).
+      std::vector<int> others = options.cuda_devices;
+      if (others.empty()) {
+        for (int d = 0; d < CudaDeviceCount(); ++d) others.push_back(d);
+      }
+      for (int d : others) {
+        if (d == options.cuda_device) continue;
+        if (auto b = CreateCudaBackend(d); b.ok()) gpus.push_back({d, std::move(*b)});
+      }
     } else {
-      why_not = std::string(created.status().message());
+      why_not = std::string(primary.status().message());
     }
   } else {
     why_not = "disabled by --enable_cuda=false";
   }
-  return CreateWith(options, CreateCpuBackend(options.cpu_threads), std::move(cuda), why_not);
+  return CreateWithGpus(options, CreateCpuBackend(options.cpu_threads), std::move(gpus), why_not);
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWith(const EngineOptions& options,
                                                            std::unique_ptr<Backend> cpu,
                                                            std::unique_ptr<Backend> cuda,
                                                            std::string cuda_unavailable_reason) {
+  std::vector<Gpu> gpus;
+  if (cuda != nullptr) gpus.push_back({options.cuda_device, std::move(cuda)});
+  return CreateWithGpus(options, std::move(cpu), std::move(gpus),
+                        std::move(cuda_unavailable_reason));
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithGpus(
+    const EngineOptions& options, std::unique_ptr<Backend> cpu, std::vector<Gpu> gpus,
+    std::string cuda_unavailable_reason) {
   POSENC_RETURN_IF_ERROR(options.Validate());
   std::unique_ptr<Engine> e(new Engine(options));
   e->cpu_ = std::move(cpu);
-  e->cuda_ = std::move(cuda);
+  e->gpus_ = std::move(gpus);
+  e->cuda_ = e->gpus_.empty() ? nullptr : e->gpus_[0].backend.get();
   e->cuda_unavailable_reason_ = std::move(cuda_unavailable_reason);
   if (options.default_backend == BackendChoice::kCuda && e->cuda_ == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("--default_backend=cuda but no CUDA backend: ", e->cuda_unavailable_reason_));
   }
   if (e->cuda_ != nullptr) {
-    // Regions become pinned memory for the GPU: calls on their tensors move
-    // bytes straight between region and device (best effort: a region the
-    // device will not pin is staged as before).
-    Backend* gpu = e->cuda_.get();
+    // Regions become pinned memory for the primary GPU: calls on their
+    // tensors there move bytes straight between region and device (best
+    // effort: a region the device will not pin is staged as before, and so
+    // are calls on the other GPUs).
+    Backend* gpu = e->cuda_;
     e->shared_memory_.SetPinning(
         [gpu](char* p, int64_t n) { gpu->PinHostMemory(p, static_cast<size_t>(n)).IgnoreError(); },
         [gpu](char* p) { gpu->UnpinHostMemory(p); });
     // CUDA regions are opened by the backend of their device, once.
-    const int served = options.cuda_device;
+    Engine* engine = e.get();
     e->shared_memory_.SetDeviceOpener(
-        [gpu, served](int device_id, absl::string_view handle,
-                      int64_t bytes) -> absl::StatusOr<DeviceMemory> {
-          if (device_id != served) {
+        [engine](int device_id, absl::string_view handle,
+                 int64_t bytes) -> absl::StatusOr<DeviceMemory> {
+          Backend* on = engine->GpuOf(device_id);
+          if (on == nullptr) {
+            std::vector<std::string> served;
+            for (const Gpu& g : engine->gpus_) served.push_back(absl::StrCat(g.device));
             return absl::InvalidArgumentError(
                 absl::StrCat("device_id ", device_id,
                              " is not served here: this server computes on CUDA "
-                             "device ",
-                             served, " (--cuda_device), and its regions must live there"));
+                             "device(s) ",
+                             absl::StrJoin(served, ", "),
+                             " (--cuda_device, --cuda_devices), and "
+                             "its regions must live on one of them"));
           }
           POSENC_ASSIGN_OR_RETURN(void* p,
-                                  gpu->OpenSharedDeviceMemory(handle, static_cast<size_t>(bytes)));
+                                  on->OpenSharedDeviceMemory(handle, static_cast<size_t>(bytes)));
           DeviceMemory m;
           m.data = static_cast<char*>(p);
           m.device = device_id;
-          m.close = [gpu](char* at) { gpu->CloseSharedDeviceMemory(at); };
-          m.copy = [gpu](void* to, const void* from, size_t n) {
-            return gpu->CopyMemory(to, from, n);
+          m.close = [on](char* at) { on->CloseSharedDeviceMemory(at); };
+          m.copy = [on](void* to, const void* from, size_t n) {
+            return on->CopyMemory(to, from, n);
           };
           return m;
         },
@@ -134,7 +161,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWith(const EngineOptions& 
   // was measured to cost. A measurement that fails leaves the threshold.
   if (e->cuda_ != nullptr && options.auto_by_measured_cost) {
     auto cpu_cost = MeasureCost(*e->cpu_);
-    auto cuda_cost = MeasureCost(*e->cuda_);
+    auto cuda_cost = MeasureCost(*e->cuda_);  // the other GPUs taken to be alike
     if (cpu_cost.ok() && cuda_cost.ok()) {
       e->cpu_cost_ = *cpu_cost;
       e->cuda_cost_ = *cuda_cost;
@@ -150,6 +177,18 @@ absl::Status EngineOptions::Validate() const {
   };
   if (cpu_threads < 0) return out_of_range("--threads", cpu_threads, ">= 0 (0: every usable CPU)");
   if (cuda_device < 0) return out_of_range("--cuda_device", cuda_device, ">= 0");
+  for (size_t i = 0; i < cuda_devices.size(); ++i) {
+    if (cuda_devices[i] < 0) return out_of_range("--cuda_devices", cuda_devices[i], ">= 0 each");
+    for (size_t j = 0; j < i; ++j) {
+      if (cuda_devices[j] == cuda_devices[i]) {
+        return out_of_range("--cuda_devices", cuda_devices[i], "named once");
+      }
+    }
+  }
+  if (!cuda_devices.empty() &&
+      std::find(cuda_devices.begin(), cuda_devices.end(), cuda_device) == cuda_devices.end()) {
+    return out_of_range("--cuda_device", cuda_device, "one of --cuda_devices");
+  }
   if (auto_gpu_min_bytes < 0)
     return out_of_range("--auto_gpu_min_bytes", auto_gpu_min_bytes, ">= 0");
   if (default_backend == BackendChoice::kDefault) {
@@ -199,23 +238,25 @@ absl::StatusOr<Backend*> Engine::Choose(BackendChoice requested, int64_t bytes) 
             absl::StrCat("backend CUDA was requested but this server has no GPU backend: ",
                          cuda_unavailable_reason_, ". Use backend AUTO or CPU."));
       }
-      const absl::Status health = cuda_->health();
+      Backend* gpu = NextGpu();
+      const absl::Status health = gpu->health();
       if (!health.ok()) {
         return absl::FailedPreconditionError(
             absl::StrCat("backend CUDA was requested but the GPU has failed: ", health.message(),
                          ". Use backend AUTO or CPU."));
       }
-      return cuda_.get();
+      return gpu;
     }
     case BackendChoice::kAuto:
     case BackendChoice::kDefault: {
       // A failed GPU (a sticky device error) is routed around. Measured:
       // the GPU where it is predicted faster; else by size alone.
-      const bool gpu =
-          cuda_ != nullptr && bytes >= options_.auto_gpu_min_bytes &&
-          (!cuda_cost_ || cuda_cost_->PredictUs(bytes) < cpu_cost_->PredictUs(bytes)) &&
-          cuda_->health().ok();
-      return gpu ? cuda_.get() : cpu_.get();
+      if (cuda_ == nullptr || bytes < options_.auto_gpu_min_bytes ||
+          (cuda_cost_ && cuda_cost_->PredictUs(bytes) >= cpu_cost_->PredictUs(bytes))) {
+        return cpu_.get();
+      }
+      Backend* gpu = NextGpu();
+      return gpu->health().ok() ? gpu : cpu_.get();
     }
     default:
       return absl::InvalidArgumentError(
@@ -223,7 +264,24 @@ absl::StatusOr<Backend*> Engine::Choose(BackendChoice requested, int64_t bytes) 
   }
 }
 
-absl::StatusOr<Backend*> Engine::DeviceBackend(BackendChoice requested) const {
+Backend* Engine::GpuOf(int device) const {
+  for (const Gpu& g : gpus_) {
+    if (g.device == device) return g.backend.get();
+  }
+  return nullptr;
+}
+
+Backend* Engine::NextGpu() const {
+  const size_t n = gpus_.size();
+  const uint64_t start = next_gpu_.fetch_add(1, std::memory_order_relaxed);
+  for (size_t i = 0; i < n; ++i) {
+    Backend* b = gpus_[(start + i) % n].backend.get();
+    if (b->health().ok()) return b;
+  }
+  return cuda_;
+}
+
+absl::StatusOr<Backend*> Engine::DeviceBackend(BackendChoice requested, int device) const {
   // Only a caller's own choice of the CPU is refused: a request that leaves
   // the backend to the server (even one defaulting to the CPU) can only be
   // served where its tensors are.
@@ -238,8 +296,14 @@ absl::StatusOr<Backend*> Engine::DeviceBackend(BackendChoice requested) const {
         absl::StrCat("the tensors are in CUDA shared memory but this server has no GPU backend: ",
                      cuda_unavailable_reason_));
   }
-  POSENC_RETURN_IF_ERROR(cuda_->health());
-  return cuda_.get();
+  Backend* gpu = GpuOf(device);
+  if (gpu == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the tensors are in CUDA shared memory on device ", device,
+                     ", which this server does not compute on"));
+  }
+  POSENC_RETURN_IF_ERROR(gpu->health());
+  return gpu;
 }
 
 namespace {
@@ -273,16 +337,25 @@ absl::Status Engine::RunWithFallback(BackendChoice requested, Backend** backend,
 }
 
 absl::Status Engine::Ready() const {
-  if (options_.default_backend == BackendChoice::kCuda && cuda_ != nullptr) return cuda_->health();
-  return absl::OkStatus();
+  if (options_.default_backend != BackendChoice::kCuda || cuda_ == nullptr) return absl::OkStatus();
+  // Ready while any GPU is.
+  for (const Gpu& g : gpus_) {
+    if (g.backend->health().ok()) return absl::OkStatus();
+  }
+  return cuda_->health();
 }
 
 std::string Engine::BackendName(const Backend* b) const {
+  for (const Gpu& g : gpus_) {
+    if (g.backend.get() == b) return absl::StrCat("cuda:", g.device);
+  }
   return b->kind() == BackendKind::kCuda ? absl::StrCat("cuda:", options_.cuda_device) : "cpu";
 }
 
 std::string Engine::LongestBackendName() const {
-  return absl::StrCat("cuda:", options_.cuda_device);
+  int widest = options_.cuda_device;
+  for (const Gpu& g : gpus_) widest = std::max(widest, g.device);
+  return absl::StrCat("cuda:", widest);
 }
 
 absl::Status Engine::CheckRequestSize(int64_t tensor_bytes) const {
@@ -323,7 +396,7 @@ absl::StatusOr<std::string> Engine::ApplyRope(const RopeOptions& options, RopeTe
         CheckAnswerSize(tensor_bytes, InAnswer(env, tensor_bytes), "the answer"));
     const bool has_key = t.key.present();
     if (env.tensors_on_device) {
-      POSENC_ASSIGN_OR_RETURN(Backend * gpu, DeviceBackend(env.backend));
+      POSENC_ASSIGN_OR_RETURN(Backend * gpu, DeviceBackend(env.backend, env.device));
       POSENC_RETURN_IF_ERROR(CheckDeviceAligned(t.query, "query"));
       POSENC_RETURN_IF_ERROR(CheckDeviceAligned(t.key, "key"));
       POSENC_RETURN_IF_ERROR(
@@ -360,7 +433,7 @@ absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTenso
     POSENC_RETURN_IF_ERROR(
         CheckAnswerSize(tensor_bytes, InAnswer(env, tensor_bytes), "the answer"));
     if (env.tensors_on_device) {
-      POSENC_ASSIGN_OR_RETURN(Backend * gpu, DeviceBackend(env.backend));
+      POSENC_ASSIGN_OR_RETURN(Backend * gpu, DeviceBackend(env.backend, env.device));
       POSENC_RETURN_IF_ERROR(CheckDeviceAligned(t.x, "x"));
       POSENC_RETURN_IF_ERROR(gpu->ApplyAbsolute(plan, t.x.data, env.ctx));
       served = BackendName(gpu);
@@ -443,7 +516,7 @@ absl::StatusOr<Produced> Engine::AttentionBias(const BiasOptions& o, MutableTens
       // Logits in CUDA shared memory (a bias built for such a slice is
       // built in host memory and copied there by the front).
       if (!has_logits) return absl::InternalError("a device bias without logits");
-      POSENC_ASSIGN_OR_RETURN(Backend * gpu, DeviceBackend(env.backend));
+      POSENC_ASSIGN_OR_RETURN(Backend * gpu, DeviceBackend(env.backend, env.device));
       POSENC_RETURN_IF_ERROR(CheckDeviceAligned(logits, "logits"));
       POSENC_RETURN_IF_ERROR(gpu->ApplyAttentionBias(plan, logits.data, env.ctx));
       produced.backend = BackendName(gpu);

@@ -35,7 +35,13 @@ struct EngineOptions {
   BackendChoice default_backend = BackendChoice::kAuto;
   int cpu_threads = 0;  // 0: every hardware thread
   bool enable_cuda = true;
+  // The primary GPU (--cuda_device): what AUTO's cost model is measured on
+  // and the name a staged call reports when no other GPU is served.
   int cuda_device = 0;
+  // Every GPU served (--cuda_devices): empty for every visible one. Staged
+  // calls spread over them; a call on CUDA shared memory runs on the GPU
+  // its region lives on.
+  std::vector<int> cuda_devices;
   // AUTO sends requests of at least this many tensor bytes to the GPU.
   int64_t auto_gpu_min_bytes = int64_t{1} << 20;
   // With a GPU, measure both backends' served cost at start-up and let AUTO
@@ -92,6 +98,8 @@ struct CallEnv {
   // CUDA backend, never by the CPU (which cannot reach device memory) and
   // never copied aside.
   bool tensors_on_device = false;
+  // Which GPU they are on (the region's device id).
+  int device = 0;
 };
 
 // Where a tensor an operation produces (a table, a built bias) goes: a
@@ -120,6 +128,15 @@ class Engine {
   // reason): what Create does once it has made them; tests pass their own.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Engine>> CreateWith(
       const EngineOptions& options, std::unique_ptr<Backend> cpu, std::unique_ptr<Backend> cuda,
+      std::string cuda_unavailable_reason);
+  // One CUDA backend per GPU served, the primary (options.cuda_device)
+  // first; none without a GPU (then with the reason).
+  struct Gpu {
+    int device = 0;
+    std::unique_ptr<Backend> backend;
+  };
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Engine>> CreateWithGpus(
+      const EngineOptions& options, std::unique_ptr<Backend> cpu, std::vector<Gpu> gpus,
       std::string cuda_unavailable_reason);
 
   // A call's claim on the in-flight budget (admission.h).
@@ -182,7 +199,8 @@ class Engine {
   // turns NOT_SERVING so Kubernetes routes elsewhere).
   absl::Status Ready() const;
   const Backend* cpu() const { return cpu_.get(); }
-  const Backend* cuda() const { return cuda_.get(); }  // null without a GPU
+  const Backend* cuda() const { return cuda_; }  // the primary GPU; null without one
+  const std::vector<Gpu>& gpus() const { return gpus_; }
   // Why there is no CUDA backend ("" when there is one).
   const std::string& cuda_unavailable_reason() const { return cuda_unavailable_reason_; }
   // What AUTO routes by: each backend's measured served cost (empty without
@@ -207,18 +225,24 @@ class Engine {
   [[nodiscard]] absl::Status CheckAnswerSize(int64_t tensor_bytes, int64_t message_bytes,
                                              absl::string_view what) const;
   std::string BackendName(const Backend* b) const;
-  // The backend for a call whose tensors are in CUDA shared memory: the
-  // CUDA one, healthy, unless the caller asked for the CPU (whatever
-  // --default_backend says: the tensors can only be computed on where they
-  // are).
-  [[nodiscard]] absl::StatusOr<Backend*> DeviceBackend(BackendChoice requested) const;
+  // The backend for a call whose tensors are in CUDA shared memory on
+  // `device`: that GPU's, healthy, unless the caller asked for the CPU
+  // (whatever --default_backend says: the tensors can only be computed on
+  // where they are).
+  [[nodiscard]] absl::StatusOr<Backend*> DeviceBackend(BackendChoice requested, int device) const;
+  // The GPU for a staged call: the next healthy one in turn (the primary's
+  // failure when none is).
+  Backend* NextGpu() const;
+  Backend* GpuOf(int device) const;
   BackendChoice Resolve(BackendChoice requested) const {
     return requested == BackendChoice::kDefault ? options_.default_backend : requested;
   }
 
   const EngineOptions options_;
   std::unique_ptr<Backend> cpu_;
-  std::unique_ptr<Backend> cuda_;
+  std::vector<Gpu> gpus_;
+  Backend* cuda_ = nullptr;  // gpus_[0]'s, or null
+  mutable std::atomic<uint64_t> next_gpu_{0};
   std::string cuda_unavailable_reason_;
   std::optional<CostModel> cpu_cost_, cuda_cost_;
   TableRepository tables_;

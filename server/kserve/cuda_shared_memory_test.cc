@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <random>
+#include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -213,6 +214,85 @@ TEST(CudaSharedMemoryDefaults, ADefaultOfCpuStillServesDeviceTensorsOnTheGpu) {
   ModelInferResponse socket;
   ASSERT_TRUE(RunOn(gpu.engine(), RopeRequest(query, -1, -1), &socket, &backend).ok());
   EXPECT_EQ(backend, "cpu");
+}
+
+// Two GPUs served: staged calls spread over both, a region is opened by
+// the backend of its own device and its calls run there, a device not
+// served is refused naming those that are, and a GPU that fails is routed
+// around.
+TEST(CudaSharedMemoryOnTwoFakeGpus, RegionsRunOnTheirDeviceAndStagedCallsSpread) {
+  FakeDeviceRuntime rt0, rt1;
+  std::vector<Engine::Gpu> gpus;
+  for (auto [device, rt] : {std::pair<int, FakeDeviceRuntime*>{0, &rt0}, {1, &rt1}}) {
+    DeviceInfo info;
+    info.name = absl::StrCat("fake", device);
+    rt->set_ordinal(device);
+    auto b = cuda::CreateCudaBackendOn(*rt, device, info, 132);
+    ASSERT_TRUE(b.ok()) << b.status();
+    gpus.push_back({device, std::move(*b)});
+  }
+  EngineOptions o;
+  o.shared_memory.cuda_enabled = true;
+  o.auto_by_measured_cost = false;
+  o.default_backend = BackendChoice::kCuda;
+  auto made = Engine::CreateWithGpus(o, CreateCpuBackend(1), std::move(gpus), "");
+  ASSERT_TRUE(made.ok()) << made.status();
+  Engine& engine = **made;
+  const std::string query = RandomQuery();
+  const std::string want = CpuResult(engine, query);
+
+  // Staged: in turn on each GPU, each giving the CPU's bytes.
+  std::set<std::string> served;
+  for (int i = 0; i < 4; ++i) {
+    ModelInferResponse resp;
+    std::string backend;
+    ASSERT_TRUE(RunOn(engine, RopeRequest(query, -1, -1), &resp, &backend).ok());
+    EXPECT_EQ(resp.raw_output_contents(0), want);
+    served.insert(backend);
+  }
+  EXPECT_EQ(served, (std::set<std::string>{"cuda:0", "cuda:1"}));
+  EXPECT_EQ(rt0.launches(), 2);
+  EXPECT_EQ(rt1.launches(), 2);
+
+  // A region on device 1: opened and computed there.
+  void* mem = nullptr;
+  ASSERT_EQ(rt1.Malloc(&mem, kRegionBytes), cudaSuccess);
+  std::memcpy(mem, query.data(), kQueryBytes);
+  const cudaIpcMemHandle_t h = rt1.IpcHandleOf(mem);
+  const std::string raw(h.reserved, sizeof(h));
+  ASSERT_TRUE(engine.shared_memory().RegisterCuda("gpu", raw, 1, kRegionBytes).ok());
+  EXPECT_EQ(rt1.ipc_open(), 1);
+  EXPECT_EQ(rt0.ipc_open(), 0);
+  ModelInferResponse resp;
+  std::string backend;
+  ASSERT_TRUE(RunOn(engine, RopeRequest(query, 0, 0), &resp, &backend).ok());
+  EXPECT_EQ(backend, "cuda:1");
+  EXPECT_EQ(std::string(static_cast<char*>(mem), kQueryBytes), want);
+
+  const absl::Status s = engine.shared_memory().RegisterCuda("gpu2", raw, 2, kRegionBytes);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("device(s) 0, 1"), std::string::npos) << s;
+
+  // GPU 1 loses its context: staged calls all go to GPU 0, and the server
+  // stays ready.
+  rt1.FailNext(FakeDeviceRuntime::Op::kLaunch, cudaErrorIllegalAddress);
+  for (int i = 0; i < 4; ++i) {
+    ModelInferResponse r;
+    RunOn(engine, RopeRequest(query, -1, -1), &r, &backend).IgnoreError();
+  }
+  const int launches0 = rt0.launches();
+  for (int i = 0; i < 3; ++i) {
+    ModelInferResponse r;
+    ASSERT_TRUE(RunOn(engine, RopeRequest(query, -1, -1), &r, &backend).ok());
+    EXPECT_EQ(backend, "cuda:0");
+    EXPECT_EQ(r.raw_output_contents(0), want);
+  }
+  EXPECT_EQ(rt0.launches(), launches0 + 3);
+  EXPECT_TRUE(engine.Ready().ok());
+  ASSERT_TRUE(
+      engine.shared_memory().Unregister("gpu", absl::InfiniteFuture(), MemoryKind::kCuda).ok());
+  made->reset();
+  rt1.Free(mem);
 }
 
 // The real thing, on a GPU (skipped without one): another process (a forked

@@ -249,6 +249,16 @@ bool OnDevice(const Input* t) {
   return t != nullptr && t->shm.has_value() && !t->scratch && t->shm->region->on_device();
 }
 
+// The GPU the tensors computed on the device live on (the first such
+// one's: a call with tensors on two GPUs fails in the backend of the first,
+// which finds the other outside its memory).
+int DeviceOf(std::initializer_list<const Input*> tensors) {
+  for (const Input* t : tensors) {
+    if (OnDevice(t)) return t->shm->region->device_id();
+  }
+  return 0;
+}
+
 absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params, InputSet& in,
                      OutputSet& want, const CallEnv& env_in, inference::ModelInferResponse* resp,
                      std::string* backend_out) {
@@ -263,6 +273,7 @@ absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params
   POSENC_RETURN_IF_ERROR(Place(in.Find("query"), "query_out", want, engine, env.admission));
   POSENC_RETURN_IF_ERROR(Place(in.Find("key"), "key_out", want, engine, env.admission));
   env.tensors_on_device = OnDevice(in.Find("query")) || OnDevice(in.Find("key"));
+  env.device = DeviceOf({in.Find("query"), in.Find("key")});
   RopeTensors t;
   t.query = in.Mutable("query");
   t.key = in.Mutable("key");
@@ -290,6 +301,7 @@ absl::Status RunAbsolute(Engine& engine, const Model& model, ParameterReader& pa
   POSENC_RETURN_IF_ERROR(params.Finish(model.name));
   POSENC_RETURN_IF_ERROR(Place(in.Find("x"), "y", want, engine, env.admission));
   env.tensors_on_device = OnDevice(in.Find("x"));
+  env.device = DeviceOf({in.Find("x")});
   AbsoluteTensors t;
   t.x = in.Mutable("x");
   t.positions.position_ids = in.View("position_ids");
@@ -312,6 +324,7 @@ absl::Status RunBias(Engine& engine, const Model& model, ParameterReader& params
   Input* l = in.Find("logits");
   POSENC_RETURN_IF_ERROR(Place(l, "bias", want, engine, env.admission));
   env.tensors_on_device = OnDevice(l);
+  env.device = DeviceOf({l});
   MutableTensor logits = in.Mutable("logits");
   // A bias built (no logits) into a slice of system shared memory is
   // written there directly; one for CUDA shared memory is built here and

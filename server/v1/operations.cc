@@ -95,6 +95,7 @@ absl::Status ApplyRope(Engine& engine, v1::RopeRequest* req, v1::RopeResponse* r
               Overhead(*resp, resp->query_data().size() + resp->key_data().size())};
   env.tensors_in_answer = !req->has_query_shm() || (has_key && !req->has_key_shm());
   env.tensors_on_device = shm.on_device();
+  env.device = shm.device();
   POSENC_ASSIGN_OR_RETURN(std::string served, engine.ApplyRope(options, t, env));
   POSENC_RETURN_IF_ERROR(shm.CheckIntact());
   *resp->mutable_query() = wire::DescOf(t.query.dtype, t.query.shape);
@@ -135,6 +136,7 @@ absl::Status AddAbsoluteEncoding(Engine& engine, v1::AbsoluteEncodingRequest* re
   CallEnv env{ctx, admission, backend, Overhead(*resp, resp->y_data().size())};
   env.tensors_in_answer = !req->has_x_shm();
   env.tensors_on_device = shm.on_device();
+  env.device = shm.device();
   POSENC_ASSIGN_OR_RETURN(std::string served, engine.AddAbsolute(std::move(options), t, env));
   POSENC_RETURN_IF_ERROR(shm.CheckIntact());
   *resp->mutable_y() = wire::DescOf(t.x.dtype, t.x.shape);
@@ -201,6 +203,7 @@ absl::Status AttentionBias(Engine& engine, v1::AttentionBiasRequest* req,
   CallEnv env{ctx, admission, backend, Overhead(*resp, resp->bias_data().size())};
   env.tensors_in_answer = !req->has_logits_shm() && !req->has_bias_shm();
   env.tensors_on_device = shm.on_device();
+  env.device = shm.device();
   POSENC_ASSIGN_OR_RETURN(Produced bias, engine.AttentionBias(options, logits, out, env));
   POSENC_RETURN_IF_ERROR(shm.CheckIntact());
   *resp->mutable_bias() = wire::DescOf(bias.dtype, bias.shape);
@@ -258,7 +261,6 @@ v1::ServerInfo GetServerInfo(const Engine& engine) {
     bi->set_compute_capability(d.compute_capability);
     bi->set_threads(d.threads);
     bi->set_device_uuid(d.uuid);
-    if (kind == BackendChoice::kCuda) bi->set_device_index(options.cuda_device);
   };
   info.set_shared_memory_enabled(engine.shared_memory().enabled());
   info.set_cuda_shared_memory_enabled(engine.shared_memory().cuda_enabled() &&
@@ -267,7 +269,13 @@ v1::ServerInfo GetServerInfo(const Engine& engine) {
     info.set_shared_memory_domain(engine.shared_memory().domain());
   }
   add(engine.cpu(), BackendChoice::kCpu, engine.cpu_cost());
-  add(engine.cuda(), BackendChoice::kCuda, engine.cuda_cost());
+  if (engine.gpus().empty()) {
+    add(nullptr, BackendChoice::kCuda, std::nullopt);  // with the reason there is none
+  }
+  for (const Engine::Gpu& g : engine.gpus()) {
+    add(g.backend.get(), BackendChoice::kCuda, engine.cuda_cost());
+    info.mutable_backends(info.backends_size() - 1)->set_device_index(g.device);
+  }
   info.set_default_backend(wire::ToProto(options.default_backend));
   v1::Limits* limits = info.mutable_limits();
   limits->set_max_message_bytes(options.message_limit());

@@ -37,6 +37,7 @@ absl::StatusOr<char*> ShmSlices::Resolve(absl::string_view field,
         "logits); a built ",
         field, " goes to system shared memory or the answer"));
   }
+  if (region->on_device() && !on_device_) device_ = region->device_id();
   on_device_ = on_device_ || region->on_device();
   const auto offset = static_cast<int64_t>(slice.offset());
   POSENC_RETURN_IF_ERROR(

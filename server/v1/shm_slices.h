@@ -39,6 +39,7 @@ class ShmSlices {
   // Whether a tensor resolved so far lies in CUDA shared memory: the call
   // then runs on the device, in place (CallEnv::tensors_on_device).
   bool on_device() const { return on_device_; }
+  int device() const { return device_; }  // the first such tensor's GPU
 
  private:
   absl::StatusOr<char*> Resolve(absl::string_view field, const v1::SharedMemorySlice& slice,
@@ -47,6 +48,7 @@ class ShmSlices {
   Engine& engine_;
   std::vector<std::pair<std::string, std::shared_ptr<const SharedMemoryRegion>>> held_;
   bool on_device_ = false;
+  int device_ = 0;
 };
 
 }  // namespace posenc::server

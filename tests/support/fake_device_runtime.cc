@@ -13,7 +13,9 @@ namespace {
 
 constexpr size_t kDeviceAlign = 256;  // what cudaMalloc guarantees
 
-size_t RoundUp(size_t n) { return (std::max<size_t>(n, 1) + kDeviceAlign - 1) / kDeviceAlign * kDeviceAlign; }
+size_t RoundUp(size_t n) {
+  return (std::max<size_t>(n, 1) + kDeviceAlign - 1) / kDeviceAlign * kDeviceAlign;
+}
 
 cudaError_t OutcomeError(GridOutcome o) {
   switch (o) {
@@ -180,8 +182,7 @@ cudaError_t FakeDeviceRuntime::Injection(Op op) {
   return cudaSuccess;
 }
 
-bool FakeDeviceRuntime::Within(const std::map<uintptr_t, size_t>& in, const void* p,
-                               size_t bytes) {
+bool FakeDeviceRuntime::Within(const std::map<uintptr_t, size_t>& in, const void* p, size_t bytes) {
   const auto at = reinterpret_cast<uintptr_t>(p);
   auto it = in.upper_bound(at);
   if (it == in.begin()) return false;
@@ -199,7 +200,7 @@ cudaError_t FakeDeviceRuntime::Enqueue(cudaStream_t stream, Work work) {
 cudaError_t FakeDeviceRuntime::SetDevice(int device) {
   std::lock_guard<std::mutex> lock(mu_);
   if (cudaError_t e = Injection(Op::kSetDevice); e != cudaSuccess) return Result(e);
-  return Result(device == 0 ? cudaSuccess : cudaErrorInvalidDevice);
+  return Result(device == ordinal_ ? cudaSuccess : cudaErrorInvalidDevice);
 }
 
 cudaError_t FakeDeviceRuntime::StreamCreate(cudaStream_t* stream) {
@@ -346,9 +347,8 @@ cudaError_t FakeDeviceRuntime::LaunchRope(const cuda::RopeParams& p, int sm_coun
     return Result(e);
   }
   ++launches_;
-  if (cudaError_t e = Enqueue(stream, [p, sm_count] {
-        return OutcomeError(EmulateRopeLaunch(p, sm_count));
-      });
+  if (cudaError_t e =
+          Enqueue(stream, [p, sm_count] { return OutcomeError(EmulateRopeLaunch(p, sm_count)); });
       e != cudaSuccess) {
     return Result(e);
   }

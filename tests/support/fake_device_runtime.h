@@ -31,8 +31,17 @@ namespace posenc::testing {
 
 class FakeDeviceRuntime final : public cuda::DeviceRuntime {
  public:
-  enum class Op { kSetDevice, kStreamCreate, kStreamSynchronize, kMalloc, kMallocHost, kMemcpy,
-                  kLaunch, kHostRegister, kIpcOpen };
+  enum class Op {
+    kSetDevice,
+    kStreamCreate,
+    kStreamSynchronize,
+    kMalloc,
+    kMallocHost,
+    kMemcpy,
+    kLaunch,
+    kHostRegister,
+    kIpcOpen
+  };
 
   explicit FakeDeviceRuntime(int64_t device_memory_bytes = int64_t{1} << 30);
   ~FakeDeviceRuntime() override;
@@ -41,6 +50,9 @@ class FakeDeviceRuntime final : public cuda::DeviceRuntime {
   void FailNext(Op op, cudaError_t error, int skip = 0);
   // Device memory the fake pretends to have (cudaErrorMemoryAllocation past it).
   void set_device_memory(int64_t bytes);
+  // The one device ordinal SetDevice accepts (0 unless told): a test with
+  // several GPUs gives each fake its own.
+  void set_ordinal(int ordinal) { ordinal_ = ordinal; }
 
   int64_t device_bytes_in_use() const;
   int64_t pinned_bytes_in_use() const;
@@ -110,6 +122,7 @@ class FakeDeviceRuntime final : public cuda::DeviceRuntime {
   int64_t bytes_copied_ = 0;
   int64_t bytes_copied_direct_ = 0;
   int next_stream_ = 1;
+  int ordinal_ = 0;
 };
 
 }  // namespace posenc::testing

@@ -195,6 +195,7 @@ TEST(Lifecycle, EnvironmentSetsEveryFlag) {
            {"POSENC_MAX_INFLIGHT_BYTES", "banana", "POSENC_MAX_INFLIGHT_BYTES=banana"},
            {"POSENC_MAX_MEMORY_BYTES", "-5", "--max_memory_bytes must be >= 0"},
            {"POSENC_LOG_FORMAT", "xml", "--log_format"},
+           {"POSENC_CUDA_DEVICES", "0,x", "--cuda_devices must be 'all' or comma-separated"},
        }) {
     ASSERT_EQ(setenv(c.var, c.value, 1), 0);
     testing::ServerProcess server;

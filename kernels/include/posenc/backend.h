@@ -116,6 +116,8 @@ std::unique_ptr<Backend> CreateCpuBackend(int num_threads);
 
 // True when this library was compiled with the CUDA backend.
 bool BuiltWithCuda();
+// GPUs this process can see (0 without CUDA, a driver or a device).
+int CudaDeviceCount();
 
 // "release build, with CUDA, compiler 12.2.0": how this library was built,
 // which is what decides where kernels can run; binaries print it under their

@@ -728,6 +728,15 @@ class CudaBackend final : public Backend {
 
 bool BuiltWithCuda() { return true; }
 
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);

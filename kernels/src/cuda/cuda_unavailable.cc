@@ -5,6 +5,8 @@ namespace posenc {
 
 bool BuiltWithCuda() { return false; }
 
+int CudaDeviceCount() { return 0; }
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int /*device*/) {
   return absl::FailedPreconditionError(
       "this posenc was built without CUDA (nvcc was not found at build time); use backend CPU "
