@@ -111,6 +111,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithGpus(
   e->gpus_ = std::move(gpus);
   e->cuda_ = e->gpus_.empty() ? nullptr : e->gpus_[0].backend.get();
   e->cuda_unavailable_reason_ = std::move(cuda_unavailable_reason);
+  // The GPUs' staging kept between calls, held in the budget for good.
+  int64_t resident = 0;
+  for (const Gpu& g : e->gpus_) resident += g.backend->ResidentHostBytes();
+  e->staging_held_ = e->admission_.Holder();
+  if (absl::Status s = e->staging_held_.TryGrow(resident); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_inflight_bytes (", options.max_inflight_bytes, ") cannot hold the ", resident,
+        " bytes of pinned staging the GPUs keep; raise it or serve fewer GPUs"));
+  }
   if (options.default_backend == BackendChoice::kCuda && e->cuda_ == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("--default_backend=cuda but no CUDA backend: ", e->cuda_unavailable_reason_));
@@ -264,6 +273,18 @@ absl::StatusOr<Backend*> Engine::Choose(BackendChoice requested, int64_t bytes) 
   }
 }
 
+absl::StatusOr<Backend*> Engine::ChooseStaged(const CallEnv& env, int64_t bytes) {
+  POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, bytes));
+  if (!backend->StagesHostCopy()) return backend;
+  // The GPU copies the tensors into its staging while the call runs: those
+  // bytes join the call's. Under AUTO a budget too full for them sends the
+  // call to the CPU, which needs none.
+  absl::Status charged = env.admission.TryGrow(bytes);
+  if (charged.ok()) return backend;
+  if (Resolve(env.backend) == BackendChoice::kCuda) return charged;
+  return cpu_.get();
+}
+
 Backend* Engine::GpuOf(int device) const {
   for (const Gpu& g : gpus_) {
     if (g.device == device) return g.backend.get();
@@ -404,7 +425,7 @@ absl::StatusOr<std::string> Engine::ApplyRope(const RopeOptions& options, RopeTe
       served = BackendName(gpu);
       return absl::OkStatus();
     }
-    POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, tensor_bytes));
+    POSENC_ASSIGN_OR_RETURN(Backend * backend, ChooseStaged(env, tensor_bytes));
     AlignedWork aligned(env.admission);
     MutableTensor query = t.query, key = t.key;
     POSENC_RETURN_IF_ERROR(aligned.Align(query));
@@ -439,7 +460,7 @@ absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTenso
       served = BackendName(gpu);
       return absl::OkStatus();
     }
-    POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, tensor_bytes));
+    POSENC_ASSIGN_OR_RETURN(Backend * backend, ChooseStaged(env, tensor_bytes));
     AlignedWork aligned(env.admission);
     MutableTensor x = t.x;
     POSENC_RETURN_IF_ERROR(aligned.Align(x));
@@ -475,7 +496,7 @@ absl::StatusOr<Produced> Engine::EncodingTable(AbsoluteOptions o, int64_t dim, i
           return env.admission.TryGrow(c.plan_bytes + c.output_bytes);
         }));
     const int64_t out_bytes = plan.num_tokens * dim * static_cast<int64_t>(SizeOf(dtype));
-    POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, out_bytes));
+    POSENC_ASSIGN_OR_RETURN(Backend * backend, ChooseStaged(env, out_bytes));
     POSENC_ASSIGN_OR_RETURN(char* const prepared, Prepare(out, out_bytes, env.ctx));
     AlignedWork aligned(env.admission);
     POSENC_ASSIGN_OR_RETURN(char* const target, aligned.Output(prepared, out_bytes, dtype));
@@ -532,7 +553,7 @@ absl::StatusOr<Produced> Engine::AttentionBias(const BiasOptions& o, MutableTens
       POSENC_ASSIGN_OR_RETURN(char* const prepared, Prepare(out, out_bytes, env.ctx));
       POSENC_ASSIGN_OR_RETURN(target, aligned.Output(prepared, out_bytes, plan.dtype));
     }
-    POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, out_bytes));
+    POSENC_ASSIGN_OR_RETURN(Backend * backend, ChooseStaged(env, out_bytes));
     POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
       return b->ApplyAttentionBias(plan, target, env.ctx);
     }));

@@ -215,6 +215,9 @@ class Engine {
   explicit Engine(const EngineOptions& options);
 
   [[nodiscard]] absl::StatusOr<Backend*> Choose(BackendChoice requested, int64_t bytes);
+  // Choose, for a call's host tensors of `bytes`: a GPU's staging of them
+  // charged to the call (or, under AUTO, the CPU when that does not fit).
+  [[nodiscard]] absl::StatusOr<Backend*> ChooseStaged(const CallEnv& env, int64_t bytes);
   // Runs `run` on *backend; under AUTO, retries on the CPU (updating
   // *backend) when the GPU does not cover the request or has failed.
   [[nodiscard]] absl::Status RunWithFallback(BackendChoice requested, Backend** backend,
@@ -247,8 +250,9 @@ class Engine {
   std::optional<CostModel> cpu_cost_, cuda_cost_;
   TableRepository tables_;
   AdmissionControl admission_;
-  SharedMemoryRegistry shared_memory_;  // after admission_, which it admits against
-  ScratchPool scratch_;                 // likewise
+  SharedMemoryRegistry shared_memory_;     // after admission_, which it admits against
+  ScratchPool scratch_;                    // likewise
+  AdmissionControl::Ticket staging_held_;  // the GPUs' resident staging, likewise
 };
 
 }  // namespace posenc::server

@@ -295,6 +295,56 @@ TEST(CudaSharedMemoryOnTwoFakeGpus, RegionsRunOnTheirDeviceAndStagedCallsSpread)
   rt1.Free(mem);
 }
 
+// The GPU's pinned staging is in the memory budget: what it keeps between
+// calls from the start, and a call's own staging while it runs. A budget
+// too full for that sends an AUTO call to the CPU; a call that asked for
+// CUDA is told the server is saturated.
+TEST(GpuStaging, IsHeldInTheBudget) {
+  FakeDeviceRuntime rt;
+  DeviceInfo info;
+  info.name = "fake";
+  auto cuda = cuda::CreateCudaBackendOn(rt, 0, info, 132);
+  ASSERT_TRUE(cuda.ok());
+  const int64_t resident = (*cuda)->ResidentHostBytes();
+  EngineOptions o;
+  o.auto_by_measured_cost = false;
+  o.auto_gpu_min_bytes = 0;
+  o.max_inflight_bytes = resident + kQueryBytes + kQueryBytes / 2;
+  o.max_request_tensor_bytes = kQueryBytes;
+  auto made = Engine::CreateWith(o, CreateCpuBackend(1), std::move(*cuda), "");
+  ASSERT_TRUE(made.ok()) << made.status();
+  Engine& engine = **made;
+  EXPECT_EQ(engine.inflight_bytes(), resident) << "held from the start";
+  const std::string query = RandomQuery();
+  // The request (kQueryBytes, admitted) plus its staging does not fit.
+  ModelInferRequest req = RopeRequest(query, -1, -1);
+  auto admission = engine.Admit(kQueryBytes);
+  ASSERT_TRUE(admission.ok()) << admission.status();
+  ModelInferResponse resp;
+  std::string backend;
+  ASSERT_TRUE(RunInfer(engine, BuiltInModel(ModelKind::kRope), &req, &resp, RunContext{},
+                       *admission, &backend)
+                  .ok());
+  EXPECT_EQ(backend, "cpu") << "AUTO: the CPU, which stages nothing";
+  EXPECT_EQ(rt.launches(), 0);
+  ModelInferRequest on_gpu = RopeRequest(query, -1, -1, "cuda");
+  ModelInferResponse refused;
+  const absl::Status s = RunInfer(engine, BuiltInModel(ModelKind::kRope), &on_gpu, &refused,
+                                  RunContext{}, *admission, &backend);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  // A budget that cannot even hold the resident staging refuses to start.
+  auto cuda2 = cuda::CreateCudaBackendOn(rt, 0, info, 132);
+  ASSERT_TRUE(cuda2.ok());
+  EngineOptions tiny = o;
+  tiny.max_inflight_bytes = resident / 2;
+  tiny.max_request_tensor_bytes = 1024;
+  tiny.max_message_bytes = 1 << 20;
+  const absl::Status start =
+      Engine::CreateWith(tiny, CreateCpuBackend(1), std::move(*cuda2), "").status();
+  EXPECT_EQ(start.code(), absl::StatusCode::kInvalidArgument) << start;
+  EXPECT_NE(start.message().find("pinned staging"), std::string::npos) << start;
+}
+
 // The real thing, on a GPU (skipped without one): another process (a forked
 // child, as a model server would be) allocates device memory, fills it and
 // sends its IPC handle; this process's server registers it, rotates the

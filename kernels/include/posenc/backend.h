@@ -77,6 +77,14 @@ class Backend {
   // Unpin before the memory goes away. Default: nothing to do.
   virtual absl::Status PinHostMemory(void* /*p*/, size_t /*bytes*/) { return absl::OkStatus(); }
   virtual void UnpinHostMemory(void* /*p*/) {}
+  // Host memory the backend keeps between calls, at most (the CUDA
+  // backend's pinned staging buffers), for a server to hold in its memory
+  // budget. A call may stage its own tensors in more while it runs: as many
+  // bytes again as its tensors (StagesHostCopy). Default: none.
+  virtual int64_t ResidentHostBytes() const { return 0; }
+  // Whether calls copy their host tensors into memory of the backend's own
+  // (staging) while they run.
+  virtual bool StagesHostCopy() const { return false; }
   // Device memory another process shares with this one (Triton's CUDA
   // shared memory): `raw_handle` is a CUDA IPC handle (cudaIpcGetMemHandle's
   // 64 bytes) of an allocation of at least `bytes` on this backend's device.

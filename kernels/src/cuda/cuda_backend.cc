@@ -128,7 +128,8 @@ class CudaBackend final : public Backend {
         device_(device),
         info_(std::move(info)),
         sm_count_(sm_count),
-        chunk_bytes_(std::max<size_t>(options.chunk_bytes, 1)) {}
+        chunk_bytes_(std::max<size_t>(options.chunk_bytes, 1)),
+        max_idle_staging_(options.max_idle_staging_bytes) {}
 
   ~CudaBackend() override {
     // Best effort: after a sticky error these fail too, and there is no one
@@ -161,6 +162,10 @@ class CudaBackend final : public Backend {
   }
 
   BackendKind kind() const override { return BackendKind::kCuda; }
+  int64_t ResidentHostBytes() const override {
+    return static_cast<int64_t>(kWorkers * max_idle_staging_);
+  }
+  bool StagesHostCopy() const override { return true; }
   DeviceInfo device() const override { return info_; }
 
   absl::Status health() const override {
@@ -639,6 +644,14 @@ class CudaBackend final : public Backend {
     if (s.ok()) s = Check(rt_.SetDevice(device_), "cudaSetDevice");
     if (s.ok()) s = Reserve(*w, bytes);
     if (s.ok()) s = fn(*w);
+    if (w->pinned_bytes > max_idle_staging_) {
+      // Only a large call needed this much; what stays is bounded.
+      Check(rt_.StreamSynchronize(w->stream), "draining a worker's stream").IgnoreError();
+      Check(rt_.StreamSynchronize(w->stream2), "draining a worker's stream").IgnoreError();
+      Check(rt_.FreeHost(w->pinned), "freeing a large staging buffer").IgnoreError();
+      w->pinned = nullptr;
+      w->pinned_bytes = 0;
+    }
     if (!s.ok()) {
       // Leave no work in flight on the buffers the next call reuses.
       Check(rt_.StreamSynchronize(w->stream), "draining a worker's stream after an error")
@@ -701,6 +714,7 @@ class CudaBackend final : public Backend {
   const DeviceInfo info_;
   const int sm_count_;
   const size_t chunk_bytes_;
+  const size_t max_idle_staging_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -17,12 +17,17 @@ struct CudaBackendOptions {
   // Large token-major calls are staged in chunks of about this many bytes
   // of tensors (cuda_backend.cc); calls under twice it go whole.
   size_t chunk_bytes = size_t{4} << 20;
+  // Pinned staging a worker keeps between calls: a buffer grown past this
+  // for a large call is freed after it, so what stays is bounded
+  // (ResidentHostBytes) while the large call's own staging is charged to
+  // it by the server.
+  size_t max_idle_staging_bytes = size_t{16} << 20;
 };
 
 // `runtime` outlives the backend. `sm_count` sizes decode launches.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackendOn(DeviceRuntime& runtime, int device,
-                                                            DeviceInfo info, int sm_count,
-                                                            CudaBackendOptions options = {});
+                                                             DeviceInfo info, int sm_count,
+                                                             CudaBackendOptions options = {});
 
 }  // namespace posenc::cuda
 

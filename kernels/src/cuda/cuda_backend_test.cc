@@ -67,14 +67,14 @@ struct RopeCase {
       t.cu_seqlens = testing::IntView(cu, {3});
     } else {
       const bool bhsd = layout == RopeLayout::kBHSD;
-      t.query = testing::Mutable(DType::kBFloat16,
-                                 bhsd ? std::vector<int64_t>{1, 8, tokens, 64}
-                                      : std::vector<int64_t>{1, tokens, 8, 64},
-                                 *qo);
-      t.key = testing::Mutable(DType::kBFloat16,
-                               bhsd ? std::vector<int64_t>{1, 2, tokens, 64}
-                                    : std::vector<int64_t>{1, tokens, 2, 64},
-                               *ko);
+      t.query = testing::Mutable(
+          DType::kBFloat16,
+          bhsd ? std::vector<int64_t>{1, 8, tokens, 64} : std::vector<int64_t>{1, tokens, 8, 64},
+          *qo);
+      t.key = testing::Mutable(
+          DType::kBFloat16,
+          bhsd ? std::vector<int64_t>{1, 2, tokens, 64} : std::vector<int64_t>{1, tokens, 2, 64},
+          *ko);
       t.positions.offsets = testing::IntView(offsets, {1});
     }
     auto plan = PlanRope(o, t);
@@ -464,6 +464,32 @@ TEST(CudaBackendOnFakeRuntime, HandlesThatDoNotFitAreRefusedAndTheBackendServesO
 TEST(CudaBackendOnFakeRuntime, TheCpuBackendRefusesSharedDeviceMemory) {
   EXPECT_EQ(CreateCpuBackend(1)->OpenSharedDeviceMemory(std::string(64, 'x'), 64).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// Pinned staging stays bounded: a call that grew a worker's buffer past
+// max_idle_staging_bytes frees it afterwards; smaller ones keep theirs for
+// the next call. What stays is what the backend says it keeps.
+TEST(CudaBackendOnFakeRuntime, LargeStagingIsFreedAfterItsCall) {
+  FakeDeviceRuntime rt;
+  DeviceInfo info;
+  info.name = "fake";
+  cuda::CudaBackendOptions options;
+  options.max_idle_staging_bytes = 64 << 10;
+  auto b = cuda::CreateCudaBackendOn(rt, 0, info, 132, options);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->ResidentHostBytes(), 4 * (64 << 10));
+  EXPECT_TRUE((*b)->StagesHostCopy());
+  const RopeCase small(8, testing::Rng()()), large(400, testing::Rng()());
+  Bytes q, k;
+  ASSERT_TRUE(small.Run(**b, &q, &k).ok());
+  const int64_t kept = rt.pinned_bytes_in_use();
+  EXPECT_GT(kept, 0);
+  EXPECT_LE(kept, 64 << 10);
+  ASSERT_TRUE(large.Run(**b, &q, &k).ok());  // 400 x 10 x 64 bf16: 500 KiB
+  ExpectMatchesCpu(large, q, k);
+  EXPECT_LE(rt.pinned_bytes_in_use(), (*b)->ResidentHostBytes()) << "the large buffer is gone";
+  ASSERT_TRUE(small.Run(**b, &q, &k).ok());
+  ExpectMatchesCpu(small, q, k);
 }
 
 }  // namespace
