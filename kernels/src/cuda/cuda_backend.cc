@@ -547,26 +547,28 @@ class CudaBackend final : public Backend {
 
   // Whether [p, p + bytes) lies in one OpenSharedDeviceMemory mapping.
   bool InShared(const void* p, size_t bytes) {
-    if (p == nullptr) return false;
     std::lock_guard<std::mutex> lock(shared_mu_);
-    if (shared_.empty()) return false;
-    const auto at = reinterpret_cast<uintptr_t>(p);
-    auto it = shared_.upper_bound(at);
-    if (it == shared_.begin()) return false;
-    --it;
-    return at - it->first <= it->second.bytes && bytes <= it->second.bytes - (at - it->first);
+    return Holds(shared_, p, bytes, [](const Shared& s) { return s.bytes; });
   }
 
   // Whether [p, p + bytes) lies in one PinHostMemory registration.
   bool InPinned(const void* p, size_t bytes) const {
-    if (p == nullptr) return false;
     std::lock_guard<std::mutex> lock(pinned_mu_);
-    if (pinned_.empty()) return false;
+    return Holds(pinned_, p, bytes, [](size_t n) { return n; });
+  }
+
+  // Whether [p, p + bytes) lies in one of `ranges` (start -> entry, whose
+  // size `size_of` gives), overflow-safe.
+  template <typename Entry, typename SizeOf>
+  static bool Holds(const std::map<uintptr_t, Entry>& ranges, const void* p, size_t bytes,
+                    SizeOf size_of) {
+    if (p == nullptr || ranges.empty()) return false;
     const auto at = reinterpret_cast<uintptr_t>(p);
-    auto it = pinned_.upper_bound(at);
-    if (it == pinned_.begin()) return false;
+    auto it = ranges.upper_bound(at);
+    if (it == ranges.begin()) return false;
     --it;
-    return at - it->first <= it->second && bytes <= it->second - (at - it->first);
+    const size_t size = size_of(it->second);
+    return at - it->first <= size && bytes <= size - (at - it->first);
   }
 
   // The status of a CUDA call's result. A sticky error marks the backend
