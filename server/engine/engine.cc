@@ -420,8 +420,24 @@ absl::StatusOr<std::string> Engine::ApplyRope(const RopeOptions& options, RopeTe
       POSENC_ASSIGN_OR_RETURN(Backend * gpu, DeviceBackend(env.backend, env.device));
       POSENC_RETURN_IF_ERROR(CheckDeviceAligned(t.query, "query"));
       POSENC_RETURN_IF_ERROR(CheckDeviceAligned(t.key, "key"));
-      POSENC_RETURN_IF_ERROR(
-          gpu->ApplyRope(plan, t.query.data, has_key ? t.key.data : nullptr, env.ctx));
+      if (env.query_out != nullptr || env.key_out != nullptr) {
+        // Into other slices: a tensor without one of its own stays in place.
+        char* q_out = env.query_out != nullptr ? env.query_out : static_cast<char*>(t.query.data);
+        char* k_out = !has_key                 ? nullptr
+                      : env.key_out != nullptr ? env.key_out
+                                               : static_cast<char*>(t.key.data);
+        POSENC_RETURN_IF_ERROR(CheckDeviceAligned(
+            MutableTensor{t.query.dtype, t.query.shape, q_out, t.query.nbytes}, "query_out"));
+        if (has_key) {
+          POSENC_RETURN_IF_ERROR(CheckDeviceAligned(
+              MutableTensor{t.key.dtype, t.key.shape, k_out, t.key.nbytes}, "key_out"));
+        }
+        POSENC_RETURN_IF_ERROR(gpu->ApplyRopeInto(
+            plan, t.query.data, has_key ? t.key.data : nullptr, q_out, k_out, env.ctx));
+      } else {
+        POSENC_RETURN_IF_ERROR(
+            gpu->ApplyRope(plan, t.query.data, has_key ? t.key.data : nullptr, env.ctx));
+      }
       served = BackendName(gpu);
       return absl::OkStatus();
     }

@@ -100,6 +100,10 @@ struct CallEnv {
   bool tensors_on_device = false;
   // Which GPU they are on (the region's device id).
   int device = 0;
+  // RoPE on the device only: where the rotated query and key go instead of
+  // in place (another slice of CUDA shared memory; null: in place).
+  char* query_out = nullptr;
+  char* key_out = nullptr;
 };
 
 // Where a tensor an operation produces (a table, a built bias) goes: a

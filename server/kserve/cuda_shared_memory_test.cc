@@ -8,10 +8,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cuda_backend.h"
@@ -145,8 +148,9 @@ TEST_F(CudaSharedMemoryOnFakeRuntime, InPlaceOnTheDeviceWithNoCopyOfTheTensor) {
 }
 
 TEST_F(CudaSharedMemoryOnFakeRuntime, ToTheAnswerOrAnotherSliceTheInputStaysAsItWas) {
-  // Computed in host memory, brought there and back by device copies (the
-  // host never reads device memory itself: on a GPU that would fault).
+  // To the answer: computed in host memory, brought there by a device copy
+  // (the host never reads device memory itself: on a GPU that would fault).
+  // To another slice: on the device, by device-to-device copies.
   const std::string want = Expected();
   ModelInferResponse resp;
   std::string backend;
@@ -163,6 +167,37 @@ TEST_F(CudaSharedMemoryOnFakeRuntime, ToTheAnswerOrAnotherSliceTheInputStaysAsIt
   EXPECT_EQ(DeviceBytes(2 * kQueryBytes, kQueryBytes), want);
   EXPECT_EQ(DeviceBytes(0, kQueryBytes), query_);
   EXPECT_EQ(DeviceBytes(kQueryBytes, kQueryBytes), std::string(kQueryBytes, '\x7f'));
+}
+
+// perf_analyzer's way with --shared-memory=cuda: the output in a slice of
+// its own. Rotated on the device from one slice into the other (no host in
+// between); the input stays as it was, and concurrent calls writing one
+// output slice each leave finished values there.
+TEST_F(CudaSharedMemoryOnFakeRuntime, ToAnotherDeviceSliceOnTheDevice) {
+  const std::string want = Expected();
+  const int launches = rt_.launches();
+  ModelInferResponse resp;
+  std::string backend;
+  ASSERT_TRUE(Run(Request(0, 2 * kQueryBytes), &resp, &backend).ok());
+  EXPECT_EQ(backend, "cuda:0") << "on the device, not through the host";
+  EXPECT_EQ(rt_.launches(), launches + 1);
+  EXPECT_EQ(DeviceBytes(2 * kQueryBytes, kQueryBytes), want);
+  EXPECT_EQ(DeviceBytes(0, kQueryBytes), query_);
+  std::vector<std::thread> callers;
+  std::atomic<int> failed{0};
+  for (int c = 0; c < 4; ++c) {
+    callers.emplace_back([&] {
+      for (int i = 0; i < 10; ++i) {
+        ModelInferResponse r;
+        std::string b;
+        if (!Run(Request(0, 2 * kQueryBytes), &r, &b).ok()) ++failed;
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(DeviceBytes(2 * kQueryBytes, kQueryBytes), want);
+  EXPECT_EQ(DeviceBytes(0, kQueryBytes), query_);
 }
 
 TEST_F(CudaSharedMemoryOnFakeRuntime, RequestsTheDeviceCannotServeAreRefusedByName) {
@@ -431,13 +466,18 @@ TEST(CudaSharedMemoryOnAGpu, AnotherProcesssTensorIsRotatedInPlaceOnTheDevice) {
   ModelInferResponse answer;
   ASSERT_TRUE(RunOn(**engine, RopeRequest(query, 0, -1), &answer, &backend).ok());
   EXPECT_EQ(answer.raw_output_contents(0), twice);
+  // And into another slice, on the device (perf_analyzer's way).
+  ModelInferResponse into;
+  ASSERT_TRUE(RunOn(**engine, RopeRequest(query, 0, kQueryBytes), &into, &backend).ok());
+  EXPECT_EQ(backend, "cuda:0");
   EXPECT_TRUE((*engine)->Ready().ok());
   const char go = 'g';
   ASSERT_EQ(::write(down[1], &go, 1), 1);
   std::string back(kRegionBytes, '\0');
   ASSERT_TRUE(read_all(back.data(), back.size()));
   EXPECT_EQ(back.substr(0, kQueryBytes), want) << "rotated in place, bit for bit";
-  EXPECT_EQ(back.substr(kQueryBytes), std::string(kRegionBytes - kQueryBytes, '\x7f'));
+  EXPECT_EQ(back.substr(kQueryBytes, kQueryBytes), twice) << "rotated into the next slice";
+  EXPECT_EQ(back.substr(2 * kQueryBytes), std::string(kRegionBytes - 2 * kQueryBytes, '\x7f'));
   ASSERT_TRUE(registry.Unregister("gpu", absl::InfiniteFuture(), MemoryKind::kCuda).ok());
   ASSERT_EQ(::write(down[1], &go, 1), 1);
   int status = 0;

@@ -210,6 +210,8 @@ absl::Status CheckHeadDim(const Model& model, InputSet& in) {
 //    is copied to the output's slice);
 //  - in shared memory, output to the same slice: in place there (in CUDA
 //    shared memory: on the device, by the CUDA backend, with no copy);
+//  - in CUDA shared memory, RoPE output to another slice on the same GPU:
+//    rotated on the device from one into the other (ApplyRopeInto);
 //  - in shared memory, output to another slice: in a scratch buffer (reused
 //    across calls, so no fresh pages), the result then copied there;
 //  - in shared memory, output to the answer (or not asked for): a private
@@ -223,7 +225,7 @@ absl::Status CheckHeadDim(const Model& model, InputSet& in) {
 // and rotating it in place would let one call rotate what another had
 // already rotated, and show a reader raw input meanwhile.
 absl::Status Place(Input* t, absl::string_view output, OutputSet& want, Engine& engine,
-                   Engine::Admission& admission) {
+                   Engine::Admission& admission, bool device_into = false) {
   if (t == nullptr || !t->shm.has_value()) return absl::OkStatus();
   const std::string field = absl::StrCat("input \"", t->name, "\"");
   const ShmRef* out = want.ShmOf(output);
@@ -240,6 +242,15 @@ absl::Status Place(Input* t, absl::string_view output, OutputSet& want, Engine& 
     return absl::InvalidArgumentError(
         absl::StrCat("requested output \"", output, "\" has ", t->size(),
                      " bytes; its shared_memory_byte_size is ", out->byte_size));
+  }
+  // RoPE from one slice of CUDA shared memory into another on the same GPU:
+  // the backend rotates a copy in its own device buffer and writes the
+  // finished result there (Backend::ApplyRopeInto), all on the device.
+  if (device_into && in.region->on_device() && out->region->on_device() &&
+      out->region->device_id() == in.region->device_id()) {
+    t->device_out = out->region->At(out->offset);
+    want.MarkInPlace(output);
+    return absl::OkStatus();
   }
   return t->MakeScratch(field, engine.scratch(), admission);
 }
@@ -270,10 +281,14 @@ absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params
                       query != nullptr && !query->shape.empty() ? query->shape.back() : 0));
   POSENC_RETURN_IF_ERROR(params.Finish(model.name));
   POSENC_RETURN_IF_ERROR(CheckHeadDim(model, in));
-  POSENC_RETURN_IF_ERROR(Place(in.Find("query"), "query_out", want, engine, env.admission));
-  POSENC_RETURN_IF_ERROR(Place(in.Find("key"), "key_out", want, engine, env.admission));
+  POSENC_RETURN_IF_ERROR(Place(in.Find("query"), "query_out", want, engine, env.admission,
+                               /*device_into=*/true));
+  POSENC_RETURN_IF_ERROR(Place(in.Find("key"), "key_out", want, engine, env.admission,
+                               /*device_into=*/true));
   env.tensors_on_device = OnDevice(in.Find("query")) || OnDevice(in.Find("key"));
   env.device = DeviceOf({in.Find("query"), in.Find("key")});
+  if (const Input* q = in.Find("query"); q != nullptr) env.query_out = q->device_out;
+  if (const Input* k = in.Find("key"); k != nullptr) env.key_out = k->device_out;
   RopeTensors t;
   t.query = in.Mutable("query");
   t.key = in.Mutable("key");

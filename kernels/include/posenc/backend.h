@@ -101,6 +101,16 @@ class Backend {
         "this backend computes in host memory; device memory needs the CUDA backend");
   }
   virtual void CloseSharedDeviceMemory(void* /*p*/) {}
+  // RoPE from query (and key) into query_out (and key_out), every one of
+  // them in memory from OpenSharedDeviceMemory: the outputs receive only
+  // finished values and the inputs stay as they were (another caller may
+  // be reading the outputs, or writing the same ones). Default:
+  // UNIMPLEMENTED (a backend with no device memory).
+  [[nodiscard]] virtual absl::Status ApplyRopeInto(const RopePlan& /*plan*/, const void* /*query*/,
+                                                   const void* /*key*/, void* /*query_out*/,
+                                                   void* /*key_out*/, const RunContext& /*ctx*/) {
+    return absl::UnimplementedError("this backend computes in host memory only");
+  }
   // Copies `bytes` between host memory and memory from
   // OpenSharedDeviceMemory (either way, or within it) and returns once they
   // have landed. Default: host memory on both sides.

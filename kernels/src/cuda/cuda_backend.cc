@@ -176,6 +176,31 @@ class CudaBackend final : public Backend {
 
   absl::Status ApplyRope(const RopePlan& plan, void* query, void* key,
                          const RunContext& ctx) override {
+    return Rope(plan, query, key, nullptr, nullptr, ctx);
+  }
+
+  absl::Status ApplyRopeInto(const RopePlan& plan, const void* query, const void* key,
+                             void* query_out, void* key_out, const RunContext& ctx) override {
+    const size_t esize = SizeOf(plan.dtype);
+    const size_t q_bytes = plan.num_tokens * plan.query_heads * plan.head_dim * esize;
+    const size_t k_bytes =
+        plan.has_key ? plan.num_tokens * plan.key_heads * plan.head_dim * esize : 0;
+    POSENC_ASSIGN_OR_RETURN(
+        const bool resident,
+        Resident({{query, q_bytes}, {key, k_bytes}, {query_out, q_bytes}, {key_out, k_bytes}}));
+    if (!resident && !plan.empty()) {
+      return absl::InvalidArgumentError(
+          "ApplyRopeInto takes tensors and outputs in shared device memory only");
+    }
+    return Rope(plan, const_cast<void*>(query), const_cast<void*>(key), query_out, key_out, ctx);
+  }
+
+  // RoPE in place (`query_out` null), or from query / key into query_out /
+  // key_out, all in shared device memory: copied into the worker's device
+  // buffer, rotated there, and copied out, so the outputs receive finished
+  // values only and the inputs stay as they were.
+  absl::Status Rope(const RopePlan& plan, void* query, void* key, void* query_out, void* key_out,
+                    const RunContext& ctx) {
     POSENC_RETURN_IF_ERROR(health());
     if (plan.empty()) return absl::OkStatus();
     if (ctx.IsCancelled()) return absl::CancelledError("the call was cancelled");
@@ -184,10 +209,12 @@ class CudaBackend final : public Backend {
     const size_t k_bytes =
         plan.has_key ? plan.num_tokens * plan.key_heads * plan.head_dim * esize : 0;
     POSENC_ASSIGN_OR_RETURN(const bool resident, Resident({{query, q_bytes}, {key, k_bytes}}));
+    const bool into = query_out != nullptr;  // REQUIRES: resident (ApplyRopeInto)
     const std::vector<int32_t> token_set = cuda::TokenFreqSets(plan);
     const bool per_token_sets = !token_set.empty();
     Layout l;
-    const size_t q_at = l.Add(resident ? 0 : q_bytes), k_at = l.Add(resident ? 0 : k_bytes);
+    const bool in_buffer = !resident || into;
+    const size_t q_at = l.Add(in_buffer ? q_bytes : 0), k_at = l.Add(in_buffer ? k_bytes : 0);
     const size_t pos_at = l.Add(plan.positions.values.size() * 8);
     const size_t set_at = l.Add(token_set.size() * 4);
     const size_t freq_at = l.Add(plan.inv_freq.size() * 8);
@@ -221,10 +248,10 @@ class CudaBackend final : public Backend {
         }
       }
       const cuda::RopeParams p = cuda::MakeRopeParams(
-          plan, {resident ? static_cast<char*>(query) : w.device + q_at,
+          plan, {in_buffer ? w.device + q_at : static_cast<char*>(query),
                  k_bytes == 0 ? nullptr
-                 : resident   ? static_cast<char*>(key)
-                              : w.device + k_at,
+                 : in_buffer  ? w.device + k_at
+                              : static_cast<char*>(key),
                  reinterpret_cast<const int64_t*>(w.device + pos_at),
                  per_token_sets ? reinterpret_cast<const int32_t*>(w.device + set_at) : nullptr,
                  reinterpret_cast<const double*>(w.device + freq_at),
@@ -269,9 +296,25 @@ class CudaBackend final : public Backend {
         if (k_bytes) std::memcpy(key, h + k_at, k_bytes);
         return absl::OkStatus();
       }
+      if (into) {
+        POSENC_CUDA(
+            rt_.MemcpyAsync(w.device + q_at, query, q_bytes, cudaMemcpyDeviceToDevice, w.stream));
+        if (k_bytes) {
+          POSENC_CUDA(
+              rt_.MemcpyAsync(w.device + k_at, key, k_bytes, cudaMemcpyDeviceToDevice, w.stream));
+        }
+      }
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(rt_.LaunchRope(p, sm_count_, w.stream),
                                    "launching the RoPE kernel", CudaCall::kLaunch));
+      if (into) {
+        POSENC_CUDA(rt_.MemcpyAsync(query_out, w.device + q_at, q_bytes, cudaMemcpyDeviceToDevice,
+                                    w.stream));
+        if (k_bytes) {
+          POSENC_CUDA(rt_.MemcpyAsync(key_out, w.device + k_at, k_bytes, cudaMemcpyDeviceToDevice,
+                                      w.stream));
+        }
+      }
       if (resident) return Check(rt_.StreamSynchronize(w.stream), "waiting for the RoPE kernel");
       if (direct) {
         return DownloadDirect(w,
