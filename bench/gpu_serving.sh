@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Served calls, end to end, on one host (issue 24's figures): perf_analyzer
 # (from the tritonclient 2.40.0 wheel) drives rope_qk over KServe gRPC
-# against posenc-server, once per backend (--default_backend=cpu and
-# =cuda, one server each), for three shapes, three ways of moving tensors
-# and three concurrencies:
+# against posenc-server, once per backend (--default_backend=cpu, =cuda and
+# =auto, one server each; auto at 1 and 16 callers only), for three shapes,
+# three ways of moving tensors and three concurrencies:
 #   shapes   decode  32 x 1 x (32+8) x 128 FP32 (batch 32, one token each)
 #            1mib    1 x 128 x (12+4) x 128 FP32
 #            prefill 1 x 4096 x (32+8) x 128 FP32 (80 MiB)
@@ -76,7 +76,7 @@ echo "backend,workload,path,concurrency,throughput_per_s,p50_us,p99_us,server_qu
 workloads=("decode|32,1,32,128|32,1,8,128" "1mib|1,128,12,128|1,128,4,128"
   "prefill|1,4096,32,128|1,4096,8,128")
 backends=(cpu)
-[ "$has_gpu" = 1 ] && backends+=(cuda)
+[ "$has_gpu" = 1 ] && backends+=(cuda auto)
 for backend in "${backends[@]}"; do
   if ! start_server "$backend"; then
     echo "posenc-server --default_backend=$backend did not start:" >&2
@@ -84,7 +84,7 @@ for backend in "${backends[@]}"; do
     continue
   fi
   paths=(socket system)
-  [ "$backend" = cuda ] && paths+=(cuda)
+  [ "$backend" = cuda ] && paths+=(cuda)  # device tensors run on the GPU whatever the default
   for w in "${workloads[@]}"; do
     IFS='|' read -r name qshape kshape <<< "$w"
     IFS=, read -r -a d <<< "$qshape"
@@ -94,7 +94,10 @@ for backend in "${backends[@]}"; do
     for path in "${paths[@]}"; do
       extra=()
       [ "$path" = socket ] || extra=(--shared-memory="$path" "--output-shared-memory-size=$out_bytes")
-      for c in 1 4 16; do
+      callers=(1 4 16)
+      # AUTO is there to be compared with the better of the two at each size.
+      [ "$backend" = auto ] && callers=(1 16)
+      for c in "${callers[@]}"; do
         t0=$(cpu_ticks)
         n0=$(ok_calls)
         measure() {  # measure WINDOW_MS

@@ -4,11 +4,13 @@
 # Here (no GPU needed), build with CUDA and pack the binaries:
 #   scripts/build.sh && scripts/gpu-pack.sh      (-> .gpu/bundle.tar.xz, ~16 MB)
 #   (.gpu/ is git-ignored; pass it in the device tool's `carry`)
-# There, from the repository root, in one call (suites, bench and serving
-# take about 5 minutes on an H100; each step has its own timeout below):
+# There, from the repository root, two calls (each step has its own timeout
+# below): suites and bench (about 2 minutes on an H100), then serving
+# (about 5 minutes):
 #   tar -C .gpu -xJf .gpu/bundle.tar.xz &&
-#     bash scripts/gpu-check.sh .gpu/bundle suites bench serving
-# and, with device time left, a second call for ncu peers sanitizers.
+#     bash scripts/gpu-check.sh .gpu/bundle suites bench
+#   tar -C .gpu -xJf .gpu/bundle.tar.xz && bash scripts/gpu-check.sh .gpu/bundle serving
+# and, with device time left, ncu peers sanitizers.
 # Peers need Liger-Kernel as a wheel in .whl/ (carried, installed with
 # pip --target; see bench/RESULTS.md), or they run without it.
 # Steps: suites, memcheck, racecheck, synccheck, initcheck (sanitizers: all
@@ -46,7 +48,7 @@ t_sanitizer=${TIMEOUT_SANITIZER:-120}
 t_bench=${TIMEOUT_BENCH:-180}
 t_ncu=${TIMEOUT_NCU:-240}
 t_peers=${TIMEOUT_PEERS:-300}
-t_serving=${TIMEOUT_SERVING:-330}
+t_serving=${TIMEOUT_SERVING:-400}
 
 say() { echo "$*" | tee -a "$summary"; }
 verdict() {  # verdict NAME OK DETAIL: one line per step; a failure fails the run
