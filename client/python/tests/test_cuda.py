@@ -210,3 +210,40 @@ def test_restore_of_an_in_place_result_is_the_source():
 def test_device_memory_lost_mid_way_is_a_region_failure():
     assert _shm.region_failed(grpc.StatusCode.NOT_FOUND,
                               'query_shm: no shared memory region "x" is registered')
+
+
+def test_the_async_client_sends_slices_too(monkeypatch):
+    import asyncio
+
+    monkeypatch.setattr(T, "_torch_to_numpy",
+                        lambda t: pytest.fail("copied to the host"))
+
+    class AsyncStub:
+        """The server for AsyncClient: awaitable tensor calls."""
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        async def GetServerInfo(self, request, timeout=None):
+            return self.inner.GetServerInfo(request, timeout)
+
+        async def ApplyRope(self, request, timeout=None, metadata=None):
+            return self.inner.ApplyRope(request, timeout, metadata)
+
+    async def main():
+        c = posenc.AsyncClient("unix:/nonexistent.sock")
+        stub = FakeStub()
+        c._stub = AsyncStub(stub)
+        c._control_stub = lambda: stub  # registrations: blocking, on their own channel
+        c._control = (None, stub)
+        c._device.runtime = FakeRuntime()
+        q = FakeCudaTensor(0x5000_0000, 0, (1, 2, 4, 64))
+        result = await c.apply_rope(q)
+        assert result.query is q
+        (req,) = stub.calls
+        assert not req.query_data and req.query_shm.byte_size == 2 * 4 * 64 * 4
+        assert len(stub.registered) == 1
+        c._device.close(stub)
+        assert len(stub.unregistered) == 1
+
+    asyncio.run(main())
