@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -98,7 +98,8 @@ Figures Run(posenc::Client& client, const Workload& w, int calls, std::mt19937_6
   std::vector<int64_t> offsets(w.batch, 1000);
   posenc::RopeTensors t;
   t.query = {w.dtype, {w.batch, w.tokens, w.query_heads, w.dim}, q.data(), q.size()};
-  if (w.key_heads > 0) t.key = {w.dtype, {w.batch, w.tokens, w.key_heads, w.dim}, k.data(), k.size()};
+  if (w.key_heads > 0)
+    t.key = {w.dtype, {w.batch, w.tokens, w.key_heads, w.dim}, k.data(), k.size()};
   t.positions.offsets = {posenc::DType::kInt64, {w.batch}, offsets.data(), offsets.size() * 8};
   posenc::RopeOptions o;
   // Warm-up: connections, the shared-memory region, the server's scratch.
@@ -153,8 +154,8 @@ int main(int argc, char** argv) {
         const char* path = i == 0 ? "socket" : "shared_memory";
         if (absl::GetFlag(FLAGS_paths).find(path) == std::string::npos) continue;
         const Figures f = Run(*clients[i], w, calls, rng);
-        std::printf("%s,%d,%s,%.1f,%.1f,%.1f\n", w.name, round, path,
-                    f.p50_us, f.p99_us, f.server_cpu_us);
+        std::printf("%s,%d,%s,%.1f,%.1f,%.1f\n", w.name, round, path, f.p50_us, f.p99_us,
+                    f.server_cpu_us);
         std::fflush(stdout);
       }
     }

@@ -46,12 +46,16 @@ function(posenc_add_fuzzer name)
 
   add_executable(${name}_replay ${F_SOURCES} ${PROJECT_SOURCE_DIR}/tests/fuzz/replay_main.cc)
   target_link_libraries(${name}_replay PRIVATE ${F_LIBS})
+  # Header-only test helpers (stand_in_device.h), without the test targets,
+  # which a build without tests does not have.
+  target_include_directories(${name}_replay PRIVATE ${PROJECT_SOURCE_DIR}/tests/support)
   add_test(NAME fuzz_replay.${name} COMMAND ${name}_replay ${corpus})
   set_tests_properties(fuzz_replay.${name} PROPERTIES LABELS cpu TIMEOUT 300)
 
   if(POSENC_BUILD_FUZZERS)
     add_executable(${name} ${F_SOURCES})
     target_link_libraries(${name} PRIVATE ${F_LIBS})
+    target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/support)
     target_link_options(${name} PRIVATE -fsanitize=fuzzer)
     add_test(NAME fuzz.${name}
              COMMAND ${PROJECT_SOURCE_DIR}/tests/fuzz/run_fuzzer.sh $<TARGET_FILE:${name}>

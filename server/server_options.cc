@@ -37,10 +37,12 @@ absl::Status ServerOptions::Validate() const {
                                     " (0: --max_inflight_bytes + 2 x --max_message_bytes)"));
   POSENC_RETURN_IF_ERROR(NotAtLeast("--slow_call_ms", slow_call_ms, 0, " (0: never)"));
   POSENC_RETURN_IF_ERROR(NotAtLeast("--drain_seconds", drain_seconds, 0));
-  POSENC_RETURN_IF_ERROR(NotAtLeast("--max_shared_memory_regions", engine.shared_memory.max_regions, 0));
+  POSENC_RETURN_IF_ERROR(
+      NotAtLeast("--max_shared_memory_regions", engine.shared_memory.max_regions, 0));
   POSENC_RETURN_IF_ERROR(NotAtLeast("--max_shared_memory_regions_per_client",
                                     engine.shared_memory.max_regions_per_client, 0));
-  POSENC_RETURN_IF_ERROR(NotAtLeast("--max_shared_memory_bytes", engine.shared_memory.max_total_bytes, 0));
+  POSENC_RETURN_IF_ERROR(
+      NotAtLeast("--max_shared_memory_bytes", engine.shared_memory.max_total_bytes, 0));
   POSENC_RETURN_IF_ERROR(engine.Validate());
   if (max_memory_bytes > 0 && max_memory_bytes < 2 * engine.message_limit()) {
     return absl::InvalidArgumentError(

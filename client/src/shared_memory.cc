@@ -162,8 +162,8 @@ std::unique_ptr<ClientRegion> SharedMemoryPool::Create(int64_t bytes) {
   if (p == MAP_FAILED) {
     const int e = errno;
     ::shm_unlink(key.c_str());
-    Defer(absl::ResourceExhaustedError(absl::StrCat("could not size or map a shared-memory region of ",
-                                                    bytes, " bytes: ", std::strerror(e))));
+    Defer(absl::ResourceExhaustedError(absl::StrCat(
+        "could not size or map a shared-memory region of ", bytes, " bytes: ", std::strerror(e))));
     return nullptr;
   }
   auto region = std::unique_ptr<ClientRegion>(new ClientRegion(key, static_cast<char*>(p), bytes));

@@ -119,8 +119,8 @@ class SharedMemoryPool {
   const bool enabled_;
   const bool unix_target_;
   mutable std::mutex mu_;
-  std::optional<bool> usable_;  // decided on first use
-  absl::Status why_not_;        // the last reason Take declined
+  std::optional<bool> usable_;                      // decided on first use
+  absl::Status why_not_;                            // the last reason Take declined
   std::chrono::steady_clock::time_point retry_at_;  // Defer: no region before
   std::chrono::milliseconds backoff_{100};
   std::vector<std::unique_ptr<ClientRegion>> idle_;

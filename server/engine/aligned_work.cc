@@ -28,8 +28,8 @@ absl::StatusOr<char*> AlignedWork::Set(char* home, int64_t bytes, bool copy_in) 
 
 absl::Status AlignedWork::Align(MutableTensor& t) {
   if (t.data == nullptr || AlignedFor(t.data, t.dtype)) return absl::OkStatus();
-  POSENC_ASSIGN_OR_RETURN(char* at, Set(static_cast<char*>(t.data),
-                                        static_cast<int64_t>(t.nbytes), /*copy_in=*/true));
+  POSENC_ASSIGN_OR_RETURN(
+      char* at, Set(static_cast<char*>(t.data), static_cast<int64_t>(t.nbytes), /*copy_in=*/true));
   t.data = at;
   return absl::OkStatus();
 }

@@ -27,9 +27,10 @@ class TimedBackend final : public Backend {
   BackendKind kind() const override { return BackendKind::kCuda; }
   DeviceInfo device() const override { return {}; }
   absl::Status ApplyRope(const RopePlan& plan, void*, void*, const RunContext&) override {
-    const double bytes = static_cast<double>(plan.num_tokens * plan.query_heads * plan.head_dim * 2);
-    std::this_thread::sleep_for(std::chrono::microseconds(
-        static_cast<int64_t>(400 + 200 * bytes / (1 << 20))));
+    const double bytes =
+        static_cast<double>(plan.num_tokens * plan.query_heads * plan.head_dim * 2);
+    std::this_thread::sleep_for(
+        std::chrono::microseconds(static_cast<int64_t>(400 + 200 * bytes / (1 << 20))));
     return absl::OkStatus();
   }
   absl::Status ApplyAbsolute(const AbsolutePlan&, void*, const RunContext&) override {

@@ -109,7 +109,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithGpus(
   std::unique_ptr<Engine> e(new Engine(options));
   e->cpu_ = std::move(cpu);
   e->gpus_ = std::move(gpus);
-  e->cuda_ = e->gpus_.empty() ? nullptr : e->gpus_[0].backend.get();
   e->cuda_unavailable_reason_ = std::move(cuda_unavailable_reason);
   // The GPUs' staging kept between calls, held in the budget for good.
   int64_t resident = 0;
@@ -120,16 +119,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithGpus(
         "--max_inflight_bytes (", options.max_inflight_bytes, ") cannot hold the ", resident,
         " bytes of pinned staging the GPUs keep; raise it or serve fewer GPUs"));
   }
-  if (options.default_backend == BackendChoice::kCuda && e->cuda_ == nullptr) {
+  if (options.default_backend == BackendChoice::kCuda && e->primary() == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("--default_backend=cuda but no CUDA backend: ", e->cuda_unavailable_reason_));
   }
-  if (e->cuda_ != nullptr) {
+  if (e->primary() != nullptr) {
     // Regions become pinned memory for the primary GPU: calls on their
     // tensors there move bytes straight between region and device (best
     // effort: a region the device will not pin is staged as before, and so
     // are calls on the other GPUs).
-    Backend* gpu = e->cuda_;
+    Backend* gpu = e->primary();
     e->shared_memory_.SetPinning(
         [gpu](char* p, int64_t n) { gpu->PinHostMemory(p, static_cast<size_t>(n)).IgnoreError(); },
         [gpu](char* p) { gpu->UnpinHostMemory(p); });
@@ -168,9 +167,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithGpus(
   }
   // With a GPU to choose, AUTO routes by what each backend's served path
   // was measured to cost. A measurement that fails leaves the threshold.
-  if (e->cuda_ != nullptr && options.auto_by_measured_cost) {
+  if (e->primary() != nullptr && options.auto_by_measured_cost) {
     auto cpu_cost = MeasureCost(*e->cpu_);
-    auto cuda_cost = MeasureCost(*e->cuda_);  // the other GPUs taken to be alike
+    auto cuda_cost = MeasureCost(*e->primary());  // the other GPUs taken to be alike
     if (cpu_cost.ok() && cuda_cost.ok()) {
       e->cpu_cost_ = *cpu_cost;
       e->cuda_cost_ = *cuda_cost;
@@ -242,7 +241,7 @@ absl::StatusOr<Backend*> Engine::Choose(BackendChoice requested, int64_t bytes) 
     case BackendChoice::kCpu:
       return cpu_.get();
     case BackendChoice::kCuda: {
-      if (cuda_ == nullptr) {
+      if (primary() == nullptr) {
         return absl::FailedPreconditionError(
             absl::StrCat("backend CUDA was requested but this server has no GPU backend: ",
                          cuda_unavailable_reason_, ". Use backend AUTO or CPU."));
@@ -260,7 +259,7 @@ absl::StatusOr<Backend*> Engine::Choose(BackendChoice requested, int64_t bytes) 
     case BackendChoice::kDefault: {
       // A failed GPU (a sticky device error) is routed around. Measured:
       // the GPU where it is predicted faster; else by size alone.
-      if (cuda_ == nullptr || bytes < options_.auto_gpu_min_bytes ||
+      if (primary() == nullptr || bytes < options_.auto_gpu_min_bytes ||
           (cuda_cost_ && cuda_cost_->PredictUs(bytes) >= cpu_cost_->PredictUs(bytes))) {
         return cpu_.get();
       }
@@ -299,7 +298,7 @@ Backend* Engine::NextGpu() const {
     Backend* b = gpus_[(start + i) % n].backend.get();
     if (b->health().ok()) return b;
   }
-  return cuda_;
+  return primary();
 }
 
 absl::StatusOr<Backend*> Engine::DeviceBackend(BackendChoice requested, int device) const {
@@ -312,7 +311,7 @@ absl::StatusOr<Backend*> Engine::DeviceBackend(BackendChoice requested, int devi
         "CPU was asked for (ask for AUTO or CUDA, or send the tensors in system shared memory or "
         "the message)");
   }
-  if (cuda_ == nullptr) {
+  if (primary() == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("the tensors are in CUDA shared memory but this server has no GPU backend: ",
                      cuda_unavailable_reason_));
@@ -358,12 +357,13 @@ absl::Status Engine::RunWithFallback(BackendChoice requested, Backend** backend,
 }
 
 absl::Status Engine::Ready() const {
-  if (options_.default_backend != BackendChoice::kCuda || cuda_ == nullptr) return absl::OkStatus();
+  if (options_.default_backend != BackendChoice::kCuda || primary() == nullptr)
+    return absl::OkStatus();
   // Ready while any GPU is.
   for (const Gpu& g : gpus_) {
     if (g.backend->health().ok()) return absl::OkStatus();
   }
-  return cuda_->health();
+  return primary()->health();
 }
 
 std::string Engine::BackendName(const Backend* b) const {

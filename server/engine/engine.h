@@ -203,7 +203,7 @@ class Engine {
   // turns NOT_SERVING so Kubernetes routes elsewhere).
   absl::Status Ready() const;
   const Backend* cpu() const { return cpu_.get(); }
-  const Backend* cuda() const { return cuda_; }  // the primary GPU; null without one
+  const Backend* cuda() const { return primary(); }  // the primary GPU; null without one
   const std::vector<Gpu>& gpus() const { return gpus_; }
   // Why there is no CUDA backend ("" when there is one).
   const std::string& cuda_unavailable_reason() const { return cuda_unavailable_reason_; }
@@ -241,6 +241,8 @@ class Engine {
   // failure when none is).
   Backend* NextGpu() const;
   Backend* GpuOf(int device) const;
+  // The primary GPU's backend (gpus_ puts it first), or null.
+  Backend* primary() const { return gpus_.empty() ? nullptr : gpus_[0].backend.get(); }
   BackendChoice Resolve(BackendChoice requested) const {
     return requested == BackendChoice::kDefault ? options_.default_backend : requested;
   }
@@ -248,7 +250,6 @@ class Engine {
   const EngineOptions options_;
   std::unique_ptr<Backend> cpu_;
   std::vector<Gpu> gpus_;
-  Backend* cuda_ = nullptr;  // gpus_[0]'s, or null
   mutable std::atomic<uint64_t> next_gpu_{0};
   std::string cuda_unavailable_reason_;
   std::optional<CostModel> cpu_cost_, cuda_cost_;

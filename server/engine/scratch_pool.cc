@@ -34,7 +34,7 @@ ScratchPool::ScratchPool(AdmissionControl* admission, int64_t max_idle_bytes)
     : max_idle_bytes_(std::max<int64_t>(max_idle_bytes, 0)), held_(admission->Holder()) {}
 
 absl::StatusOr<ScratchPool::Buffer> ScratchPool::Lend(int64_t bytes,
-                                                     AdmissionControl::Ticket& call) {
+                                                      AdmissionControl::Ticket& call) {
   if (bytes <= 0) return absl::InvalidArgumentError("a scratch buffer of no bytes");
   // Rounded up so that any tail a vector loop reads past the tensor's last
   // whole vector stays inside the allocation.
@@ -46,7 +46,8 @@ absl::StatusOr<ScratchPool::Buffer> ScratchPool::Lend(int64_t bytes,
     std::lock_guard<std::mutex> lock(mu_);
     auto best = idle_.end();
     for (auto it = idle_.begin(); it != idle_.end(); ++it) {
-      if (it->size >= size && it->size / 2 <= size && (best == idle_.end() || it->size < best->size))
+      if (it->size >= size && it->size / 2 <= size &&
+          (best == idle_.end() || it->size < best->size))
         best = it;
     }
     if (best != idle_.end()) {

@@ -43,8 +43,7 @@ class ScratchPool {
   class Buffer {
    public:
     Buffer() = default;
-    Buffer(Buffer&& o) noexcept
-        : pool_(o.pool_), call_(o.call_), block_(std::move(o.block_)) {
+    Buffer(Buffer&& o) noexcept : pool_(o.pool_), call_(o.call_), block_(std::move(o.block_)) {
       o.pool_ = nullptr;
     }
     Buffer& operator=(Buffer&& o) noexcept;

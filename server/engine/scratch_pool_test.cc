@@ -13,7 +13,6 @@ namespace {
 
 using Ticket = AdmissionControl::Ticket;
 
-
 TEST(ScratchPool, ABufferIsAlignedWritableAndChargedToTheCall) {
   AdmissionControl admission({64, 1 << 20, absl::Seconds(1)});
   ScratchPool pool(&admission, 1 << 20);

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "stand_in_device.h"
 
 namespace posenc::server {
 namespace {
@@ -351,37 +352,10 @@ TEST(SharedMemoryTest, RegionsLeaveRoomForACall) {
   ASSERT_TRUE(r.Unregister("").ok());
 }
 
-// CUDA regions, opened by a stand-in for the backend: "device" memory is a
-// host buffer per handle, copies are memcpy, and opens and closes are
-// counted, so the registry's part (names, kinds, caps, lifetimes, copies)
-// is tested without a GPU. The backend's part is in cuda_backend_test.cc.
-class FakeDevice {
- public:
-  SharedMemoryRegistry::DeviceOpener Opener() {
-    return [this](int device_id, absl::string_view handle,
-                  int64_t bytes) -> absl::StatusOr<DeviceMemory> {
-      if (device_id != 0) return absl::InvalidArgumentError("device_id 1 is not served here");
-      if (handle != "good-handle") return absl::InvalidArgumentError("does not open");
-      if (bytes > static_cast<int64_t>(memory_.size())) {
-        return absl::InvalidArgumentError("allocation too small");
-      }
-      ++open_;
-      DeviceMemory m;
-      m.data = memory_.data();
-      m.device = device_id;
-      m.close = [this](char*) { --open_; };
-      m.copy = [this](void* to, const void* from, size_t n) {
-        copied_ += static_cast<int64_t>(n);
-        std::memcpy(to, from, n);
-        return absl::OkStatus();
-      };
-      return m;
-    };
-  }
-  std::string memory_ = std::string(4096, 'd');
-  int open_ = 0;
-  int64_t copied_ = 0;
-};
+// CUDA regions, opened by a stand-in for the backend (stand_in_device.h),
+// so the registry's part (names, kinds, caps, lifetimes, copies) is tested
+// without a GPU. The backend's part is in cuda_backend_test.cc.
+using testing::StandInDevice;
 
 SharedMemoryOptions CudaOn() {
   SharedMemoryOptions o;
@@ -407,7 +381,7 @@ TEST(CudaSharedMemoryTest, OffOrWithoutAGpuIsRefusedSayingWhy) {
 }
 
 TEST(CudaSharedMemoryTest, RegionsOpenOnceShareTheNamespaceAndCloseAfterTheirLastRequest) {
-  FakeDevice dev;
+  StandInDevice dev;
   SharedMemoryOptions o = CudaOn();
   o.enabled = true;
   SharedMemoryRegistry r(o, Budget());
@@ -415,7 +389,7 @@ TEST(CudaSharedMemoryTest, RegionsOpenOnceShareTheNamespaceAndCloseAfterTheirLas
   ShmObject obj(64);
   ASSERT_TRUE(r.Register("sys", obj.key(), 0, 64).ok());
   ASSERT_TRUE(r.RegisterCuda("gpu", "good-handle", 0, 4096, "client-a").ok());
-  EXPECT_EQ(dev.open_, 1);
+  EXPECT_EQ(dev.open, 1);
   // One namespace for both kinds, as in Triton.
   EXPECT_EQ(r.RegisterCuda("sys", "good-handle", 0, 64).code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(r.Register("gpu", obj.key(), 0, 64).code(), absl::StatusCode::kAlreadyExists);
@@ -436,28 +410,28 @@ TEST(CudaSharedMemoryTest, RegionsOpenOnceShareTheNamespaceAndCloseAfterTheirLas
   auto held = r.Find("input 0", "gpu");
   ASSERT_TRUE(held.ok()) << held.status();
   ASSERT_TRUE((*held)->Write("output 0", 100, "abc").ok());
-  EXPECT_EQ(dev.memory_.substr(99, 5), "dabcd");
+  EXPECT_EQ(dev.memory.substr(99, 5), "dabcd");
   std::string got;
   ASSERT_TRUE((*held)->Read("input 0", 100, 3, &got).ok());
   EXPECT_EQ(got, "abc");
-  EXPECT_EQ(dev.copied_, 6);
+  EXPECT_EQ(dev.copied, 6);
   EXPECT_EQ((*held)->Write("output 0", 4095, "ab").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(dev.copied_, 6) << "nothing copied past the region";
+  EXPECT_EQ(dev.copied, 6) << "nothing copied past the region";
 
   // Unregistering waits for the request holding the region; the handle
   // closes after it.
   std::thread unregister(
       [&] { ASSERT_TRUE(r.Unregister("gpu", absl::InfiniteFuture(), MemoryKind::kCuda).ok()); });
   absl::SleepFor(absl::Milliseconds(50));
-  EXPECT_EQ(dev.open_, 1);
+  EXPECT_EQ(dev.open, 1);
   EXPECT_EQ(r.Find("input 1", "gpu").status().code(), absl::StatusCode::kNotFound);
   held->reset();
   unregister.join();
-  EXPECT_EQ(dev.open_, 0);
+  EXPECT_EQ(dev.open, 0);
 }
 
 TEST(CudaSharedMemoryTest, HandlesThatDoNotOpenAreRefusedNamingTheRegion) {
-  FakeDevice dev;
+  StandInDevice dev;
   SharedMemoryRegistry r(CudaOn(), Budget());
   r.SetDeviceOpener(dev.Opener(), "");
   struct Case {
@@ -475,7 +449,7 @@ TEST(CudaSharedMemoryTest, HandlesThatDoNotOpenAreRefusedNamingTheRegion) {
     EXPECT_THAT(s.message(), HasSubstr(c.says));
     EXPECT_THAT(s.message(), HasSubstr("\"bad\""));
   }
-  EXPECT_EQ(dev.open_, 0);
+  EXPECT_EQ(dev.open, 0);
   EXPECT_EQ(r.count(), 0);
   // The caps count CUDA regions too.
   for (int i = 0; i < 3; ++i) {
@@ -483,9 +457,9 @@ TEST(CudaSharedMemoryTest, HandlesThatDoNotOpenAreRefusedNamingTheRegion) {
   }
   EXPECT_EQ(r.RegisterCuda("g3", "good-handle", 0, 64).code(),
             absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(dev.open_, 3);
+  EXPECT_EQ(dev.open, 3);
   ASSERT_TRUE(r.Unregister("", absl::InfiniteFuture(), MemoryKind::kCuda).ok());
-  EXPECT_EQ(dev.open_, 0);
+  EXPECT_EQ(dev.open, 0);
 }
 
 }  // namespace

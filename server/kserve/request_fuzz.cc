@@ -9,7 +9,11 @@
 //
 // System shared memory is on, with one region "f" (4 KiB of a /dev/shm
 // object, unlinked at once: the registry holds its descriptor), so inputs
-// and outputs naming it go through the read and write paths.
+// and outputs naming it go through the read and write paths. CUDA shared
+// memory is on too, with region "g" (4 KiB of a stand-in device in host
+// memory, stand_in_device.h): references to it go through the device
+// placements and copies, and the engine, which has no GPU, refuses what
+// would run there.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -25,6 +29,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "kserve/grpc_service.pb.h"
 #include "kserve/service.h"
+#include "stand_in_device.h"
 
 namespace {
 
@@ -44,6 +49,7 @@ Harness& TheHarness() {
     o.max_message_bytes = 256 << 10;
     o.max_inflight_bytes = 1 << 20;
     o.shared_memory.enabled = true;
+    o.shared_memory.cuda_enabled = true;
     auto e = posenc::server::Engine::Create(o);
     if (!e.ok()) {
       std::fprintf(stderr, "engine: %s\n", e.status().ToString().c_str());
@@ -65,8 +71,13 @@ Harness& TheHarness() {
     ::close(fd);
     const absl::Status registered = harness->service->shared_memory().Register("f", key, 0, 4096);
     ::unlink(("/dev/shm" + key).c_str());
-    if (!registered.ok()) {
-      std::fprintf(stderr, "register: %s\n", registered.ToString().c_str());
+    static auto* device = new posenc::testing::StandInDevice(4096);
+    harness->engine->shared_memory().SetDeviceOpener(device->Opener(), "");
+    const absl::Status on_device =
+        harness->engine->shared_memory().RegisterCuda("g", device->handle, 0, 4096);
+    if (!registered.ok() || !on_device.ok()) {
+      std::fprintf(stderr, "register: %s %s\n", registered.ToString().c_str(),
+                   on_device.ToString().c_str());
       std::abort();
     }
     return harness;

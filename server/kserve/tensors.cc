@@ -102,8 +102,7 @@ absl::Status Input::MakeScratch(absl::string_view field, ScratchPool& pool,
                                 AdmissionControl::Ticket& call) {
   if (!shm || scratch) return absl::OkStatus();
   POSENC_ASSIGN_OR_RETURN(ScratchPool::Buffer lent, pool.Lend(shm->byte_size, call));
-  POSENC_RETURN_IF_ERROR(
-      shm->region->ReadInto(field, shm->offset, shm->byte_size, lent.data()));
+  POSENC_RETURN_IF_ERROR(shm->region->ReadInto(field, shm->offset, shm->byte_size, lent.data()));
   scratch = std::move(lent);
   return absl::OkStatus();
 }

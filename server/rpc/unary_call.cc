@@ -80,7 +80,7 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
     absl::Status s = CheckCallAlive(ctx_);
     if (s.ok()) {
       const RunContext rc = ContextOf(ctx_);
-      MethodCall call{rc, ticket_ ? &*ticket_ : nullptr, start_, &facts_, DeadlineOf(ctx_),
+      MethodCall call{rc,          ticket_ ? &*ticket_ : nullptr, start_, &facts_, DeadlineOf(ctx_),
                       ctx_->peer()};
       s = RunMethod(method_, &request_, &answer_, call);
     }

@@ -8,6 +8,7 @@
 #include "engine/engine.h"
 #include "gtest/gtest.h"
 #include "posenc/client.h"
+#include "stand_in_device.h"
 #include "test_tensors.h"
 
 namespace posenc::server {
@@ -170,21 +171,17 @@ TEST(Engine, FailedValidationLeavesNoPartialResponse) {
 // device memory would fault on a GPU). Built outputs (tables, biases) never
 // go there. (On the fake CUDA runtime: kserve/cuda_shared_memory_test.cc.)
 TEST(Engine, ACudaRegionWithoutAGpuIsRefusedUntouched) {
+  // A stand-in for the device: memory the test watches. Before the
+  // engine, which closes its regions when it goes.
+  testing::StandInDevice stand_in(1 << 16, "handle");
+  std::string& device = stand_in.memory;
+  device.assign(1 << 16, '\x5a');
   EngineOptions o;
   o.cpu_threads = 1;
   o.shared_memory.cuda_enabled = true;
   auto engine = Engine::Create(o);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  // A stand-in for the device: memory the test watches.
-  std::string device(1 << 16, '\x5a');
-  (*engine)->shared_memory().SetDeviceOpener(
-      [&](int, absl::string_view, int64_t) -> absl::StatusOr<DeviceMemory> {
-        DeviceMemory m;
-        m.data = device.data();
-        m.copy = [](void*, const void*, size_t) { return absl::InternalError("no copies"); };
-        return m;
-      },
-      "");
+  (*engine)->shared_memory().SetDeviceOpener(stand_in.Opener(), "");
   ASSERT_TRUE((*engine)->shared_memory().RegisterCuda("gpu", "handle", 0, device.size()).ok());
   v1::RopeRequest req;
   req.mutable_query()->set_dtype(v1::DATA_TYPE_FLOAT32);
@@ -212,6 +209,7 @@ TEST(Engine, ACudaRegionWithoutAGpuIsRefusedUntouched) {
             absl::string_view::npos)
       << t;
   EXPECT_EQ(device, std::string(1 << 16, '\x5a'));
+  EXPECT_EQ(stand_in.copied, 0) << "nothing read or written through the device either";
 }
 
 }  // namespace

@@ -8,6 +8,9 @@
 // Shared memory is on, with one region "f" (4 KiB of a /dev/shm object the
 // harness made), so the *_shm fields reach slices, in-place work and
 // answers written into the region; the GetSharedMemoryStatus method too.
+// CUDA shared memory is on, with region "g" on a stand-in device
+// (stand_in_device.h): *_shm fields naming it reach the device checks, and
+// the engine, which has no GPU, refuses what would run there.
 // Invariants: nothing crashes, leaks or hangs; an OK answer (and a stream's
 // error answer) parses as the method's response, strings valid UTF-8 as a
 // strict client requires; the admission's bytes never exceed the budget.
@@ -29,13 +32,14 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "posenc/v1/posenc.pb.h"
 #include "rpc/large_fields.h"
+#include "stand_in_device.h"
 #include "v1/service.h"
 
 namespace {
 
 // The corpus's first bytes were written for the first four.
-constexpr const char* kMethods[] = {"ApplyRope",     "AddAbsoluteEncoding", "GetEncodingTable",
-                                    "AttentionBias", "StreamRope",          "ListTables",
+constexpr const char* kMethods[] = {"ApplyRope",     "AddAbsoluteEncoding",  "GetEncodingTable",
+                                    "AttentionBias", "StreamRope",           "ListTables",
                                     "GetServerInfo", "GetSharedMemoryStatus"};
 constexpr int kNumMethods = sizeof(kMethods) / sizeof(kMethods[0]);
 
@@ -59,6 +63,7 @@ posenc::server::Engine* TheEngine() {
     o.max_inflight_bytes = 1 << 20;
     o.table_dir = dir;
     o.shared_memory.enabled = true;
+    o.shared_memory.cuda_enabled = true;
     auto e = posenc::server::Engine::Create(o);
     if (!e.ok()) {
       std::fprintf(stderr, "engine: %s\n", e.status().ToString().c_str());
@@ -73,8 +78,12 @@ posenc::server::Engine* TheEngine() {
     ::close(fd);
     const absl::Status registered = (*e)->shared_memory().Register("f", key, 0, 4096);
     ::unlink(("/dev/shm" + key).c_str());
-    if (!registered.ok()) {
-      std::fprintf(stderr, "register: %s\n", registered.ToString().c_str());
+    static auto* device = new posenc::testing::StandInDevice(4096);
+    (*e)->shared_memory().SetDeviceOpener(device->Opener(), "");
+    const absl::Status on_device = (*e)->shared_memory().RegisterCuda("g", device->handle, 0, 4096);
+    if (!registered.ok() || !on_device.ok()) {
+      std::fprintf(stderr, "register: %s %s\n", registered.ToString().c_str(),
+                   on_device.ToString().c_str());
       std::abort();
     }
     return e->release();

@@ -220,6 +220,23 @@ int main(int argc, char** argv) {
     slice(l.mutable_logits_shm(), 2048, 18 * 4);
     write("bias_logits_shm", 3, l);
   }
+  // Tensors in CUDA shared memory: request_fuzz registers region "g" (4 KiB
+  // of a stand-in device; the engine has no GPU to compute there).
+  {
+    v1::RopeRequest r;
+    Query(&r, {1, 4, 2, 8});
+    r.clear_query_data();
+    slice(r.mutable_query_shm(), 0, 4 * 2 * 8 * 4);
+    r.mutable_query_shm()->set_region("g");
+    write("rope_cuda_shm", 0, r);
+    v1::EncodingTableRequest t;
+    t.mutable_sinusoidal()->set_base(100);
+    t.set_dim(8);
+    t.set_count(8);
+    slice(t.mutable_table_shm(), 512, 8 * 8 * 4);
+    t.mutable_table_shm()->set_region("g");
+    write("table_cuda_shm", 2, t);
+  }
   std::printf("request corpus written to %s\n", dir.c_str());
   return 0;
 }

@@ -150,12 +150,11 @@ TEST(MemoryBound, ThirtyTwoCallersOfMixedSizesStayUnderTheBudget) {
 
 // Shared-memory regions count in the budget: 16 callers, each with the C++
 // client in automatic mode rotating 64 MiB fp32 tensors through a 64 MiB
-// region, want 1 GiB of regions from a server whose budget is 768 MiB. The server maps and touches every region
-// it takes, so its resident set counts them; registrations past the budget
-// (less room for one call to be read) are refused and those callers go on
-// over the socket, asking again later. Every call succeeds
-// or is RESOURCE_EXHAUSTED, and the resident set stays under the budget
-// plus the fixed overhead.
+// region, want 1 GiB of regions from a server whose budget is 768 MiB. The server maps and touches
+// every region it takes, so its resident set counts them; registrations past the budget (less room
+// for one call to be read) are refused and those callers go on over the socket, asking again later.
+// Every call succeeds or is RESOURCE_EXHAUSTED, and the resident set stays under the budget plus
+// the fixed overhead.
 TEST(MemoryBound, SixteenCallersWith64MiBRegionsStayUnderTheBudget) {
 #ifdef POSENC_UNDER_SANITIZER
   GTEST_SKIP() << "resident memory under a sanitizer is mostly shadow memory and quarantine";
@@ -165,10 +164,10 @@ TEST(MemoryBound, SixteenCallersWith64MiBRegionsStayUnderTheBudget) {
   constexpr int kCallers = 16;
   constexpr int64_t kTokens = 64 * kMiB / (8 * 128 * 4);  // 64 MiB of [1, tokens, 8, 128] fp32
   testing::ServerProcess server;
-  ASSERT_TRUE(server.Start(POSENC_SERVER_BINARY,
-                           {"--threads=2", "--enable_system_shared_memory",
-                            "--max_inflight_bytes=" + std::to_string(budget),
-                            "--max_request_bytes=" + std::to_string(72 * kMiB)}))
+  ASSERT_TRUE(
+      server.Start(POSENC_SERVER_BINARY, {"--threads=2", "--enable_system_shared_memory",
+                                          "--max_inflight_bytes=" + std::to_string(budget),
+                                          "--max_request_bytes=" + std::to_string(72 * kMiB)}))
       << server.log_text();
   const uint64_t seed = std::random_device{}();
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
@@ -238,9 +237,9 @@ TEST(MemoryBound, SixteenCallersWith64MiBRegionsStayUnderTheBudget) {
       "(sampled %.1f MiB, of it anonymous at most %.1f MiB); budget %lld MiB + overhead %lld "
       "MiB\n",
       kCallers, on_shared_memory.load(), most_regions.load(), codes[absl::StatusCode::kOk],
-      codes[absl::StatusCode::kResourceExhausted], peak / double(kMiB),
-      sampled_peak / double(kMiB), sampled_anon / double(kMiB),
-      static_cast<long long>(budget / kMiB), static_cast<long long>(overhead / kMiB));
+      codes[absl::StatusCode::kResourceExhausted], peak / double(kMiB), sampled_peak / double(kMiB),
+      sampled_anon / double(kMiB), static_cast<long long>(budget / kMiB),
+      static_cast<long long>(overhead / kMiB));
   for (const auto& [code, n] : codes) {
     EXPECT_TRUE(code == absl::StatusCode::kOk || code == absl::StatusCode::kResourceExhausted)
         << n << " calls ended " << code << ": " << messages[code];

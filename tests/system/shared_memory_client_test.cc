@@ -29,12 +29,13 @@ using testing::Bytes;
 constexpr DType kFloatTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
 
 std::unique_ptr<server::Server> StartServer(bool shared_memory, const std::string& listen,
-                                            int max_regions = 64) {
+                                            int max_regions = 64, bool cuda_shared_memory = false) {
   server::ServerOptions o;
   o.listen_address = listen;
   o.engine.cpu_threads = 2;
   o.engine.enable_cuda = false;
   o.engine.shared_memory.enabled = shared_memory;
+  o.engine.shared_memory.cuda_enabled = cuda_shared_memory;
   o.engine.shared_memory.max_regions = max_regions;
   auto s = server::Server::Start(o);
   EXPECT_TRUE(s.ok()) << s.status();
@@ -404,15 +405,9 @@ TEST(SharedMemoryClientWithoutServerSupport, AutoFallsBackAndRequireRefuses) {
 // the fake runtime: server/v1/cuda_shared_memory_test.cc.)
 TEST(CudaSharedMemoryOverV1, WithoutAGpuRegistrationSaysWhyAndSystemRegionsWork) {
   for (const bool cuda_enabled : {false, true}) {
-    server::ServerOptions o;
-    o.listen_address = "127.0.0.1:0";
-    o.engine.cpu_threads = 1;
-    o.engine.enable_cuda = false;
-    o.engine.shared_memory.enabled = true;
-    o.engine.shared_memory.cuda_enabled = cuda_enabled;
-    auto server = server::Server::Start(o);
-    ASSERT_TRUE(server.ok()) << server.status();
-    auto client = Connect("127.0.0.1:" + std::to_string((*server)->port()), SharedMemoryUse::kOff);
+    auto server = StartServer(true, "127.0.0.1:0", 64, cuda_enabled);
+    ASSERT_NE(server, nullptr);
+    auto client = Connect("127.0.0.1:" + std::to_string(server->port()), SharedMemoryUse::kOff);
     v1::PositionalEncoding::Stub& stub = client->stub();
     const auto rpc_register = [&](const std::string& key, const std::string& handle) {
       grpc::ClientContext ctx;
@@ -461,7 +456,7 @@ TEST(CudaSharedMemoryOverV1, WithoutAGpuRegistrationSaysWhyAndSystemRegionsWork)
       v1::SharedMemoryStatus resp;
       ASSERT_TRUE(stub.UnregisterSharedMemory(&ctx, req, &resp).ok());
     }
-    EXPECT_EQ((*server)->engine().shared_memory().count(), 0);
+    EXPECT_EQ(server->engine().shared_memory().count(), 0);
   }
 }
 

@@ -532,8 +532,8 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
       for (int64_t g = 0; g < group; ++g) {
         const int64_t first = s.pending;
         FusedRange<T, kScaled>(source[g], interleaved, half, x + (t + g) * dim, block,
-                               std::min(vector_end, block + kNextEvery), xs,
-                               kWideRowsAhead * dim, s);
+                               std::min(vector_end, block + kNextEvery), xs, kWideRowsAhead * dim,
+                               s);
         for (int64_t k = first; k < s.pending; ++k) {
           s.pending_at[k] += static_cast<int32_t>(g * dim);
         }

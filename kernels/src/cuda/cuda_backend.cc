@@ -195,6 +195,7 @@ class CudaBackend final : public Backend {
     return Rope(plan, const_cast<void*>(query), const_cast<void*>(key), query_out, key_out, ctx);
   }
 
+ private:
   // RoPE in place (`query_out` null), or from query / key into query_out /
   // key_out, all in shared device memory: copied into the worker's device
   // buffer, rotated there, and copied out, so the outputs receive finished
@@ -296,24 +297,22 @@ class CudaBackend final : public Backend {
         if (k_bytes) std::memcpy(key, h + k_at, k_bytes);
         return absl::OkStatus();
       }
+      // Device to device on the worker's stream; nothing for an absent key.
+      const auto d2d = [&](void* to, const void* from, size_t n) {
+        return n == 0 ? absl::OkStatus()
+                      : Check(rt_.MemcpyAsync(to, from, n, cudaMemcpyDeviceToDevice, w.stream),
+                              "cudaMemcpyAsync, device to device");
+      };
       if (into) {
-        POSENC_CUDA(
-            rt_.MemcpyAsync(w.device + q_at, query, q_bytes, cudaMemcpyDeviceToDevice, w.stream));
-        if (k_bytes) {
-          POSENC_CUDA(
-              rt_.MemcpyAsync(w.device + k_at, key, k_bytes, cudaMemcpyDeviceToDevice, w.stream));
-        }
+        POSENC_RETURN_IF_ERROR(d2d(w.device + q_at, query, q_bytes));
+        POSENC_RETURN_IF_ERROR(d2d(w.device + k_at, key, k_bytes));
       }
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(rt_.LaunchRope(p, sm_count_, w.stream),
                                    "launching the RoPE kernel", CudaCall::kLaunch));
       if (into) {
-        POSENC_CUDA(rt_.MemcpyAsync(query_out, w.device + q_at, q_bytes, cudaMemcpyDeviceToDevice,
-                                    w.stream));
-        if (k_bytes) {
-          POSENC_CUDA(rt_.MemcpyAsync(key_out, w.device + k_at, k_bytes, cudaMemcpyDeviceToDevice,
-                                      w.stream));
-        }
+        POSENC_RETURN_IF_ERROR(d2d(query_out, w.device + q_at, q_bytes));
+        POSENC_RETURN_IF_ERROR(d2d(key_out, w.device + k_at, k_bytes));
       }
       if (resident) return Check(rt_.StreamSynchronize(w.stream), "waiting for the RoPE kernel");
       if (direct) {
@@ -332,6 +331,7 @@ class CudaBackend final : public Backend {
     });
   }
 
+ public:
   absl::Status ApplyAbsolute(const AbsolutePlan& plan, void* x, const RunContext& ctx) override {
     POSENC_RETURN_IF_ERROR(health());
     if (plan.empty()) return absl::OkStatus();

@@ -24,11 +24,13 @@ namespace {
 using testing::Bytes;
 using testing::FakeDeviceRuntime;
 
-std::unique_ptr<Backend> OnFake(FakeDeviceRuntime& rt, size_t chunk_bytes = size_t{4} << 20) {
+std::unique_ptr<Backend> OnFake(FakeDeviceRuntime& rt, size_t chunk_bytes = size_t{4} << 20,
+                                size_t max_idle_staging_bytes = size_t{16} << 20) {
   DeviceInfo info;
   info.name = "fake";
   cuda::CudaBackendOptions options;
   options.chunk_bytes = chunk_bytes;
+  options.max_idle_staging_bytes = max_idle_staging_bytes;
   auto b = cuda::CreateCudaBackendOn(rt, 0, info, 132, options);
   EXPECT_TRUE(b.ok()) << b.status();
   return b.ok() ? std::move(*b) : nullptr;
@@ -471,24 +473,20 @@ TEST(CudaBackendOnFakeRuntime, TheCpuBackendRefusesSharedDeviceMemory) {
 // the next call. What stays is what the backend says it keeps.
 TEST(CudaBackendOnFakeRuntime, LargeStagingIsFreedAfterItsCall) {
   FakeDeviceRuntime rt;
-  DeviceInfo info;
-  info.name = "fake";
-  cuda::CudaBackendOptions options;
-  options.max_idle_staging_bytes = 64 << 10;
-  auto b = cuda::CreateCudaBackendOn(rt, 0, info, 132, options);
-  ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_EQ((*b)->ResidentHostBytes(), 4 * (64 << 10));
-  EXPECT_TRUE((*b)->StagesHostCopy());
+  auto b = OnFake(rt, size_t{4} << 20, /*max_idle_staging_bytes=*/64 << 10);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->ResidentHostBytes(), 4 * (64 << 10));
+  EXPECT_TRUE(b->StagesHostCopy());
   const RopeCase small(8, testing::Rng()()), large(400, testing::Rng()());
   Bytes q, k;
-  ASSERT_TRUE(small.Run(**b, &q, &k).ok());
+  ASSERT_TRUE(small.Run(*b, &q, &k).ok());
   const int64_t kept = rt.pinned_bytes_in_use();
   EXPECT_GT(kept, 0);
   EXPECT_LE(kept, 64 << 10);
-  ASSERT_TRUE(large.Run(**b, &q, &k).ok());  // 400 x 10 x 64 bf16: 500 KiB
+  ASSERT_TRUE(large.Run(*b, &q, &k).ok());  // 400 x 10 x 64 bf16: 500 KiB
   ExpectMatchesCpu(large, q, k);
-  EXPECT_LE(rt.pinned_bytes_in_use(), (*b)->ResidentHostBytes()) << "the large buffer is gone";
-  ASSERT_TRUE(small.Run(**b, &q, &k).ok());
+  EXPECT_LE(rt.pinned_bytes_in_use(), b->ResidentHostBytes()) << "the large buffer is gone";
+  ASSERT_TRUE(small.Run(*b, &q, &k).ok());
   ExpectMatchesCpu(small, q, k);
 }
 

@@ -15,9 +15,8 @@ AddressRangeFn DriverAddressRange() {
   static const AddressRangeFn fn = [] {
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
     if (lib == nullptr) lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    return lib == nullptr
-               ? nullptr
-               : reinterpret_cast<AddressRangeFn>(dlsym(lib, "cuMemGetAddressRange_v2"));
+    return lib == nullptr ? nullptr
+                          : reinterpret_cast<AddressRangeFn>(dlsym(lib, "cuMemGetAddressRange_v2"));
   }();
   return fn;
 }

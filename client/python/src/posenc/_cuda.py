@@ -157,6 +157,17 @@ class DeviceRegions:
             self.runtime.synchronize(t)
         return out
 
+    def place(self, op, stub) -> bool:
+        """Names an Op's torch CUDA tensors in registered device memory (its
+        *_shm fields), when they can go that way; else leaves it alone."""
+        tensors = device_tensors(op)
+        slices = self.slices(stub, tensors) if tensors is not None else None
+        if slices is None:
+            return False
+        for (_, _, slice_field), s in zip(op.tensors, slices):
+            getattr(op.request, slice_field).CopyFrom(s)
+        return True
+
     def _region(self, stub, base: int, size: int, handle: bytes, index: int) -> str | None:
         with self._lock:
             known = self._regions.get(base)
@@ -211,8 +222,3 @@ def device_tensors(op) -> list | None:
     if not all(isinstance(a, CudaTensor) for a, _, _ in op.tensors):
         return None
     return [a.tensor for a, _, _ in op.tensors]
-
-
-def place(op, slices) -> None:
-    for (_, _, slice_field), s in zip(op.tensors, slices):
-        getattr(op.request, slice_field).CopyFrom(s)

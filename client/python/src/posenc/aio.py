@@ -90,15 +90,10 @@ class AsyncClient:
     async def _on_device(self, op: _ops.Op) -> bool:
         """Client._on_device: the registrations are blocking calls (rare:
         once per allocation) on the control channel."""
-        tensors = _cuda.device_tensors(op)
-        if tensors is None or self.config.shared_memory == "off":
+        if self.config.shared_memory == "off" or _cuda.device_tensors(op) is None:
             return False
         await self._decide()
-        slices = self._device.slices(self._control_stub(), tensors)
-        if slices is None:
-            return False
-        _cuda.place(op, slices)
-        return True
+        return self._device.place(op, self._control_stub())
 
     async def _lease(self, op: _ops.Op) -> _shm.Lease | None:
         """A region for the call's tensors, when shared memory is in use."""

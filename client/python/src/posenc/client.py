@@ -82,15 +82,10 @@ class Client:
     def _on_device(self, op: _ops.Op) -> bool:
         """Names the call's torch CUDA tensors in registered device memory
         (_cuda.py), when the server computes on their GPU on this node."""
-        tensors = _cuda.device_tensors(op)
-        if tensors is None or self.config.shared_memory == "off":
+        if self.config.shared_memory == "off" or _cuda.device_tensors(op) is None:
             return False
         self._decide()
-        slices = self._device.slices(self._stub, tensors)
-        if slices is None:
-            return False
-        _cuda.place(op, slices)
-        return True
+        return self._device.place(op, self._stub)
 
     def _lease(self, op: _ops.Op) -> _shm.Lease | None:
         """A region for the call's tensors, when shared memory is in use."""
