@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <set>
@@ -196,6 +197,52 @@ TEST_F(CudaSharedMemoryOnFakeRuntime, ToAnotherDeviceSliceOnTheDevice) {
   }
   for (std::thread& t : callers) t.join();
   EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(DeviceBytes(2 * kQueryBytes, kQueryBytes), want);
+  EXPECT_EQ(DeviceBytes(0, kQueryBytes), query_);
+}
+
+// Unregistering and registering the region again while calls use it:
+// every call either finds it (and computes right) or is told it is not
+// registered; an unregister waits for the calls holding it, and every
+// handle opened is closed.
+TEST_F(CudaSharedMemoryOnFakeRuntime, UnregisteringUnderLoadHurtsNoCall) {
+  const std::string want = Expected();
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, not_found{0}, other{0};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 3; ++c) {
+    callers.emplace_back([&] {
+      while (!stop.load()) {
+        ModelInferResponse r;
+        std::string b;
+        const absl::Status s = Run(Request(0, 2 * kQueryBytes), &r, &b);
+        if (s.ok()) {
+          ++ok;
+        } else if (s.code() == absl::StatusCode::kNotFound) {
+          ++not_found;
+        } else {
+          ++other;
+          ADD_FAILURE() << s;
+        }
+      }
+    });
+  }
+  const std::string handle = gpu_.Handle(device_);
+  // At least 200 rounds, and on until the callers have seen both.
+  for (int i = 0; i < 200 || ok.load() < 20 || not_found.load() < 5; ++i) {
+    ASSERT_LT(i, 200000) << "the callers never ran";
+    ASSERT_TRUE(
+        engine_->shared_memory().Unregister("gpu", absl::InfiniteFuture(), MemoryKind::kCuda).ok());
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    ASSERT_TRUE(engine_->shared_memory().RegisterCuda("gpu", handle, 0, kRegionBytes).ok());
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  stop = true;
+  for (std::thread& t : callers) t.join();
+  std::printf("ok %d, not found %d\n", ok.load(), not_found.load());
+  EXPECT_GT(ok.load(), 0);
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_EQ(rt_.ipc_open(), 1) << "only the registration standing is open";
   EXPECT_EQ(DeviceBytes(2 * kQueryBytes, kQueryBytes), want);
   EXPECT_EQ(DeviceBytes(0, kQueryBytes), query_);
 }
