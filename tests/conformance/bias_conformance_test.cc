@@ -430,5 +430,72 @@ TEST_P(BackendTest, AttentionBiasRowsLongerThanTheFloatRange) {
   }
 }
 
+// Results that are float subnormals or cancel to them, and NaN sums: the
+// bfloat16 keeps the float's bits as FloatToBFloat16 rounds them (the wide
+// CPU loop's VCVTNE2PS2BF16 would flush a subnormal to zero, so those lanes
+// must take the scalar formula), for float and double slopes, written and
+// added, at every lane of a 32-key step and in the tail.
+TEST_P(BackendTest, AttentionBiasKeepsSubnormalAndNaNResultsBitForBit) {
+  std::mt19937_64& rng = testing::Rng();
+  for (bool add : {false, true}) {
+    for (BiasForm form : {BiasForm::kCausal, BiasForm::kSymmetric}) {
+      SCOPED_TRACE(::testing::Message() << "add " << add << " form " << int(form));
+      BiasOptions o;
+      o.dtype = DType::kBFloat16;
+      o.form = form;
+      o.batch = 1;
+      o.num_heads = 4;
+      o.q_len = 3;
+      o.k_len = 77;
+      o.causal = form == BiasForm::kCausal;
+      // Float slopes whose products are subnormal floats, and slopes that
+      // are not floats (the double formula) whose products round to them.
+      o.slopes = {std::ldexp(1.0, -140), std::ldexp(3.0, -135), 1e-41, 3.3e-40};
+      Bytes logits;
+      if (add) {
+        // Logits that cancel -slope * d to a subnormal or to zero, and NaN.
+        logits.resize(o.num_heads * o.q_len * o.k_len * 2);
+        for (int64_t e = 0; e < o.num_heads * o.q_len * o.k_len; ++e) {
+          const int pick = static_cast<int>(rng() % 4);
+          const float v = pick == 0   ? std::ldexp(static_cast<float>(rng() % 64), -133)
+                          : pick == 1 ? -std::ldexp(static_cast<float>(rng() % 64), -133)
+                          : pick == 2 ? std::numeric_limits<float>::quiet_NaN()
+                                      : 0.0f;
+          StoreElement(o.dtype, logits.data(), e, v);
+        }
+      }
+      CheckBiasBits(
+          *backend_, o, logits, [](int64_t) { return true; },
+          /*against_reference=*/false);
+    }
+  }
+}
+
+// A row whose first visible key, partway into a vector step, is 2^24 - 1
+// away: its distances are exact in float while those of the masked keys
+// before it are not, and every visible lane must still get its own. Left
+// padding at each offset of a 32-key step, written and added.
+TEST_P(BackendTest, AttentionBiasRowsStartingJustInsideTheFloatRange) {
+  for (int64_t start = 0; start < 40; ++start) {
+    for (bool add : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "start " << start << " add " << add);
+      BiasOptions o;
+      o.dtype = DType::kBFloat16;
+      o.batch = 1;
+      o.num_heads = 1;
+      o.q_len = 1;
+      o.k_len = 70;
+      o.causal = true;
+      o.slopes = {0.01727294921875};  // a float
+      o.q_offset = (int64_t{1} << 24) - 1 + start;
+      std::vector<int64_t> starts = {start};
+      o.k_starts = testing::IntView(starts, {1});
+      CheckBiasBits(
+          *backend_, o, add ? VariedLogits(o.dtype, o.k_len, false) : Bytes{},
+          [](int64_t) { return true; }, /*against_reference=*/false);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace posenc

@@ -16,6 +16,14 @@
 
 namespace posenc::internal {
 
+// Holds v in a register from here on: GCC otherwise folds a loaded vector
+// into each instruction that uses it as a memory operand, loading it again
+// for each (the wide loops are bound by their loads; bench/RESULTS.md).
+template <typename V>
+POSENC_ALWAYS_INLINE void KeepInRegister(V& v) {
+  asm("" : "+v"(v));
+}
+
 // The even and the odd elements of 32 stored bfloat16 values (one 64-byte
 // load), as floats: lane i holds element 2i, or 2i + 1.
 POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __m512 EvenBF16(__m512i w) {

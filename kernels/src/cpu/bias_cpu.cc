@@ -4,7 +4,9 @@
 // math/bias_math.h, the same as the CUDA kernel's.
 #include <algorithm>
 #include <cstdlib>
+#include <type_traits>
 
+#include "bias_bf16_wide.inc"
 #include "cpu_kernels.h"
 #include "math/bias_math.h"
 #include "posenc/dtype.h"
@@ -52,6 +54,11 @@ POSENC_ALWAYS_INLINE void VisibleInDouble(T* y, int32_t n, double d0, double neg
 
 template <typename T, BiasForm kForm, bool kAdd>
 POSENC_ALWAYS_INLINE void BiasRows(const BiasPlan& p, T* out, int64_t begin, int64_t end) {
+#ifdef POSENC_CPU_BF16_WIDE
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    if (CpuHasAvx512Bf16()) return BiasRowsBF16Wide<kForm, kAdd>(p, out, begin, end);
+  }
+#endif
   const BiasShape shape{kForm, p.causal, p.window};
   for (int64_t row = begin; row < end; ++row) {
     const BiasRow where = BiasRowOf(row, p.num_heads, p.q_len);
