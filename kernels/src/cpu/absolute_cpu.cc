@@ -453,9 +453,12 @@ POSENC_ALWAYS_INLINE void FusedRange(const RowSource& r, bool interleaved, int64
   } else {
 #ifdef POSENC_CPU_BF16_WIDE
     if (s.wide) {
-      return FusedRangeBF16Wide<kScaled>(r.a, r.b, r.tc, r.ts, interleaved, half, y, lo, hi, xs,
-                                         s.pending_at.data(), s.pending_x.data(), &s.pending,
-                                         ahead);
+      // The layout as a template argument: tested in the loop, it cost
+      // five of its 31 instructions a step.
+      auto wide = interleaved ? FusedRangeBF16Wide<kScaled, true>
+                              : FusedRangeBF16Wide<kScaled, false>;
+      return wide(r.a, r.b, r.tc, r.ts, half, y, lo, hi, xs, s.pending_at.data(),
+                  s.pending_x.data(), &s.pending, ahead);
     }
 #endif
     run(kScaled ? FusedRangeBF16Scaled : FusedRangeBF16);
