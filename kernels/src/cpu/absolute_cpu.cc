@@ -346,11 +346,16 @@ POSENC_ALWAYS_INLINE void Add16(T* __restrict y0, V8 pe0, T* __restrict y1, V8 p
   }
 }
 
-// Frequencies of a row between two steps of the next anchor row: 32 per
+// Frequencies of a row between two steps of the next anchor row: 64 per
 // kNextEvery over (d+1)/2 frequencies and 16 tokens is the whole next row.
-// Steps of 8 per 128 measured 7% (float32) and 13% (bfloat16) slower: each
-// step pays its loop's set-up.
-constexpr int64_t kNextEvery = 32 * kPhaseAnchorStride;
+// Each block is a call of the row loop and a step of the next row, and
+// each pays its set-up (about 90 instructions a call for the wide loop).
+// Steps of 8 per 128 measured 7% (float32) and 13% (bfloat16) slower than
+// 32 per 512; 64 per 1024 ran bf16 [4096, 4096] 45.6-52.1 GB/s against
+// 47.0-49.1 and float32 51.3-57.2 against 49.0-50.7, where 128 per 2048
+// ran bf16 slower again (44.0-45.9: a block's tables and rows no longer
+// stay in L1 through the group; EPYC, three alternated rounds).
+constexpr int64_t kNextEvery = 64 * kPhaseAnchorStride;
 
 // How far ahead of its stores the fused pass prefetches its row (and the
 // next rows): the hardware prefetcher alone left float32 rows at 20 GB/s
