@@ -1,0 +1,105 @@
+// The bfloat16 kernel calls that posenc-bench-compute and
+// posenc-count-instructions measure, small enough to stay in L2: one place
+// so that both tools time and count the same calls.
+#ifndef POSENC_BENCH_KERNEL_CASES_H_
+#define POSENC_BENCH_KERNEL_CASES_H_
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "posenc/backend.h"
+
+namespace posenc::bench {
+
+// One kernel call on its own buffers: `run` applies it in place.
+struct KernelCase {
+  std::string name;
+  int64_t elements = 0;
+  int64_t bytes = 0;  // of the tensors it rewrites
+  std::function<void()> run;
+};
+
+// bfloat16 values drawn from N(0, 1) (seed 1: the same inputs every run).
+inline std::vector<uint16_t> NormalBFloat16(size_t n) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  std::vector<uint16_t> v(n);
+  for (auto& e : v) {
+    const float f = normal(rng);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    e = static_cast<uint16_t>(bits >> 16);
+  }
+  return v;
+}
+
+// The cases, each owning its buffers and plan. `tokens` scales the sizes
+// (the default keeps every tensor within a 1 MiB L2).
+inline std::vector<KernelCase> BFloat16Cases(Backend& backend, int64_t tokens = 16) {
+  std::vector<KernelCase> cases;
+  {  // sinusoidal add, [tokens, 4096], INTERLEAVED (the default)
+    auto x = std::make_shared<std::vector<uint16_t>>(NormalBFloat16(tokens * 4096));
+    AbsoluteTensors t;
+    t.x = {DType::kBFloat16, {1, tokens, 4096}, x->data(), x->size() * 2};
+    auto plan = std::make_shared<AbsolutePlan>(*PlanAbsolute(AbsoluteOptions{}, t));
+    cases.push_back({"sinusoidal add [" + std::to_string(tokens) + ", 4096]",
+                     static_cast<int64_t>(x->size()), static_cast<int64_t>(x->size()) * 2,
+                     [&backend, x, plan] { (void)backend.ApplyAbsolute(*plan, x->data(), {}); }});
+  }
+  for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptj}) {
+    for (RopeLayout layout : {RopeLayout::kBSHD, RopeLayout::kBHSD}) {
+      const int64_t hq = 32, hk = 8, d = 128;
+      auto q = std::make_shared<std::vector<uint16_t>>(NormalBFloat16(tokens * hq * d));
+      auto k = std::make_shared<std::vector<uint16_t>>(NormalBFloat16(tokens * hk * d));
+      auto offsets = std::make_shared<std::vector<int64_t>>(1, 1000);
+      RopeOptions o;
+      o.style = style;
+      o.layout = layout;
+      o.base = 500000;
+      const bool bhsd = layout == RopeLayout::kBHSD;
+      RopeTensors t;
+      t.query = {
+          DType::kBFloat16,
+          bhsd ? std::vector<int64_t>{1, hq, tokens, d} : std::vector<int64_t>{1, tokens, hq, d},
+          q->data(), q->size() * 2};
+      t.key = {
+          DType::kBFloat16,
+          bhsd ? std::vector<int64_t>{1, hk, tokens, d} : std::vector<int64_t>{1, tokens, hk, d},
+          k->data(), k->size() * 2};
+      t.positions.offsets = {DType::kInt64, {1}, offsets->data(), 8};
+      auto plan = std::make_shared<RopePlan>(*PlanRope(o, t));
+      const int64_t n = static_cast<int64_t>(q->size() + k->size());
+      cases.push_back({std::string("rope ") + (style == RopeStyle::kNeox ? "neox " : "gptj ") +
+                           (bhsd ? "bhsd " : "bshd ") + std::to_string(tokens) + "x(32+8)x128",
+                       n, n * 2, [&backend, q, k, offsets, plan] {
+                         (void)backend.ApplyRope(*plan, q->data(), k->data(), {});
+                       }});
+    }
+  }
+  for (bool left_padding : {false, true}) {  // ALiBi + causal added to logits
+    const int64_t b = 2, h = 2, l = 16 * tokens;
+    auto x = std::make_shared<std::vector<uint16_t>>(NormalBFloat16(b * h * l * l));
+    auto starts = std::make_shared<std::vector<int64_t>>(
+        left_padding ? std::vector<int64_t>{l / 4, l / 2} : std::vector<int64_t>{0, 0});
+    BiasOptions o;
+    o.causal = true;
+    if (left_padding) o.k_starts = {DType::kInt64, {b}, starts->data(), starts->size() * 8};
+    auto plan = std::make_shared<BiasPlan>(*PlanAttentionBias(
+        o, TensorView{DType::kBFloat16, {b, h, l, l}, x->data(), x->size() * 2}));
+    cases.push_back(
+        {"alibi+causal [2,2," + std::to_string(l) + "," + std::to_string(l) + "]" +
+             (left_padding ? " k_starts" : ""),
+         static_cast<int64_t>(x->size()), static_cast<int64_t>(x->size()) * 2,
+         [&backend, x, starts, plan] { (void)backend.ApplyAttentionBias(*plan, x->data(), {}); }});
+  }
+  return cases;
+}
+
+}  // namespace posenc::bench
+
+#endif  // POSENC_BENCH_KERNEL_CASES_H_
