@@ -5,15 +5,17 @@
 // instructions-per-element figures are taken; the count is the same run to
 // run on a noisy machine. One-thread backend, so the call runs on the
 // stepped thread. --filter=TEXT counts only the cases whose name contains
-// it; --profile writes "offset count" per instruction address (relative to
-// the executable's first mapping) to the path given, for objdump.
+// it; --tokens=N scales the tensors (default 16); --profile writes "offset count" per instruction
+// address (relative to the executable's first mapping) to the path given, for objdump.
 #include <sys/ptrace.h>
 #include <sys/user.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <string>
@@ -54,14 +56,16 @@ long CountBetweenStops(pid_t child, std::map<unsigned long long, long>* profile)
 
 int main(int argc, char** argv) {
   std::string filter, profile_path;
+  int64_t tokens = 16;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a.rfind("--tokens=", 0) == 0) tokens = std::max<int64_t>(1, std::atoll(a.c_str() + 9));
     if (a.rfind("--filter=", 0) == 0) filter = a.substr(9);
     if (a.rfind("--profile=", 0) == 0) profile_path = a.substr(10);
   }
   auto cpu = posenc::CreateCpuBackend(1);
   std::printf("posenc-count-instructions: one call, single-stepped\n");
-  for (const posenc::bench::KernelCase& c : posenc::bench::BFloat16Cases(*cpu)) {
+  for (const posenc::bench::KernelCase& c : posenc::bench::BFloat16Cases(*cpu, tokens)) {
     if (c.name.find(filter) == std::string::npos) continue;
     c.run();  // the thread's scratch and tables exist before the counted call
     std::fflush(stdout);

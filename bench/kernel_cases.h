@@ -1,9 +1,10 @@
-// The bfloat16 kernel calls that posenc-bench-compute and
-// posenc-count-instructions measure, small enough to stay in L2: one place
+// The kernel calls (bfloat16, and float32 sinusoidal for comparison) that
+// posenc-bench-compute and posenc-count-instructions measure, small enough to stay in L2: one place
 // so that both tools time and count the same calls.
 #ifndef POSENC_BENCH_KERNEL_CASES_H_
 #define POSENC_BENCH_KERNEL_CASES_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -42,6 +43,21 @@ inline std::vector<uint16_t> NormalBFloat16(size_t n) {
 // (the default keeps every tensor within a 1 MiB L2).
 inline std::vector<KernelCase> BFloat16Cases(Backend& backend, int64_t tokens = 16) {
   std::vector<KernelCase> cases;
+  {  // float32 sinusoidal add, [tokens / 2, 4096]: as many bytes
+    const int64_t rows = std::max<int64_t>(1, tokens / 2);
+    auto x = std::make_shared<std::vector<float>>(rows * 4096);
+    const std::vector<uint16_t> bits = NormalBFloat16(x->size());
+    for (size_t i = 0; i < x->size(); ++i) {
+      const uint32_t wide = static_cast<uint32_t>(bits[i]) << 16;
+      std::memcpy(&(*x)[i], &wide, 4);
+    }
+    AbsoluteTensors t;
+    t.x = {DType::kFloat32, {1, rows, 4096}, x->data(), x->size() * 4};
+    auto plan = std::make_shared<AbsolutePlan>(*PlanAbsolute(AbsoluteOptions{}, t));
+    cases.push_back({"float32 sinusoidal add [" + std::to_string(rows) + ", 4096]",
+                     static_cast<int64_t>(x->size()), static_cast<int64_t>(x->size()) * 4,
+                     [&backend, x, plan] { (void)backend.ApplyAbsolute(*plan, x->data(), {}); }});
+  }
   {  // sinusoidal add, [tokens, 4096], INTERLEAVED (the default)
     auto x = std::make_shared<std::vector<uint16_t>>(NormalBFloat16(tokens * 4096));
     AbsoluteTensors t;

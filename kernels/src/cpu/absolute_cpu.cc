@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absolute_bf16_wide.inc"
+#include "absolute_f32_wide.inc"
 #include "cpu_kernels.h"
 #include "math/absolute_math.h"
 #include "math/phase.h"
@@ -96,7 +97,7 @@ struct Scratch {
   // Whether plan p's fused pass runs FusedRangeBF16Wide, and whether it
   // keeps the anchor row in pairs.
   static bool WideFor(const AbsolutePlan& p) {
-    return p.dtype == DType::kBFloat16 && Fuses(p) && CpuHasAvx512Bf16();
+    return Fuses(p) && (p.dtype == DType::kBFloat16 ? CpuHasAvx512Bf16() : CpuHasAvx512());
   }
   static bool PairsFor(const AbsolutePlan& p) {
     return p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved && Fuses(p) && !WideFor(p);
@@ -129,7 +130,7 @@ struct Scratch {
 
   const int64_t dim;
   const int64_t frequencies;
-  const bool wide;   // the fused pass runs FusedRangeBF16Wide (bfloat16, AVX-512 BF16)
+  const bool wide;   // the fused pass runs FusedRangeBF16Wide or FusedRangeF32Wide
   const bool pairs;  // AnchorRow's layout: pairs (the 8-lane fused INTERLEAVED pass) or halves
   std::vector<float> row;     // [dim] PE in float32 (paths that do not fuse)
   std::vector<float> saved;   // [dim] 16-bit inputs kept for recomputation (ditto)
@@ -448,20 +449,27 @@ POSENC_FUSED_RANGE(FusedRangeBF16Scaled, BFloat16, true)
 template <typename T, bool kScaled>
 POSENC_ALWAYS_INLINE void FusedRange(const RowSource& r, bool interleaved, int64_t half, T* y,
                                      int64_t lo, int64_t hi, float xs, int64_t ahead, Scratch& s) {
-  (void)ahead;  // the 8-lane loops prefetch kPrefetchAhead on
+  (void)ahead;  // the 8-lane loops prefetch kPrefetchAhead on; the wide ones `ahead`
   auto run = [&](auto* range) {
     range(r.a, r.b, r.tc, r.ts, interleaved, half, y, lo, hi, xs, s.pending_at.data(),
           s.pending_x.data(), &s.pending);
   };
   if constexpr (std::is_same_v<T, float>) {
+#ifdef POSENC_CPU_BF16_WIDE
+    if (s.wide) {
+      auto wide =
+          interleaved ? FusedRangeF32Wide<kScaled, true> : FusedRangeF32Wide<kScaled, false>;
+      return wide(r.a, r.b, r.tc, r.ts, half, y, lo, hi, xs, ahead);
+    }
+#endif
     run(kScaled ? FusedRangeF32Scaled : FusedRangeF32);
   } else {
 #ifdef POSENC_CPU_BF16_WIDE
     if (s.wide) {
       // The layout as a template argument: tested in the loop, it cost
       // five of its 31 instructions a step.
-      auto wide = interleaved ? FusedRangeBF16Wide<kScaled, true>
-                              : FusedRangeBF16Wide<kScaled, false>;
+      auto wide =
+          interleaved ? FusedRangeBF16Wide<kScaled, true> : FusedRangeBF16Wide<kScaled, false>;
       return wide(r.a, r.b, r.tc, r.ts, half, y, lo, hi, xs, s.pending_at.data(),
                   s.pending_x.data(), &s.pending, ahead);
     }
@@ -520,8 +528,17 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
   // Frequencies the vector loops take: multiples of 16 for the wide loop,
   // of 8 otherwise.
   const int64_t vector_end = s.wide ? half - half % 16 : half - half % 8;
+  // Groups of tokens for the bfloat16 wide loop (see above); float32 rows,
+  // twice the bytes, go one at a time, prefetched kPrefetchAhead on in the
+  // row: in groups, the wide float32 loop ran the bench 47-52 GB/s against
+  // 53-55 for the 8-lane loop row by row (three alternated rounds), row by
+  // row 57-66 against 55-63 (five, on a quiet host).
+  constexpr bool kGroups = std::is_same_v<T, BFloat16>;
   const int64_t max_group =
-      s.wide ? std::clamp<int64_t>(PendingCapacity(dim) / dim, 1, kPhaseAnchorStride) : 1;
+      kGroups && s.wide ? std::clamp<int64_t>(PendingCapacity(dim) / dim, 1, kPhaseAnchorStride)
+                        : 1;
+  const int64_t ahead =
+      kGroups ? kWideRowsAhead * dim : kPrefetchAhead / static_cast<int64_t>(sizeof(T));
   const int64_t* pos = p.positions.values.data();
   RowSource source[kPhaseAnchorStride];
   for (int64_t t = begin; t < end;) {
@@ -540,8 +557,7 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
       for (int64_t g = 0; g < group; ++g) {
         const int64_t first = s.pending;
         FusedRange<T, kScaled>(source[g], interleaved, half, x + (t + g) * dim, block,
-                               std::min(vector_end, block + kNextEvery), xs, kWideRowsAhead * dim,
-                               s);
+                               std::min(vector_end, block + kNextEvery), xs, ahead, s);
         for (int64_t k = first; k < s.pending; ++k) {
           s.pending_at[k] += static_cast<int32_t>(g * dim);
         }

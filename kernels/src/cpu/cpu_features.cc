@@ -19,4 +19,18 @@ bool CpuHasAvx512Bf16() {
 #endif
 }
 
+bool CpuHasAvx512() {
+#ifdef POSENC_CPU_BF16_WIDE
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           std::getenv("POSENC_NO_AVX512") == nullptr;
+  }();
+  return has;
+#else
+  return false;  // the loops are not compiled in
+#endif
+}
+
 }  // namespace posenc::internal

@@ -24,6 +24,9 @@
 #define POSENC_CPU_BF16_WIDE 1
 #define POSENC_BF16_WIDE_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,bmi2")))
+// Loops chosen at run time on CPUs with AVX-512 (CpuHasAvx512), BF16 or not.
+#define POSENC_AVX512_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi2")))
 #else
 #define POSENC_CPU_CLONES
 #endif
@@ -69,6 +72,11 @@ POSENC_ALWAYS_INLINE void ForEachFlagged(const uint8_t* flag, int64_t n, Fix fix
 // CPU has AVX-512 F, BW, VL, DQ and BF16, unless POSENC_NO_AVX512BF16 is set
 // (for comparing with the other loops on one machine).
 bool CpuHasAvx512Bf16();
+
+// Whether the POSENC_AVX512_TARGET loops run here: compiled in (with the
+// BF16 ones), and the CPU has AVX-512 F, BW, VL and DQ, unless
+// POSENC_NO_AVX512 is set.
+bool CpuHasAvx512();
 
 // Runs fn(scratch) with the calling thread's Scratch for `plan`, kept from
 // call to call: building one per call zeroed ~75-170 KiB, whose pages went
