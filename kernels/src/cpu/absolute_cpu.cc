@@ -370,6 +370,13 @@ constexpr int64_t kPrefetchAhead = 4096;
 // (three rounds, alternated; bench/RESULTS.md).
 constexpr int64_t kWideRowsAhead = 3;
 
+// How far ahead in its row the wide float32 loop prefetches. About 1000
+// runs of each distance over 15 minutes, sorted by the baseline of their
+// own run: on a quiet host (read-modify-write at 90 GB/s and over) 8 KiB
+// ran a median 71.0 GB/s against 65.9 for 4, 64.7 for 16 and 63.2 for 32;
+// on a busy one all four ran 48.9-49.7 (bench/RESULTS.md).
+constexpr int64_t kWideF32PrefetchAhead = 8192;
+
 // Frequencies [lo, hi) (multiples of 8 apart) of the row y: INTERLEAVED
 // elements [2 lo, 2 hi), or CONCATENATED [lo, hi) and [half + lo, half + hi).
 // Pointers are copied to locals so that the loop keeps them in registers.
@@ -537,8 +544,9 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
   const int64_t max_group =
       kGroups && s.wide ? std::clamp<int64_t>(PendingCapacity(dim) / dim, 1, kPhaseAnchorStride)
                         : 1;
-  const int64_t ahead =
-      kGroups ? kWideRowsAhead * dim : kPrefetchAhead / static_cast<int64_t>(sizeof(T));
+  const int64_t ahead = kGroups  ? kWideRowsAhead * dim
+                        : s.wide ? kWideF32PrefetchAhead / static_cast<int64_t>(sizeof(T))
+                                 : kPrefetchAhead / static_cast<int64_t>(sizeof(T));
   const int64_t* pos = p.positions.values.data();
   RowSource source[kPhaseAnchorStride];
   for (int64_t t = begin; t < end;) {
