@@ -456,7 +456,7 @@ POSENC_FUSED_RANGE(FusedRangeBF16Scaled, BFloat16, true)
 template <typename T, bool kScaled>
 POSENC_ALWAYS_INLINE void FusedRange(const RowSource& r, bool interleaved, int64_t half, T* y,
                                      int64_t lo, int64_t hi, float xs, int64_t ahead, Scratch& s) {
-  (void)ahead;  // the 8-lane loops prefetch kPrefetchAhead on; the wide ones `ahead`
+  (void)ahead;  // the wide loops' alone: the 8-lane ones prefetch kPrefetchAhead on
   auto run = [&](auto* range) {
     range(r.a, r.b, r.tc, r.ts, interleaved, half, y, lo, hi, xs, s.pending_at.data(),
           s.pending_x.data(), &s.pending);
@@ -536,17 +536,17 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
   // of 8 otherwise.
   const int64_t vector_end = s.wide ? half - half % 16 : half - half % 8;
   // Groups of tokens for the bfloat16 wide loop (see above); float32 rows,
-  // twice the bytes, go one at a time, prefetched kPrefetchAhead on in the
-  // row: in groups, the wide float32 loop ran the bench 47-52 GB/s against
-  // 53-55 for the 8-lane loop row by row (three alternated rounds), row by
-  // row 57-66 against 55-63 (five, on a quiet host).
+  // twice the bytes, go one at a time, prefetched within the row: in
+  // groups, the wide float32 loop ran the bench 47-52 GB/s against 53-55
+  // for the 8-lane loop row by row (three alternated rounds), row by row
+  // 57-66 against 55-63 (five, on a quiet host). `ahead` serves the wide
+  // loops only (the 8-lane ones prefetch kPrefetchAhead on).
   constexpr bool kGroups = std::is_same_v<T, BFloat16>;
   const int64_t max_group =
       kGroups && s.wide ? std::clamp<int64_t>(PendingCapacity(dim) / dim, 1, kPhaseAnchorStride)
                         : 1;
-  const int64_t ahead = kGroups  ? kWideRowsAhead * dim
-                        : s.wide ? kWideF32PrefetchAhead / static_cast<int64_t>(sizeof(T))
-                                 : kPrefetchAhead / static_cast<int64_t>(sizeof(T));
+  const int64_t ahead =
+      kGroups ? kWideRowsAhead * dim : kWideF32PrefetchAhead / static_cast<int64_t>(sizeof(T));
   const int64_t* pos = p.positions.values.data();
   RowSource source[kPhaseAnchorStride];
   for (int64_t t = begin; t < end;) {

@@ -5,20 +5,6 @@
 
 namespace posenc::internal {
 
-bool CpuHasAvx512Bf16() {
-#ifdef POSENC_CPU_BF16_WIDE
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           std::getenv("POSENC_NO_AVX512BF16") == nullptr;
-  }();
-  return has;
-#else
-  return false;  // the loops are not compiled in
-#endif
-}
-
 bool CpuHasAvx512() {
 #ifdef POSENC_CPU_BF16_WIDE
   static const bool has = [] {
@@ -31,6 +17,12 @@ bool CpuHasAvx512() {
 #else
   return false;  // the loops are not compiled in
 #endif
+}
+
+bool CpuHasAvx512Bf16() {
+  static const bool has = CpuHasAvx512() && __builtin_cpu_supports("avx512bf16") &&
+                          std::getenv("POSENC_NO_AVX512BF16") == nullptr;
+  return has;
 }
 
 }  // namespace posenc::internal

@@ -68,15 +68,15 @@ POSENC_ALWAYS_INLINE void ForEachFlagged(const uint8_t* flag, int64_t n, Fix fix
   }
 }
 
-// Whether the POSENC_BF16_WIDE_TARGET loops run here: compiled in, and the
-// CPU has AVX-512 F, BW, VL, DQ and BF16, unless POSENC_NO_AVX512BF16 is set
-// (for comparing with the other loops on one machine).
-bool CpuHasAvx512Bf16();
-
 // Whether the POSENC_AVX512_TARGET loops run here: compiled in (with the
 // BF16 ones), and the CPU has AVX-512 F, BW, VL and DQ, unless
-// POSENC_NO_AVX512 is set.
+// POSENC_NO_AVX512 is set (for comparing with the other loops on one
+// machine; it turns off the BF16 loops too).
 bool CpuHasAvx512();
+
+// Whether the POSENC_BF16_WIDE_TARGET loops run here: CpuHasAvx512 and
+// AVX-512 BF16, unless POSENC_NO_AVX512BF16 is set.
+bool CpuHasAvx512Bf16();
 
 // Runs fn(scratch) with the calling thread's Scratch for `plan`, kept from
 // call to call: building one per call zeroed ~75-170 KiB, whose pages went
