@@ -1,4 +1,4 @@
-// The kernel calls (bfloat16, and float32 sinusoidal for comparison) that
+// The kernel calls (bfloat16, and float32 sinusoidal and RoPE for comparison) that
 // posenc-bench-compute and posenc-count-instructions measure, small enough to stay in L2: one place
 // so that both tools time and count the same calls.
 #ifndef POSENC_BENCH_KERNEL_CASES_H_
@@ -67,34 +67,51 @@ inline std::vector<KernelCase> BFloat16Cases(Backend& backend, int64_t tokens = 
                      static_cast<int64_t>(x->size()), static_cast<int64_t>(x->size()) * 2,
                      [&backend, x, plan] { (void)backend.ApplyAbsolute(*plan, x->data(), {}); }});
   }
-  for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptj}) {
-    for (RopeLayout layout : {RopeLayout::kBSHD, RopeLayout::kBHSD}) {
-      const int64_t hq = 32, hk = 8, d = 128;
-      auto q = std::make_shared<std::vector<uint16_t>>(NormalBFloat16(tokens * hq * d));
-      auto k = std::make_shared<std::vector<uint16_t>>(NormalBFloat16(tokens * hk * d));
-      auto offsets = std::make_shared<std::vector<int64_t>>(1, 1000);
-      RopeOptions o;
-      o.style = style;
-      o.layout = layout;
-      o.base = 500000;
-      const bool bhsd = layout == RopeLayout::kBHSD;
-      RopeTensors t;
-      t.query = {
-          DType::kBFloat16,
-          bhsd ? std::vector<int64_t>{1, hq, tokens, d} : std::vector<int64_t>{1, tokens, hq, d},
-          q->data(), q->size() * 2};
-      t.key = {
-          DType::kBFloat16,
-          bhsd ? std::vector<int64_t>{1, hk, tokens, d} : std::vector<int64_t>{1, tokens, hk, d},
-          k->data(), k->size() * 2};
-      t.positions.offsets = {DType::kInt64, {1}, offsets->data(), 8};
-      auto plan = std::make_shared<RopePlan>(*PlanRope(o, t));
-      const int64_t n = static_cast<int64_t>(q->size() + k->size());
-      cases.push_back({std::string("rope ") + (style == RopeStyle::kNeox ? "neox " : "gptj ") +
-                           (bhsd ? "bhsd " : "bshd ") + std::to_string(tokens) + "x(32+8)x128",
-                       n, n * 2, [&backend, q, k, offsets, plan] {
-                         (void)backend.ApplyRope(*plan, q->data(), k->data(), {});
-                       }});
+  // RoPE, bfloat16 over `tokens` tokens and float32 over half as many (as
+  // many bytes).
+  for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
+    const bool f32 = dtype == DType::kFloat32;
+    const int64_t n_tokens = f32 ? std::max<int64_t>(1, tokens / 2) : tokens;
+    const int64_t size = f32 ? 4 : 2;
+    for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptj}) {
+      for (RopeLayout layout : {RopeLayout::kBSHD, RopeLayout::kBHSD}) {
+        const int64_t hq = 32, hk = 8, d = 128;
+        // float32 elements are the bfloat16 draws widened (exactly).
+        auto q = std::make_shared<std::vector<uint16_t>>(NormalBFloat16(n_tokens * hq * d));
+        auto k = std::make_shared<std::vector<uint16_t>>(NormalBFloat16(n_tokens * hk * d));
+        if (f32) {
+          for (auto* v : {q.get(), k.get()}) {
+            std::vector<uint16_t> wide(2 * v->size(), 0);
+            for (size_t i = 0; i < v->size(); ++i) wide[2 * i + 1] = (*v)[i];  // little-endian
+            *v = std::move(wide);
+          }
+        }
+        auto offsets = std::make_shared<std::vector<int64_t>>(1, 1000);
+        RopeOptions o;
+        o.style = style;
+        o.layout = layout;
+        o.base = 500000;
+        const bool bhsd = layout == RopeLayout::kBHSD;
+        const int64_t hq_elems = n_tokens * hq * d, hk_elems = n_tokens * hk * d;
+        RopeTensors t;
+        t.query = {dtype,
+                   bhsd ? std::vector<int64_t>{1, hq, n_tokens, d}
+                        : std::vector<int64_t>{1, n_tokens, hq, d},
+                   q->data(), static_cast<size_t>(hq_elems * size)};
+        t.key = {dtype,
+                 bhsd ? std::vector<int64_t>{1, hk, n_tokens, d}
+                      : std::vector<int64_t>{1, n_tokens, hk, d},
+                 k->data(), static_cast<size_t>(hk_elems * size)};
+        t.positions.offsets = {DType::kInt64, {1}, offsets->data(), 8};
+        auto plan = std::make_shared<RopePlan>(*PlanRope(o, t));
+        const int64_t n = hq_elems + hk_elems;
+        cases.push_back({std::string(f32 ? "float32 rope " : "rope ") +
+                             (style == RopeStyle::kNeox ? "neox " : "gptj ") +
+                             (bhsd ? "bhsd " : "bshd ") + std::to_string(n_tokens) + "x(32+8)x128",
+                         n, n * size, [&backend, q, k, offsets, plan] {
+                           (void)backend.ApplyRope(*plan, q->data(), k->data(), {});
+                         }});
+      }
     }
   }
   for (bool left_padding : {false, true}) {  // ALiBi + causal added to logits

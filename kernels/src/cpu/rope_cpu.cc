@@ -15,6 +15,7 @@
 #include "math/rope_math.h"
 #include "posenc/dtype.h"
 #include "rope_bf16_wide.inc"
+#include "rope_f32_wide.inc"
 #include "rope_rows.inc"
 #include "vec.h"
 
@@ -57,6 +58,7 @@ struct Scratch {
         c(kTokenBlock * p.half()),
         n(kTokenBlock * p.half()),
         wide(WideFor(p)),
+        wide_f32(WideF32For(p)),
         spread(SpreadFor(p)),
         c2(2 * kTokenBlock * p.half()),  // allocated (small) even when unused:
         n2(2 * kTokenBlock * p.half()),  // callers offset into them
@@ -76,15 +78,16 @@ struct Scratch {
   static bool WideFor(const RopePlan& p) {
     return p.dtype == DType::kBFloat16 && CpuHasAvx512Bf16();
   }
+  static bool WideF32For(const RopePlan& p) { return p.dtype == DType::kFloat32 && CpuHasAvx512(); }
   static bool SpreadFor(const RopePlan& p) {
-    return p.dtype == DType::kBFloat16 && p.style == RopeStyle::kGptj;
+    return p.style == RopeStyle::kGptj && (p.dtype == DType::kBFloat16 || WideF32For(p));
   }
 
   // Whether this Scratch's buffers serve plan p. It holds nothing else
   // between calls, so Restart has nothing to do.
   bool Serves(const RopePlan& p) const {
-    return half == p.half() && wide == WideFor(p) && spread == SpreadFor(p) &&
-           paired == (WideFor(p) && p.style == RopeStyle::kNeox);
+    return half == p.half() && wide == WideFor(p) && wide_f32 == WideF32For(p) &&
+           spread == SpreadFor(p) && paired == (WideFor(p) && p.style == RopeStyle::kNeox);
   }
   void Restart(const RopePlan&) {}
 
@@ -94,9 +97,11 @@ struct Scratch {
   const int64_t half;
   std::vector<float> c, n;  // [kTokenBlock, half] s cos, +-s sin
   const bool wide;          // bfloat16 on a CPU with RotateBF16Wide
-  // bfloat16 GPT-J (spread): [kTokenBlock, 2 half] [c, c] and [-n, n] per
-  // slot, laid out like the pairs they rotate (RotateHeadBF16's 8-pair
-  // loop; not for the tokens RotateBF16Wide takes).
+  const bool wide_f32;      // float32 on a CPU with RotateF32Wide
+  // GPT-J in bfloat16, or in float32 on a CPU with RotateF32Wide (spread):
+  // [kTokenBlock, 2 half] [c, c] and [-n, n] per slot, laid out like the
+  // pairs they rotate (RotateHeadBF16's 8-pair loop, not for the tokens
+  // RotateBF16Wide takes; RotateF32Wide).
   const bool spread;
   std::vector<float> c2, n2;
   // bfloat16 NEOX on AVX-512 BF16 (paired): [kTokenBlock, half] c and n with
@@ -355,43 +360,61 @@ POSENC_ALWAYS_INLINE void RotateHead(const RopePlan& p, int64_t t, T* head, cons
   }
 }
 
-// Rotates a run of rows. kWide (bfloat16 on AVX-512 BF16 CPUs): every row
-// by RotateBF16Wide (and RotateTailsBF16Wide) in one call, then the pairs
-// those left by RedoSlowPairs.
+#ifdef POSENC_CPU_BF16_WIDE
+// The rows of a run by RotateBF16Wide and RotateTailsBF16Wide, the pairs
+// those leave appended to s.wide_*; returns how many there are.
+template <RopeStyle kStyle, bool kUnitScale, bool kFar>
+POSENC_ALWAYS_INLINE int64_t RotateRowsWide(const Rows<BFloat16>& rows, int64_t D, int64_t half,
+                                            float scale_f, Scratch& s) {
+  int64_t slow = 0;
+  const int64_t k_end = RotateBF16Wide<kStyle, kUnitScale, kFar>(
+      rows, D, half, scale_f, s.wide_k.data(), s.wide_u.data(), s.wide_v.data(), &slow);
+  if (k_end < half) {
+    RotateTailsBF16Wide<kStyle, kUnitScale>(rows, D, half, k_end, scale_f, s.wide_k.data(),
+                                            s.wide_u.data(), s.wide_v.data(), &slow);
+  }
+  return slow;
+}
+#endif
+
+// Rotates a run of rows. kWide: in 512-bit registers, every row in one
+// call: bfloat16 on AVX-512 BF16 CPUs by RotateRowsWide, then the pairs it
+// left by RedoSlowPairs; float32 on AVX-512 CPUs by RotateF32Wide.
 template <typename T, RopeStyle kStyle, bool kWide>
 POSENC_ALWAYS_INLINE void RotateRows(const RopePlan& p, const Rows<T>& rows, Scratch& s) {
   const int64_t half = p.half(), D = p.head_dim;
 #ifdef POSENC_CPU_BF16_WIDE
+  if constexpr (kWide && std::is_same_v<T, float>) {
+    if (rows.far_bytes != 0) {
+      RotateF32Wide<kStyle, true>(rows, D, half);
+    } else {
+      RotateF32Wide<kStyle, false>(rows, D, half);
+    }
+    return;
+  }
   if constexpr (kWide && std::is_same_v<T, BFloat16>) {
     if (WideScale(p, rows.t0)) {
       const float scale_f = static_cast<float>(p.attention_scale[p.FreqSetOfToken(rows.t0)]);
-      int64_t slow = 0;
+      const bool far = rows.far_bytes != 0;
+      int64_t slow;
       if (scale_f == 1.0f) {
-        const int64_t k_end = RotateBF16Wide<kStyle, true>(rows, D, half, scale_f, s.wide_k.data(),
-                                                           s.wide_u.data(), s.wide_v.data(), &slow);
-        if (k_end < half) {
-          RotateTailsBF16Wide<kStyle, true>(rows, D, half, k_end, scale_f, s.wide_k.data(),
-                                            s.wide_u.data(), s.wide_v.data(), &slow);
-        }
+        slow = far ? RotateRowsWide<kStyle, true, true>(rows, D, half, scale_f, s)
+                   : RotateRowsWide<kStyle, true, false>(rows, D, half, scale_f, s);
       } else {
-        const int64_t k_end = RotateBF16Wide<kStyle, false>(
-            rows, D, half, scale_f, s.wide_k.data(), s.wide_u.data(), s.wide_v.data(), &slow);
-        if (k_end < half) {
-          RotateTailsBF16Wide<kStyle, false>(rows, D, half, k_end, scale_f, s.wide_k.data(),
-                                             s.wide_u.data(), s.wide_v.data(), &slow);
-        }
+        slow = far ? RotateRowsWide<kStyle, false, true>(rows, D, half, scale_f, s)
+                   : RotateRowsWide<kStyle, false, false>(rows, D, half, scale_f, s);
       }
       RedoSlowPairs<kStyle>(p, rows, s.wide_k.data(), s.wide_u.data(), s.wide_v.data(), slow);
       return;
     }
   }
 #endif
+  const int64_t row_bytes = D * static_cast<int64_t>(sizeof(T));
   for (int64_t i = 0; i < rows.count; ++i) {
     T* x = rows.x + i * D;
-    if (rows.prefetch_bytes != 0) {
-      PrefetchForWrite(reinterpret_cast<const char*>(x) + rows.prefetch_bytes,
-                       D * static_cast<int64_t>(sizeof(T)));
-    }
+    const char* bytes = reinterpret_cast<const char*>(x);
+    if (rows.near_bytes != 0) PrefetchForWrite<3>(bytes + rows.near_bytes, row_bytes);
+    if (rows.far_bytes != 0) PrefetchForWrite<1>(bytes + rows.far_bytes, row_bytes);
     const int64_t cn = i * rows.dt * half;
     RotateHead<T, kStyle>(p, rows.t0 + i * rows.dt, x, rows.c + cn, rows.n + cn, rows.c2 + 2 * cn,
                           rows.n2 + 2 * cn, s);
@@ -402,6 +425,16 @@ POSENC_ALWAYS_INLINE void RotateRows(const RopePlan& p, const Rows<T>& rows, Scr
 // prefetcher alone left a quarter of the bfloat16 loop's time waiting on
 // loads (perf), and 2-4 KiB ahead measured 10-25% faster (RESULTS.md).
 constexpr int64_t kPrefetchAhead = 2048;
+
+// How far ahead in its run the head-major (BHSD) loop asks for rows into
+// L1, the next head's rows being asked for into L2 (Rows::far_bytes). It
+// used to ask for the next head's rows into L1 and for nothing in its own
+// run: on the EPYC (a busy host, alternated runs) bfloat16 BHSD went from
+// 0.81-0.84 of the read-modify-write to 0.91-0.96 with this, and float32
+// from 0.78-0.85 to 0.82-0.89. 2 KiB ahead gave 0.90 (bfloat16 NEOX), 6-8
+// KiB 0.95-0.98 but float32 0.83; 16-64 token blocks and two heads ahead
+// were within noise (bench/RESULTS.md).
+constexpr int64_t kHeadMajorNear = 4096;
 
 template <typename T, RopeStyle kStyle, bool kWide = false>
 POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, T* q, T* k, int64_t t0, int64_t t1,
@@ -422,14 +455,15 @@ POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, T* q, T* k, int64_t t0, i
         for (int64_t h = 0; h < heads; ++h) {
           // The next head's run is far away (1 MiB for a 4096-token
           // bfloat16 sequence of 128-dim heads) and the hardware prefetcher
-          // restarts at every run: fetch its rows while these rotate.
-          const int64_t ahead = h + 1 < heads ? span.stride * static_cast<int64_t>(sizeof(T)) : 0;
+          // restarts at every run: its rows are fetched into L2 while these
+          // rotate, and this run's into L1 kHeadMajorNear ahead.
+          const int64_t far = h + 1 < heads ? span.stride * static_cast<int64_t>(sizeof(T)) : 0;
           RotateRows<T, kStyle, kWide>(
               p,
               Rows<T>{base + span.first + h * span.stride, run_end - run, run, 1, s.c.data() + cn,
                       s.n.data() + cn, s.c2.data() + 2 * cn, s.n2.data() + 2 * cn,
                       s.paired ? s.cp.data() + cn : nullptr, s.paired ? s.np.data() + cn : nullptr,
-                      ahead},
+                      kHeadMajorNear, far},
               s);
         }
         run = run_end;
@@ -445,7 +479,7 @@ POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, T* q, T* k, int64_t t0, i
               Rows<T>{x + h0 * D, std::min(kMaxRowsPerCall, heads - h0), t, 0, s.c.data() + cn,
                       s.n.data() + cn, s.c2.data() + 2 * cn, s.n2.data() + 2 * cn,
                       s.paired ? s.cp.data() + cn : nullptr, s.paired ? s.np.data() + cn : nullptr,
-                      kPrefetchAhead},
+                      kPrefetchAhead, 0},
               s);
         }
       }
@@ -465,7 +499,7 @@ POSENC_ALWAYS_INLINE void RopeTokensTyped(const RopePlan& p, void* q, void* k, i
 // The one function compiled per instruction set: every dtype and style
 // inlined into it.
 // `wide`: bfloat16 takes RotateBF16Wide's steps (AVX-512 BF16 CPUs, which
-// run the x86-64-v4 clone).
+// run the x86-64-v4 clone), float32 RotateF32Wide's (AVX-512 CPUs).
 POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, void* q, void* k, int64_t begin,
                                           int64_t end, bool wide, Scratch& s) {
   const bool neox = p.style == RopeStyle::kNeox;
@@ -473,6 +507,10 @@ POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, void* q, void* k, i
   if (wide && p.dtype == DType::kBFloat16) {
     return neox ? RopeTokensTyped<BFloat16, RopeStyle::kNeox, true>(p, q, k, begin, end, s)
                 : RopeTokensTyped<BFloat16, RopeStyle::kGptj, true>(p, q, k, begin, end, s);
+  }
+  if (wide && p.dtype == DType::kFloat32) {
+    return neox ? RopeTokensTyped<float, RopeStyle::kNeox, true>(p, q, k, begin, end, s)
+                : RopeTokensTyped<float, RopeStyle::kGptj, true>(p, q, k, begin, end, s);
   }
 #else
   (void)wide;
@@ -496,8 +534,9 @@ POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, void* q, void* k, i
 
 void RopeTokensCpu(const RopePlan& plan, void* query, void* key, int64_t begin, int64_t end) {
   if (!KnownStyle(plan.style) || !KnownLayout(plan.layout)) std::abort();  // planning checks
-  WithThreadScratch<Scratch>(
-      plan, [&](Scratch& s) { RopeTokensDispatch(plan, query, key, begin, end, s.wide, s); });
+  WithThreadScratch<Scratch>(plan, [&](Scratch& s) {
+    RopeTokensDispatch(plan, query, key, begin, end, s.wide || s.wide_f32, s);
+  });
 }
 
 }  // namespace posenc::internal
