@@ -1,4 +1,4 @@
-// posenc-bench-compute: each bfloat16 kernel on one thread with its tensors
+// posenc-bench-compute: each kernel case (bench/kernel_cases.h) on one thread with its tensors
 // in L2, where memory cannot be what limits it, against an in-place
 // read-modify-write of as many bytes in the same run. A kernel that runs
 // here at less than twice what the memory-bound target asks of one core is
@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   }
   auto cpu = posenc::CreateCpuBackend(1);
   std::printf("posenc-bench-compute: 1 thread, tensors in L2, median of 7\n");
-  std::printf("%-40s %8s %8s %8s\n", "kernel (bfloat16)", "KiB", "GB/s", "rmw GB/s");
+  std::printf("%-40s %8s %8s %8s\n", "kernel (bfloat16 unless named)", "KiB", "GB/s", "rmw GB/s");
   for (const posenc::bench::KernelCase& c : posenc::bench::BFloat16Cases(*cpu, tokens)) {
     std::vector<uint64_t> words(static_cast<size_t>(c.bytes) / 8);
     const double kernel = Rate(c.bytes, c.run);

@@ -21,8 +21,8 @@
 #include <utility>
 #include <vector>
 
-#include "posenc/backend.h"
 #include "cpu/thread_pool.h"
+#include "posenc/backend.h"
 
 namespace {
 

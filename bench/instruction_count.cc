@@ -1,5 +1,5 @@
-// posenc-count-instructions: instructions per element of each bfloat16
-// kernel call, counted exactly by single-stepping the calling thread under
+// posenc-count-instructions: instructions per element of each kernel
+// call (bench/kernel_cases.h), counted exactly by single-stepping the calling thread under
 // ptrace. The session machines expose no hardware counters (perf stat:
 // <not supported>) and valgrind runs no AVX-512, so this is how issue 26's
 // instructions-per-element figures are taken; the count is the same run to

@@ -421,20 +421,21 @@ POSENC_ALWAYS_INLINE void RotateRows(const RopePlan& p, const Rows<T>& rows, Scr
   }
 }
 
-// How far ahead the token-major loop asks for its rows: the hardware
-// prefetcher alone left a quarter of the bfloat16 loop's time waiting on
-// loads (perf), and 2-4 KiB ahead measured 10-25% faster (RESULTS.md).
-constexpr int64_t kPrefetchAhead = 2048;
-
-// How far ahead in its run the head-major (BHSD) loop asks for rows into
-// L1, the next head's rows being asked for into L2 (Rows::far_bytes). It
-// used to ask for the next head's rows into L1 and for nothing in its own
-// run: on the EPYC (a busy host, alternated runs) bfloat16 BHSD went from
-// 0.81-0.84 of the read-modify-write to 0.91-0.96 with this, and float32
-// from 0.78-0.85 to 0.82-0.89. 2 KiB ahead gave 0.90 (bfloat16 NEOX), 6-8
-// KiB 0.95-0.98 but float32 0.83; 16-64 token blocks and two heads ahead
-// were within noise (bench/RESULTS.md).
-constexpr int64_t kHeadMajorNear = 4096;
+// How far ahead in a run the loops ask for rows into L1 (Rows::near_bytes),
+// in either layout; head-major (BHSD) runs also ask for the next head's
+// rows into L2 (Rows::far_bytes). The hardware prefetcher alone left a
+// quarter of the bfloat16 loop's time waiting on loads (perf, Xeon). On the
+// EPYC (alternated runs, bench/RESULTS.md):
+// - BHSD used to ask for the next head's rows into L1 and for nothing in
+//   its own run: bfloat16 went from 0.81-0.84 of the read-modify-write to
+//   0.91-0.96 with this, float32 from 0.78-0.85 to 0.82-0.89. 16-256
+//   token blocks and two heads ahead were within noise.
+// - BSHD (about 100-125 runs each): 4 KiB against 2 KiB, bfloat16 0.90
+//   against 0.87-0.90 on a busy host and 0.82-0.85 against 0.59-0.77 on a
+//   quiet one; float32 the same busy, 0.76-0.83 against 0.74-0.80 quiet.
+//   1 KiB and none were slower, and the rows 16 or 32 KiB ahead into L2 as
+//   well added nothing.
+constexpr int64_t kPrefetchAhead = 4096;
 
 template <typename T, RopeStyle kStyle, bool kWide = false>
 POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, T* q, T* k, int64_t t0, int64_t t1,
@@ -456,14 +457,14 @@ POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, T* q, T* k, int64_t t0, i
           // The next head's run is far away (1 MiB for a 4096-token
           // bfloat16 sequence of 128-dim heads) and the hardware prefetcher
           // restarts at every run: its rows are fetched into L2 while these
-          // rotate, and this run's into L1 kHeadMajorNear ahead.
+          // rotate, and this run's into L1 kPrefetchAhead ahead.
           const int64_t far = h + 1 < heads ? span.stride * static_cast<int64_t>(sizeof(T)) : 0;
           RotateRows<T, kStyle, kWide>(
               p,
               Rows<T>{base + span.first + h * span.stride, run_end - run, run, 1, s.c.data() + cn,
                       s.n.data() + cn, s.c2.data() + 2 * cn, s.n2.data() + 2 * cn,
                       s.paired ? s.cp.data() + cn : nullptr, s.paired ? s.np.data() + cn : nullptr,
-                      kHeadMajorNear, far},
+                      kPrefetchAhead, far},
               s);
         }
         run = run_end;
