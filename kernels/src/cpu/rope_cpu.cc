@@ -430,11 +430,11 @@ POSENC_ALWAYS_INLINE void RotateRows(const RopePlan& p, const Rows<T>& rows, Scr
 //   its own run: bfloat16 went from 0.81-0.84 of the read-modify-write to
 //   0.91-0.96 with this, float32 from 0.78-0.85 to 0.82-0.89. 16-256
 //   token blocks and two heads ahead were within noise.
-// - BSHD (about 100-125 runs each): 4 KiB against 2 KiB, bfloat16 0.90
-//   against 0.87-0.90 on a busy host and 0.82-0.85 against 0.59-0.77 on a
-//   quiet one; float32 the same busy, 0.76-0.83 against 0.74-0.80 quiet.
-//   1 KiB and none were slower, and the rows 16 or 32 KiB ahead into L2 as
-//   well added nothing.
+// - BSHD (about 100-125 runs each): 4 KiB against 2 KiB, bfloat16
+//   0.90-0.91 against 0.88-0.90 on a busy host and 0.78-0.85 against
+//   0.72-0.77 in the quiet runs; float32 the same busy, 0.75-0.83 against
+//   0.74-0.80 quiet. 1 KiB and none were slower, and the rows 16 or 32 KiB
+//   ahead into L2 as well added nothing.
 constexpr int64_t kPrefetchAhead = 4096;
 
 template <typename T, RopeStyle kStyle, bool kWide = false>
