@@ -369,9 +369,9 @@ POSENC_ALWAYS_INLINE int64_t RotateRowsWide(const Rows<BFloat16>& rows, int64_t 
   int64_t slow = 0;
   // 128-dim rotary heads (nearly every published model) take a copy
   // compiled for half = 64: with the size known GCC kept the loop's
-  // pointers in registers, bf16 NEOX BSHD 1.353 to 1.158 instructions per
-  // element, one thread in L2 49 to 57 GB/s (GPT-J BHSD 54 to 60, BSHD
-  // unchanged); from DRAM on a busy host unchanged (bench/RESULTS.md).
+  // pointers in registers, bf16 NEOX BSHD 1.353 to 1.117 instructions per
+  // element, one thread in L2 51 to 57-59 GB/s (GPT-J BHSD 58 to 60-62,
+  // BSHD unchanged); from DRAM on a busy host unchanged (bench/RESULTS.md).
   const int64_t k_end =
       half == 64
           ? RotateBF16Wide<kStyle, kUnitScale, kFar, 64>(rows, D, half, scale_f, s.wide_k.data(),
