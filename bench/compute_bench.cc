@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   auto cpu = posenc::CreateCpuBackend(1);
   std::printf("posenc-bench-compute: 1 thread, tensors in L2, median of 7\n");
   std::printf("%-40s %8s %8s %8s\n", "kernel (bfloat16 unless named)", "KiB", "GB/s", "rmw GB/s");
-  for (const posenc::bench::KernelCase& c : posenc::bench::BFloat16Cases(*cpu, tokens)) {
+  for (const posenc::bench::KernelCase& c : posenc::bench::KernelCases(*cpu, tokens)) {
     std::vector<uint64_t> words(static_cast<size_t>(c.bytes) / 8);
     const double kernel = Rate(c.bytes, c.run);
     const double rmw = Rate(c.bytes, [&] {

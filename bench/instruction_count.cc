@@ -1,12 +1,13 @@
-// posenc-count-instructions: instructions per element of each kernel
-// call (bench/kernel_cases.h), counted exactly by single-stepping the calling thread under
-// ptrace. The session machines expose no hardware counters (perf stat:
-// <not supported>) and valgrind runs no AVX-512, so this is how issue 26's
-// instructions-per-element figures are taken; the count is the same run to
-// run on a noisy machine. One-thread backend, so the call runs on the
-// stepped thread. --filter=TEXT counts only the cases whose name contains
-// it; --tokens=N scales the tensors (default 16); --profile writes "offset count" per instruction
-// address (relative to the executable's first mapping) to the path given, for objdump.
+// posenc-count-instructions: instructions per element of each kernel call
+// (bench/kernel_cases.h), counted exactly by single-stepping the calling
+// thread under ptrace. The session machines expose no hardware counters
+// (perf stat: <not supported>) and valgrind runs no AVX-512, so this is how
+// issue 26's instructions-per-element figures are taken; the count is the
+// same run to run on a noisy machine. One-thread backend, so the call runs
+// on the stepped thread. --filter=TEXT counts only the cases whose name
+// contains it; --tokens=N scales the tensors (default 16); --profile writes
+// "offset count" per instruction address (relative to the executable's
+// first mapping) to the path given, for objdump.
 #include <sys/ptrace.h>
 #include <sys/user.h>
 #include <sys/wait.h>
@@ -65,7 +66,7 @@ int main(int argc, char** argv) {
   }
   auto cpu = posenc::CreateCpuBackend(1);
   std::printf("posenc-count-instructions: one call, single-stepped\n");
-  for (const posenc::bench::KernelCase& c : posenc::bench::BFloat16Cases(*cpu, tokens)) {
+  for (const posenc::bench::KernelCase& c : posenc::bench::KernelCases(*cpu, tokens)) {
     if (c.name.find(filter) == std::string::npos) continue;
     c.run();  // the thread's scratch and tables exist before the counted call
     std::fflush(stdout);

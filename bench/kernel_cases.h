@@ -1,6 +1,7 @@
-// The kernel calls (bfloat16, and float32 sinusoidal and RoPE for comparison) that
-// posenc-bench-compute and posenc-count-instructions measure, small enough to stay in L2: one place
-// so that both tools time and count the same calls.
+// The kernel calls (bfloat16, and float32 sinusoidal and RoPE for
+// comparison) that posenc-bench-compute and posenc-count-instructions
+// measure, small enough to stay in L2: one place so that both tools time and
+// count the same calls.
 #ifndef POSENC_BENCH_KERNEL_CASES_H_
 #define POSENC_BENCH_KERNEL_CASES_H_
 
@@ -39,36 +40,44 @@ inline std::vector<uint16_t> NormalBFloat16(size_t n) {
   return v;
 }
 
-// The cases, each owning its buffers and plan. `tokens` scales the sizes
-// (the default keeps every tensor within a 1 MiB L2).
-inline std::vector<KernelCase> BFloat16Cases(Backend& backend, int64_t tokens = 16) {
-  std::vector<KernelCase> cases;
-  {  // float32 sinusoidal add, [tokens / 2, 4096]: as many bytes
-    const int64_t rows = std::max<int64_t>(1, tokens / 2);
-    auto x = std::make_shared<std::vector<float>>(rows * 4096);
-    const std::vector<uint16_t> bits = NormalBFloat16(x->size());
-    for (size_t i = 0; i < x->size(); ++i) {
-      const uint32_t wide = static_cast<uint32_t>(bits[i]) << 16;
-      std::memcpy(&(*x)[i], &wide, 4);
+// n elements of `dtype` (bfloat16 or float32) as bytes: NormalBFloat16's
+// draws, widened exactly for float32, so both dtypes see the same values.
+inline std::shared_ptr<std::vector<uint8_t>> NormalTensor(DType dtype, size_t n) {
+  const std::vector<uint16_t> draws = NormalBFloat16(n);
+  const size_t size = dtype == DType::kFloat32 ? 4 : 2;
+  auto bytes = std::make_shared<std::vector<uint8_t>>(n * size);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t wide = static_cast<uint32_t>(draws[i]) << 16;
+    if (size == 4) {
+      std::memcpy(bytes->data() + 4 * i, &wide, 4);
+    } else {
+      std::memcpy(bytes->data() + 2 * i, &draws[i], 2);
     }
-    AbsoluteTensors t;
-    t.x = {DType::kFloat32, {1, rows, 4096}, x->data(), x->size() * 4};
-    auto plan = std::make_shared<AbsolutePlan>(*PlanAbsolute(AbsoluteOptions{}, t));
-    cases.push_back({"float32 sinusoidal add [" + std::to_string(rows) + ", 4096]",
-                     static_cast<int64_t>(x->size()), static_cast<int64_t>(x->size()) * 4,
-                     [&backend, x, plan] { (void)backend.ApplyAbsolute(*plan, x->data(), {}); }});
   }
-  {  // sinusoidal add, [tokens, 4096], INTERLEAVED (the default)
-    auto x = std::make_shared<std::vector<uint16_t>>(NormalBFloat16(tokens * 4096));
-    AbsoluteTensors t;
-    t.x = {DType::kBFloat16, {1, tokens, 4096}, x->data(), x->size() * 2};
-    auto plan = std::make_shared<AbsolutePlan>(*PlanAbsolute(AbsoluteOptions{}, t));
-    cases.push_back({"sinusoidal add [" + std::to_string(tokens) + ", 4096]",
-                     static_cast<int64_t>(x->size()), static_cast<int64_t>(x->size()) * 2,
-                     [&backend, x, plan] { (void)backend.ApplyAbsolute(*plan, x->data(), {}); }});
+  return bytes;
+}
+
+// The cases, each owning its buffers and plan: bfloat16 over `tokens`
+// tokens, and float32 (for comparison) over half as many, as many bytes.
+// `tokens` scales the sizes (the default keeps every tensor within a 1 MiB
+// L2).
+inline std::vector<KernelCase> KernelCases(Backend& backend, int64_t tokens = 16) {
+  std::vector<KernelCase> cases;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    const bool f32 = dtype == DType::kFloat32;
+    const int64_t n_tokens = f32 ? std::max<int64_t>(1, tokens / 2) : tokens;
+    const std::string prefix = f32 ? "float32 " : "";
+    {  // sinusoidal add, [n_tokens, 4096], INTERLEAVED (the default)
+      auto x = NormalTensor(dtype, static_cast<size_t>(n_tokens * 4096));
+      AbsoluteTensors t;
+      t.x = {dtype, {1, n_tokens, 4096}, x->data(), x->size()};
+      auto plan = std::make_shared<AbsolutePlan>(*PlanAbsolute(AbsoluteOptions{}, t));
+      cases.push_back({prefix + "sinusoidal add [" + std::to_string(n_tokens) + ", 4096]",
+                       n_tokens * 4096, static_cast<int64_t>(x->size()),
+                       [&backend, x, plan] { (void)backend.ApplyAbsolute(*plan, x->data(), {}); }});
+    }
   }
-  // RoPE, bfloat16 over `tokens` tokens and float32 over half as many (as
-  // many bytes).
+  // RoPE, the same split of dtypes and tokens.
   for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
     const bool f32 = dtype == DType::kFloat32;
     const int64_t n_tokens = f32 ? std::max<int64_t>(1, tokens / 2) : tokens;
@@ -76,32 +85,24 @@ inline std::vector<KernelCase> BFloat16Cases(Backend& backend, int64_t tokens = 
     for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptj}) {
       for (RopeLayout layout : {RopeLayout::kBSHD, RopeLayout::kBHSD}) {
         const int64_t hq = 32, hk = 8, d = 128;
-        // float32 elements are the bfloat16 draws widened (exactly).
-        auto q = std::make_shared<std::vector<uint16_t>>(NormalBFloat16(n_tokens * hq * d));
-        auto k = std::make_shared<std::vector<uint16_t>>(NormalBFloat16(n_tokens * hk * d));
-        if (f32) {
-          for (auto* v : {q.get(), k.get()}) {
-            std::vector<uint16_t> wide(2 * v->size(), 0);
-            for (size_t i = 0; i < v->size(); ++i) wide[2 * i + 1] = (*v)[i];  // little-endian
-            *v = std::move(wide);
-          }
-        }
+        const int64_t hq_elems = n_tokens * hq * d, hk_elems = n_tokens * hk * d;
+        auto q = NormalTensor(dtype, static_cast<size_t>(hq_elems));
+        auto k = NormalTensor(dtype, static_cast<size_t>(hk_elems));
         auto offsets = std::make_shared<std::vector<int64_t>>(1, 1000);
         RopeOptions o;
         o.style = style;
         o.layout = layout;
         o.base = 500000;
         const bool bhsd = layout == RopeLayout::kBHSD;
-        const int64_t hq_elems = n_tokens * hq * d, hk_elems = n_tokens * hk * d;
         RopeTensors t;
         t.query = {dtype,
                    bhsd ? std::vector<int64_t>{1, hq, n_tokens, d}
                         : std::vector<int64_t>{1, n_tokens, hq, d},
-                   q->data(), static_cast<size_t>(hq_elems * size)};
+                   q->data(), q->size()};
         t.key = {dtype,
                  bhsd ? std::vector<int64_t>{1, hk, n_tokens, d}
                       : std::vector<int64_t>{1, n_tokens, hk, d},
-                 k->data(), static_cast<size_t>(hk_elems * size)};
+                 k->data(), k->size()};
         t.positions.offsets = {DType::kInt64, {1}, offsets->data(), 8};
         auto plan = std::make_shared<RopePlan>(*PlanRope(o, t));
         const int64_t n = hq_elems + hk_elems;

@@ -20,9 +20,13 @@ bool CpuHasAvx512() {
 }
 
 bool CpuHasAvx512Bf16() {
+#ifdef POSENC_CPU_BF16_WIDE
   static const bool has = CpuHasAvx512() && __builtin_cpu_supports("avx512bf16") &&
                           std::getenv("POSENC_NO_AVX512BF16") == nullptr;
   return has;
+#else
+  return false;  // the loops are not compiled in (nor is x86's feature probe)
+#endif
 }
 
 }  // namespace posenc::internal
