@@ -304,21 +304,34 @@ int main(int argc, char** argv) {
     const double ms = MedianMs([&] { CHECK(posenc::cuda::LaunchBias(p, nullptr)); });
     rows.push_back(
         {"alibi+causal added to bf16 logits [1,32,2048,2048]", 2.0 * bytes, ms, copy_ms(bytes)});
+    // Left padding: the first 512 keys are masked, the rest shifted (k_starts).
+    const int64_t pad = 512;
+    p.k_lens = DeviceArray(std::vector<int64_t>{K - pad});
+    p.k_starts = DeviceArray(std::vector<int64_t>{pad});
+    const double padded_ms = MedianMs([&] { CHECK(posenc::cuda::LaunchBias(p, nullptr)); });
+    rows.push_back({"alibi+causal+left pad 512 added to bf16 logits [1,32,2048,2048]",
+                    2.0 * bytes, padded_ms, copy_ms(bytes)});
+    // Built, not added: written only, so the baseline copies half the bytes
+    // (the same traffic).
+    p.add_to_logits = false;
+    const double built_ms = MedianMs([&] { CHECK(posenc::cuda::LaunchBias(p, nullptr)); });
+    rows.push_back({"alibi+causal+left pad 512 built as bf16 [1,32,2048,2048]",
+                    1.0 * bytes, built_ms, copy_ms(bytes / 2)});
   }
 
   std::printf("posenc-bench-gpu on %s (cc %d.%d, %zu MiB, driver %d)\n", prop.name, prop.major,
               prop.minor, prop.totalGlobalMem >> 20, driver);
-  std::printf("%-52s %10s %10s %10s %8s %12s %8s\n", "operation", "us", "GB/s", "copy GB/s",
+  std::printf("%-64s %10s %10s %10s %8s %12s %8s\n", "operation", "us", "GB/s", "copy GB/s",
               "ratio", "SM copy GB/s", "ratio");
   for (const Row& r : rows) {
     const double gbs = r.bytes / (r.ms * 1e-3) / 1e9;
     if (r.base.copy_ms > 0) {
       const double cgbs = r.bytes / (r.base.copy_ms * 1e-3) / 1e9;
       const double sgbs = r.bytes / (r.base.sm_copy_ms * 1e-3) / 1e9;
-      std::printf("%-52s %10.1f %10.0f %10.0f %8.2f %12.0f %8.2f\n", r.name.c_str(), r.ms * 1e3,
+      std::printf("%-64s %10.1f %10.0f %10.0f %8.2f %12.0f %8.2f\n", r.name.c_str(), r.ms * 1e3,
                   gbs, cgbs, r.base.copy_ms / r.ms, sgbs, r.base.sm_copy_ms / r.ms);
     } else {
-      std::printf("%-52s %10.2f %10.0f %10s %8s %12s %8s\n", r.name.c_str(), r.ms * 1e3, gbs, "-",
+      std::printf("%-64s %10.2f %10.0f %10s %8s %12s %8s\n", r.name.c_str(), r.ms * 1e3, gbs, "-",
                   "-", "-", "-");
     }
   }

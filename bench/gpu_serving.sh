@@ -134,4 +134,4 @@ PY
   done
   stop_server
 done
-column -s, -t < "$out_csv"
+if command -v column > /dev/null; then column -s, -t < "$out_csv"; else cat "$out_csv"; fi

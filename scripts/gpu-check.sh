@@ -22,7 +22,7 @@
 #                   peer tables, the Nsight Compute figures (also on stdout)
 #   suites.txt      the four suites' output
 #   sanitizers.txt  compute-sanitizer's output, tool after tool
-#   ncu.txt         Nsight Compute's report on one RoPE kernel
+#   ncu.txt         Nsight Compute's report on one RoPE, sinusoidal and bias kernel each
 #   gpu_bench.json  posenc-bench-gpu's figures
 #   peers.json      rope_peers.py's figures
 #   serving.csv     bench/gpu_serving.sh's figures (served calls)
@@ -46,7 +46,7 @@ failures=0
 t_suite=${TIMEOUT_SUITE:-150}
 t_sanitizer=${TIMEOUT_SANITIZER:-120}
 t_bench=${TIMEOUT_BENCH:-180}
-t_ncu=${TIMEOUT_NCU:-240}
+t_ncu=${TIMEOUT_NCU:-120}
 t_peers=${TIMEOUT_PEERS:-300}
 t_serving=${TIMEOUT_SERVING:-400}
 
@@ -198,35 +198,42 @@ step_bench() {
 }
 
 step_ncu() {
-  local ncu rc
+  local ncu rc kernel
   ncu=$(first_tool "$(command -v ncu)" /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu)
   if [ -z "$ncu" ]; then
     say "SKIP ncu: Nsight Compute (ncu) is not installed"
     return
   fi
-  # One RoPE launch: the first timed bf16 NEOX 16384-token launch (the bench
-  # warms up with 5). posenc-bench-gpu has no repetition flag; the unprofiled
-  # launches run at full speed, only the profiled one is replayed. ncu locks
-  # clocks to base and flushes caches between replays, so its figures sit
-  # below the benchmark's.
-  LD_LIBRARY_PATH="$lib" timeout -k 10 "$t_ncu" "$ncu" --target-processes all \
-    --kernel-name regex:Rope --launch-skip 5 --launch-count 1 \
-    --section MemoryWorkloadAnalysis --section Occupancy \
-    --metrics dram__bytes.sum.per_second,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active \
-    "$bundle/bin/posenc-bench-gpu" > "$out/ncu.txt" 2>&1
-  rc=$?
-  say "--- Nsight Compute, one RoPE kernel ($("$ncu" --version | tail -n 1))"
-  grep -E 'RopeKernel|Memory Throughput|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|dram__bytes.sum.per_second|dram__throughput|sm__warps_active|ERR_|==ERROR==' \
-    "$out/ncu.txt" | head -n 20 | tee -a "$summary"
-  local ok=0 detail="exit $rc"
-  if [ "$rc" = 0 ] && grep -q 'Achieved Occupancy' "$out/ncu.txt" &&
-    grep -qE 'Memory Throughput|dram__bytes.sum.per_second' "$out/ncu.txt"; then
-    ok=1
-  fi
-  grep -q ERR_NVGPUCTRPERM "$out/ncu.txt" &&
-    detail="$detail; performance counters are restricted to admin users on this machine"
-  timed_out "$rc" && detail="$detail; timed out after ${t_ncu}s"
-  verdict "ncu RoPE memory throughput and occupancy" "$ok" "$detail"
+  : > "$out/ncu.txt"
+  # One launch of each kernel: the first timed one of its first case (the
+  # bench warms up with 5): RoPE bf16 NEOX 16384 tokens, the bf16 sinusoidal
+  # add, ALiBi + causal added to bf16 logits. posenc-bench-gpu has no
+  # repetition flag; the unprofiled launches run at full speed, only the
+  # profiled one is replayed. Clocks are left as found (--clock-control
+  # none), as the benchmark sees them; caches are still flushed between
+  # replays.
+  for kernel in RopeKernel AbsoluteKernel BiasKernel; do
+    LD_LIBRARY_PATH="$lib" timeout -k 10 "$t_ncu" "$ncu" --target-processes all \
+      --clock-control none --kernel-name "regex:$kernel" --launch-skip 5 --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+      --section ComputeWorkloadAnalysis --section WarpStateStats --section LaunchStats \
+      --metrics dram__bytes.sum.per_second,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+      "$bundle/bin/posenc-bench-gpu" > "$tmp/ncu.$kernel.txt" 2>&1
+    rc=$?
+    { echo "===== $kernel (exit $rc)"; cat "$tmp/ncu.$kernel.txt"; } >> "$out/ncu.txt"
+    say "--- Nsight Compute, one $kernel ($("$ncu" --version | tail -n 1))"
+    grep -E "$kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Issue Slots Busy|Executed Ipc Active|dram__bytes|dram__throughput|sm__warps_active|smsp__inst_executed.sum|Stall|ERR_|==ERROR==" \
+      "$tmp/ncu.$kernel.txt" | head -n 30 | tee -a "$summary"
+    local ok=0 detail="exit $rc"
+    if [ "$rc" = 0 ] && grep -q 'Achieved Occupancy' "$tmp/ncu.$kernel.txt" &&
+      grep -qE 'Memory Throughput|dram__bytes.sum.per_second' "$tmp/ncu.$kernel.txt"; then
+      ok=1
+    fi
+    grep -q ERR_NVGPUCTRPERM "$tmp/ncu.$kernel.txt" &&
+      detail="$detail; performance counters are restricted to admin users on this machine"
+    timed_out "$rc" && detail="$detail; timed out after ${t_ncu}s"
+    verdict "ncu $kernel memory throughput and occupancy" "$ok" "$detail"
+  done
 }
 
 # Served calls end to end (issue 24): bench/gpu_serving.sh with the
