@@ -309,14 +309,14 @@ int main(int argc, char** argv) {
     p.k_lens = DeviceArray(std::vector<int64_t>{K - pad});
     p.k_starts = DeviceArray(std::vector<int64_t>{pad});
     const double padded_ms = MedianMs([&] { CHECK(posenc::cuda::LaunchBias(p, nullptr)); });
-    rows.push_back({"alibi+causal+left pad 512 added to bf16 logits [1,32,2048,2048]",
-                    2.0 * bytes, padded_ms, copy_ms(bytes)});
+    rows.push_back({"alibi+causal+left pad 512 added to bf16 logits [1,32,2048,2048]", 2.0 * bytes,
+                    padded_ms, copy_ms(bytes)});
     // Built, not added: written only, so the baseline copies half the bytes
     // (the same traffic).
     p.add_to_logits = false;
     const double built_ms = MedianMs([&] { CHECK(posenc::cuda::LaunchBias(p, nullptr)); });
-    rows.push_back({"alibi+causal+left pad 512 built as bf16 [1,32,2048,2048]",
-                    1.0 * bytes, built_ms, copy_ms(bytes / 2)});
+    rows.push_back({"alibi+causal+left pad 512 built as bf16 [1,32,2048,2048]", 1.0 * bytes,
+                    built_ms, copy_ms(bytes / 2)});
   }
 
   std::printf("posenc-bench-gpu on %s (cc %d.%d, %zu MiB, driver %d)\n", prop.name, prop.major,

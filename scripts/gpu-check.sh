@@ -205,34 +205,38 @@ step_ncu() {
     return
   fi
   : > "$out/ncu.txt"
-  # One launch of each kernel: the first timed one of its first case (the
-  # bench warms up with 5): RoPE bf16 NEOX 16384 tokens, the bf16 sinusoidal
-  # add, ALiBi + causal added to bf16 logits. posenc-bench-gpu has no
+  # One launch of each kernel: the first timed one of its case (the bench
+  # warms up with 5 and times 30): RoPE bf16 NEOX and GPT-J 16384 tokens
+  # (launches 6 and 41), the bf16 sinusoidal add, ALiBi + causal added to
+  # bf16 logits. posenc-bench-gpu has no
   # repetition flag; the unprofiled launches run at full speed, only the
   # profiled one is replayed. Clocks are left as found (--clock-control
   # none), as the benchmark sees them; caches are still flushed between
   # replays.
-  for kernel in RopeKernel AbsoluteKernel BiasKernel; do
+  local case skip
+  for case in RopeKernel:5 RopeKernel:40 AbsoluteKernel:5 BiasKernel:5; do
+    kernel=${case%:*}
+    skip=${case#*:}
     LD_LIBRARY_PATH="$lib" timeout -k 10 "$t_ncu" "$ncu" --target-processes all \
-      --clock-control none --kernel-name "regex:$kernel" --launch-skip 5 --launch-count 1 \
+      --clock-control none --kernel-name "regex:$kernel" --launch-skip "$skip" --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
       --section ComputeWorkloadAnalysis --section WarpStateStats --section LaunchStats \
       --metrics dram__bytes.sum.per_second,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,dram__bytes_read.sum,dram__bytes_write.sum \
-      "$bundle/bin/posenc-bench-gpu" > "$tmp/ncu.$kernel.txt" 2>&1
+      "$bundle/bin/posenc-bench-gpu" > "$tmp/ncu.$case.txt" 2>&1
     rc=$?
-    { echo "===== $kernel (exit $rc)"; cat "$tmp/ncu.$kernel.txt"; } >> "$out/ncu.txt"
-    say "--- Nsight Compute, one $kernel ($("$ncu" --version | tail -n 1))"
+    { echo "===== $kernel, launch $((skip + 1)) (exit $rc)"; cat "$tmp/ncu.$case.txt"; } >> "$out/ncu.txt"
+    say "--- Nsight Compute, $kernel launch $((skip + 1)) ($("$ncu" --version | tail -n 1))"
     grep -E "$kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Issue Slots Busy|Executed Ipc Active|dram__bytes|dram__throughput|sm__warps_active|smsp__inst_executed.sum|Stall|ERR_|==ERROR==" \
-      "$tmp/ncu.$kernel.txt" | head -n 30 | tee -a "$summary"
+      "$tmp/ncu.$case.txt" | head -n 30 | tee -a "$summary"
     local ok=0 detail="exit $rc"
-    if [ "$rc" = 0 ] && grep -q 'Achieved Occupancy' "$tmp/ncu.$kernel.txt" &&
-      grep -qE 'Memory Throughput|dram__bytes.sum.per_second' "$tmp/ncu.$kernel.txt"; then
+    if [ "$rc" = 0 ] && grep -q 'Achieved Occupancy' "$tmp/ncu.$case.txt" &&
+      grep -qE 'Memory Throughput|dram__bytes.sum.per_second' "$tmp/ncu.$case.txt"; then
       ok=1
     fi
-    grep -q ERR_NVGPUCTRPERM "$tmp/ncu.$kernel.txt" &&
+    grep -q ERR_NVGPUCTRPERM "$tmp/ncu.$case.txt" &&
       detail="$detail; performance counters are restricted to admin users on this machine"
     timed_out "$rc" && detail="$detail; timed out after ${t_ncu}s"
-    verdict "ncu $kernel memory throughput and occupancy" "$ok" "$detail"
+    verdict "ncu $kernel launch $((skip + 1)) memory throughput and occupancy" "$ok" "$detail"
   done
 }
 

@@ -345,9 +345,12 @@ absl::Status Engine::RunWithFallback(BackendChoice requested, Backend** backend,
   requested = Resolve(requested);
   // Under AUTO the CPU serves what the GPU kernels do not cover
   // (UNIMPLEMENTED) or what a failing GPU could not do; the GPU path only
-  // writes the caller's buffers once it has succeeded.
+  // writes the caller's buffers once its kernels have succeeded. DATA_LOSS
+  // says a copy failed after the results had begun to arrive: the buffers
+  // are partly written, so nothing runs on them again.
   const bool gpu_gave_up = s.code() == absl::StatusCode::kUnimplemented ||
-                           ((*backend)->kind() == BackendKind::kCuda && !(*backend)->health().ok());
+                           ((*backend)->kind() == BackendKind::kCuda &&
+                            !(*backend)->health().ok() && s.code() != absl::StatusCode::kDataLoss);
   if (!s.ok() && gpu_gave_up && requested == BackendChoice::kAuto &&
       (*backend)->kind() == BackendKind::kCuda) {
     *backend = cpu_.get();

@@ -63,6 +63,11 @@ int64_t FakeDeviceRuntime::pinned_bytes_in_use() const {
   return n;
 }
 
+int FakeDeviceRuntime::pinned_allocations() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pinned_allocations_;
+}
+
 int FakeDeviceRuntime::launches() const {
   std::lock_guard<std::mutex> lock(mu_);
   return launches_;
@@ -271,6 +276,7 @@ cudaError_t FakeDeviceRuntime::MallocHost(void** p, size_t bytes) {
   if (q == nullptr) return Result(cudaErrorMemoryAllocation);
   std::memset(q, 0x5a, RoundUp(bytes));
   pinned_[reinterpret_cast<uintptr_t>(q)] = bytes;
+  ++pinned_allocations_;
   *p = q;
   return cudaSuccess;
 }

@@ -56,6 +56,9 @@ class FakeDeviceRuntime final : public cuda::DeviceRuntime {
 
   int64_t device_bytes_in_use() const;
   int64_t pinned_bytes_in_use() const;
+  // Successful MallocHost calls so far (a backend that allocates staging
+  // per call shows here).
+  int pinned_allocations() const;
   int launches() const;
   int64_t bytes_copied() const;
   // Bytes copied straight from or to host memory registered with
@@ -113,6 +116,7 @@ class FakeDeviceRuntime final : public cuda::DeviceRuntime {
   mutable std::mutex mu_;
   int64_t device_memory_;
   std::map<uintptr_t, size_t> device_, pinned_, registered_;  // start -> bytes
+  int pinned_allocations_ = 0;
   std::map<cudaStream_t, std::deque<Work>> streams_;
   std::map<uintptr_t, int> ipc_open_;  // allocation -> times opened
   std::deque<Injected> injected_;

@@ -7,12 +7,17 @@
 // across requests and concurrent calls overlap on separate streams.
 //
 // Large token-major RoPE and absolute-encoding calls are staged in chunks of
-// tokens on the worker's two streams: while chunk i uploads, rotates and
-// downloads, the host copies chunk i + 1 into the staging buffer, and the
-// two streams let one chunk's upload overlap the other's kernel and
-// download. Results reach the caller's memory only once every chunk has
-// succeeded, so a failed call leaves the caller's bytes as they were (the
-// server may then run it on the CPU).
+// tokens through two pinned slots, on the worker's two streams (RunChunked):
+// while one chunk uploads and is computed, the host copies the next into the
+// other slot; once every kernel has succeeded, the chunks come back the same
+// way. So pinned staging stays two chunks however large the call, and is
+// never allocated per call. Results reach the caller's memory only once
+// every kernel has succeeded, so a failed call leaves the caller's bytes as
+// they were (the server may then run it on the CPU).
+//
+// The pinned buffer holds a call's small side tables first and, only where
+// a call is staged whole (small calls), its tensors after them: calls on
+// shared memory (pinned or on the device) need the side tables alone.
 //
 // Tensors inside host memory registered with PinHostMemory (shared-memory
 // regions) skip staging altogether: their bytes go straight from the caller's
@@ -42,6 +47,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "cuda_status.h"
 #include "device_runtime.h"
 #include "params_from_plan.h"
@@ -214,21 +220,27 @@ class CudaBackend final : public Backend {
     const std::vector<int32_t> token_set = cuda::TokenFreqSets(plan);
     const bool per_token_sets = !token_set.empty();
     Layout l;
-    const bool in_buffer = !resident || into;
-    const size_t q_at = l.Add(in_buffer ? q_bytes : 0), k_at = l.Add(in_buffer ? k_bytes : 0);
     const size_t pos_at = l.Add(plan.positions.values.size() * 8);
     const size_t set_at = l.Add(token_set.size() * 4);
     const size_t freq_at = l.Add(plan.inv_freq.size() * 8);
     const size_t scale_at = l.Add(plan.attention_scale.size() * 8);
     const size_t axis_at = l.Add(plan.slot_axis.size() * 4);
-    const size_t token_bytes = q_bytes / plan.num_tokens + k_bytes / plan.num_tokens;
+    const size_t side_bytes = l.size();  // the side tables, first
+    const bool in_buffer = !resident || into;
+    const size_t q_at = l.Add(in_buffer ? q_bytes : 0), k_at = l.Add(in_buffer ? k_bytes : 0);
+    const size_t q_token = q_bytes / plan.num_tokens, k_token = k_bytes / plan.num_tokens;
     const bool direct =
         !resident && InPinned(query, q_bytes) && (k_bytes == 0 || InPinned(key, k_bytes));
     const bool chunked = !resident && !direct && plan.layout != RopeLayout::kBHSD &&
                          q_bytes + k_bytes >= 2 * chunk_bytes_;
-    return WithWorker(l.size(), [&](Worker& w) -> absl::Status {
+    const bool staged = !resident && !direct && !chunked;
+    const int64_t per_chunk = std::max<int64_t>(1, chunk_bytes_ / (q_token + k_token));
+    const size_t host_bytes =
+        staged ? l.size()
+               : side_bytes + (chunked ? SlotBytes(per_chunk, q_token + k_token) * 2 : 0);
+    return WithWorker(l.size(), host_bytes, [&](Worker& w) -> absl::Status {
       char* h = w.pinned;
-      if (!chunked && !direct && !resident) {
+      if (staged) {
         std::memcpy(h + q_at, query, q_bytes);
         if (k_bytes) std::memcpy(h + k_at, key, k_bytes);
       }
@@ -237,8 +249,7 @@ class CudaBackend final : public Backend {
       std::memcpy(h + freq_at, plan.inv_freq.data(), plan.inv_freq.size() * 8);
       std::memcpy(h + scale_at, plan.attention_scale.data(), plan.attention_scale.size() * 8);
       std::memcpy(h + axis_at, plan.slot_axis.data(), plan.slot_axis.size() * 4);
-      const size_t upload_from = chunked || direct || resident ? pos_at : 0;
-      POSENC_CUDA(rt_.MemcpyAsync(w.device + upload_from, h + upload_from, l.size() - upload_from,
+      POSENC_CUDA(rt_.MemcpyAsync(w.device, h, staged ? l.size() : side_bytes,
                                   cudaMemcpyHostToDevice, w.stream));
       if (direct) {
         POSENC_CUDA(
@@ -262,40 +273,22 @@ class CudaBackend final : public Backend {
         // The side tables must be on the device before the second stream's
         // first kernel: a short wait, once.
         POSENC_CUDA(rt_.StreamSynchronize(w.stream));
-        const int64_t q_token = static_cast<int64_t>(plan.query_heads * plan.head_dim * esize);
-        const int64_t k_token = static_cast<int64_t>(plan.key_heads * plan.head_dim * esize);
-        const int64_t per_chunk = std::max<int64_t>(1, chunk_bytes_ / token_bytes);
-        int i = 0;
-        for (int64_t t0 = 0; t0 < plan.num_tokens; t0 += per_chunk, ++i) {
-          const int64_t n = std::min(per_chunk, plan.num_tokens - t0);
-          cudaStream_t s = i % 2 == 0 ? w.stream : w.stream2;
-          const size_t qa = q_at + t0 * q_token, qn = n * q_token;
-          const size_t ka = k_at + t0 * k_token, kn = n * k_token;
-          std::memcpy(h + qa, static_cast<const char*>(query) + t0 * q_token, qn);
-          POSENC_CUDA(rt_.MemcpyAsync(w.device + qa, h + qa, qn, cudaMemcpyHostToDevice, s));
-          if (k_bytes) {
-            std::memcpy(h + ka, static_cast<const char*>(key) + t0 * k_token, kn);
-            POSENC_CUDA(rt_.MemcpyAsync(w.device + ka, h + ka, kn, cudaMemcpyHostToDevice, s));
-          }
-          cuda::RopeParams c = p;
-          c.query = w.device + qa;
-          c.key = k_bytes ? w.device + ka : nullptr;
-          c.positions = p.positions + t0 * p.num_axes;
-          if (c.token_freq_set != nullptr) c.token_freq_set = p.token_freq_set + t0;
-          c.num_tokens = n;
-          POSENC_RETURN_IF_ERROR(BeforeLaunch());
-          POSENC_RETURN_IF_ERROR(Check(rt_.LaunchRope(c, sm_count_, s), "launching the RoPE kernel",
-                                       CudaCall::kLaunch));
-          POSENC_CUDA(rt_.MemcpyAsync(h + qa, w.device + qa, qn, cudaMemcpyDeviceToHost, s));
-          if (k_bytes) {
-            POSENC_CUDA(rt_.MemcpyAsync(h + ka, w.device + ka, kn, cudaMemcpyDeviceToHost, s));
-          }
-        }
-        POSENC_CUDA(rt_.StreamSynchronize(w.stream));
-        POSENC_CUDA(rt_.StreamSynchronize(w.stream2));
-        std::memcpy(query, h + q_at, q_bytes);
-        if (k_bytes) std::memcpy(key, h + k_at, k_bytes);
-        return absl::OkStatus();
+        const ChunkedTensor tensors[] = {{static_cast<char*>(query), w.device + q_at, q_token},
+                                         {static_cast<char*>(key), w.device + k_at, k_token}};
+        return RunChunked(w, h + side_bytes, plan.num_tokens, per_chunk, tensors, /*upload=*/true,
+                          [&](int64_t t0, int64_t n, cudaStream_t s) -> absl::Status {
+                            cuda::RopeParams c = p;
+                            c.query = w.device + q_at + t0 * q_token;
+                            c.key = k_bytes ? w.device + k_at + t0 * k_token : nullptr;
+                            c.positions = p.positions + t0 * p.num_axes;
+                            if (c.token_freq_set != nullptr) {
+                              c.token_freq_set = p.token_freq_set + t0;
+                            }
+                            c.num_tokens = n;
+                            POSENC_RETURN_IF_ERROR(BeforeLaunch());
+                            return Check(rt_.LaunchRope(c, sm_count_, s),
+                                         "launching the RoPE kernel", CudaCall::kLaunch);
+                          });
       }
       // Device to device on the worker's stream; nothing for an absent key.
       const auto d2d = [&](void* to, const void* from, size_t n) {
@@ -319,7 +312,8 @@ class CudaBackend final : public Backend {
         return DownloadDirect(w,
                               {{query, w.device + q_at, q_bytes}, {key, w.device + k_at, k_bytes}});
       }
-      POSENC_CUDA(rt_.MemcpyAsync(h, w.device, q_at + q_bytes, cudaMemcpyDeviceToHost, w.stream));
+      POSENC_CUDA(
+          rt_.MemcpyAsync(h + q_at, w.device + q_at, q_bytes, cudaMemcpyDeviceToHost, w.stream));
       if (k_bytes) {
         POSENC_CUDA(
             rt_.MemcpyAsync(h + k_at, w.device + k_at, k_bytes, cudaMemcpyDeviceToHost, w.stream));
@@ -340,30 +334,35 @@ class CudaBackend final : public Backend {
     const bool learned = plan.options.kind == AbsoluteOptions::Kind::kLearned;
     POSENC_ASSIGN_OR_RETURN(const bool resident, Resident({{x, x_bytes}}));
     Layout l;
-    const size_t x_at = l.Add(resident ? 0 : x_bytes);
     const size_t pos_at = l.Add(plan.positions.values.size() * 8);
     const size_t omega_at = l.Add(plan.omega.size() * 8);
     const size_t step_at = l.Add(plan.phase_step.size() * 8);
     const size_t offsets_bytes = plan.offset_sin.size() * 4;
     const size_t offset_sin_at = l.Add(offsets_bytes);
     const size_t offset_cos_at = l.Add(offsets_bytes);
+    const size_t side_bytes = l.size();  // the side tables, first
+    const size_t x_at = l.Add(resident ? 0 : x_bytes);
+    const size_t row = x_bytes / plan.num_tokens;
     const bool direct = !resident && InPinned(x, x_bytes);
     const bool chunked = !resident && !direct && x_bytes >= 2 * chunk_bytes_;
-    return WithWorker(l.size(), [&](Worker& w) -> absl::Status {
+    const bool staged = !resident && !direct && !chunked;
+    const int64_t per_chunk = std::max<int64_t>(1, chunk_bytes_ / row);
+    const size_t host_bytes =
+        staged ? l.size() : side_bytes + (chunked ? SlotBytes(per_chunk, row) * 2 : 0);
+    return WithWorker(l.size(), host_bytes, [&](Worker& w) -> absl::Status {
       const float* table = nullptr;
       if (learned) {
         POSENC_ASSIGN_OR_RETURN(table, DeviceTable(plan.options.table, w));
       }
       char* h = w.pinned;
-      if (plan.has_input && !chunked && !direct && !resident) std::memcpy(h + x_at, x, x_bytes);
+      if (plan.has_input && staged) std::memcpy(h + x_at, x, x_bytes);
       std::memcpy(h + pos_at, plan.positions.values.data(), plan.positions.values.size() * 8);
       std::memcpy(h + omega_at, plan.omega.data(), plan.omega.size() * 8);
       std::memcpy(h + step_at, plan.phase_step.data(), plan.phase_step.size() * 8);
       std::memcpy(h + offset_sin_at, plan.offset_sin.data(), offsets_bytes);
       std::memcpy(h + offset_cos_at, plan.offset_cos.data(), offsets_bytes);
       // Without an input (a table) x is written whole: nothing to upload.
-      const size_t upload_from = chunked || direct || resident || !plan.has_input ? pos_at : 0;
-      POSENC_CUDA(rt_.MemcpyAsync(w.device + upload_from, h + upload_from, l.size() - upload_from,
+      POSENC_CUDA(rt_.MemcpyAsync(w.device, h, staged && plan.has_input ? l.size() : side_bytes,
                                   cudaMemcpyHostToDevice, w.stream));
       if (direct && plan.has_input) {
         POSENC_CUDA(rt_.MemcpyAsync(w.device + x_at, x, x_bytes, cudaMemcpyHostToDevice, w.stream));
@@ -378,31 +377,18 @@ class CudaBackend final : public Backend {
           reinterpret_cast<const int64_t*>(w.device + pos_at), tables, table);
       if (chunked) {
         POSENC_CUDA(rt_.StreamSynchronize(w.stream));  // the side tables, before stream 2
-        const int64_t row = static_cast<int64_t>(x_bytes / plan.num_tokens);
-        const int64_t per_chunk = std::max<int64_t>(1, chunk_bytes_ / row);
-        int i = 0;
-        for (int64_t t0 = 0; t0 < plan.num_tokens; t0 += per_chunk, ++i) {
-          const int64_t n = std::min(per_chunk, plan.num_tokens - t0);
-          cudaStream_t s = i % 2 == 0 ? w.stream : w.stream2;
-          const size_t at = x_at + t0 * row, bytes = n * row;
-          if (plan.has_input) {
-            std::memcpy(h + at, static_cast<const char*>(x) + t0 * row, bytes);
-            POSENC_CUDA(rt_.MemcpyAsync(w.device + at, h + at, bytes, cudaMemcpyHostToDevice, s));
-          }
-          cuda::AbsoluteParams c = p;
-          c.x = w.device + at;
-          c.positions = p.positions + t0;
-          c.num_tokens = n;
-          POSENC_RETURN_IF_ERROR(BeforeLaunch());
-          POSENC_RETURN_IF_ERROR(Check(rt_.LaunchAbsolute(c, s),
-                                       "launching the absolute encoding kernel",
-                                       CudaCall::kLaunch));
-          POSENC_CUDA(rt_.MemcpyAsync(h + at, w.device + at, bytes, cudaMemcpyDeviceToHost, s));
-        }
-        POSENC_CUDA(rt_.StreamSynchronize(w.stream));
-        POSENC_CUDA(rt_.StreamSynchronize(w.stream2));
-        std::memcpy(x, h, x_bytes);
-        return absl::OkStatus();
+        const ChunkedTensor tensors[] = {{static_cast<char*>(x), w.device + x_at, row}};
+        return RunChunked(w, h + side_bytes, plan.num_tokens, per_chunk, tensors, plan.has_input,
+                          [&](int64_t t0, int64_t n, cudaStream_t s) -> absl::Status {
+                            cuda::AbsoluteParams c = p;
+                            c.x = w.device + x_at + t0 * row;
+                            c.positions = p.positions + t0;
+                            c.num_tokens = n;
+                            POSENC_RETURN_IF_ERROR(BeforeLaunch());
+                            return Check(rt_.LaunchAbsolute(c, s),
+                                         "launching the absolute encoding kernel",
+                                         CudaCall::kLaunch);
+                          });
       }
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(rt_.LaunchAbsolute(p, w.stream),
@@ -411,9 +397,10 @@ class CudaBackend final : public Backend {
         return Check(rt_.StreamSynchronize(w.stream), "waiting for the absolute encoding kernel");
       }
       if (direct) return DownloadDirect(w, {{x, w.device + x_at, x_bytes}});
-      POSENC_CUDA(rt_.MemcpyAsync(h, w.device, x_bytes, cudaMemcpyDeviceToHost, w.stream));
+      POSENC_CUDA(
+          rt_.MemcpyAsync(h + x_at, w.device + x_at, x_bytes, cudaMemcpyDeviceToHost, w.stream));
       POSENC_CUDA(rt_.StreamSynchronize(w.stream));
-      std::memcpy(x, h, x_bytes);
+      std::memcpy(x, h + x_at, x_bytes);
       return absl::OkStatus();
     });
   }
@@ -425,20 +412,21 @@ class CudaBackend final : public Backend {
     const size_t out_bytes = plan.NumElements() * SizeOf(plan.dtype);
     POSENC_ASSIGN_OR_RETURN(const bool resident, Resident({{out, out_bytes}}));
     Layout l;
-    const size_t out_at = l.Add(resident ? 0 : out_bytes);
     const size_t slopes_at = l.Add(plan.slopes.size() * 8);
     const size_t klens_at = l.Add(plan.k_lens.size() * 8);
     const size_t kstarts_at = l.Add(plan.k_starts.size() * 8);
+    const size_t side_bytes = l.size();  // the side tables, first
+    const size_t out_at = l.Add(resident ? 0 : out_bytes);
     const bool direct = !resident && InPinned(out, out_bytes);
-    return WithWorker(l.size(), [&](Worker& w) -> absl::Status {
+    const bool staged = !resident && !direct;
+    return WithWorker(l.size(), staged ? l.size() : side_bytes, [&](Worker& w) -> absl::Status {
       char* h = w.pinned;
-      if (plan.add_to_logits && !direct && !resident) std::memcpy(h + out_at, out, out_bytes);
+      if (plan.add_to_logits && staged) std::memcpy(h + out_at, out, out_bytes);
       std::memcpy(h + slopes_at, plan.slopes.data(), plan.slopes.size() * 8);
       std::memcpy(h + klens_at, plan.k_lens.data(), plan.k_lens.size() * 8);
       std::memcpy(h + kstarts_at, plan.k_starts.data(), plan.k_starts.size() * 8);
       // Built biases upload only their small side tables.
-      const size_t upload_from = plan.add_to_logits && !direct && !resident ? 0 : slopes_at;
-      POSENC_CUDA(rt_.MemcpyAsync(w.device + upload_from, h + upload_from, l.size() - upload_from,
+      POSENC_CUDA(rt_.MemcpyAsync(w.device, h, plan.add_to_logits && staged ? l.size() : side_bytes,
                                   cudaMemcpyHostToDevice, w.stream));
       if (direct && plan.add_to_logits) {
         POSENC_CUDA(
@@ -456,9 +444,10 @@ class CudaBackend final : public Backend {
         return Check(rt_.StreamSynchronize(w.stream), "waiting for the attention bias kernel");
       }
       if (direct) return DownloadDirect(w, {{out, w.device + out_at, out_bytes}});
-      POSENC_CUDA(rt_.MemcpyAsync(h, w.device, out_bytes, cudaMemcpyDeviceToHost, w.stream));
+      POSENC_CUDA(rt_.MemcpyAsync(h + out_at, w.device + out_at, out_bytes, cudaMemcpyDeviceToHost,
+                                  w.stream));
       POSENC_CUDA(rt_.StreamSynchronize(w.stream));
-      std::memcpy(out, h, out_bytes);
+      std::memcpy(out, h + out_at, out_bytes);
       return absl::OkStatus();
     });
   }
@@ -528,7 +517,7 @@ class CudaBackend final : public Backend {
     const cudaMemcpyKind kind = to_device && from_device ? cudaMemcpyDeviceToDevice
                                 : to_device              ? cudaMemcpyHostToDevice
                                                          : cudaMemcpyDeviceToHost;
-    return WithWorker(0, [&](Worker& w) -> absl::Status {
+    return WithWorker(0, 0, [&](Worker& w) -> absl::Status {
       POSENC_CUDA(rt_.MemcpyAsync(to, from, bytes, kind, w.stream));
       POSENC_CUDA(rt_.StreamSynchronize(w.stream));
       return absl::OkStatus();
@@ -552,6 +541,97 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // A tensor a chunked call moves: its row r lies at host + r * row_bytes in
+  // the caller's memory and at device + r * row_bytes in the worker's
+  // device buffer. A tensor of row_bytes 0 is absent.
+  struct ChunkedTensor {
+    char* host;
+    char* device;
+    size_t row_bytes;
+  };
+
+  // The pinned bytes of one chunk slot: `rows` rows of `row_bytes`.
+  static size_t SlotBytes(int64_t rows, size_t row_bytes) {
+    return AlignUp(static_cast<size_t>(rows) * row_bytes);
+  }
+
+  // Runs a call too large to stage whole, in chunks of `per_chunk` rows of
+  // every tensor, through two pinned slots at `slots` (SlotBytes each),
+  // chunk i on slot and stream i % 2, in two passes:
+  //  - up: each chunk is copied into its slot once the slot's last upload
+  //    is done, uploaded (if `upload`) and computed by launch(first row,
+  //    rows, stream), so the host's copy of one chunk overlaps the other
+  //    stream's upload and kernel;
+  //  - down, once every kernel has succeeded: each chunk is downloaded into
+  //    its slot and copied to the caller while the next one downloads.
+  // The caller's memory changes only in the second pass: a call that fails
+  // before it leaves it as it was (the server may run it on the CPU). One
+  // that fails during it, after part of it was written, is DATA_LOSS, which
+  // the engine never retries elsewhere.
+  template <typename Launch>
+  absl::Status RunChunked(Worker& w, char* slots, int64_t rows, int64_t per_chunk,
+                          absl::Span<const ChunkedTensor> tensors, bool upload, Launch launch) {
+    size_t row_bytes = 0;
+    for (const ChunkedTensor& t : tensors) row_bytes += t.row_bytes;
+    const size_t slot_bytes = SlotBytes(per_chunk, row_bytes);
+    const int64_t chunks = (rows + per_chunk - 1) / per_chunk;
+    const auto stream_of = [&](int64_t i) { return i % 2 == 0 ? w.stream : w.stream2; };
+    // Queues chunk i's copies between its slot and the device buffer.
+    const auto move = [&](int64_t i, cudaMemcpyKind kind) -> absl::Status {
+      const int64_t r0 = i * per_chunk, n = std::min(per_chunk, rows - r0);
+      char* at = slots + (i % 2) * slot_bytes;
+      for (const ChunkedTensor& t : tensors) {
+        if (t.row_bytes == 0) continue;
+        const size_t bytes = n * t.row_bytes;
+        char* device = t.device + r0 * t.row_bytes;
+        if (kind == cudaMemcpyHostToDevice) {
+          std::memcpy(at, t.host + r0 * t.row_bytes, bytes);
+          POSENC_CUDA(rt_.MemcpyAsync(device, at, bytes, kind, stream_of(i)));
+        } else {
+          POSENC_CUDA(rt_.MemcpyAsync(at, device, bytes, kind, stream_of(i)));
+        }
+        at += bytes;
+      }
+      return absl::OkStatus();
+    };
+    for (int64_t i = 0; i < chunks; ++i) {
+      const int64_t r0 = i * per_chunk;
+      if (upload) {
+        // The slot's last upload (chunk i - 2, on this stream) must be done.
+        if (i >= 2) POSENC_CUDA(rt_.StreamSynchronize(stream_of(i)));
+        POSENC_RETURN_IF_ERROR(move(i, cudaMemcpyHostToDevice));
+      }
+      POSENC_RETURN_IF_ERROR(launch(r0, std::min(per_chunk, rows - r0), stream_of(i)));
+    }
+    POSENC_CUDA(rt_.StreamSynchronize(w.stream));
+    POSENC_CUDA(rt_.StreamSynchronize(w.stream2));
+    bool written = false;
+    const auto down = [&]() -> absl::Status {
+      for (int64_t i = 0; i < std::min<int64_t>(2, chunks); ++i) {
+        POSENC_RETURN_IF_ERROR(move(i, cudaMemcpyDeviceToHost));
+      }
+      for (int64_t i = 0; i < chunks; ++i) {
+        POSENC_CUDA(rt_.StreamSynchronize(stream_of(i)));
+        const int64_t r0 = i * per_chunk, n = std::min(per_chunk, rows - r0);
+        const char* at = slots + (i % 2) * slot_bytes;
+        for (const ChunkedTensor& t : tensors) {
+          if (t.row_bytes == 0) continue;
+          std::memcpy(t.host + r0 * t.row_bytes, at, n * t.row_bytes);
+          at += n * t.row_bytes;
+        }
+        written = true;
+        if (i + 2 < chunks) POSENC_RETURN_IF_ERROR(move(i + 2, cudaMemcpyDeviceToHost));
+      }
+      return absl::OkStatus();
+    };
+    const absl::Status s = down();
+    if (s.ok() || !written) return s;
+    return absl::DataLossError(
+        absl::StrCat(s.message(),
+                     " (while results were reaching the caller's memory: the tensors are "
+                     "partly written, so the call is not retried on another backend)"));
+  }
+
   // One result to bring back straight into pinned caller memory.
   struct Direct {
     void* to;
@@ -651,7 +731,7 @@ class CudaBackend final : public Backend {
     failed_.store(true, std::memory_order_release);
   }
 
-  absl::Status Reserve(Worker& w, size_t bytes) {
+  absl::Status Reserve(Worker& w, size_t device_bytes, size_t host_bytes) {
     const auto device_alloc = [this](char** p, size_t n) {
       return rt_.Malloc(reinterpret_cast<void**>(p), n);
     };
@@ -662,21 +742,24 @@ class CudaBackend final : public Backend {
     const auto host_free = [this](char* p) { return rt_.FreeHost(p); };
     // The messages are built only on failure: this runs on every call.
     if (const cudaError_t e =
-            Grow(rt_, &w.device, &w.device_bytes, bytes, device_alloc, device_free);
+            Grow(rt_, &w.device, &w.device_bytes, device_bytes, device_alloc, device_free);
         e != cudaSuccess) {
-      return Check(e, absl::StrCat("growing a worker's device buffer to ", bytes,
+      return Check(e, absl::StrCat("growing a worker's device buffer to ", device_bytes,
                                    " bytes (cudaFree, cudaMalloc)"));
     }
-    if (const cudaError_t e = Grow(rt_, &w.pinned, &w.pinned_bytes, bytes, host_alloc, host_free);
+    if (const cudaError_t e =
+            Grow(rt_, &w.pinned, &w.pinned_bytes, host_bytes, host_alloc, host_free);
         e != cudaSuccess) {
-      return Check(e, absl::StrCat("growing a worker's pinned staging buffer to ", bytes,
+      return Check(e, absl::StrCat("growing a worker's pinned staging buffer to ", host_bytes,
                                    " bytes (cudaFreeHost, cudaMallocHost)"));
     }
     return absl::OkStatus();
   }
 
+  // Runs fn on an idle worker whose device buffer holds `device_bytes` and
+  // whose pinned buffer holds `host_bytes`.
   template <typename Fn>
-  absl::Status WithWorker(size_t bytes, Fn fn) {
+  absl::Status WithWorker(size_t device_bytes, size_t host_bytes, Fn fn) {
     Worker* w;
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -687,7 +770,7 @@ class CudaBackend final : public Backend {
     // The backend may have failed while this call waited.
     absl::Status s = health();
     if (s.ok()) s = Check(rt_.SetDevice(device_), "cudaSetDevice");
-    if (s.ok()) s = Reserve(*w, bytes);
+    if (s.ok()) s = Reserve(*w, device_bytes, host_bytes);
     if (s.ok()) s = fn(*w);
     if (w->pinned_bytes > max_idle_staging_) {
       // Only a large call needed this much; what stays is bounded.

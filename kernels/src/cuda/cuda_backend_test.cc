@@ -12,9 +12,11 @@
 #include <thread>
 #include <vector>
 
+#include "bias_body.h"
 #include "fake_device_runtime.h"
 #include "gtest/gtest.h"
 #include "posenc/absolute.h"
+#include "posenc/attention_bias.h"
 #include "posenc/rope.h"
 #include "test_tensors.h"
 
@@ -274,6 +276,99 @@ TEST(CudaBackendOnFakeRuntime, AChunkThatFailsLeavesTheCallersBytes) {
   ExpectMatchesCpu(c, q, k);
 }
 
+// Long bias rows on a large grid are shared by fewer threads, each writing
+// several packets of its row (the row's plan is made once per thread). The
+// emulated grid runs that shape and gives the CPU's bytes: added to bf16
+// logits with ALiBi, causal and left padding, and built as float32.
+TEST(CudaBackendOnFakeRuntime, LongBiasRowsTakeSeveralPacketsPerThread) {
+  cuda::BiasParams shape{};
+  shape.batch = 2;
+  shape.heads = 8;
+  shape.q_len = 256;
+  shape.k_len = 1024;
+  shape.dtype = DType::kBFloat16;
+  ASSERT_FALSE(cuda::PlanBiasLaunch(&shape).empty());
+  ASSERT_EQ(shape.width, 8);
+  EXPECT_EQ(shape.threads_per_row, 64) << "128 packets a row, 2 a thread";
+  FakeDeviceRuntime rt;
+  auto b = OnFake(rt);
+  ASSERT_NE(b, nullptr);
+  auto cpu = CreateCpuBackend(1);
+  std::mt19937_64 rng(testing::Rng()());
+  std::vector<int64_t> starts = {0, 300}, ends = {1024, 1000};
+  for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
+    BiasOptions o;
+    o.form = BiasForm::kCausal;
+    o.causal = true;
+    o.batch = shape.batch;
+    o.num_heads = shape.heads;
+    o.q_len = shape.q_len;
+    o.k_len = shape.k_len;
+    o.dtype = dtype;
+    o.k_starts = testing::IntView(starts, {2});
+    o.k_lens = testing::IntView(ends, {2});
+    const int64_t n = o.batch * o.num_heads * o.q_len * o.k_len;
+    const bool add = dtype == DType::kBFloat16;
+    Bytes out = add ? RandomBf16(n, rng) : testing::Poisoned(dtype, n);
+    Bytes cpu_out = out;
+    TensorView logits;
+    if (add)
+      logits = TensorView{dtype, {o.batch, o.num_heads, o.q_len, o.k_len}, out.data(), out.size()};
+    auto plan = PlanAttentionBias(o, logits);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const int before = rt.launches();
+    ASSERT_TRUE(b->ApplyAttentionBias(*plan, out.data(), {}).ok());
+    EXPECT_EQ(rt.launches() - before, 1);
+    ASSERT_TRUE(cpu->ApplyAttentionBias(*plan, cpu_out.data(), {}).ok());
+    EXPECT_EQ(out, cpu_out) << DTypeName(dtype);
+  }
+}
+
+// Chunked calls stage through two chunk-sized pinned slots: a call many
+// times larger than max_idle_staging_bytes allocates no pinned memory once
+// the first call has sized the slots, and what stays is two chunks plus the
+// side tables.
+TEST(CudaBackendOnFakeRuntime, ChunkedCallsStageThroughTwoSlotsAllocatedOnce) {
+  FakeDeviceRuntime rt;
+  auto b = OnFake(rt, /*chunk_bytes=*/4096, /*max_idle_staging_bytes=*/64 << 10);
+  ASSERT_NE(b, nullptr);
+  const RopeCase large(400, testing::Rng()());  // 500 KiB, 134 chunks of 3 tokens
+  Bytes q, k;
+  ASSERT_TRUE(large.Run(*b, &q, &k).ok());
+  ExpectMatchesCpu(large, q, k);
+  const int allocations = rt.pinned_allocations();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(large.Run(*b, &q, &k).ok());
+    ExpectMatchesCpu(large, q, k);
+  }
+  EXPECT_EQ(rt.pinned_allocations(), allocations) << "no pinned allocation per call";
+  EXPECT_LT(rt.pinned_bytes_in_use(), 4 * 4096 + 4096) << "two slots and the side tables";
+}
+
+// A copy that fails after results began reaching the caller cannot leave the
+// caller's bytes as they were: the call says DATA_LOSS (never retried on
+// the CPU). One that fails before leaves them untouched.
+TEST(CudaBackendOnFakeRuntime, AChunkedDownloadThatFailsMidwayIsDataLoss) {
+  FakeDeviceRuntime rt;
+  auto b = OnFake(rt, /*chunk_bytes=*/4096);
+  ASSERT_NE(b, nullptr);
+  // 64 tokens, 22 chunks of q and k: 1 + 44 copies up; the first two chunks'
+  // 4 copies down, then chunk 0 reaches the caller before chunk 2's copies.
+  const RopeCase c(64, testing::Rng()());
+  Bytes q, k;
+  rt.FailNext(FakeDeviceRuntime::Op::kMemcpy, cudaErrorInvalidValue, /*skip=*/45);
+  EXPECT_NE(c.Run(*b, &q, &k).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(q, c.q) << "nothing written before the first download";
+  EXPECT_EQ(k, c.k);
+  rt.FailNext(FakeDeviceRuntime::Op::kMemcpy, cudaErrorInvalidValue, /*skip=*/49);
+  const absl::Status s = c.Run(*b, &q, &k);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_NE(q, c.q) << "chunk 0 had arrived";
+  EXPECT_TRUE(b->health().ok());
+  ASSERT_TRUE(c.Run(*b, &q, &k).ok());
+  ExpectMatchesCpu(c, q, k);
+}
+
 // Tensors in memory the backend pinned (a registered shared-memory region)
 // go straight to the device and back: no staging copy, the same results;
 // a call that fails leaves them as they were; unpinned, calls stage again.
@@ -305,6 +400,8 @@ TEST(CudaBackendOnFakeRuntime, PinnedHostMemorySkipsStaging) {
   ASSERT_TRUE(run().ok());
   EXPECT_EQ(rt.bytes_copied_direct(), static_cast<int64_t>(2 * (qn + kn)))
       << "up and down, straight from and to the region";
+  EXPECT_LT(rt.pinned_bytes_in_use(), static_cast<int64_t>(qn + kn))
+      << "the pinned buffer holds the side tables only";
   ExpectMatchesCpu(c, Bytes(q, q + qn), Bytes(k, k + kn));
   // A failed launch: nothing came back into the region.
   rt.FailNext(FakeDeviceRuntime::Op::kLaunch, cudaErrorInvalidValue);
@@ -379,6 +476,8 @@ TEST(CudaBackendOnFakeRuntime, ComputesInSharedDeviceMemoryWithoutMovingTheTenso
   EXPECT_LT(rt.bytes_copied() - copied, static_cast<int64_t>(qn / 4))
       << "only positions and frequencies went up; nothing came down";
   EXPECT_EQ(rt.launches(), 1) << "one launch, not chunks";
+  EXPECT_LT(rt.pinned_bytes_in_use(), static_cast<int64_t>(qn + kn))
+      << "the pinned buffer holds the side tables only";
   ExpectMatchesCpu(c, Bytes(q, q + qn), Bytes(k, k + kn));
 
   // The absolute encoding added in place there too.

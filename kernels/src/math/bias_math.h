@@ -124,7 +124,9 @@ POSENC_HOST_DEVICE float BiasElement(const BiasRowPlan& r, BiasForm form, int64_
   int64_t dist = r.qpos - j;
   if (form == BiasForm::kSymmetric && dist < 0) dist = -dist;
   if (r.in_float) {
-    const float d = static_cast<float>(dist);
+    // |dist| < 2^24 here (PlanBiasRow): exact through int32, whose
+    // conversion is cheaper on a GPU than int64's.
+    const float d = static_cast<float>(static_cast<int32_t>(dist));
     return add_to_logits ? AddBias(logit, r.neg_slope_f, d) : BiasOf(r.neg_slope_f, d);
   }
   const double d = static_cast<double>(dist);
