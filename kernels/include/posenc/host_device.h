@@ -9,4 +9,14 @@
 #define POSENC_HOST_DEVICE inline __attribute__((always_inline))
 #endif
 
+// Unrolls the next loop, whose bound is a constant, fully on the GPU: an
+// array indexed by its counter then lives in registers. Left rolled, the
+// GPU compiler puts such an array in local memory and reaches it through a
+// computed address (seen in the GPT-J RoPE kernel, 2026-11-27).
+#ifdef __CUDA_ARCH__
+#define POSENC_UNROLL _Pragma("unroll")
+#else
+#define POSENC_UNROLL
+#endif
+
 #endif  // POSENC_HOST_DEVICE_H_

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absolute_body.h"
 #include "bias_body.h"
 #include "fake_device_runtime.h"
 #include "gtest/gtest.h"
@@ -274,6 +275,48 @@ TEST(CudaBackendOnFakeRuntime, AChunkThatFailsLeavesTheCallersBytes) {
   EXPECT_TRUE(b->health().ok());
   ASSERT_TRUE(c.Run(*b, &q, &k).ok());
   ExpectMatchesCpu(c, q, k);
+}
+
+// On a large grid a sinusoidal thread takes 4 consecutive tokens and forms
+// each anchor's sin/cos once for those that share it. Positions here run on,
+// jump (so a thread's tokens change anchor midway), go negative and repeat;
+// the emulated grid gives the CPU's bytes in both layouts.
+TEST(CudaBackendOnFakeRuntime, SinusoidalThreadsTakeSeveralTokensAndShareTheirAnchors) {
+  const int64_t T = 8200, d = 1024;
+  cuda::AbsoluteParams shape{};
+  shape.num_tokens = T;
+  shape.dim = d;
+  shape.dtype = DType::kBFloat16;
+  ASSERT_FALSE(cuda::PlanAbsoluteLaunch(&shape).empty());
+  EXPECT_EQ(shape.tokens_per_thread, 4) << "2050 groups of 4 tokens x 128 threads";
+  FakeDeviceRuntime rt;
+  auto b = OnFake(rt, /*chunk_bytes=*/size_t{64} << 20);  // one launch, not 4 MiB chunks
+  ASSERT_NE(b, nullptr);
+  auto cpu = CreateCpuBackend(1);
+  std::mt19937_64 rng(testing::Rng()());
+  std::vector<int64_t> positions(T);
+  int64_t p = -37;
+  for (int64_t t = 0; t < T; ++t) {
+    const uint64_t r = rng() % 16;
+    p = r == 0 ? static_cast<int64_t>(rng() % 4000000) - 2000000 : r == 1 ? p : p + 1;
+    positions[t] = p;
+  }
+  for (SinusoidalLayout layout :
+       {SinusoidalLayout::kInterleaved, SinusoidalLayout::kConcatenated}) {
+    AbsoluteOptions o;
+    o.sinusoidal_layout = layout;
+    Bytes x = RandomBf16(T * d, rng), cpu_x = x;
+    AbsoluteTensors t;
+    t.x = testing::Mutable(DType::kBFloat16, {T, d}, x);
+    t.positions.position_ids = testing::IntView(positions, {T});
+    auto plan = PlanAbsolute(o, t);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const int before = rt.launches();
+    ASSERT_TRUE(b->ApplyAbsolute(*plan, x.data(), {}).ok());
+    EXPECT_EQ(rt.launches() - before, 1);
+    ASSERT_TRUE(cpu->ApplyAbsolute(*plan, cpu_x.data(), {}).ok());
+    EXPECT_EQ(x, cpu_x) << "layout " << static_cast<int>(layout);
+  }
 }
 
 // Long bias rows on a large grid are shared by fewer threads, each writing

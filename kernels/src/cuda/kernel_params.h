@@ -58,27 +58,27 @@ struct RopeParams {
 
 // A sinusoidal plan's per-frequency arrays (AbsolutePlan; math/phase.h).
 struct SinusoidalTables {
-  const double* omega;          // [frequencies]
-  const uint64_t* phase_step;   // [frequencies]
-  const float* offset_sin;      // [16, frequencies]
-  const float* offset_cos;      // [16, frequencies]
+  const double* omega;         // [frequencies]
+  const uint64_t* phase_step;  // [frequencies]
+  const float* offset_sin;     // [16, frequencies]
+  const float* offset_cos;     // [16, frequencies]
   int64_t frequencies;
 };
 
 struct AbsoluteParams {
-  void* x;                     // [num_tokens, dim], updated in place (or written)
-  const int64_t* positions;    // [num_tokens]
+  void* x;                      // [num_tokens, dim], updated in place (or written)
+  const int64_t* positions;     // [num_tokens]
   SinusoidalTables sinusoidal;  // all null for learned
-  const float* table;          // learned: [rows, dim]; nullptr for sinusoidal
+  const float* table;           // learned: [rows, dim]; nullptr for sinusoidal
   int64_t num_tokens, dim;
   DType dtype;
   bool interleaved, has_input;
   double x_scale;
   // Launch geometry, chosen by PlanAbsoluteLaunch: a thread owns `width`
-  // consecutive channels of one token's row.
+  // consecutive channels of `tokens_per_thread` consecutive tokens' rows.
   int width;
   bool vector;
-  int threads_per_row, rows_per_block;
+  int threads_per_row, rows_per_block, tokens_per_thread;
 };
 
 struct BiasParams {

@@ -100,6 +100,7 @@ POSENC_HOST_DEVICE void RopeBody(const RopeParams& p, Coord block, Coord thread)
       return static_cast<double>(pos[p.num_axes == 1 ? 0 : p.slot_axis[k]]) * f[k];
     };
     internal::SlotRotation rot[kPairs];
+    POSENC_UNROLL
     for (int j = 0; j < kPairs; ++j) rot[j] = internal::RotationOf(angle(j), scale, p.inverse);
     // Slice start, in elements from the head's start; NEOX's second halves
     // sit `half` further on.
@@ -118,14 +119,18 @@ POSENC_HOST_DEVICE void RopeBody(const RopeParams& p, Coord block, Coord thread)
     auto rotate_heads = [&](auto heads_tag, int h) {
       constexpr int kHeads = decltype(heads_tag)::value;
       T* at[kHeads];
+      POSENC_UNROLL
       for (int i = 0; i < kHeads; ++i) at[i] = head_at(h + i);
       if constexpr (kStyle == RopeStyle::kNeox) {
         T xs[kHeads][kElems], ys[kHeads][kElems];
+        POSENC_UNROLL
         for (int i = 0; i < kHeads; ++i) {
           LoadPacket<kVector>(at[i] + first, xs[i]);
           LoadPacket<kVector>(at[i] + first + half, ys[i]);
         }
+        POSENC_UNROLL
         for (int i = 0; i < kHeads; ++i) {
+          POSENC_UNROLL
           for (int j = 0; j < kPairs; ++j) {
             internal::RotatePair(
                 &xs[i][j], &ys[i][j], rot[j], [&] { return angle(j); }, scale, p.inverse);
@@ -135,8 +140,11 @@ POSENC_HOST_DEVICE void RopeBody(const RopeParams& p, Coord block, Coord thread)
         }
       } else {
         T v[kHeads][kElems];
+        POSENC_UNROLL
         for (int i = 0; i < kHeads; ++i) LoadPacket<kVector>(at[i] + first, v[i]);
+        POSENC_UNROLL
         for (int i = 0; i < kHeads; ++i) {
+          POSENC_UNROLL
           for (int j = 0; j < kPairs; ++j) {
             internal::RotatePair(
                 &v[i][2 * j], &v[i][2 * j + 1], rot[j], [&] { return angle(j); }, scale, p.inverse);

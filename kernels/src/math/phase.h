@@ -117,14 +117,23 @@ POSENC_HOST_DEVICE void RotateSinCos(float anchor_sin, float anchor_cos, float o
 // sin(pos w_i) and cos(pos w_i) of a sinusoidal encoding: the one formula
 // both backends evaluate. offset_sin/offset_cos: [kPhaseAnchorStride,
 // frequencies] from BuildOffsetTable; step: PhaseStepOf(w_i).
+// In two steps, so that positions sharing an anchor (PhaseAnchor) share the
+// first: SinCosOfPosition(anchor, step, &as, &ac), then this.
+POSENC_HOST_DEVICE void SinusoidalFromAnchor(int64_t pos, int64_t anchor, float anchor_sin,
+                                             float anchor_cos, const float* offset_sin,
+                                             const float* offset_cos, int64_t frequencies,
+                                             int64_t i, float* sin_out, float* cos_out) {
+  const int64_t at = (pos - anchor) * frequencies + i;
+  RotateSinCos(anchor_sin, anchor_cos, offset_sin[at], offset_cos[at], sin_out, cos_out);
+}
 POSENC_HOST_DEVICE void SinusoidalSinCos(int64_t pos, uint64_t step, const float* offset_sin,
                                          const float* offset_cos, int64_t frequencies, int64_t i,
                                          float* sin_out, float* cos_out) {
   const int64_t anchor = PhaseAnchor(pos);
-  const int64_t at = (pos - anchor) * frequencies + i;
   float as, ac;
   SinCosOfPosition(anchor, step, &as, &ac);
-  RotateSinCos(as, ac, offset_sin[at], offset_cos[at], sin_out, cos_out);
+  SinusoidalFromAnchor(pos, anchor, as, ac, offset_sin, offset_cos, frequencies, i, sin_out,
+                       cos_out);
 }
 
 // The offset table: sin(k w_i) and cos(k w_i) for k in [0, 16), [k][i], to
