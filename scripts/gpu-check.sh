@@ -14,16 +14,17 @@
 # Peers need Liger-Kernel as a wheel in .whl/ (carried, installed with
 # pip --target; see bench/RESULTS.md), or they run without it.
 # Steps: suites, memcheck, racecheck, synccheck, initcheck (sanitizers: all
-# four), bench, serving, ncu, peers; none named: all but serving, in that
-# order.
+# four), bench, bench-base, serving, ncu, peers; none named: all but serving
+# and bench-base, in that order.
 #
-# Files under $OUT, 7 over all steps (the device tool takes back at most 8):
+# Files under $OUT, 8 over all steps (the device tool takes back at most 8):
 #   summary.txt     device facts, one verdict line per step, the benchmark and
 #                   peer tables, the Nsight Compute figures (also on stdout)
 #   suites.txt      the four suites' output
 #   sanitizers.txt  compute-sanitizer's output, tool after tool
 #   ncu.txt         Nsight Compute's report on one RoPE, sinusoidal and bias kernel each
 #   gpu_bench.json  posenc-bench-gpu's figures
+#   gpu_bench_base.json  the same from the baseline binary (bench-base)
 #   peers.json      rope_peers.py's figures
 #   serving.csv     bench/gpu_serving.sh's figures (served calls)
 # Every step runs under its own `timeout` (seconds; override with the
@@ -197,6 +198,25 @@ step_bench() {
   verdict "posenc-bench-gpu" "$ok" "exit $rc$(timed_out "$rc" && echo "; timed out after ${t_bench}s")"
 }
 
+# The same benchmark built from another commit (scripts/gpu-pack.sh with
+# POSENC_BASE_BENCH), run right after `bench` on the same GPU: the A/B of a
+# kernel change. Skipped when the bundle has none.
+step_bench_base() {
+  local rc
+  if [ ! -x "$bundle/bin/posenc-bench-gpu-base" ]; then
+    say "SKIP bench-base: no posenc-bench-gpu-base in the bundle"
+    return
+  fi
+  say "--- posenc-bench-gpu-base (the baseline commit's kernels)"
+  timeout -k 10 "$t_bench" "$bundle/run" posenc-bench-gpu-base \
+    --json="$out/gpu_bench_base.json" > "$tmp/bench_base.log" 2>&1
+  rc=$?
+  tee -a "$summary" < "$tmp/bench_base.log"
+  local ok=0
+  [ "$rc" = 0 ] && [ -s "$out/gpu_bench_base.json" ] && ok=1
+  verdict "posenc-bench-gpu-base" "$ok" "exit $rc$(timed_out "$rc" && echo "; timed out after ${t_bench}s")"
+}
+
 step_ncu() {
   local ncu rc kernel
   ncu=$(first_tool "$(command -v ncu)" /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu)
@@ -289,10 +309,11 @@ for s in "${steps[@]}"; do
     sanitizers) for tool in memcheck racecheck synccheck initcheck; do step_sanitizer "$tool"; done ;;
     memcheck | racecheck | synccheck | initcheck) step_sanitizer "$s" ;;
     bench) step_bench ;;
+    bench-base) step_bench_base ;;
     serving) step_serving ;;
     ncu) step_ncu ;;
     peers) step_peers ;;
-    *) verdict "$s" 0 "unknown step (suites, sanitizers, memcheck, racecheck, synccheck, initcheck, bench, serving, ncu, peers)" ;;
+    *) verdict "$s" 0 "unknown step (suites, sanitizers, memcheck, racecheck, synccheck, initcheck, bench, bench-base, serving, ncu, peers)" ;;
   esac
 done
 files=$(find "$out" -type f | wc -l)

@@ -14,6 +14,15 @@ scripts/install-kserve-tools.sh "$venv" > /dev/null
 cudart=$(find "$venv" -name 'libcudart.so.12' | head -1)
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
+# POSENC_BASE_BENCH=PATH: another commit's posenc-bench-gpu, packed as
+# posenc-bench-gpu-base so that gpu-check.sh's bench-base step times both
+# kernels on the same GPU in the same call (an A/B of a kernel change).
+base=()
+if [ -n "${POSENC_BASE_BENCH:-}" ]; then
+  mkdir -p "$stage/base"
+  cp -L "$POSENC_BASE_BENCH" "$stage/base/posenc-bench-gpu-base"
+  base=("$stage/base/posenc-bench-gpu-base")
+fi
 LD_LIBRARY_PATH=$(dirname "$cudart") ../shared/tools/gpu-bundle "$stage/bundle" \
   "$build/tests/conformance/backend_conformance_test" \
   "$build/tests/conformance/hf_agreement_test" \
@@ -22,7 +31,7 @@ LD_LIBRARY_PATH=$(dirname "$cudart") ../shared/tools/gpu-bundle "$stage/bundle" 
   "$build/server/kserve/kserve_cuda_shared_memory_test" \
   "$build/bench/posenc-bench-gpu" \
   "$build/server/posenc-server" \
-  "$venv/bin/perf_analyzer"
+  "$venv/bin/perf_analyzer" "${base[@]}"
 cp "$cudart" "$stage/bundle/lib/"
 mkdir -p .gpu
 rm -rf .gpu/bundle .gpu/bundle.tar.xz
