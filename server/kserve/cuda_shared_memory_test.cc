@@ -10,6 +10,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <set>
@@ -427,12 +429,69 @@ TEST(GpuStaging, IsHeldInTheBudget) {
   EXPECT_NE(start.message().find("pinned staging"), std::string::npos) << start;
 }
 
-// The real thing, on a GPU (skipped without one): another process (a forked
-// child, as a model server would be) allocates device memory, fills it and
-// sends its IPC handle; this process's server registers it, rotates the
-// tensor in place on the device, and the child reads back exactly what the
-// CPU backend computes. A forged handle and one of a smaller size are
-// refused without hurting the backend.
+// The other process of the GPU test below: a model server's part. It runs
+// in a fresh process (this binary again, started with POSENC_CUDA_IPC_CHILD
+// naming its pipe ends), not in a forked copy of the test: CUDA cannot be
+// used in a forked child of a process that has already initialised it (an
+// earlier test may have), and cudaMalloc failed there on an H200
+// (2026-11-27), which skipped the test. Protocol on its pipes: it sends
+// 'r'; reads the query; sends 'y' and its IPC handle, or a letter saying
+// what failed; reads a byte, then sends the region's bytes; reads a byte
+// and frees the memory.
+[[noreturn]] void RunIpcChild(int from_parent, int to_parent) {
+  const auto fail = [&](char why) {
+    (void)!::write(to_parent, &why, 1);
+    ::_exit(0);
+  };
+  const auto read_all = [&](void* to, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+      const ssize_t r = ::read(from_parent, static_cast<char*>(to) + got, n - got);
+      if (r <= 0) return false;
+      got += static_cast<size_t>(r);
+    }
+    return true;
+  };
+  char ready = 'r';
+  (void)!::write(to_parent, &ready, 1);
+  std::string query(kQueryBytes, '\0');
+  if (!read_all(query.data(), query.size())) ::_exit(1);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) fail('n');
+  void* d = nullptr;
+  if (cudaMalloc(&d, kRegionBytes) != cudaSuccess) fail('m');
+  cudaMemset(d, 0x7f, kRegionBytes);
+  cudaMemcpy(d, query.data(), kQueryBytes, cudaMemcpyHostToDevice);
+  cudaIpcMemHandle_t h;
+  if (cudaIpcGetMemHandle(&h, d) != cudaSuccess) fail('h');
+  char ok = 'y';
+  (void)!::write(to_parent, &ok, 1);
+  (void)!::write(to_parent, &h, sizeof(h));
+  char go = 0;
+  (void)!read_all(&go, 1);  // the parent is done with it
+  std::string back(kRegionBytes, '\0');
+  cudaMemcpy(back.data(), d, kRegionBytes, cudaMemcpyDeviceToHost);
+  (void)!::write(to_parent, back.data(), back.size());
+  char bye = 0;
+  (void)!read_all(&bye, 1);  // unregistered: now it may go
+  cudaFree(d);
+  ::_exit(0);
+}
+
+// Before main: in the child process, be the child and nothing else.
+const bool kIsIpcChild = [] {
+  const char* fds = std::getenv("POSENC_CUDA_IPC_CHILD");
+  int from_parent = -1, to_parent = -1;
+  if (fds == nullptr || std::sscanf(fds, "%d,%d", &from_parent, &to_parent) != 2) return false;
+  RunIpcChild(from_parent, to_parent);
+}();
+
+// The real thing, on a GPU (skipped without one): another process (a model
+// server, here a fresh run of this binary: RunIpcChild) allocates device
+// memory, fills it and sends its IPC handle; this process's server
+// registers it, rotates the tensor in place on the device, and the child
+// reads back exactly what the CPU backend computes. A forged handle and one
+// of a smaller size are refused without hurting the backend.
 TEST(CudaSharedMemoryOnAGpu, AnotherProcesssTensorIsRotatedInPlaceOnTheDevice) {
   const std::string query = RandomQuery();
   int down[2], up[2];  // parent -> child, child -> parent
@@ -445,30 +504,11 @@ TEST(CudaSharedMemoryOnAGpu, AnotherProcesssTensorIsRotatedInPlaceOnTheDevice) {
   ::close(child == 0 ? up[0] : up[1]);
   ::close(child == 0 ? down[1] : down[0]);
   if (child == 0) {
-    // The child touches CUDA first; the parent only once it has the handle.
-    const auto fail = [&](char why) {
-      (void)!::write(up[1], &why, 1);
-      ::_exit(0);
-    };
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) fail('n');
-    void* d = nullptr;
-    if (cudaMalloc(&d, kRegionBytes) != cudaSuccess) fail('m');
-    cudaMemset(d, 0x7f, kRegionBytes);
-    cudaMemcpy(d, query.data(), kQueryBytes, cudaMemcpyHostToDevice);
-    cudaIpcMemHandle_t h;
-    if (cudaIpcGetMemHandle(&h, d) != cudaSuccess) fail('h');
-    char ok = 'y';
-    (void)!::write(up[1], &ok, 1);
-    (void)!::write(up[1], &h, sizeof(h));
-    char go = 0;
-    (void)!::read(down[0], &go, 1);  // the parent is done with it
-    std::string back(kRegionBytes, '\0');
-    cudaMemcpy(back.data(), d, kRegionBytes, cudaMemcpyDeviceToHost);
-    (void)!::write(up[1], back.data(), back.size());
-    char bye = 0;
-    (void)!::read(down[0], &bye, 1);  // unregistered: now it may go
-    cudaFree(d);
+    const std::string fds = absl::StrCat(down[0], ",", up[1]);
+    ::setenv("POSENC_CUDA_IPC_CHILD", fds.c_str(), 1);
+    ::execl("/proc/self/exe", "cuda_shared_memory_test", static_cast<char*>(nullptr));
+    const char why = 'e';  // exec failed
+    (void)!::write(up[1], &why, 1);
     ::_exit(0);
   }
   const auto read_all = [&](void* to, size_t n) {
@@ -481,6 +521,9 @@ TEST(CudaSharedMemoryOnAGpu, AnotherProcesssTensorIsRotatedInPlaceOnTheDevice) {
     return true;
   };
   char state = 0;
+  ASSERT_TRUE(read_all(&state, 1));
+  ASSERT_EQ(state, 'r') << "the child process did not start";
+  ASSERT_EQ(::write(down[1], query.data(), query.size()), static_cast<ssize_t>(query.size()));
   ASSERT_TRUE(read_all(&state, 1));
   if (state != 'y') {
     ::waitpid(child, nullptr, 0);
