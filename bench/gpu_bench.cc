@@ -296,6 +296,7 @@ int main(int argc, char** argv) {
     p.heads = H;
     p.q_len = Q;
     p.k_len = K;
+    p.row_count = H * Q;
     p.q_offset = 0;
     p.dtype = DType::kBFloat16;
     p.form = posenc::BiasForm::kCausal;

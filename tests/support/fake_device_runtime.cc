@@ -386,8 +386,7 @@ cudaError_t FakeDeviceRuntime::LaunchAbsolute(const cuda::AbsoluteParams& p, cud
 cudaError_t FakeDeviceRuntime::LaunchBias(const cuda::BiasParams& p, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu_);
   if (cudaError_t e = Injection(Op::kLaunch); e != cudaSuccess) return Result(e);
-  const size_t out_bytes =
-      static_cast<size_t>(p.batch) * p.heads * p.q_len * p.k_len * SizeOf(p.dtype);
+  const size_t out_bytes = static_cast<size_t>(p.row_count) * p.k_len * SizeOf(p.dtype);
   const bool pointers_ok = OnDevice(p.out, out_bytes) && OnDevice(p.slopes, 8) &&
                            OnDevice(p.k_lens, 8) && OnDevice(p.k_starts, 8);
   if (!pointers_ok) return Result(cudaErrorInvalidValue);

@@ -23,8 +23,8 @@ inline constexpr int64_t kBiasThreadsWanted = int64_t{1} << 18;
 // Chooses the width and the grid (filling p's geometry fields). Host only.
 inline LaunchShape PlanBiasLaunch(BiasParams* p) {
   LaunchShape shape;
-  const int64_t rows = p->batch * p->heads * p->q_len;
-  if (rows == 0 || p->k_len == 0) {
+  const int64_t rows = p->row_count;
+  if (rows <= 0 || p->k_len == 0) {
     shape.grid.x = 0;
     return shape;
   }
@@ -53,12 +53,11 @@ inline LaunchShape PlanBiasLaunch(BiasParams* p) {
 
 template <typename T, int kWidth, bool kVector>
 POSENC_HOST_DEVICE void BiasBody(const BiasParams& p, Coord block, Coord thread, Coord grid) {
-  const int64_t rows = p.batch * p.heads * p.q_len;
   const internal::BiasShape shape{p.form, p.causal, p.window};
   for (int64_t row = static_cast<int64_t>(block.x) * p.rows_per_block +
                      thread.x / static_cast<unsigned>(p.threads_per_row);
-       row < rows; row += static_cast<int64_t>(grid.x) * p.rows_per_block) {
-    const internal::BiasRow where = internal::BiasRowOf(row, p.heads, p.q_len);
+       row < p.row_count; row += static_cast<int64_t>(grid.x) * p.rows_per_block) {
+    const internal::BiasRow where = internal::BiasRowOf(p.row_begin + row, p.heads, p.q_len);
     // The row's masks and arithmetic once; then each element is one range
     // test and one formula, the CPU kernel's (math/bias_math.h).
     const internal::BiasRowPlan r =

@@ -6,9 +6,10 @@
 // pinned host staging buffer) from a small pool, so buffers are reused
 // across requests and concurrent calls overlap on separate streams.
 //
-// Large token-major RoPE and absolute-encoding calls are staged in chunks of
-// tokens through two pinned slots, on the worker's two streams (RunChunked):
-// while one chunk uploads and is computed, the host copies the next into the
+// Large token-major RoPE and absolute-encoding calls, and large biases, are
+// staged in chunks of tokens (bias rows) through two pinned slots, on the
+// worker's two streams (RunChunked): while one chunk uploads and is
+// computed, the host copies the next into the
 // other slot; once every kernel has succeeded, the chunks come back the same
 // way. So pinned staging stays two chunks however large the call, and is
 // never allocated per call. Results reach the caller's memory only once
@@ -417,9 +418,15 @@ class CudaBackend final : public Backend {
     const size_t kstarts_at = l.Add(plan.k_starts.size() * 8);
     const size_t side_bytes = l.size();  // the side tables, first
     const size_t out_at = l.Add(resident ? 0 : out_bytes);
+    const int64_t rows = plan.batch * plan.num_heads * plan.q_len;
+    const size_t row = out_bytes / rows;
     const bool direct = !resident && InPinned(out, out_bytes);
-    const bool staged = !resident && !direct;
-    return WithWorker(l.size(), staged ? l.size() : side_bytes, [&](Worker& w) -> absl::Status {
+    const bool chunked = !resident && !direct && out_bytes >= 2 * chunk_bytes_;
+    const bool staged = !resident && !direct && !chunked;
+    const int64_t per_chunk = std::max<int64_t>(1, chunk_bytes_ / row);
+    const size_t host_bytes =
+        staged ? l.size() : side_bytes + (chunked ? SlotBytes(per_chunk, row) * 2 : 0);
+    return WithWorker(l.size(), host_bytes, [&](Worker& w) -> absl::Status {
       char* h = w.pinned;
       if (plan.add_to_logits && staged) std::memcpy(h + out_at, out, out_bytes);
       std::memcpy(h + slopes_at, plan.slopes.data(), plan.slopes.size() * 8);
@@ -437,6 +444,20 @@ class CudaBackend final : public Backend {
                                reinterpret_cast<const double*>(w.device + slopes_at),
                                reinterpret_cast<const int64_t*>(w.device + klens_at),
                                reinterpret_cast<const int64_t*>(w.device + kstarts_at));
+      if (chunked) {
+        POSENC_CUDA(rt_.StreamSynchronize(w.stream));  // the side tables, before stream 2
+        const ChunkedTensor tensors[] = {{static_cast<char*>(out), w.device + out_at, row}};
+        return RunChunked(w, h + side_bytes, rows, per_chunk, tensors, plan.add_to_logits,
+                          [&](int64_t r0, int64_t n, cudaStream_t s) -> absl::Status {
+                            cuda::BiasParams c = p;
+                            c.out = w.device + out_at + r0 * row;
+                            c.row_begin = r0;
+                            c.row_count = n;
+                            POSENC_RETURN_IF_ERROR(BeforeLaunch());
+                            return Check(rt_.LaunchBias(c, s),
+                                         "launching the attention bias kernel", CudaCall::kLaunch);
+                          });
+      }
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(rt_.LaunchBias(p, w.stream),
                                    "launching the attention bias kernel", CudaCall::kLaunch));

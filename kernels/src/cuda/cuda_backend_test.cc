@@ -257,6 +257,44 @@ TEST(CudaBackendOnFakeRuntime, ChunkedStagingGivesTheCpusResults) {
   }
 }
 
+// Large biases go in chunks of rows too, added to logits or built; left
+// padding and the causal mask cross the chunks' edges.
+TEST(CudaBackendOnFakeRuntime, ChunkedBiasesGiveTheCpusResults) {
+  FakeDeviceRuntime rt;
+  auto b = OnFake(rt, /*chunk_bytes=*/4096);
+  ASSERT_NE(b, nullptr);
+  auto cpu = CreateCpuBackend(1);
+  std::mt19937_64 rng(testing::Rng()());
+  std::vector<int64_t> starts = {0, 37}, ends = {100, 91};
+  for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
+    BiasOptions o;
+    o.form = BiasForm::kCausal;
+    o.causal = true;
+    o.batch = 2;
+    o.num_heads = 3;
+    o.q_len = 40;
+    o.k_len = 100;  // bf16: 200-byte rows, 20 a chunk, 12 chunks
+    o.dtype = dtype;
+    o.k_starts = testing::IntView(starts, {2});
+    o.k_lens = testing::IntView(ends, {2});
+    const int64_t n = o.batch * o.num_heads * o.q_len * o.k_len;
+    const bool add = dtype == DType::kBFloat16;
+    Bytes out = add ? RandomBf16(n, rng) : testing::Poisoned(dtype, n);
+    Bytes cpu_out = out;
+    TensorView logits;
+    if (add) {
+      logits = TensorView{dtype, {o.batch, o.num_heads, o.q_len, o.k_len}, out.data(), out.size()};
+    }
+    auto plan = PlanAttentionBias(o, logits);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const int before = rt.launches();
+    ASSERT_TRUE(b->ApplyAttentionBias(*plan, out.data(), {}).ok());
+    EXPECT_EQ(rt.launches() - before, add ? 12 : 24) << DTypeName(dtype);
+    ASSERT_TRUE(cpu->ApplyAttentionBias(*plan, cpu_out.data(), {}).ok());
+    EXPECT_EQ(out, cpu_out) << DTypeName(dtype);
+  }
+}
+
 // A chunk that fails fails the call before anything reaches the caller:
 // its bytes stay as they were (the server may run the call on the CPU).
 TEST(CudaBackendOnFakeRuntime, AChunkThatFailsLeavesTheCallersBytes) {
@@ -329,12 +367,13 @@ TEST(CudaBackendOnFakeRuntime, LongBiasRowsTakeSeveralPacketsPerThread) {
   shape.heads = 8;
   shape.q_len = 256;
   shape.k_len = 1024;
+  shape.row_count = shape.batch * shape.heads * shape.q_len;
   shape.dtype = DType::kBFloat16;
   ASSERT_FALSE(cuda::PlanBiasLaunch(&shape).empty());
   ASSERT_EQ(shape.width, 8);
   EXPECT_EQ(shape.threads_per_row, 64) << "128 packets a row, 2 a thread";
   FakeDeviceRuntime rt;
-  auto b = OnFake(rt);
+  auto b = OnFake(rt, /*chunk_bytes=*/size_t{64} << 20);  // one launch, not 4 MiB chunks
   ASSERT_NE(b, nullptr);
   auto cpu = CreateCpuBackend(1);
   std::mt19937_64 rng(testing::Rng()());

@@ -87,6 +87,10 @@ struct BiasParams {
   const int64_t* k_lens;    // [batch]
   const int64_t* k_starts;  // [batch]
   int64_t batch, heads, q_len, k_len, q_offset, window;
+  // The rows [row_begin, row_begin + row_count) of the batch x heads x q_len
+  // rows, with `out` at row row_begin (a chunk of a staged call); 0 and all
+  // of them for a whole call.
+  int64_t row_begin, row_count;
   DType dtype;
   BiasForm form;
   bool causal, add_to_logits;

@@ -94,6 +94,8 @@ inline BiasParams MakeBiasParams(const BiasPlan& plan, void* out, const double* 
   p.k_len = plan.k_len;
   p.q_offset = plan.q_offset;
   p.window = plan.window;
+  p.row_begin = 0;
+  p.row_count = plan.batch * plan.num_heads * plan.q_len;
   p.dtype = plan.dtype;
   p.form = plan.form;
   p.causal = plan.causal;
