@@ -8,8 +8,11 @@
 //     effective bandwidth (q and k read + written) vs cudaMemcpy D2D.
 //   Decode RoPE, batch 1..256 x 1 token: kernel time from a CUDA graph of
 //     200 launches replayed (no host launch overhead between kernels).
-//   Sinusoidal add [16384, 4096] and bias added to logits [1, 32, 2048, 2048].
-// Prints a table; --json=PATH writes the figures. Exits 0 with a note when no
+//   Sinusoidal add [16384, 4096] and bias added to logits [1, 32, 2048, 2048]
+//     (also with left padding, and built).
+//   The backend's whole call on an 80 MiB host tensor (gpu_staging.h),
+//     against a PCIe round trip of its bytes and the CPU backend.
+// Prints tables; --json=PATH writes the figures. Exits 0 with a note when no
 // GPU is visible.
 #include <cuda_runtime.h>
 
@@ -22,6 +25,7 @@
 #include <vector>
 
 #include "cuda/cuda_kernels.h"
+#include "gpu_staging.h"
 #include "math/phase.h"
 #include "sm_copy.h"
 
@@ -336,6 +340,16 @@ int main(int argc, char** argv) {
                   "-", "-", "-");
     }
   }
+  // The backend's whole call on host tensors: staging, copies and kernel.
+  const std::vector<posenc::bench::StagingRow> staging = posenc::bench::MeasureStaging();
+  if (!staging.empty()) {
+    std::printf("\n%-64s %10s %10s %14s %8s\n", "whole call on host tensors", "us", "GB/s",
+                "PCIe round trip", "ratio");
+    for (const auto& r : staging) {
+      std::printf("%-64s %10.1f %10.1f %12.1f us %8.2f\n", r.name.c_str(), r.ms * 1e3,
+                  r.bytes / (r.ms * 1e-3) / 1e9, r.pcie_ms * 1e3, r.pcie_ms / r.ms);
+    }
+  }
   if (!json.empty()) {
     std::ofstream out(json);
     out << "{\"device\": \"" << prop.name << "\", \"driver\": " << driver << ", \"results\": [";
@@ -344,6 +358,12 @@ int main(int argc, char** argv) {
           << "\", \"bytes\": " << rows[i].bytes << ", \"ms\": " << rows[i].ms
           << ", \"copy_ms\": " << rows[i].base.copy_ms
           << ", \"sm_copy_ms\": " << rows[i].base.sm_copy_ms << "}";
+    }
+    out << "], \"staging\": [";
+    for (size_t i = 0; i < staging.size(); ++i) {
+      out << (i ? ", " : "") << "{\"name\": \"" << staging[i].name
+          << "\", \"bytes\": " << staging[i].bytes << ", \"ms\": " << staging[i].ms
+          << ", \"pcie_round_trip_ms\": " << staging[i].pcie_ms << "}";
     }
     out << "]}\n";
   }
