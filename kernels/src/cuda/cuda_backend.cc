@@ -646,11 +646,7 @@ class CudaBackend final : public Backend {
       return absl::OkStatus();
     };
     const absl::Status s = down();
-    if (s.ok() || !written) return s;
-    return absl::DataLossError(
-        absl::StrCat(s.message(),
-                     " (while results were reaching the caller's memory: the tensors are "
-                     "partly written, so the call is not retried on another backend)"));
+    return s.ok() || !written ? s : PartlyWritten(s);
   }
 
   // One result to bring back straight into pinned caller memory.
@@ -662,15 +658,31 @@ class CudaBackend final : public Backend {
 
   // Waits for the kernel, then copies each result into the caller's memory
   // and waits for that: the caller's bytes change only after the kernel
-  // has succeeded.
+  // has succeeded. A failure once a copy is queued is PartlyWritten.
   absl::Status DownloadDirect(Worker& w, std::initializer_list<Direct> results) {
     POSENC_CUDA(rt_.StreamSynchronize(w.stream));
-    for (const Direct& d : results) {
-      if (d.bytes == 0) continue;
-      POSENC_CUDA(rt_.MemcpyAsync(d.to, d.from, d.bytes, cudaMemcpyDeviceToHost, w.stream));
-    }
-    POSENC_CUDA(rt_.StreamSynchronize(w.stream));
-    return absl::OkStatus();
+    bool queued = false;
+    const auto copy_back = [&]() -> absl::Status {
+      for (const Direct& d : results) {
+        if (d.bytes == 0) continue;
+        POSENC_CUDA(rt_.MemcpyAsync(d.to, d.from, d.bytes, cudaMemcpyDeviceToHost, w.stream));
+        queued = true;
+      }
+      POSENC_CUDA(rt_.StreamSynchronize(w.stream));
+      return absl::OkStatus();
+    };
+    const absl::Status s = copy_back();
+    return s.ok() || !queued ? s : PartlyWritten(s);
+  }
+
+  // A failure after results began reaching the caller's memory, which is
+  // then partly written: DATA_LOSS, which the engine never retries on
+  // another backend.
+  static absl::Status PartlyWritten(const absl::Status& s) {
+    return absl::DataLossError(
+        absl::StrCat(s.message(),
+                     " (while results were reaching the caller's memory: the tensors are "
+                     "partly written, so the call is not retried on another backend)"));
   }
 
   // Whether a call's tensors (those of nonzero size) all lie in device

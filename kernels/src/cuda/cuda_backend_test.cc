@@ -489,6 +489,15 @@ TEST(CudaBackendOnFakeRuntime, PinnedHostMemorySkipsStaging) {
   rt.FailNext(FakeDeviceRuntime::Op::kLaunch, cudaErrorInvalidValue);
   EXPECT_EQ(run().code(), absl::StatusCode::kUnimplemented);
   EXPECT_EQ(Bytes(q, q + qn), c.q);
+  // Copies: the side tables, q and k up, then q and k down. The first copy
+  // down failing leaves the region; the second, once q's is queued, is
+  // DATA_LOSS (the region is partly written).
+  rt.FailNext(FakeDeviceRuntime::Op::kMemcpy, cudaErrorInvalidValue, /*skip=*/3);
+  EXPECT_NE(run().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(Bytes(q, q + qn), c.q);
+  rt.FailNext(FakeDeviceRuntime::Op::kMemcpy, cudaErrorInvalidValue, /*skip=*/4);
+  EXPECT_EQ(run().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(Bytes(q, q + qn), c.q) << "q came back before k's copy failed";
   // The absolute encoding and a bias built into the region, direct too.
   const int64_t before = rt.bytes_copied_direct();
   {
