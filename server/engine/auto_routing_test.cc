@@ -3,6 +3,7 @@
 // "GPU" here is a stand-in that computes on the CPU after a fixed wait
 // (what staging and a launch cost), so small requests belong to the CPU and
 // large ones to it.
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -97,6 +98,63 @@ TEST(AutoRouting, WithoutMeasurementTheThresholdDecides) {
   EXPECT_FALSE((*engine)->cuda_cost().has_value());
   EXPECT_EQ(Served(**engine, 1), "cpu");
   EXPECT_EQ(Served(**engine, 256), "cuda:0");  // 2 MiB
+}
+
+// kCuda in name only: fails its first call with `failure` and is then
+// unhealthy, as a GPU is after a sticky error.
+class FailingGpu final : public Backend {
+ public:
+  explicit FailingGpu(absl::Status failure) : failure_(std::move(failure)) {}
+  BackendKind kind() const override { return BackendKind::kCuda; }
+  DeviceInfo device() const override { return DeviceInfo{}; }
+  absl::Status health() const override {
+    return failed_ ? absl::FailedPreconditionError("the stand-in GPU has failed")
+                   : absl::OkStatus();
+  }
+  absl::Status ApplyRope(const RopePlan&, void*, void*, const RunContext&) override {
+    failed_ = true;
+    return failure_;
+  }
+  absl::Status ApplyAbsolute(const AbsolutePlan&, void*, const RunContext&) override {
+    return absl::OkStatus();
+  }
+  absl::Status ApplyAttentionBias(const BiasPlan&, void*, const RunContext&) override {
+    return absl::OkStatus();
+  }
+
+ private:
+  const absl::Status failure_;
+  std::atomic<bool> failed_{false};
+};
+
+// Under AUTO a GPU that failed leaves the call to the CPU, unless it says
+// it had begun writing the results (DATA_LOSS): the tensors are then partly
+// rotated, and rotating them again on the CPU would answer wrong bytes.
+TEST(AutoRouting, AFailedGpuLeavesTheCallToTheCpuUnlessItPartlyWroteIt) {
+  for (const bool partly : {false, true}) {
+    EngineOptions o = Options();
+    o.auto_by_measured_cost = false;
+    auto engine = Engine::CreateWith(
+        o, CreateCpuBackend(1),
+        std::make_unique<FailingGpu>(partly ? absl::DataLossError("copy failed midway")
+                                            : absl::InternalError("launch failed")),
+        "");
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    std::vector<uint16_t> q(8 * 32 * 128, 0x3f80);
+    RopeTensors t;
+    t.query = {DType::kBFloat16, {1, 8, 32, 128}, q.data(), q.size() * 2};
+    auto ticket = (*engine)->admission().Enter();
+    ASSERT_TRUE(ticket.ok());
+    CallEnv env{RunContext{}, *ticket};
+    env.backend = BackendChoice::kAuto;
+    auto served = (*engine)->ApplyRope(RopeOptions{}, t, env);
+    if (partly) {
+      EXPECT_EQ(served.status().code(), absl::StatusCode::kDataLoss) << served.status();
+    } else {
+      ASSERT_TRUE(served.ok()) << served.status();
+      EXPECT_EQ(*served, "cpu");
+    }
+  }
 }
 
 TEST(AutoRouting, NoGpuNoMeasurement) {
