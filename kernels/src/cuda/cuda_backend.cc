@@ -9,12 +9,12 @@
 // Large token-major RoPE and absolute-encoding calls, and large biases, are
 // staged in chunks of tokens (bias rows) through two pinned slots, on the
 // worker's two streams (RunChunked): while one chunk uploads and is
-// computed, the host copies the next into the
-// other slot; once every kernel has succeeded, the chunks come back the same
-// way. So pinned staging stays two chunks however large the call, and is
-// never allocated per call. Results reach the caller's memory only once
-// every kernel has succeeded, so a failed call leaves the caller's bytes as
-// they were (the server may then run it on the CPU).
+// computed, the host copies the next into the other slot; once every kernel
+// has succeeded, the chunks come back the same way. So pinned staging stays
+// two chunks however large the call, and is never allocated per call.
+// Results reach the caller's memory only once every kernel has succeeded,
+// so a failed call leaves the caller's bytes as they were (the server may
+// then run it on the CPU); one that fails while they arrive is DATA_LOSS.
 //
 // The pinned buffer holds a call's small side tables first and, only where
 // a call is staged whole (small calls), its tensors after them: calls on
