@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -497,6 +498,17 @@ TEST(CudaSharedMemoryOnAGpu, AnotherProcesssTensorIsRotatedInPlaceOnTheDevice) {
   int down[2], up[2];  // parent -> child, child -> parent
   ASSERT_EQ(::pipe(down), 0);
   ASSERT_EQ(::pipe(up), 0);
+  // The child's environment, made before the fork: between fork and exec
+  // the child only calls what is safe there.
+  const std::string marker = absl::StrCat("POSENC_CUDA_IPC_CHILD=", down[0], ",", up[1]);
+  std::vector<char*> env;
+  for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
+  env.push_back(const_cast<char*>(marker.c_str()));
+  env.push_back(nullptr);
+  char* const args[] = {const_cast<char*>("cuda_shared_memory_test"), nullptr};
+  // A child that dies early is an end of file to read and an error to
+  // write, not a signal that ends the whole test binary.
+  ::signal(SIGPIPE, SIG_IGN);
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   // Each side keeps only its own ends, so a side that dies is an end of
@@ -504,13 +516,22 @@ TEST(CudaSharedMemoryOnAGpu, AnotherProcesssTensorIsRotatedInPlaceOnTheDevice) {
   ::close(child == 0 ? up[0] : up[1]);
   ::close(child == 0 ? down[1] : down[0]);
   if (child == 0) {
-    const std::string fds = absl::StrCat(down[0], ",", up[1]);
-    ::setenv("POSENC_CUDA_IPC_CHILD", fds.c_str(), 1);
-    ::execl("/proc/self/exe", "cuda_shared_memory_test", static_cast<char*>(nullptr));
+    ::execve("/proc/self/exe", args, env.data());
     const char why = 'e';  // exec failed
     (void)!::write(up[1], &why, 1);
     ::_exit(0);
   }
+  // However the test ends, the child is told to go (its pipes close) and
+  // reaped.
+  struct Reap {
+    int down, up;
+    pid_t child;
+    ~Reap() {
+      ::close(down);
+      ::close(up);
+      if (child > 0) ::waitpid(child, nullptr, 0);
+    }
+  } reap{down[1], up[0], child};
   const auto read_all = [&](void* to, size_t n) {
     size_t got = 0;
     while (got < n) {
@@ -525,10 +546,10 @@ TEST(CudaSharedMemoryOnAGpu, AnotherProcesssTensorIsRotatedInPlaceOnTheDevice) {
   ASSERT_EQ(state, 'r') << "the child process did not start";
   ASSERT_EQ(::write(down[1], query.data(), query.size()), static_cast<ssize_t>(query.size()));
   ASSERT_TRUE(read_all(&state, 1));
-  if (state != 'y') {
-    ::waitpid(child, nullptr, 0);
-    GTEST_SKIP() << "no GPU here (child said '" << state << "')";
-  }
+  // 'n': no GPU here. Any other answer is a failure of the GPU path ('m'
+  // cudaMalloc, 'h' cudaIpcGetMemHandle).
+  if (state == 'n') GTEST_SKIP() << "no GPU here";
+  ASSERT_EQ(state, 'y') << "the child's CUDA failed ('m' cudaMalloc, 'h' cudaIpcGetMemHandle)";
   cudaIpcMemHandle_t h;
   ASSERT_TRUE(read_all(&h, sizeof(h)));
   EngineOptions o;
@@ -572,6 +593,7 @@ TEST(CudaSharedMemoryOnAGpu, AnotherProcesssTensorIsRotatedInPlaceOnTheDevice) {
   ASSERT_EQ(::write(down[1], &go, 1), 1);
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
+  reap.child = -1;  // reaped
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 

@@ -10,8 +10,11 @@
 // staged in chunks of tokens (bias rows) through two pinned slots, on the
 // worker's two streams (RunChunked): while one chunk uploads and is
 // computed, the host copies the next into the other slot; once every kernel
-// has succeeded, the chunks come back the same way. So pinned staging stays
-// two chunks however large the call, and is never allocated per call.
+// has succeeded, the chunks come back the same way. So a chunked call's
+// pinned staging is two chunks and its side tables however large the call,
+// and is not allocated per call. (BHSD RoPE, whose tokens' heads are far
+// apart, is still staged whole, as are side tables of very long calls:
+// those may outgrow max_idle_staging_bytes and be allocated per call.)
 // Results reach the caller's memory only once every kernel has succeeded,
 // so a failed call leaves the caller's bytes as they were (the server may
 // then run it on the CPU); one that fails while they arrive is DATA_LOSS.
