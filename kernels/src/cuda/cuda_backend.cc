@@ -12,9 +12,9 @@
 // computed, the host copies the next into the other slot; once every kernel
 // has succeeded, the chunks come back the same way. So a chunked call's
 // pinned staging is two chunks and its side tables however large the call,
-// and is not allocated per call. (BHSD RoPE, whose tokens' heads are far
-// apart, is still staged whole, as are side tables of very long calls:
-// those may outgrow max_idle_staging_bytes and be allocated per call.)
+// and is not allocated per call (only the side tables of very long calls
+// may outgrow max_idle_staging_bytes). BHSD RoPE goes in chunks of one
+// sequence's tokens, gathered head by head into a BHSD chunk of their own.
 // Results reach the caller's memory only once every kernel has succeeded,
 // so a failed call leaves the caller's bytes as they were (the server may
 // then run it on the CPU); one that fails while they arrive is DATA_LOSS.
@@ -49,6 +49,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
@@ -235,8 +236,7 @@ class CudaBackend final : public Backend {
     const size_t q_token = q_bytes / plan.num_tokens, k_token = k_bytes / plan.num_tokens;
     const bool direct =
         !resident && InPinned(query, q_bytes) && (k_bytes == 0 || InPinned(key, k_bytes));
-    const bool chunked = !resident && !direct && plan.layout != RopeLayout::kBHSD &&
-                         q_bytes + k_bytes >= 2 * chunk_bytes_;
+    const bool chunked = !resident && !direct && q_bytes + k_bytes >= 2 * chunk_bytes_;
     const bool staged = !resident && !direct && !chunked;
     const int64_t per_chunk = std::max<int64_t>(1, chunk_bytes_ / (q_token + k_token));
     const size_t host_bytes =
@@ -277,18 +277,24 @@ class CudaBackend final : public Backend {
         // The side tables must be on the device before the second stream's
         // first kernel: a short wait, once.
         POSENC_CUDA(rt_.StreamSynchronize(w.stream));
-        const ChunkedTensor tensors[] = {{static_cast<char*>(query), w.device + q_at, q_token},
-                                         {static_cast<char*>(key), w.device + k_at, k_token}};
-        return RunChunked(w, h + side_bytes, plan.num_tokens, per_chunk, tensors, /*upload=*/true,
-                          [&](int64_t t0, int64_t n, cudaStream_t s) -> absl::Status {
+        const bool bhsd = plan.layout == RopeLayout::kBHSD;
+        const ChunkedTensor tensors[] = {{static_cast<char*>(query), w.device + q_at, q_token,
+                                          bhsd ? plan.query_heads : 0, plan.seq_len},
+                                         {static_cast<char*>(key), w.device + k_at, k_token,
+                                          bhsd ? plan.key_heads : 0, plan.seq_len}};
+        return RunChunked(w, h + side_bytes,
+                          ChunksOf(plan.num_tokens, per_chunk, bhsd ? plan.seq_len : 0), tensors,
+                          /*upload=*/true, [&](Chunk chunk, cudaStream_t s) -> absl::Status {
+                            const int64_t t0 = chunk.first;
                             cuda::RopeParams c = p;
                             c.query = w.device + q_at + t0 * q_token;
                             c.key = k_bytes ? w.device + k_at + t0 * k_token : nullptr;
                             c.positions = p.positions + t0 * p.num_axes;
-                            if (c.token_freq_set != nullptr) {
+                            if (c.token_freq_set != nullptr)
                               c.token_freq_set = p.token_freq_set + t0;
-                            }
-                            c.num_tokens = n;
+                            c.num_tokens = chunk.rows;
+                            // A head-major chunk is a BHSD tensor of one sequence of its own.
+                            if (bhsd) c.seq_len = chunk.rows;
                             POSENC_RETURN_IF_ERROR(BeforeLaunch());
                             return Check(rt_.LaunchRope(c, sm_count_, s),
                                          "launching the RoPE kernel", CudaCall::kLaunch);
@@ -382,12 +388,12 @@ class CudaBackend final : public Backend {
       if (chunked) {
         POSENC_CUDA(rt_.StreamSynchronize(w.stream));  // the side tables, before stream 2
         const ChunkedTensor tensors[] = {{static_cast<char*>(x), w.device + x_at, row}};
-        return RunChunked(w, h + side_bytes, plan.num_tokens, per_chunk, tensors, plan.has_input,
-                          [&](int64_t t0, int64_t n, cudaStream_t s) -> absl::Status {
+        return RunChunked(w, h + side_bytes, ChunksOf(plan.num_tokens, per_chunk), tensors,
+                          plan.has_input, [&](Chunk chunk, cudaStream_t s) -> absl::Status {
                             cuda::AbsoluteParams c = p;
-                            c.x = w.device + x_at + t0 * row;
-                            c.positions = p.positions + t0;
-                            c.num_tokens = n;
+                            c.x = w.device + x_at + chunk.first * row;
+                            c.positions = p.positions + chunk.first;
+                            c.num_tokens = chunk.rows;
                             POSENC_RETURN_IF_ERROR(BeforeLaunch());
                             return Check(rt_.LaunchAbsolute(c, s),
                                          "launching the absolute encoding kernel",
@@ -450,12 +456,12 @@ class CudaBackend final : public Backend {
       if (chunked) {
         POSENC_CUDA(rt_.StreamSynchronize(w.stream));  // the side tables, before stream 2
         const ChunkedTensor tensors[] = {{static_cast<char*>(out), w.device + out_at, row}};
-        return RunChunked(w, h + side_bytes, rows, per_chunk, tensors, plan.add_to_logits,
-                          [&](int64_t r0, int64_t n, cudaStream_t s) -> absl::Status {
+        return RunChunked(w, h + side_bytes, ChunksOf(rows, per_chunk), tensors, plan.add_to_logits,
+                          [&](Chunk chunk, cudaStream_t s) -> absl::Status {
                             cuda::BiasParams c = p;
-                            c.out = w.device + out_at + r0 * row;
-                            c.row_begin = r0;
-                            c.row_count = n;
+                            c.out = w.device + out_at + chunk.first * row;
+                            c.row_begin = chunk.first;
+                            c.row_count = chunk.rows;
                             POSENC_RETURN_IF_ERROR(BeforeLaunch());
                             return Check(rt_.LaunchBias(c, s),
                                          "launching the attention bias kernel", CudaCall::kLaunch);
@@ -565,27 +571,70 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // A tensor a chunked call moves: its row r lies at host + r * row_bytes in
-  // the caller's memory and at device + r * row_bytes in the worker's
-  // device buffer. A tensor of row_bytes 0 is absent.
+  // A tensor a chunked call moves, by rows (tokens, or bias rows): `row_bytes`
+  // each, row r at device + r * row_bytes in the worker's device buffer. In
+  // the caller's memory row r lies at host + r * row_bytes, or, for a
+  // head-major tensor (heads > 0: [batch, heads, seq_len, head], BHSD), in
+  // `heads` pieces of row_bytes / heads, one per head, seq_len rows apart;
+  // there a chunk lies within one sequence and its rows go to the device
+  // head-major too ([heads, rows, head]), a BHSD tensor of its own. A tensor
+  // of row_bytes 0 is absent.
   struct ChunkedTensor {
     char* host;
     char* device;
     size_t row_bytes;
+    int64_t heads = 0, seq_len = 0;
   };
+
+  // The rows [first, first + rows) of a chunked call.
+  struct Chunk {
+    int64_t first, rows;
+  };
+
+  // `rows` rows in chunks of `per_chunk`; with seq_len > 0, none crossing a
+  // multiple of seq_len (a sequence of a head-major tensor).
+  static std::vector<Chunk> ChunksOf(int64_t rows, int64_t per_chunk, int64_t seq_len = 0) {
+    std::vector<Chunk> chunks;
+    const int64_t run = seq_len > 0 ? seq_len : rows;
+    for (int64_t begin = 0; begin < rows; begin += run) {
+      const int64_t end = std::min(rows, begin + run);
+      for (int64_t r = begin; r < end; r += per_chunk) {
+        chunks.push_back({r, std::min(per_chunk, end - r)});
+      }
+    }
+    return chunks;
+  }
 
   // The pinned bytes of one chunk slot: `rows` rows of `row_bytes`.
   static size_t SlotBytes(int64_t rows, size_t row_bytes) {
     return AlignUp(static_cast<size_t>(rows) * row_bytes);
   }
 
-  // Runs a call too large to stage whole, in chunks of `per_chunk` rows of
-  // every tensor, through two pinned slots at `slots` (SlotBytes each),
-  // chunk i on slot and stream i % 2, in two passes:
+  // Copies chunk c of t between the caller's memory and `slot`, where it
+  // lies as it will on the device (to_slot: caller to slot).
+  static void CopyChunk(const ChunkedTensor& t, Chunk c, char* slot, bool to_slot) {
+    const size_t bytes = c.rows * t.row_bytes;
+    if (t.heads == 0) {
+      char* host = t.host + c.first * t.row_bytes;
+      std::memcpy(to_slot ? slot : host, to_slot ? host : slot, bytes);
+      return;
+    }
+    const size_t piece = t.row_bytes / t.heads;
+    const int64_t b = c.first / t.seq_len, s = c.first % t.seq_len;
+    for (int64_t h = 0; h < t.heads; ++h) {
+      char* host = t.host + ((b * t.heads + h) * t.seq_len + s) * piece;
+      char* at = slot + h * c.rows * piece;
+      std::memcpy(to_slot ? at : host, to_slot ? host : at, c.rows * piece);
+    }
+  }
+
+  // Runs a call too large to stage whole, chunk by chunk (every tensor's
+  // rows of it), through two pinned slots at `slots` (SlotBytes of the
+  // largest chunk each), chunk i on slot and stream i % 2, in two passes:
   //  - up: each chunk is copied into its slot once the slot's last upload
-  //    is done, uploaded (if `upload`) and computed by launch(first row,
-  //    rows, stream), so the host's copy of one chunk overlaps the other
-  //    stream's upload and kernel;
+  //    is done, uploaded (if `upload`) and computed by launch(chunk,
+  //    stream), so the host's copy of one chunk overlaps the other stream's
+  //    upload and kernel;
   //  - down, once every kernel has succeeded: each chunk is downloaded into
   //    its slot and copied to the caller while the next one downloads.
   // The caller's memory changes only in the second pass: a call that fails
@@ -593,23 +642,26 @@ class CudaBackend final : public Backend {
   // that fails during it, after part of it was written, is DATA_LOSS, which
   // the engine never retries elsewhere.
   template <typename Launch>
-  absl::Status RunChunked(Worker& w, char* slots, int64_t rows, int64_t per_chunk,
+  absl::Status RunChunked(Worker& w, char* slots, const std::vector<Chunk>& chunks,
                           absl::Span<const ChunkedTensor> tensors, bool upload, Launch launch) {
     size_t row_bytes = 0;
     for (const ChunkedTensor& t : tensors) row_bytes += t.row_bytes;
-    const size_t slot_bytes = SlotBytes(per_chunk, row_bytes);
-    const int64_t chunks = (rows + per_chunk - 1) / per_chunk;
+    int64_t most = 0;
+    for (const Chunk& c : chunks) most = std::max(most, c.rows);
+    const size_t slot_bytes = SlotBytes(most, row_bytes);
+    const int64_t n = static_cast<int64_t>(chunks.size());
     const auto stream_of = [&](int64_t i) { return i % 2 == 0 ? w.stream : w.stream2; };
-    // Queues chunk i's copies between its slot and the device buffer.
+    // Queues chunk i's copies between its slot and the device buffer (up:
+    // from the caller's memory into the slot first).
     const auto move = [&](int64_t i, cudaMemcpyKind kind) -> absl::Status {
-      const int64_t r0 = i * per_chunk, n = std::min(per_chunk, rows - r0);
+      const Chunk c = chunks[i];
       char* at = slots + (i % 2) * slot_bytes;
       for (const ChunkedTensor& t : tensors) {
         if (t.row_bytes == 0) continue;
-        const size_t bytes = n * t.row_bytes;
-        char* device = t.device + r0 * t.row_bytes;
+        const size_t bytes = c.rows * t.row_bytes;
+        char* device = t.device + c.first * t.row_bytes;
         if (kind == cudaMemcpyHostToDevice) {
-          std::memcpy(at, t.host + r0 * t.row_bytes, bytes);
+          CopyChunk(t, c, at, /*to_slot=*/true);
           POSENC_CUDA(rt_.MemcpyAsync(device, at, bytes, kind, stream_of(i)));
         } else {
           POSENC_CUDA(rt_.MemcpyAsync(at, device, bytes, kind, stream_of(i)));
@@ -618,33 +670,31 @@ class CudaBackend final : public Backend {
       }
       return absl::OkStatus();
     };
-    for (int64_t i = 0; i < chunks; ++i) {
-      const int64_t r0 = i * per_chunk;
+    for (int64_t i = 0; i < n; ++i) {
       if (upload) {
         // The slot's last upload (chunk i - 2, on this stream) must be done.
         if (i >= 2) POSENC_CUDA(rt_.StreamSynchronize(stream_of(i)));
         POSENC_RETURN_IF_ERROR(move(i, cudaMemcpyHostToDevice));
       }
-      POSENC_RETURN_IF_ERROR(launch(r0, std::min(per_chunk, rows - r0), stream_of(i)));
+      POSENC_RETURN_IF_ERROR(launch(chunks[i], stream_of(i)));
     }
     POSENC_CUDA(rt_.StreamSynchronize(w.stream));
     POSENC_CUDA(rt_.StreamSynchronize(w.stream2));
     bool written = false;
     const auto down = [&]() -> absl::Status {
-      for (int64_t i = 0; i < std::min<int64_t>(2, chunks); ++i) {
+      for (int64_t i = 0; i < std::min<int64_t>(2, n); ++i) {
         POSENC_RETURN_IF_ERROR(move(i, cudaMemcpyDeviceToHost));
       }
-      for (int64_t i = 0; i < chunks; ++i) {
+      for (int64_t i = 0; i < n; ++i) {
         POSENC_CUDA(rt_.StreamSynchronize(stream_of(i)));
-        const int64_t r0 = i * per_chunk, n = std::min(per_chunk, rows - r0);
-        const char* at = slots + (i % 2) * slot_bytes;
+        char* at = slots + (i % 2) * slot_bytes;
         for (const ChunkedTensor& t : tensors) {
           if (t.row_bytes == 0) continue;
-          std::memcpy(t.host + r0 * t.row_bytes, at, n * t.row_bytes);
-          at += n * t.row_bytes;
+          CopyChunk(t, chunks[i], at, /*to_slot=*/false);
+          at += chunks[i].rows * t.row_bytes;
         }
         written = true;
-        if (i + 2 < chunks) POSENC_RETURN_IF_ERROR(move(i + 2, cudaMemcpyDeviceToHost));
+        if (i + 2 < n) POSENC_RETURN_IF_ERROR(move(i + 2, cudaMemcpyDeviceToHost));
       }
       return absl::OkStatus();
     };

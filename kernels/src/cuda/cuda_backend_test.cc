@@ -215,8 +215,7 @@ TEST(CudaBackendOnFakeRuntime, BuffersGrowAndAreReused) {
 }
 
 // Large calls go in chunks of tokens over two streams; the results are the
-// same bytes, one launch per chunk. BHSD (a token's heads are far apart)
-// goes whole.
+// same bytes, one launch per chunk. BHSD chunks are gathered head by head.
 TEST(CudaBackendOnFakeRuntime, ChunkedStagingGivesTheCpusResults) {
   FakeDeviceRuntime rt;
   auto b = OnFake(rt, /*chunk_bytes=*/4096);
@@ -228,8 +227,7 @@ TEST(CudaBackendOnFakeRuntime, ChunkedStagingGivesTheCpusResults) {
     Bytes q, k;
     ASSERT_TRUE(c.Run(*b, &q, &k).ok());
     ExpectMatchesCpu(c, q, k);
-    EXPECT_EQ(rt.launches() - before, layout == RopeLayout::kBHSD ? 1 : 22)
-        << static_cast<int>(layout);
+    EXPECT_EQ(rt.launches() - before, 22) << static_cast<int>(layout);
   }
   // The sinusoidal add in place, and a table written whole (no input).
   for (bool has_input : {true, false}) {
@@ -255,6 +253,40 @@ TEST(CudaBackendOnFakeRuntime, ChunkedStagingGivesTheCpusResults) {
     ASSERT_TRUE(cpu->ApplyAbsolute(*plan, cpu_x.data(), {}).ok());
     EXPECT_EQ(x, cpu_x) << "has_input " << has_input;
   }
+}
+
+// BHSD in chunks: a chunk stays within one sequence (50 tokens of each of
+// 2 sequences, 3 a chunk: 17 chunks a sequence, the last of 2 tokens), its
+// rows gathered from every head; positions differ per sequence.
+TEST(CudaBackendOnFakeRuntime, ChunkedBhsdStaysWithinASequence) {
+  FakeDeviceRuntime rt;
+  auto b = OnFake(rt, /*chunk_bytes=*/4096);
+  ASSERT_NE(b, nullptr);
+  auto cpu = CreateCpuBackend(1);
+  std::mt19937_64 rng(testing::Rng()());
+  const int64_t B = 2, S = 50;
+  Bytes q = RandomBf16(B * 8 * S * 64, rng), k = RandomBf16(B * 2 * S * 64, rng);
+  Bytes cq = q, ck = k;
+  std::vector<int64_t> offsets = {5, 1000};
+  const auto plan_on = [&](Bytes& qb, Bytes& kb) {
+    RopeTensors t;
+    RopeOptions o;
+    o.layout = RopeLayout::kBHSD;
+    t.query = testing::Mutable(DType::kBFloat16, {B, 8, S, 64}, qb);
+    t.key = testing::Mutable(DType::kBFloat16, {B, 2, S, 64}, kb);
+    t.positions.offsets = testing::IntView(offsets, {B});
+    return PlanRope(o, t);
+  };
+  auto plan = plan_on(q, k);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const int before = rt.launches();
+  ASSERT_TRUE(b->ApplyRope(*plan, q.data(), k.data(), {}).ok());
+  EXPECT_EQ(rt.launches() - before, 34);
+  auto cpu_plan = plan_on(cq, ck);
+  ASSERT_TRUE(cpu_plan.ok());
+  ASSERT_TRUE(cpu->ApplyRope(*cpu_plan, cq.data(), ck.data(), {}).ok());
+  EXPECT_EQ(q, cq);
+  EXPECT_EQ(k, ck);
 }
 
 // Large biases go in chunks of rows too, added to logits or built; left
