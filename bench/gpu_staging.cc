@@ -61,7 +61,8 @@ std::vector<StagingRow> MeasureStaging() {
     return rows;
   }
   auto cpu = CreateCpuBackend(0);
-  // fp32 RoPE, 4096 tokens x (32 + 8) heads x 128: the served prefill, 80 MiB.
+  // fp32 RoPE, 4096 tokens x (32 + 8) heads x 128: the served prefill, 80 MiB
+  // (BSHD, and BHSD once, whose chunks are gathered head by head).
   const int64_t T = 4096, Hq = 32, Hk = 8, D = 128;
   const size_t q_bytes = T * Hq * D * 4, k_bytes = T * Hk * D * 4, bytes = q_bytes + k_bytes;
   // Pageable memory, as a request's bytes are, and a pinned region (what
@@ -73,16 +74,25 @@ std::vector<StagingRow> MeasureStaging() {
   for (float& v : pageable) v = u(rng);
   std::memcpy(region, pageable.data(), bytes);
   std::vector<int64_t> offsets = {0};
-  const auto plan_on = [&](char* at) {
+  const auto plan_on = [&](char* at, RopeLayout layout) {
+    const bool bhsd = layout == RopeLayout::kBHSD;
     RopeTensors t;
-    t.query = MutableTensor{DType::kFloat32, {1, T, Hq, D}, at, q_bytes};
-    t.key = MutableTensor{DType::kFloat32, {1, T, Hk, D}, at + q_bytes, k_bytes};
+    RopeOptions o;
+    o.layout = layout;
+    t.query = MutableTensor{
+        DType::kFloat32,
+        bhsd ? std::vector<int64_t>{1, Hq, T, D} : std::vector<int64_t>{1, T, Hq, D}, at, q_bytes};
+    t.key =
+        MutableTensor{DType::kFloat32,
+                      bhsd ? std::vector<int64_t>{1, Hk, T, D} : std::vector<int64_t>{1, T, Hk, D},
+                      at + q_bytes, k_bytes};
     t.positions.offsets = TensorView{DType::kInt64, {1}, offsets.data(), 8};
-    return PlanRope(RopeOptions{}, t);
+    return PlanRope(o, t);
   };
   const double pcie = PcieRoundTripMs(bytes);
-  const auto add = [&](const char* name, Backend& b, char* at) {
-    auto plan = plan_on(at);
+  const auto add = [&](const char* name, Backend& b, char* at,
+                       RopeLayout layout = RopeLayout::kBSHD) {
+    auto plan = plan_on(at, layout);
     if (!plan.ok()) {
       std::fprintf(stderr, "%s: %s\n", name, plan.status().ToString().c_str());
       return;
@@ -98,6 +108,8 @@ std::vector<StagingRow> MeasureStaging() {
   };
   char* host = reinterpret_cast<char*>(pageable.data());
   add("rope f32 4096x(32+8)x128, cuda, pageable (chunked staging)", **gpu, host);
+  add("rope f32 BHSD (32+8)x4096x128, cuda, pageable (chunked staging)", **gpu, host,
+      RopeLayout::kBHSD);
   if ((*gpu)->PinHostMemory(region, bytes).ok()) {
     add("rope f32 4096x(32+8)x128, cuda, pinned region (direct)", **gpu,
         static_cast<char*>(region));
