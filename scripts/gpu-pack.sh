@@ -17,7 +17,21 @@ trap 'rm -rf "$stage"' EXIT
 # POSENC_BASE_BENCH=PATH: another commit's posenc-bench-gpu, packed as
 # posenc-bench-gpu-base so that gpu-check.sh's bench-base step times both
 # kernels on the same GPU in the same call (an A/B of a kernel change).
+# POSENC_BASE_COMMIT=REV builds that binary first, from REV in a worktree of
+# its own under the build directory (a minute or two: the benchmark alone).
 base=()
+if [ -n "${POSENC_BASE_COMMIT:-}" ]; then
+  tree=$PWD/$build/base-$(git rev-parse --short "$POSENC_BASE_COMMIT")
+  if [ ! -x "$tree/build/bench/posenc-bench-gpu" ]; then
+    rm -rf "$tree"
+    git worktree prune
+    git worktree add --detach "$tree" "$POSENC_BASE_COMMIT" > /dev/null
+    cmake -S "$tree" -B "$tree/build" -DCMAKE_BUILD_TYPE=Release -DPOSENC_BUILD_TESTS=OFF \
+      -DPOSENC_BUILD_SERVER=OFF > "$tree.cmake.log"
+    cmake --build "$tree/build" -j2 --target posenc-bench-gpu > "$tree.build.log"
+  fi
+  POSENC_BASE_BENCH=$tree/build/bench/posenc-bench-gpu
+fi
 if [ -n "${POSENC_BASE_BENCH:-}" ]; then
   mkdir -p "$stage/base"
   cp -L "$POSENC_BASE_BENCH" "$stage/base/posenc-bench-gpu-base"
