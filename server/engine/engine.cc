@@ -175,7 +175,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithGpus(
       e->cuda_cost_ = *cuda_cost;
     }
   }
-  e->tables_.Reload();
+  e->tables_.Reload().IgnoreError();  // nothing cancels it, nothing runs beside it
   return e;
 }
 
@@ -583,8 +583,8 @@ absl::StatusOr<Produced> Engine::AttentionBias(const BiasOptions& o, MutableTens
   return produced;
 }
 
-void Engine::ReloadTables() {
-  tables_.Reload([this] { return draining(); });
+absl::Status Engine::ReloadTables() {
+  return tables_.Reload([this] { return draining(); });
 }
 
 }  // namespace posenc::server

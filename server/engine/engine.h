@@ -186,8 +186,10 @@ class Engine {
   // Reused buffers for work that cannot be done where a tensor lies
   // (scratch_pool.h); up to --max_request_bytes of them are kept idle.
   ScratchPool& scratch() { return scratch_; }
-  // A drain abandons a reload in progress (the old tables stay).
-  void ReloadTables();
+  // TableRepository::Reload: a drain abandons a reload in progress
+  // (CANCELLED; the old tables stay), and a third reload while one runs and
+  // one waits is RESOURCE_EXHAUSTED.
+  [[nodiscard]] absl::Status ReloadTables();
 
   // After this, new work is refused with UNAVAILABLE (graceful drain).
   void StartDraining() { admission_.StartDraining(); }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "engine/repository_file.h"
 #include "engine/safetensors.h"
+#include "posenc/status_macros.h"
 
 namespace posenc::server {
 namespace {
@@ -152,53 +153,26 @@ TableRepository::TableRepository(TableRepositoryOptions options) : options_(std:
 TableRepository::TableRepository(std::string dir)
     : TableRepository(TableRepositoryOptions{std::move(dir)}) {}
 
-bool TableRepository::BeginReload(const std::function<bool()>& cancelled) {
-  std::unique_lock<std::mutex> lock(reload_mu_);
-  while (reloading_) {
-    if (cancelled) {
-      lock.unlock();  // the predicate is the caller's code: never run it under our lock
-      if (cancelled()) return false;
-      lock.lock();
-      if (!reloading_) break;
-    }
-    reload_done_.wait_for(lock, kLockPoll);
-  }
-  reloading_ = true;
-  return true;
-}
-
-void TableRepository::EndReload() {
-  {
-    std::lock_guard<std::mutex> lock(reload_mu_);
-    reloading_ = false;
-  }
-  reload_done_.notify_one();
-}
-
-bool TableRepository::Reload(const std::function<bool()>& cancelled) {
-  if (!BeginReload(cancelled)) return false;
-  struct End {
-    TableRepository* repo;
-    ~End() { repo->EndReload(); }
-  } end{this};
-  Scan scan(options_, cancelled);
+absl::Status TableRepository::Reload(const std::function<bool()>& cancelled) {
   bool complete = false;
-  try {
-    complete = scan.Run();
-  } catch (const std::exception& e) {
-    // Out of memory or a filesystem error we did not foresee: report it
-    // rather than let it take down the server, keeping what loaded so far.
-    scan.skipped.push_back(absl::StrCat(options_.dir, ": reload stopped early: ", e.what()));
-    complete = true;
-  }
-  if (!complete) return false;
-  CapSkipped(&scan.skipped);
-  {
+  POSENC_RETURN_IF_ERROR(gate_.Run(cancelled, [&] {
+    Scan scan(options_, cancelled);
+    try {
+      complete = scan.Run();
+    } catch (const std::exception& e) {
+      // Out of memory or a filesystem error we did not foresee: report it
+      // rather than let it take down the server, keeping what loaded so far.
+      scan.skipped.push_back(absl::StrCat(options_.dir, ": reload stopped early: ", e.what()));
+      complete = true;
+    }
+    if (!complete) return;
+    CapSkipped(&scan.skipped);
     std::lock_guard<std::mutex> lock(mu_);
     std::swap(tables_, scan.tables);
     std::swap(skipped_, scan.skipped);
-  }
-  return true;  // the old set is freed here, outside the lock
+  }));  // the old set is freed with the scan, outside the lock
+  if (!complete) return absl::CancelledError("the table reload was cancelled");
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<const LearnedTable>> TableRepository::Find(

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "engine/reload_gate.h"
 #include "posenc/absolute.h"
 
 namespace posenc::server {
@@ -52,11 +53,12 @@ class TableRepository {
   // Rescans the directory and swaps in the new set at once; calls already
   // holding a table keep it. Bad files are skipped and reported in skipped().
   // Only regular files are read, and never with a blocking open. Find() and
-  // List() are not blocked meanwhile; concurrent reloads run one at a time.
+  // List() are not blocked meanwhile. Reloads run one at a time, with at
+  // most one waiting (ReloadGate): a third is RESOURCE_EXHAUSTED at once.
   // `cancelled` (may be empty) is polled between files, between read chunks
   // and while waiting for another reload; once it returns true the reload is
-  // abandoned, the previous set stays, and Reload returns false.
-  bool Reload(const std::function<bool()>& cancelled = {});
+  // abandoned, the previous set stays, and Reload returns CANCELLED.
+  [[nodiscard]] absl::Status Reload(const std::function<bool()>& cancelled = {});
 
   // NOT_FOUND listing the tables that exist.
   [[nodiscard]] absl::StatusOr<std::shared_ptr<const LearnedTable>> Find(
@@ -67,23 +69,16 @@ class TableRepository {
   // counting any beyond.
   std::vector<std::string> skipped() const;
   const std::string& dir() const { return options_.dir; }
+  // Whether a reload waits for another to end (ReloadGate::waiting).
+  bool reload_waiting() const { return gate_.waiting(); }
   const TableRepositoryOptions& options() const { return options_; }
 
  private:
   using TableMap = std::map<std::string, TableEntry, std::less<>>;
 
-  // Waits until no other reload runs (false if cancelled meanwhile).
-  bool BeginReload(const std::function<bool()>& cancelled);
-  void EndReload();
-
   const TableRepositoryOptions options_;
-  // Reloads run one at a time. A flag and a condition variable rather than a
-  // timed mutex: waiting must poll `cancelled`, and TSan does not see
-  // pthread_mutex_clocklock, which timed_mutex::try_lock_for uses.
-  std::mutex reload_mu_;
-  std::condition_variable reload_done_;
-  bool reloading_ = false;  // guarded by reload_mu_
-  mutable std::mutex mu_;   // guards the two fields below; never held during I/O
+  ReloadGate gate_{"table reload"};
+  mutable std::mutex mu_;  // guards the two fields below; never held during I/O
   TableMap tables_;
   std::vector<std::string> skipped_;
 };

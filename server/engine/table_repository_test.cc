@@ -81,7 +81,7 @@ bool ReloadWithin(const std::shared_ptr<TableRepository>& repo,
   auto done = std::make_shared<std::promise<void>>();
   std::future<void> finished = done->get_future();
   std::thread([repo, done] {
-    repo->Reload();
+    repo->Reload().IgnoreError();
     done->set_value();
   }).detach();
   return finished.wait_for(limit) == std::future_status::ready;
@@ -123,7 +123,7 @@ TEST_F(TableRepositoryTest, LoadsSkipsMalformedAndReloads) {
   Write(dir_ / "notes.txt", "ignored");
 
   TableRepository repo(dir_.string());
-  EXPECT_TRUE(repo.Reload());
+  EXPECT_TRUE(repo.Reload().ok());
   ASSERT_EQ(repo.List().size(), 1u);
   auto found = repo.Find("bert/position_embeddings");
   ASSERT_TRUE(found.ok()) << found.status();
@@ -140,7 +140,7 @@ TEST_F(TableRepositoryTest, LoadsSkipsMalformedAndReloads) {
   std::shared_ptr<const LearnedTable> held = *found;
   WriteTable(dir_ / "gpt2.safetensors", "wpe");
   fs::remove(dir_ / "bert.safetensors");
-  EXPECT_TRUE(repo.Reload());
+  EXPECT_TRUE(repo.Reload().ok());
   EXPECT_TRUE(repo.Find("gpt2/wpe").ok());
   EXPECT_FALSE(repo.Find("bert/position_embeddings").ok());
   EXPECT_EQ(held->values, t.values);
@@ -332,14 +332,14 @@ TEST_F(TableRepositoryTest, CancelledReloadKeepsThePreviousSet) {
   auto repo = Repo();
   ReloadAndExpectGood(repo);
   WriteTable(dir_ / "later.safetensors", "pos");
-  EXPECT_FALSE(repo->Reload([] { return true; }));
+  EXPECT_EQ(repo->Reload([] { return true; }).code(), absl::StatusCode::kCancelled);
   EXPECT_FALSE(repo->Find("later/pos").ok());
   EXPECT_TRUE(repo->Find("good/pos").ok());
   // Cancelled after the first file: nothing of the partial scan is swapped in.
   int polls = 0;
-  EXPECT_FALSE(repo->Reload([&] { return ++polls > 3; }));
+  EXPECT_EQ(repo->Reload([&] { return ++polls > 3; }).code(), absl::StatusCode::kCancelled);
   EXPECT_FALSE(repo->Find("later/pos").ok());
-  EXPECT_TRUE(repo->Reload([] { return false; }));
+  EXPECT_TRUE(repo->Reload([] { return false; }).ok());
   EXPECT_TRUE(repo->Find("later/pos").ok());
 }
 
@@ -366,13 +366,15 @@ TEST_F(TableRepositoryTest, ReloadBlocksNeitherReadersNorShutdown) {
   } let_go{&release};
   std::atomic<bool> once{false};
   auto first = std::async(std::launch::async, [&] {
-    return repo->Reload([&] {
-      if (!once.exchange(true)) {
-        parked.set_value();
-        released.wait();
-      }
-      return false;
-    });
+    return repo
+        ->Reload([&] {
+          if (!once.exchange(true)) {
+            parked.set_value();
+            released.wait();
+          }
+          return false;
+        })
+        .ok();
   });
   ASSERT_EQ(parked.get_future().wait_for(kReloadDeadline), std::future_status::ready);
 
@@ -384,18 +386,19 @@ TEST_F(TableRepositoryTest, ReloadBlocksNeitherReadersNorShutdown) {
 
   std::atomic<bool> second_done{false};
   auto second = std::async(std::launch::async, [&] {
-    const bool ok = repo->Reload();
+    const bool ok = repo->Reload().ok();
     second_done = true;
     return ok;
   });
-  std::atomic<bool> stop{false};
-  auto abandoned =
-      std::async(std::launch::async, [&] { return repo->Reload([&] { return stop.load(); }); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (int i = 0; i < 200 && !repo->reload_waiting(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(repo->reload_waiting());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_FALSE(second_done) << "a second reload ran alongside the first";
-  stop = true;
-  ASSERT_EQ(abandoned.wait_for(kReloadDeadline), std::future_status::ready);
-  EXPECT_FALSE(abandoned.get());
+  // A third, while one runs and one waits, is refused at once: it holds no
+  // thread (ReloadGate; its cancellation while waiting: reload_gate_test).
+  EXPECT_EQ(repo->Reload().code(), absl::StatusCode::kResourceExhausted);
 
   let_go();
   ASSERT_EQ(first.wait_for(kReloadDeadline), std::future_status::ready);
@@ -407,12 +410,12 @@ TEST_F(TableRepositoryTest, ReloadBlocksNeitherReadersNorShutdown) {
 
 TEST(TableRepository, EmptyDirIsARepositoryWithNoTables) {
   TableRepository repo("");
-  EXPECT_TRUE(repo.Reload());
+  EXPECT_TRUE(repo.Reload().ok());
   EXPECT_TRUE(repo.List().empty());
   EXPECT_TRUE(repo.skipped().empty());
   EXPECT_NE(repo.Find("a/b").status().message().find("no --table_dir"), absl::string_view::npos);
   TableRepository missing("/nonexistent/posenc/tables");
-  EXPECT_TRUE(missing.Reload());
+  EXPECT_TRUE(missing.Reload().ok());
   ASSERT_EQ(missing.skipped().size(), 1u);
   EXPECT_NE(missing.skipped()[0].find("cannot resolve directory"), std::string::npos);
 }

@@ -11,6 +11,7 @@
 #include "engine/repository_file.h"
 #include "engine/utf8.h"
 #include "kserve/model_file.h"
+#include "posenc/status_macros.h"
 
 namespace posenc::server::kserve {
 namespace {
@@ -136,33 +137,36 @@ ModelRegistry::ModelRegistry(ModelRepositoryOptions options) : options_(std::mov
   set_ = std::move(set);
 }
 
-bool ModelRegistry::Reload(const std::function<bool()>& cancelled) {
-  std::lock_guard<std::mutex> one_at_a_time(reload_mu_);
-  auto set = std::make_shared<ModelSet>();
-  set->models_ = BuiltInModels();
-  set->dir_ = options_.dir;
-  if (!options_.dir.empty()) {
-    std::vector<std::shared_ptr<const Model>> models;
-    bool complete = true;
-    try {
-      complete = Scan(options_, cancelled, &models, &set->skipped_).Run();
-    } catch (const std::exception& e) {
-      set->skipped_.push_back({"", absl::StrCat(options_.dir, ": reload stopped: ", e.what())});
+absl::Status ModelRegistry::Reload(const std::function<bool()>& cancelled) {
+  bool complete = true;
+  POSENC_RETURN_IF_ERROR(gate_.Run(cancelled, [&] {
+    auto set = std::make_shared<ModelSet>();
+    set->models_ = BuiltInModels();
+    set->dir_ = options_.dir;
+    if (!options_.dir.empty()) {
+      std::vector<std::shared_ptr<const Model>> models;
+      try {
+        complete = Scan(options_, cancelled, &models, &set->skipped_).Run();
+      } catch (const std::exception& e) {
+        set->skipped_.push_back({"", absl::StrCat(options_.dir, ": reload stopped: ", e.what())});
+      }
+      if (!complete) return;
+      for (auto& m : models) set->models_.push_back(std::move(m));
+      if (set->skipped_.size() > kMaxSkipped) {
+        const size_t unlisted = set->skipped_.size() - (kMaxSkipped - 1);
+        set->skipped_.resize(kMaxSkipped - 1);
+        set->skipped_.push_back({"", absl::StrCat(unlisted, " more skipped files not listed")});
+      }
     }
-    if (!complete) return false;
-    for (auto& m : models) set->models_.push_back(std::move(m));
-    if (set->skipped_.size() > kMaxSkipped) {
-      const size_t unlisted = set->skipped_.size() - (kMaxSkipped - 1);
-      set->skipped_.resize(kMaxSkipped - 1);
-      set->skipped_.push_back({"", absl::StrCat(unlisted, " more skipped files not listed")});
+    std::shared_ptr<const ModelSet> old;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      old = std::exchange(set_, std::move(set));
     }
-  }
-  std::shared_ptr<const ModelSet> old;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    old = std::exchange(set_, std::move(set));
-  }
-  return true;  // the old set is freed outside the lock, once no call holds it
+    // the old set is freed here, outside the lock, once no call holds it
+  }));
+  if (!complete) return absl::CancelledError("the model reload was cancelled");
+  return absl::OkStatus();
 }
 
 std::shared_ptr<const ModelSet> ModelRegistry::Snapshot() const {

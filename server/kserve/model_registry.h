@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "engine/reload_gate.h"
 #include "kserve/models.h"
 
 namespace posenc::server::kserve {
@@ -64,17 +65,18 @@ class ModelRegistry {
   explicit ModelRegistry(ModelRepositoryOptions options);
 
   // Rescans the directory and swaps in the new set at once. Reloads run one
-  // at a time; lookups are never blocked by one. `cancelled` (may be empty)
-  // is polled between files; once true the old set stays and this returns
-  // false.
-  bool Reload(const std::function<bool()>& cancelled = {});
+  // at a time, with at most one waiting (ReloadGate: a third is
+  // RESOURCE_EXHAUSTED at once); lookups are never blocked by one.
+  // `cancelled` (may be empty) is polled between files and while waiting;
+  // once true the old set stays and this returns CANCELLED.
+  [[nodiscard]] absl::Status Reload(const std::function<bool()>& cancelled = {});
 
   std::shared_ptr<const ModelSet> Snapshot() const;
   const ModelRepositoryOptions& options() const { return options_; }
 
  private:
   const ModelRepositoryOptions options_;
-  std::mutex reload_mu_;   // one reload at a time
+  ReloadGate gate_{"model reload"};
   mutable std::mutex mu_;  // guards set_; held only to copy or swap the pointer
   std::shared_ptr<const ModelSet> set_;
 };

@@ -55,7 +55,7 @@ class ModelRegistryTest : public ::testing::Test {
 
 TEST_F(ModelRegistryTest, NoDirectoryServesTheBuiltIns) {
   ModelRegistry r(ModelRepositoryOptions{});
-  ASSERT_TRUE(r.Reload());
+  ASSERT_TRUE(r.Reload().ok());
   EXPECT_EQ(Names(*r.Snapshot()), (std::vector<std::string>{"rope", "rope_qk", "sinusoidal",
                                                             "learned", "attention_bias"}));
   EXPECT_TRUE(r.Snapshot()->skipped().empty());
@@ -72,7 +72,7 @@ TEST_F(ModelRegistryTest, BadFilesAreSkippedWithTheirReasonWhileGoodOnesLoad) {
   fs::create_directory(dir_ / "dir.json");
   ASSERT_EQ(mkfifo((dir_ / "fifo.json").c_str(), 0600), 0);  // must not block the reload
   ModelRegistry r(Options());
-  ASSERT_TRUE(r.Reload());
+  ASSERT_TRUE(r.Reload().ok());
   std::shared_ptr<const ModelSet> set = r.Snapshot();
   EXPECT_EQ(Names(*set), (std::vector<std::string>{"rope", "rope_qk", "sinusoidal", "learned",
                                                    "attention_bias", "good"}));
@@ -96,18 +96,18 @@ TEST_F(ModelRegistryTest, BadFilesAreSkippedWithTheirReasonWhileGoodOnesLoad) {
 TEST_F(ModelRegistryTest, ReloadSwapsWhileHeldModelsStay) {
   Write(dir_ / "a.json", kRope);
   ModelRegistry r(Options());
-  ASSERT_TRUE(r.Reload());
+  ASSERT_TRUE(r.Reload().ok());
   std::shared_ptr<const ModelSet> before = r.Snapshot();
   absl::StatusOr<std::shared_ptr<const Model>> held = before->Find("a", "");
   ASSERT_TRUE(held.ok());
   // Change a, remove nothing, add b; then remove a.
   Write(dir_ / "a.json", R"({"operation": "rope", "parameters": {"base": 10000}})");
   Write(dir_ / "b.json", R"({"operation": "sinusoidal"})");
-  ASSERT_TRUE(r.Reload());
+  ASSERT_TRUE(r.Reload().ok());
   EXPECT_EQ(r.Snapshot()->Find("a", "").value()->fixed.at("base").int64_param(), 10000);
   EXPECT_TRUE(r.Snapshot()->Find("b", "").ok());
   fs::remove(dir_ / "a.json");
-  ASSERT_TRUE(r.Reload());
+  ASSERT_TRUE(r.Reload().ok());
   EXPECT_EQ(r.Snapshot()->Find("a", "").status().code(), absl::StatusCode::kNotFound);
   // What a call took before the reloads is unchanged.
   EXPECT_EQ((*held)->fixed.at("base").int64_param(), 500000);
@@ -119,7 +119,7 @@ TEST_F(ModelRegistryTest, LookupsDuringReloadsSeeOneWholeSet) {
   Write(dir_ / "a.json", kRope);
   Write(dir_ / "b.json", kRope);
   ModelRegistry r(Options());
-  ASSERT_TRUE(r.Reload());
+  ASSERT_TRUE(r.Reload().ok());
   std::atomic<bool> stop{false};
   std::atomic<int> lookups{0}, torn{0};
   std::vector<std::thread> readers;
@@ -143,7 +143,7 @@ TEST_F(ModelRegistryTest, LookupsDuringReloadsSeeOneWholeSet) {
         R"({"operation": "rope", "parameters": {"base": )" + std::to_string(1000 + i) + "}}";
     Write(dir_ / "a.json", json);
     Write(dir_ / "b.json", json);
-    ASSERT_TRUE(r.Reload());
+    ASSERT_TRUE(r.Reload().ok());
   }
   stop = true;
   for (auto& t : readers) t.join();
@@ -154,9 +154,9 @@ TEST_F(ModelRegistryTest, LookupsDuringReloadsSeeOneWholeSet) {
 TEST_F(ModelRegistryTest, CancelledReloadKeepsTheOldSet) {
   Write(dir_ / "a.json", kRope);
   ModelRegistry r(Options());
-  ASSERT_TRUE(r.Reload());
+  ASSERT_TRUE(r.Reload().ok());
   Write(dir_ / "b.json", kRope);
-  EXPECT_FALSE(r.Reload([] { return true; }));
+  EXPECT_EQ(r.Reload([] { return true; }).code(), absl::StatusCode::kCancelled);
   EXPECT_FALSE(r.Snapshot()->Find("b", "").ok());
   EXPECT_TRUE(r.Snapshot()->Find("a", "").ok());
 }
@@ -172,7 +172,7 @@ TEST_F(ModelRegistryTest, SymlinksMustStayInsideTheDirectory) {
   Write(outside / "ext.json", kRope);
   fs::create_symlink(outside / "ext.json", dir_ / "ext.json");
   ModelRegistry r(Options());
-  ASSERT_TRUE(r.Reload());
+  ASSERT_TRUE(r.Reload().ok());
   EXPECT_TRUE(r.Snapshot()->Find("cm", "").ok());
   EXPECT_NE(Reason(*r.Snapshot(), "ext").find("outside"), std::string::npos);
   fs::remove_all(outside);
@@ -182,7 +182,7 @@ TEST_F(ModelRegistryTest, MissingDirectoryIsReported) {
   ModelRepositoryOptions o;
   o.dir = (dir_ / "nowhere").string();
   ModelRegistry r(o);
-  ASSERT_TRUE(r.Reload());
+  ASSERT_TRUE(r.Reload().ok());
   ASSERT_EQ(r.Snapshot()->skipped().size(), 1u);
   EXPECT_NE(r.Snapshot()->skipped()[0].reason.find("cannot resolve directory"), std::string::npos);
   EXPECT_EQ(r.Snapshot()->models().size(), BuiltInModels().size());
@@ -193,7 +193,7 @@ TEST_F(ModelRegistryTest, FloodedDirectoryIsBounded) {
   ModelRepositoryOptions o = Options();
   o.max_files = 5;
   ModelRegistry r(o);
-  ASSERT_TRUE(r.Reload());
+  ASSERT_TRUE(r.Reload().ok());
   const auto& skipped = r.Snapshot()->skipped();
   ASSERT_EQ(skipped.size(), 6u);
   EXPECT_NE(skipped[0].reason.find("15 more .json files not considered"), std::string::npos);

@@ -38,16 +38,17 @@ absl::Status NoSuchRepository(const std::string& name) {
 
 KServeService::KServeService(Engine* engine, kserve::ModelRepositoryOptions models)
     : engine_(engine), models_(kserve::ModelRegistry(std::move(models))) {
-  ReloadModels();
+  ReloadModels().IgnoreError();  // nothing runs beside the first
 }
 
-void KServeService::ReloadModels() {
-  if (!models_.Reload([this] { return engine_->draining(); })) return;
+absl::Status KServeService::ReloadModels() {
+  POSENC_RETURN_IF_ERROR(models_.Reload([this] { return engine_->draining(); }));
   std::shared_ptr<const kserve::ModelSet> set = models_.Snapshot();
-  if (set->dir().empty()) return;
+  if (set->dir().empty()) return absl::OkStatus();
   spdlog::info("model_dir '{}': {} models loaded, {} skipped", set->dir(),
                set->models().size() - kserve::BuiltInModels().size(), set->skipped().size());
   for (const kserve::SkippedModel& m : set->skipped()) spdlog::warn("model skipped: {}", m.reason);
+  return absl::OkStatus();
 }
 
 std::vector<Method> KServeService::Methods() {
@@ -162,7 +163,11 @@ std::vector<Method> KServeService::ControlMethods() {
                            "\": posenc loads models only from the files of --model_dir (no "
                            "config or file overrides)"));
         }
-        ReloadModels();
+        // Refused while two reloads are under way; abandoned by a drain, it
+        // answers from the models as they stand, as before.
+        if (absl::Status s = ReloadModels(); s.code() == absl::StatusCode::kResourceExhausted) {
+          return s;
+        }
         std::shared_ptr<const kserve::ModelSet> set = models_.Snapshot();
         if (const kserve::SkippedModel* skipped = set->FindSkipped(req.model_name());
             skipped != nullptr) {

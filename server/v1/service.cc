@@ -23,8 +23,14 @@ std::vector<Method> PositionalEncodingService::Methods() const {
   // Reads the table files: on the executor, never on gRPC's threads.
   methods.push_back(ControlMethod<v1::ReloadTablesRequest, v1::ListTablesResponse>(
       kPositionalEncodingService, "ReloadTables",
-      [engine](MethodCall&, const v1::ReloadTablesRequest&, v1::ListTablesResponse* resp) {
-        engine->ReloadTables();
+      [engine](MethodCall&, const v1::ReloadTablesRequest&,
+               v1::ListTablesResponse* resp) -> absl::Status {
+        // Refused while two reloads are under way; abandoned by a drain,
+        // it answers the tables as they stand, as before.
+        if (absl::Status s = engine->ReloadTables();
+            s.code() == absl::StatusCode::kResourceExhausted) {
+          return s;
+        }
         *resp = server::ListTables(*engine);
         spdlog::info("tables reloaded: {} loaded, {} skipped", resp->tables_size(),
                      resp->skipped_size());
