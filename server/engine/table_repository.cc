@@ -1,7 +1,6 @@
 #include "engine/table_repository.h"
 
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 #include <new>
 #include <optional>
@@ -23,8 +22,6 @@ namespace fs = std::filesystem;
 // lines (each at most a few hundred bytes) keep a directory full of bad files
 // from pushing replies toward gRPC's 4 MiB default message limit.
 constexpr size_t kMaxSkippedLines = 256;
-// How often a reload waiting behind another checks for cancellation.
-constexpr auto kLockPoll = std::chrono::milliseconds(20);
 
 // Keeps the first kMaxSkippedLines and counts the rest.
 void CapSkipped(std::vector<std::string>* lines) {

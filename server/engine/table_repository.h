@@ -6,7 +6,6 @@
 #ifndef POSENC_SERVER_ENGINE_TABLE_REPOSITORY_H_
 #define POSENC_SERVER_ENGINE_TABLE_REPOSITORY_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>

@@ -62,9 +62,9 @@ POSENC_HOST_DEVICE void AbsoluteBody(const AbsoluteParams& p, Coord block, Coord
   for (int64_t e0 =
            static_cast<int64_t>(thread.x % static_cast<unsigned>(p.threads_per_row)) * kWidth;
        e0 < p.dim; e0 += static_cast<int64_t>(p.threads_per_row) * kWidth) {
-    // sin/cos at the anchor of the last token, for channel j's frequency
-    // (entry j / 2 for interleaved pairs); anchors are multiples of 16, so
-    // 1 matches none.
+    // sin/cos at the anchor of the last token, slot j for channel j's
+    // frequency (an interleaved pair's in its even channel's slot); anchors
+    // are multiples of 16, so 1 matches none.
     float anchor_sin[kWidth], anchor_cos[kWidth];
     int64_t cached_anchor = 1;
     for (int64_t t = t_begin; t < t_end; ++t) {

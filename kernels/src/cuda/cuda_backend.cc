@@ -236,13 +236,11 @@ class CudaBackend final : public Backend {
     const size_t q_token = q_bytes / plan.num_tokens, k_token = k_bytes / plan.num_tokens;
     const bool direct =
         !resident && InPinned(query, q_bytes) && (k_bytes == 0 || InPinned(key, k_bytes));
-    const bool chunked = !resident && !direct && q_bytes + k_bytes >= 2 * chunk_bytes_;
-    const bool staged = !resident && !direct && !chunked;
-    const int64_t per_chunk = std::max<int64_t>(1, chunk_bytes_ / (q_token + k_token));
-    const size_t host_bytes =
-        staged ? l.size()
-               : side_bytes + (chunked ? SlotBytes(per_chunk, q_token + k_token) * 2 : 0);
-    return WithWorker(l.size(), host_bytes, [&](Worker& w) -> absl::Status {
+    const Staging st =
+        StagingOf(resident, direct, q_bytes + k_bytes, q_token + k_token, side_bytes, l.size());
+    const bool chunked = st.chunked, staged = st.staged;
+    const int64_t per_chunk = st.per_chunk;
+    return WithWorker(l.size(), st.host_bytes, [&](Worker& w) -> absl::Status {
       char* h = w.pinned;
       if (staged) {
         std::memcpy(h + q_at, query, q_bytes);
@@ -354,12 +352,10 @@ class CudaBackend final : public Backend {
     const size_t x_at = l.Add(resident ? 0 : x_bytes);
     const size_t row = x_bytes / plan.num_tokens;
     const bool direct = !resident && InPinned(x, x_bytes);
-    const bool chunked = !resident && !direct && x_bytes >= 2 * chunk_bytes_;
-    const bool staged = !resident && !direct && !chunked;
-    const int64_t per_chunk = std::max<int64_t>(1, chunk_bytes_ / row);
-    const size_t host_bytes =
-        staged ? l.size() : side_bytes + (chunked ? SlotBytes(per_chunk, row) * 2 : 0);
-    return WithWorker(l.size(), host_bytes, [&](Worker& w) -> absl::Status {
+    const Staging st = StagingOf(resident, direct, x_bytes, row, side_bytes, l.size());
+    const bool chunked = st.chunked, staged = st.staged;
+    const int64_t per_chunk = st.per_chunk;
+    return WithWorker(l.size(), st.host_bytes, [&](Worker& w) -> absl::Status {
       const float* table = nullptr;
       if (learned) {
         POSENC_ASSIGN_OR_RETURN(table, DeviceTable(plan.options.table, w));
@@ -430,12 +426,10 @@ class CudaBackend final : public Backend {
     const int64_t rows = plan.batch * plan.num_heads * plan.q_len;
     const size_t row = out_bytes / rows;
     const bool direct = !resident && InPinned(out, out_bytes);
-    const bool chunked = !resident && !direct && out_bytes >= 2 * chunk_bytes_;
-    const bool staged = !resident && !direct && !chunked;
-    const int64_t per_chunk = std::max<int64_t>(1, chunk_bytes_ / row);
-    const size_t host_bytes =
-        staged ? l.size() : side_bytes + (chunked ? SlotBytes(per_chunk, row) * 2 : 0);
-    return WithWorker(l.size(), host_bytes, [&](Worker& w) -> absl::Status {
+    const Staging st = StagingOf(resident, direct, out_bytes, row, side_bytes, l.size());
+    const bool chunked = st.chunked, staged = st.staged;
+    const int64_t per_chunk = st.per_chunk;
+    return WithWorker(l.size(), st.host_bytes, [&](Worker& w) -> absl::Status {
       char* h = w.pinned;
       if (plan.add_to_logits && staged) std::memcpy(h + out_at, out, out_bytes);
       std::memcpy(h + slopes_at, plan.slopes.data(), plan.slopes.size() * 8);
@@ -608,6 +602,27 @@ class CudaBackend final : public Backend {
   // The pinned bytes of one chunk slot: `rows` rows of `row_bytes`.
   static size_t SlotBytes(int64_t rows, size_t row_bytes) {
     return AlignUp(static_cast<size_t>(rows) * row_bytes);
+  }
+
+  // How a call on host tensors moves them: straight from pinned memory
+  // (direct), in chunks through two slots (chunked: twice chunk_bytes_ or
+  // more), or whole through the pinned buffer (staged). Calls on device
+  // memory (resident) move none of them.
+  struct Staging {
+    bool chunked, staged;
+    int64_t per_chunk;  // rows a chunk
+    size_t host_bytes;  // of the worker's pinned buffer the call needs
+  };
+  Staging StagingOf(bool resident, bool direct, size_t tensor_bytes, size_t row_bytes,
+                    size_t side_bytes, size_t layout_bytes) const {
+    Staging st;
+    st.chunked = !resident && !direct && tensor_bytes >= 2 * chunk_bytes_;
+    st.staged = !resident && !direct && !st.chunked;
+    st.per_chunk = std::max<int64_t>(1, chunk_bytes_ / row_bytes);
+    st.host_bytes = st.staged    ? layout_bytes
+                    : st.chunked ? side_bytes + 2 * SlotBytes(st.per_chunk, row_bytes)
+                                 : side_bytes;
+    return st;
   }
 
   // Copies chunk c of t between the caller's memory and `slot`, where it

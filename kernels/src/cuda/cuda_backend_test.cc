@@ -289,42 +289,53 @@ TEST(CudaBackendOnFakeRuntime, ChunkedBhsdStaysWithinASequence) {
   EXPECT_EQ(k, ck);
 }
 
+// ALiBi + causal with left padding ([batch = 2, heads, q_len, k_len] keys
+// [starts[b], ends[b])) on the fake runtime's backend `b` and on the CPU:
+// added to random bf16 logits, or built as poisoned float32. Expects the
+// same bytes and returns the launches the backend made.
+int BiasLikeTheCpu(Backend& b, FakeDeviceRuntime& rt, DType dtype, int64_t heads, int64_t q_len,
+                   int64_t k_len, std::vector<int64_t> starts, std::vector<int64_t> ends,
+                   std::mt19937_64& rng) {
+  BiasOptions o;
+  o.form = BiasForm::kCausal;
+  o.causal = true;
+  o.batch = 2;
+  o.num_heads = heads;
+  o.q_len = q_len;
+  o.k_len = k_len;
+  o.dtype = dtype;
+  o.k_starts = testing::IntView(starts, {2});
+  o.k_lens = testing::IntView(ends, {2});
+  const int64_t n = o.batch * o.num_heads * o.q_len * o.k_len;
+  const bool add = dtype == DType::kBFloat16;
+  Bytes out = add ? RandomBf16(n, rng) : testing::Poisoned(dtype, n);
+  Bytes cpu_out = out;
+  TensorView logits;
+  if (add) {
+    logits = TensorView{dtype, {o.batch, o.num_heads, o.q_len, o.k_len}, out.data(), out.size()};
+  }
+  auto plan = PlanAttentionBias(o, logits);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (!plan.ok()) return -1;
+  const int before = rt.launches();
+  EXPECT_TRUE(b.ApplyAttentionBias(*plan, out.data(), {}).ok());
+  const int launches = rt.launches() - before;
+  EXPECT_TRUE(CreateCpuBackend(1)->ApplyAttentionBias(*plan, cpu_out.data(), {}).ok());
+  EXPECT_EQ(out, cpu_out) << DTypeName(dtype);
+  return launches;
+}
+
 // Large biases go in chunks of rows too, added to logits or built; left
 // padding and the causal mask cross the chunks' edges.
 TEST(CudaBackendOnFakeRuntime, ChunkedBiasesGiveTheCpusResults) {
   FakeDeviceRuntime rt;
   auto b = OnFake(rt, /*chunk_bytes=*/4096);
   ASSERT_NE(b, nullptr);
-  auto cpu = CreateCpuBackend(1);
   std::mt19937_64 rng(testing::Rng()());
-  std::vector<int64_t> starts = {0, 37}, ends = {100, 91};
-  for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
-    BiasOptions o;
-    o.form = BiasForm::kCausal;
-    o.causal = true;
-    o.batch = 2;
-    o.num_heads = 3;
-    o.q_len = 41;
-    o.k_len = 100;  // bf16: 200-byte rows, 20 a chunk, 13 chunks (the last short)
-    o.dtype = dtype;
-    o.k_starts = testing::IntView(starts, {2});
-    o.k_lens = testing::IntView(ends, {2});
-    const int64_t n = o.batch * o.num_heads * o.q_len * o.k_len;
-    const bool add = dtype == DType::kBFloat16;
-    Bytes out = add ? RandomBf16(n, rng) : testing::Poisoned(dtype, n);
-    Bytes cpu_out = out;
-    TensorView logits;
-    if (add) {
-      logits = TensorView{dtype, {o.batch, o.num_heads, o.q_len, o.k_len}, out.data(), out.size()};
-    }
-    auto plan = PlanAttentionBias(o, logits);
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    const int before = rt.launches();
-    ASSERT_TRUE(b->ApplyAttentionBias(*plan, out.data(), {}).ok());
-    EXPECT_EQ(rt.launches() - before, add ? 13 : 25) << DTypeName(dtype);
-    ASSERT_TRUE(cpu->ApplyAttentionBias(*plan, cpu_out.data(), {}).ok());
-    EXPECT_EQ(out, cpu_out) << DTypeName(dtype);
-  }
+  // 2 x 3 x 41 rows of 100 keys: bf16 rows of 200 bytes, 20 a chunk, 13
+  // chunks (the last short); float32 rows of 400, 10 a chunk, 25 chunks.
+  EXPECT_EQ(BiasLikeTheCpu(*b, rt, DType::kBFloat16, 3, 41, 100, {0, 37}, {100, 91}, rng), 13);
+  EXPECT_EQ(BiasLikeTheCpu(*b, rt, DType::kFloat32, 3, 41, 100, {0, 37}, {100, 91}, rng), 25);
 }
 
 // A chunk that fails fails the call before anything reaches the caller:
@@ -407,34 +418,11 @@ TEST(CudaBackendOnFakeRuntime, LongBiasRowsTakeSeveralPacketsPerThread) {
   FakeDeviceRuntime rt;
   auto b = OnFake(rt, /*chunk_bytes=*/size_t{64} << 20);  // one launch, not 4 MiB chunks
   ASSERT_NE(b, nullptr);
-  auto cpu = CreateCpuBackend(1);
   std::mt19937_64 rng(testing::Rng()());
-  std::vector<int64_t> starts = {0, 300}, ends = {1024, 1000};
   for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
-    BiasOptions o;
-    o.form = BiasForm::kCausal;
-    o.causal = true;
-    o.batch = shape.batch;
-    o.num_heads = shape.heads;
-    o.q_len = shape.q_len;
-    o.k_len = shape.k_len;
-    o.dtype = dtype;
-    o.k_starts = testing::IntView(starts, {2});
-    o.k_lens = testing::IntView(ends, {2});
-    const int64_t n = o.batch * o.num_heads * o.q_len * o.k_len;
-    const bool add = dtype == DType::kBFloat16;
-    Bytes out = add ? RandomBf16(n, rng) : testing::Poisoned(dtype, n);
-    Bytes cpu_out = out;
-    TensorView logits;
-    if (add)
-      logits = TensorView{dtype, {o.batch, o.num_heads, o.q_len, o.k_len}, out.data(), out.size()};
-    auto plan = PlanAttentionBias(o, logits);
-    ASSERT_TRUE(plan.ok()) << plan.status();
-    const int before = rt.launches();
-    ASSERT_TRUE(b->ApplyAttentionBias(*plan, out.data(), {}).ok());
-    EXPECT_EQ(rt.launches() - before, 1);
-    ASSERT_TRUE(cpu->ApplyAttentionBias(*plan, cpu_out.data(), {}).ok());
-    EXPECT_EQ(out, cpu_out) << DTypeName(dtype);
+    EXPECT_EQ(BiasLikeTheCpu(*b, rt, dtype, shape.heads, shape.q_len, shape.k_len, {0, 300},
+                             {1024, 1000}, rng),
+              1);
   }
 }
 
