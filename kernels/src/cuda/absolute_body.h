@@ -21,8 +21,9 @@ namespace posenc::cuda {
 // instructions) is then formed once for up to kAbsoluteTokensPerThread
 // tokens that share an anchor, as the CPU forms it once per 16. An H200
 // ran the bf16 sinusoidal add at 0.40x of a copy with one token a thread,
-// its issue slots 73% busy. kAbsoluteThreadsWanted: the threads a launch
-// keeps at least (an H100 or H200 holds about 270 000 resident threads).
+// its issue slots 73% busy (0.48x with four). kAbsoluteThreadsWanted: the
+// threads a launch keeps at least (an H100 or H200 holds about 270 000
+// resident threads).
 inline constexpr int kAbsoluteTokensPerThread = 4;
 inline constexpr int64_t kAbsoluteThreadsWanted = int64_t{1} << 18;
 
@@ -40,10 +41,13 @@ inline LaunchShape PlanAbsoluteLaunch(AbsoluteParams* p) {
   p->threads_per_row = static_cast<int>(std::min<int64_t>(chunks, kThreadsPerBlock));
   p->rows_per_block = std::max(1, kThreadsPerBlock / p->threads_per_row);
   const int64_t groups = (p->num_tokens + kAbsoluteTokensPerThread - 1) / kAbsoluteTokensPerThread;
-  p->tokens_per_thread =
-      p->table == nullptr && groups * p->threads_per_row >= kAbsoluteThreadsWanted
-          ? kAbsoluteTokensPerThread
-          : 1;
+  // 16-bit rows only: on the H200 (2026-11-28, posenc-bench-gpu against
+  // d5a82dc's in the same call) bf16 [16384, 4096] went from 0.41 to 0.48 of
+  // a copy, while float32, already near memory speed, fell from 0.89 to 0.78.
+  p->tokens_per_thread = p->table == nullptr && p->dtype != DType::kFloat32 &&
+                                 groups * p->threads_per_row >= kAbsoluteThreadsWanted
+                             ? kAbsoluteTokensPerThread
+                             : 1;
   const int64_t tokens_per_block = static_cast<int64_t>(p->rows_per_block) * p->tokens_per_thread;
   shape.grid.x = static_cast<unsigned>((p->num_tokens + tokens_per_block - 1) / tokens_per_block);
   shape.block.x = static_cast<unsigned>(p->threads_per_row * p->rows_per_block);

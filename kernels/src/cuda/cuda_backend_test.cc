@@ -370,6 +370,10 @@ TEST(CudaBackendOnFakeRuntime, SinusoidalThreadsTakeSeveralTokensAndShareTheirAn
   shape.dtype = DType::kBFloat16;
   ASSERT_FALSE(cuda::PlanAbsoluteLaunch(&shape).empty());
   EXPECT_EQ(shape.tokens_per_thread, 4) << "2051 groups of 4 tokens x 128 threads";
+  cuda::AbsoluteParams f32 = shape;
+  f32.dtype = DType::kFloat32;
+  ASSERT_FALSE(cuda::PlanAbsoluteLaunch(&f32).empty());
+  EXPECT_EQ(f32.tokens_per_thread, 1) << "float32 rows keep a token a thread";
   FakeDeviceRuntime rt;
   auto b = OnFake(rt, /*chunk_bytes=*/size_t{64} << 20);  // one launch, not 4 MiB chunks
   ASSERT_NE(b, nullptr);
