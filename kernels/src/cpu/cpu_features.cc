@@ -5,13 +5,26 @@
 
 namespace posenc::internal {
 
+bool CpuHasAvx2() {
+#ifdef POSENC_CPU_BF16_WIDE
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("bmi2") && std::getenv("POSENC_NO_AVX2") == nullptr;
+  }();
+  return has;
+#else
+  return false;  // the loops are not compiled in
+#endif
+}
+
 bool CpuHasAvx512() {
 #ifdef POSENC_CPU_BF16_WIDE
   static const bool has = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           std::getenv("POSENC_NO_AVX512") == nullptr;
+    return CpuHasAvx2() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq") && std::getenv("POSENC_NO_AVX512") == nullptr;
   }();
   return has;
 #else

@@ -27,6 +27,9 @@
 // Loops chosen at run time on CPUs with AVX-512 (CpuHasAvx512), BF16 or not.
 #define POSENC_AVX512_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi2")))
+// Loops in 256-bit registers chosen at run time where the 512-bit ones are
+// not (CpuHasAvx2): AVX2 hosts, and AVX-512 ones without BF16 for bfloat16.
+#define POSENC_AVX2_TARGET __attribute__((target("avx2,fma,bmi2")))
 #else
 #define POSENC_CPU_CLONES
 #endif
@@ -68,10 +71,18 @@ POSENC_ALWAYS_INLINE void ForEachFlagged(const uint8_t* flag, int64_t n, Fix fix
   }
 }
 
-// Whether the POSENC_AVX512_TARGET loops run here: compiled in (with the
-// BF16 ones), and the CPU has AVX-512 F, BW, VL and DQ, unless
-// POSENC_NO_AVX512 is set (for comparing with the other loops on one
-// machine; it turns off the BF16 loops too).
+// Whether the POSENC_AVX2_TARGET loops run here: compiled in (with the
+// 512-bit ones), and the CPU has AVX2, FMA and BMI2, unless POSENC_NO_AVX2
+// is set. Without them the portable 8-lane loops (vec.h) run, as on CPUs
+// without AVX2; POSENC_NO_AVX2 turns off the 512-bit loops too, so that
+// any machine can run those. Callers prefer the 512-bit loops where those
+// run.
+bool CpuHasAvx2();
+
+// Whether the POSENC_AVX512_TARGET loops run here: CpuHasAvx2, and the CPU
+// has AVX-512 F, BW, VL and DQ, unless POSENC_NO_AVX512 is set (for
+// comparing with the other loops on one machine; it turns off the BF16
+// ones too).
 bool CpuHasAvx512();
 
 // Whether the POSENC_BF16_WIDE_TARGET loops run here: CpuHasAvx512 and

@@ -14,6 +14,7 @@
 #include "cpu_kernels.h"
 #include "math/rope_math.h"
 #include "posenc/dtype.h"
+#include "rope_avx2.inc"
 #include "rope_bf16_wide.inc"
 #include "rope_f32_wide.inc"
 #include "rope_rows.inc"
@@ -63,6 +64,9 @@ struct Scratch {
         c2(2 * kTokenBlock * p.half()),  // allocated (small) even when unused:
         n2(2 * kTokenBlock * p.half()),  // callers offset into them
         paired(wide && p.style == RopeStyle::kNeox),
+        pair_group(CpuHasAvx512Bf16() ? 32 : 16),
+        wide_512(CpuHasAvx512Bf16()),
+        wide_f32_512(CpuHasAvx512()),
         cp(paired ? kTokenBlock * p.half() : 0),
         np(paired ? kTokenBlock * p.half() : 0),
         saved(p.half()),
@@ -76,9 +80,11 @@ struct Scratch {
 
   // Which lists plan p needs (see the members).
   static bool WideFor(const RopePlan& p) {
-    return p.dtype == DType::kBFloat16 && CpuHasAvx512Bf16();
+    return p.dtype == DType::kBFloat16 && (CpuHasAvx512Bf16() || CpuHasAvx2());
   }
-  static bool WideF32For(const RopePlan& p) { return p.dtype == DType::kFloat32 && CpuHasAvx512(); }
+  static bool WideF32For(const RopePlan& p) {
+    return p.dtype == DType::kFloat32 && (CpuHasAvx512() || CpuHasAvx2());
+  }
   static bool SpreadFor(const RopePlan& p) {
     return p.style == RopeStyle::kGptj && (p.dtype == DType::kBFloat16 || WideF32For(p));
   }
@@ -96,18 +102,25 @@ struct Scratch {
 
   const int64_t half;
   std::vector<float> c, n;  // [kTokenBlock, half] s cos, +-s sin
-  const bool wide;          // bfloat16 on a CPU with RotateBF16Wide
-  const bool wide_f32;      // float32 on a CPU with RotateF32Wide
+  // bfloat16 on a CPU with RotateBF16Wide (AVX-512 BF16) or RotateBF16Avx2.
+  const bool wide;
+  // float32 on a CPU with RotateF32Wide (AVX-512) or RotateF32Avx2.
+  const bool wide_f32;
   // GPT-J in bfloat16, or in float32 on a CPU with RotateF32Wide (spread):
   // [kTokenBlock, 2 half] [c, c] and [-n, n] per slot, laid out like the
   // pairs they rotate (RotateHeadBF16's 8-pair loop, not for the tokens
   // RotateBF16Wide takes; RotateF32Wide).
   const bool spread;
   std::vector<float> c2, n2;
-  // bfloat16 NEOX on AVX-512 BF16 (paired): [kTokenBlock, half] c and n with
-  // each 32 slots' even ones first, then their odd ones (RotateBF16Wide),
-  // for the tokens that take it.
+  // bfloat16 NEOX on a wide CPU (paired): [kTokenBlock, half] c and n with
+  // each pair_group slots' even ones first, then their odd ones, for the
+  // tokens that take it: groups of 32 for RotateBF16Wide, of 16 for
+  // RotateBF16Avx2.
   const bool paired;
+  const int64_t pair_group;
+  // Which of the two wide loops runs: the 512-bit one (bfloat16, float32),
+  // or the AVX2 one.
+  const bool wide_512, wide_f32_512;
   std::vector<float> cp, np;
   std::vector<uint32_t> saved;  // a float16 head's rotary dims before rotation (2 x half)
   std::vector<uint8_t> flag;    // [half] pairs to recompute in double (float16)
@@ -155,12 +168,13 @@ POSENC_ALWAYS_INLINE void ComputeRotations(const RopePlan& p, int64_t t0, int64_
       const float* __restrict n = s.n.data() + t * half;
       float* __restrict cp = s.cp.data() + t * half;
       float* __restrict np = s.np.data() + t * half;
-      for (int64_t k0 = 0; k0 + 32 <= half; k0 += 32) {
-        for (int64_t i = 0; i < 16; ++i) {
+      const int64_t g = s.pair_group, odd = g / 2;
+      for (int64_t k0 = 0; k0 + g <= half; k0 += g) {
+        for (int64_t i = 0; i < odd; ++i) {
           cp[k0 + i] = c[k0 + 2 * i];
-          cp[k0 + 16 + i] = c[k0 + 2 * i + 1];
+          cp[k0 + odd + i] = c[k0 + 2 * i + 1];
           np[k0 + i] = n[k0 + 2 * i];
-          np[k0 + 16 + i] = n[k0 + 2 * i + 1];
+          np[k0 + odd + i] = n[k0 + 2 * i + 1];
         }
       }
     }
@@ -361,11 +375,40 @@ POSENC_ALWAYS_INLINE void RotateHead(const RopePlan& p, int64_t t, T* head, cons
 }
 
 #ifdef POSENC_CPU_BF16_WIDE
+// The rows of a run by RotateBF16Avx2, which leaves the pairs past its
+// whole steps: those are appended to s.wide_* with the pairs it could not
+// narrow, all for RedoSlowPairs. Returns how many there are.
+template <RopeStyle kStyle, bool kUnitScale, bool kFar>
+POSENC_ALWAYS_INLINE int64_t RotateRowsAvx2(const Rows<BFloat16>& rows, int64_t D, int64_t half,
+                                            float scale_f, Scratch& s) {
+  int64_t slow = 0;
+  int32_t* __restrict slow_k = s.wide_k.data();
+  float* __restrict slow_u = s.wide_u.data();
+  float* __restrict slow_v = s.wide_v.data();
+  // 128-dim heads take a copy compiled for them, as RotateRowsWide's do.
+  const int64_t k_end =
+      half == 64
+          ? RotateBF16Avx2<kStyle, kUnitScale, kFar, 64>(rows, D, half, scale_f, slow_k, slow_u,
+                                                         slow_v, &slow)
+          : RotateBF16Avx2<kStyle, kUnitScale, kFar, 0>(rows, D, half, scale_f, slow_k, slow_u,
+                                                        slow_v, &slow);
+  for (int64_t row = 0; k_end < half && row < rows.count; ++row) {
+    const BFloat16* x = rows.x + row * D;
+    for (int64_t k = k_end; k < half; ++k) {
+      slow_k[slow] = static_cast<int32_t>(row * half + k);
+      slow_u[slow] = ToFloat(x[PairFirst(kStyle, k, half)]);
+      slow_v[slow++] = ToFloat(x[PairSecond(kStyle, k, half)]);
+    }
+  }
+  return slow;
+}
+
 // The rows of a run by RotateBF16Wide and RotateTailsBF16Wide, the pairs
 // those leave appended to s.wide_*; returns how many there are.
 template <RopeStyle kStyle, bool kUnitScale, bool kFar>
 POSENC_ALWAYS_INLINE int64_t RotateRowsWide(const Rows<BFloat16>& rows, int64_t D, int64_t half,
                                             float scale_f, Scratch& s) {
+  if (!s.wide_512) return RotateRowsAvx2<kStyle, kUnitScale, kFar>(rows, D, half, scale_f, s);
   int64_t slow = 0;
   // 128-dim rotary heads (nearly every published model) take a copy
   // compiled for half = 64: with the size known GCC kept the loop's
@@ -386,18 +429,30 @@ POSENC_ALWAYS_INLINE int64_t RotateRowsWide(const Rows<BFloat16>& rows, int64_t 
 }
 #endif
 
-// Rotates a run of rows. kWide: in 512-bit registers, every row in one
-// call: bfloat16 on AVX-512 BF16 CPUs by RotateRowsWide, then the pairs it
-// left by RedoSlowPairs; float32 on AVX-512 CPUs by RotateF32Wide.
+// Rotates a run of rows. kWide: in 512-bit or 256-bit registers, every
+// row in one call: bfloat16 by RotateRowsWide (AVX-512 BF16 CPUs) or
+// RotateRowsAvx2 (AVX2), then the pairs those left by RedoSlowPairs;
+// float32 by RotateF32Wide (AVX-512 CPUs) or RotateF32Avx2 (AVX2), the
+// last few pairs of an AVX2 row pair by pair.
 template <typename T, RopeStyle kStyle, bool kWide>
 POSENC_ALWAYS_INLINE void RotateRows(const RopePlan& p, const Rows<T>& rows, Scratch& s) {
   const int64_t half = p.half(), D = p.head_dim;
 #ifdef POSENC_CPU_BF16_WIDE
   if constexpr (kWide && std::is_same_v<T, float>) {
-    if (rows.far_bytes != 0) {
-      RotateF32Wide<kStyle, true>(rows, D, half);
-    } else {
-      RotateF32Wide<kStyle, false>(rows, D, half);
+    const bool far = rows.far_bytes != 0;
+    if (s.wide_f32_512) {
+      return far ? RotateF32Wide<kStyle, true>(rows, D, half)
+                 : RotateF32Wide<kStyle, false>(rows, D, half);
+    }
+    const int64_t k_end = far ? RotateF32Avx2<kStyle, true>(rows, D, half)
+                              : RotateF32Avx2<kStyle, false>(rows, D, half);
+    for (int64_t i = 0; k_end < half && i < rows.count; ++i) {  // the last few pairs
+      T* x = rows.x + i * D;
+      const int64_t cn = i * rows.dt * half;
+      for (int64_t k = k_end; k < half; ++k) {
+        const int64_t a = PairFirst(kStyle, k, half), b = PairSecond(kStyle, k, half);
+        RotateF32(x[a], x[b], rows.c[cn + k], rows.n[cn + k], &x[a], &x[b]);
+      }
     }
     return;
   }
@@ -508,8 +563,9 @@ POSENC_ALWAYS_INLINE void RopeTokensTyped(const RopePlan& p, void* q, void* k, i
 
 // The one function compiled per instruction set: every dtype and style
 // inlined into it.
-// `wide`: bfloat16 takes RotateBF16Wide's steps (AVX-512 BF16 CPUs, which
-// run the x86-64-v4 clone), float32 RotateF32Wide's (AVX-512 CPUs).
+// `wide`: bfloat16 takes RotateBF16Wide's steps (AVX-512 BF16 CPUs) or
+// RotateBF16Avx2's (AVX2), float32 RotateF32Wide's (AVX-512) or
+// RotateF32Avx2's (AVX2); the other loops are for CPUs without AVX2.
 POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, void* q, void* k, int64_t begin,
                                           int64_t end, bool wide, Scratch& s) {
   const bool neox = p.style == RopeStyle::kNeox;

@@ -1,0 +1,79 @@
+// bfloat16 in 256-bit registers, for the loops that run on CPUs with AVX2
+// (POSENC_AVX2_TARGET, chosen at run time by CpuHasAvx2) where the AVX-512
+// BF16 ones do not. AVX2 has no bfloat16 conversion, so narrowing is
+// FloatToBFloat16's integer rounding, lane by lane: exact for every value
+// but NaN (whose one quiet pattern callers leave to the scalar contract).
+// Values travel as even and odd elements of 16 stored ones, as in the
+// 512-bit loops: widening is a shift or a mask, and narrowing back is one
+// blend. Internal.
+#ifndef POSENC_KERNELS_CPU_BF16_AVX2_H_
+#define POSENC_KERNELS_CPU_BF16_AVX2_H_
+
+#include "bf16_wide.h"  // KeepInRegister
+#include "cpu_kernels.h"
+
+#ifdef POSENC_CPU_BF16_WIDE
+#include <immintrin.h>
+
+#include "posenc/dtype.h"
+
+namespace posenc::internal {
+
+// The even and the odd elements of 16 stored bfloat16 values (one 32-byte
+// load), as floats: lane i holds element 2i, or 2i + 1.
+POSENC_AVX2_TARGET POSENC_ALWAYS_INLINE __m256 EvenBF16x8(__m256i w) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+POSENC_AVX2_TARGET POSENC_ALWAYS_INLINE __m256 OddBF16x8(__m256i w) {
+  return _mm256_castsi256_ps(
+      _mm256_and_si256(w, _mm256_set1_epi32(static_cast<int32_t>(0xffff0000u))));
+}
+
+// 8 stored bfloat16 values, in order, as floats.
+POSENC_AVX2_TARGET POSENC_ALWAYS_INLINE __m256 WidenBF16x8Avx2(const BFloat16* y) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(y));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// FloatToBFloat16 of each lane in its high half (the low half is left
+// over): the float's bits + 0x7fff + the bit that will be the result's
+// last, which rounds to nearest, ties to even. REQUIRES: no NaN lane.
+POSENC_AVX2_TARGET POSENC_ALWAYS_INLINE __m256i RoundToBF16High(__m256 r) {
+  const __m256i bits = _mm256_castps_si256(r);
+  const __m256i last = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  return _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), last);
+}
+
+// even and odd narrowed and interleaved back, the inverse of EvenBF16x8
+// and OddBF16x8: 16 bfloat16 values to store at once. REQUIRES: no NaN.
+POSENC_AVX2_TARGET POSENC_ALWAYS_INLINE __m256i InterleaveBF16x8(__m256 even, __m256 odd) {
+  return _mm256_blend_epi16(_mm256_srli_epi32(RoundToBF16High(even), 16), RoundToBF16High(odd),
+                            0xaa);
+}
+
+// first and second narrowed, in order, to y0[0, 8) and y1[0, 8) (which may
+// be adjacent). REQUIRES: no NaN.
+POSENC_AVX2_TARGET POSENC_ALWAYS_INLINE void StoreBF16x8Twice(__m256 first, __m256 second,
+                                                             BFloat16* y0, BFloat16* y1) {
+  // VPACKUSDW packs within 128-bit lanes: [f0-3, s0-3 | f4-7, s4-7].
+  const __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(RoundToBF16High(first), 16),
+                                             _mm256_srli_epi32(RoundToBF16High(second), 16));
+  const __m256i out = _mm256_permute4x64_epi64(packed, 0xd8);  // [f0-7 | s0-7]
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(y0), _mm256_castsi256_si128(out));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(y1), _mm256_extracti128_si256(out, 1));
+}
+
+// |v| lane by lane.
+POSENC_AVX2_TARGET POSENC_ALWAYS_INLINE __m256 Abs8Avx2(__m256 v) {
+  return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+}
+
+// Whether every lane of a comparison's result is true.
+POSENC_AVX2_TARGET POSENC_ALWAYS_INLINE bool AllSet(__m256 m) {
+  return _mm256_movemask_ps(m) == 0xff;
+}
+
+}  // namespace posenc::internal
+
+#endif  // POSENC_CPU_BF16_WIDE
+#endif  // POSENC_KERNELS_CPU_BF16_AVX2_H_
