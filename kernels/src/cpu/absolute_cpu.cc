@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "absolute_avx2.inc"
 #include "absolute_bf16_wide.inc"
 #include "absolute_f32_wide.inc"
 #include "cpu_kernels.h"
@@ -96,6 +97,7 @@ struct Scratch {
       : dim(p.dim),
         frequencies(static_cast<int64_t>(p.phase_step.size())),
         wide(WideFor(p)),
+        wide_512(p.dtype == DType::kBFloat16 ? CpuHasAvx512Bf16() : CpuHasAvx512()),
         pairs(PairsFor(p)),
         row(p.dim),
         saved(p.dim),
@@ -111,10 +113,12 @@ struct Scratch {
     Restart(p);
   }
 
-  // Whether plan p's fused pass runs FusedRangeBF16Wide, and whether it
-  // keeps the anchor row in pairs.
+  // Whether plan p's fused pass runs a wide loop (FusedRangeBF16Wide or
+  // FusedRangeBF16Avx2 for bfloat16, FusedRangeF32Wide for float32), and
+  // whether it keeps the anchor row in pairs (the 8-lane loops).
   static bool WideFor(const AbsolutePlan& p) {
-    return Fuses(p) && (p.dtype == DType::kBFloat16 ? CpuHasAvx512Bf16() : CpuHasAvx512());
+    return Fuses(p) && (p.dtype == DType::kBFloat16 ? CpuHasAvx512Bf16() || CpuHasAvx2()
+                                                    : CpuHasAvx512());
   }
   static bool PairsFor(const AbsolutePlan& p) {
     return p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved && Fuses(p) && !WideFor(p);
@@ -141,7 +145,8 @@ struct Scratch {
 
   const int64_t dim;
   const int64_t frequencies;
-  const bool wide;   // the fused pass runs FusedRangeBF16Wide or FusedRangeF32Wide
+  const bool wide;  // the fused pass runs a wide loop (WideFor)
+  const bool wide_512;  // in 512-bit registers (else FusedRangeBF16Avx2)
   const bool pairs;  // AnchorRow's layout: pairs (the 8-lane fused INTERLEAVED pass) or halves
   std::vector<float> row;     // [dim] PE in float32 (paths that do not fuse)
   std::vector<float> saved;   // [dim] 16-bit inputs kept for recomputation (ditto)
@@ -487,7 +492,9 @@ POSENC_ALWAYS_INLINE void FusedRange(const RowSource& r, bool interleaved, int64
       // The layout as a template argument: tested in the loop, it cost
       // five of its 31 instructions a step.
       auto wide =
-          interleaved ? FusedRangeBF16Wide<kScaled, true> : FusedRangeBF16Wide<kScaled, false>;
+          s.wide_512
+              ? (interleaved ? FusedRangeBF16Wide<kScaled, true> : FusedRangeBF16Wide<kScaled, false>)
+              : (interleaved ? FusedRangeBF16Avx2<kScaled, true> : FusedRangeBF16Avx2<kScaled, false>);
       return wide(r.a, r.b, r.tc, r.ts, half, y, lo, hi, xs, s.pending_at.data(),
                   s.pending_x.data(), &s.pending, ahead);
     }

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "bias_avx2.inc"
 #include "bias_bf16_wide.inc"
 #include "cpu_kernels.h"
 #include "math/bias_math.h"
@@ -57,6 +58,7 @@ POSENC_ALWAYS_INLINE void BiasRows(const BiasPlan& p, T* out, int64_t begin, int
 #ifdef POSENC_CPU_BF16_WIDE
   if constexpr (std::is_same_v<T, BFloat16>) {
     if (CpuHasAvx512Bf16()) return BiasRowsBF16Wide<kForm, kAdd>(p, out, begin, end);
+    if (CpuHasAvx2()) return BiasRowsBF16Avx2<kForm, kAdd>(p, out, begin, end);
   }
 #endif
   const BiasShape shape{kForm, p.causal, p.window};
