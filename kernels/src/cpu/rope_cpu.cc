@@ -168,6 +168,13 @@ POSENC_ALWAYS_INLINE void ComputeRotations(const RopePlan& p, int64_t t0, int64_
       const float* __restrict n = s.n.data() + t * half;
       float* __restrict cp = s.cp.data() + t * half;
       float* __restrict np = s.np.data() + t * half;
+#ifdef POSENC_CPU_BF16_WIDE
+      if (s.pair_group == 16) {
+        PairSlots16(c, cp, half);
+        PairSlots16(n, np, half);
+        continue;
+      }
+#endif
       const int64_t g = s.pair_group, odd = g / 2;
       for (int64_t k0 = 0; k0 + g <= half; k0 += g) {
         for (int64_t i = 0; i < odd; ++i) {
