@@ -90,6 +90,22 @@ TEST_P(BackendTest, SinusoidalBothLayoutsMatchReference) {
   }
 }
 
+// A float32 sinusoidal add and then a bfloat16 one of the same width: the
+// CPU backend keeps a thread's buffers from call to call, and the second
+// call must not take the loop the first chose (a float32 call on an AVX-512
+// CPU without BF16 once left the bfloat16 call on that thread the AVX-512
+// BF16 loop, an illegal instruction there; the avx512.* run of this suite,
+// POSENC_NO_AVX512BF16=1, is that CPU on any AVX-512 machine).
+TEST_P(BackendTest, SinusoidalFloat32ThenBFloat16OfOneWidth) {
+  std::vector<int64_t> ids(40);
+  std::uniform_int_distribution<int64_t> p(0, 100000);
+  for (auto& v : ids) v = p(testing::Rng());
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    ExpectSinusoidalAddMatchesReference(*backend_, SinusoidalLayout::kInterleaved, 256, dtype, ids);
+  }
+}
+
 // The kernels' fixed-point phases (math/phase.h) wrap where the angle wraps
 // and treat negative positions by symmetry: float32 outputs at positions out
 // to +-2^31 (the limit) still meet the bar SPEC §5 sets for 10^6, and every

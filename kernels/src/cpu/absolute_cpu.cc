@@ -97,7 +97,7 @@ struct Scratch {
       : dim(p.dim),
         frequencies(static_cast<int64_t>(p.phase_step.size())),
         wide(WideFor(p)),
-        wide_512(p.dtype == DType::kBFloat16 ? CpuHasAvx512Bf16() : CpuHasAvx512()),
+        bf16_512(CpuHasAvx512Bf16()),
         pairs(PairsFor(p)),
         row(p.dim),
         saved(p.dim),
@@ -117,8 +117,8 @@ struct Scratch {
   // FusedRangeBF16Avx2 for bfloat16, FusedRangeF32Wide for float32), and
   // whether it keeps the anchor row in pairs (the 8-lane loops).
   static bool WideFor(const AbsolutePlan& p) {
-    return Fuses(p) && (p.dtype == DType::kBFloat16 ? CpuHasAvx512Bf16() || CpuHasAvx2()
-                                                    : CpuHasAvx512());
+    return Fuses(p) &&
+           (p.dtype == DType::kBFloat16 ? CpuHasAvx512Bf16() || CpuHasAvx2() : CpuHasAvx512());
   }
   static bool PairsFor(const AbsolutePlan& p) {
     return p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved && Fuses(p) && !WideFor(p);
@@ -146,7 +146,10 @@ struct Scratch {
   const int64_t dim;
   const int64_t frequencies;
   const bool wide;  // the fused pass runs a wide loop (WideFor)
-  const bool wide_512;  // in 512-bit registers (else FusedRangeBF16Avx2)
+  // Which wide loop bfloat16 takes: FusedRangeBF16Wide, else
+  // FusedRangeBF16Avx2. The CPU's, not the plan's: a Scratch made for a
+  // float32 plan serves a bfloat16 one of the same width (Serves).
+  const bool bf16_512;
   const bool pairs;  // AnchorRow's layout: pairs (the 8-lane fused INTERLEAVED pass) or halves
   std::vector<float> row;     // [dim] PE in float32 (paths that do not fuse)
   std::vector<float> saved;   // [dim] 16-bit inputs kept for recomputation (ditto)
@@ -492,9 +495,10 @@ POSENC_ALWAYS_INLINE void FusedRange(const RowSource& r, bool interleaved, int64
       // The layout as a template argument: tested in the loop, it cost
       // five of its 31 instructions a step.
       auto wide =
-          s.wide_512
-              ? (interleaved ? FusedRangeBF16Wide<kScaled, true> : FusedRangeBF16Wide<kScaled, false>)
-              : (interleaved ? FusedRangeBF16Avx2<kScaled, true> : FusedRangeBF16Avx2<kScaled, false>);
+          interleaved ? FusedRangeBF16Avx2<kScaled, true> : FusedRangeBF16Avx2<kScaled, false>;
+      if (s.bf16_512) {
+        wide = interleaved ? FusedRangeBF16Wide<kScaled, true> : FusedRangeBF16Wide<kScaled, false>;
+      }
       return wide(r.a, r.b, r.tc, r.ts, half, y, lo, hi, xs, s.pending_at.data(),
                   s.pending_x.data(), &s.pending, ahead);
     }

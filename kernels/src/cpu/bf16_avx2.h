@@ -57,13 +57,13 @@ POSENC_AVX2_TARGET POSENC_ALWAYS_INLINE __m256i InterleaveBF16x8(__m256 even, __
   const __m256i half_less_one =
       _mm256_add_epi16(_mm256_and_si256(h, _mm256_set1_epi16(1)), _mm256_set1_epi16(0x7ffe));
   const __m256i carry = _mm256_avg_epu16(l, half_less_one);  // (l + 0x7fff + (h & 1)) / 2
-  return _mm256_sub_epi16(h, _mm256_srai_epi16(carry, 15));    // h + the carry
+  return _mm256_sub_epi16(h, _mm256_srai_epi16(carry, 15));  // h + the carry
 }
 
 // first and second narrowed, in order, to y0[0, 8) and y1[0, 8) (which may
 // be adjacent). REQUIRES: no NaN.
 POSENC_AVX2_TARGET POSENC_ALWAYS_INLINE void StoreBF16x8Twice(__m256 first, __m256 second,
-                                                             BFloat16* y0, BFloat16* y1) {
+                                                              BFloat16* y0, BFloat16* y1) {
   // VPACKUSDW packs within 128-bit lanes: [f0-3, s0-3 | f4-7, s4-7].
   const __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(RoundToBF16High(first), 16),
                                              _mm256_srli_epi32(RoundToBF16High(second), 16));

@@ -19,8 +19,10 @@
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(POSENC_NO_CLONES)
 #define POSENC_CPU_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-// Loops chosen at run time on CPUs with AVX-512 BF16 (CpuHasAvx512Bf16),
-// compiled for them by POSENC_BF16_WIDE_TARGET.
+// POSENC_CPU_BF16_WIDE: the loops written in x86 intrinsics are compiled
+// in, each chosen at run time: those for CPUs with AVX-512 BF16
+// (CpuHasAvx512Bf16), compiled for them by POSENC_BF16_WIDE_TARGET, and
+// the AVX-512 and AVX2 ones below.
 #define POSENC_CPU_BF16_WIDE 1
 #define POSENC_BF16_WIDE_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,bmi2")))

@@ -42,10 +42,13 @@ POSENC_ALWAYS_INLINE double SlotAngle(const RopePlan& p, int64_t t, int64_t k) {
 // relies on the bound 2^-12 (|u| + |v|) scale being nonzero whenever an
 // input is: true for bfloat16 inputs (|u| + |v| >= 2^-133) and scale >= 2^-3.
 // Smaller scales (no published model has one) take the 8-pair loop.
+// RotateBF16Avx2 does not need it (its rounding is exact for subnormals),
+// but shares the rule so that both wide loops take the same tokens.
 inline constexpr float kWideMinScale = 0x1p-3f;
 
-// Whether token t's heads take RotateBF16Wide, on a CPU that has it: its
-// attention scale is one the loop takes.
+// Whether token t's heads take the wide bfloat16 loop (RotateBF16Wide or
+// RotateBF16Avx2), on a CPU that has one: its attention scale is one the
+// loops take.
 POSENC_ALWAYS_INLINE bool WideScale(const RopePlan& p, int64_t t) {
   return static_cast<float>(p.attention_scale[p.FreqSetOfToken(t)]) >= kWideMinScale;
 }
@@ -106,10 +109,10 @@ struct Scratch {
   const bool wide;
   // float32 on a CPU with RotateF32Wide (AVX-512) or RotateF32Avx2.
   const bool wide_f32;
-  // GPT-J in bfloat16, or in float32 on a CPU with RotateF32Wide (spread):
-  // [kTokenBlock, 2 half] [c, c] and [-n, n] per slot, laid out like the
-  // pairs they rotate (RotateHeadBF16's 8-pair loop, not for the tokens
-  // RotateBF16Wide takes; RotateF32Wide).
+  // GPT-J in bfloat16, or in float32 on a wide CPU (spread): [kTokenBlock,
+  // 2 half] [c, c] and [-n, n] per slot, laid out like the pairs they
+  // rotate (RotateHeadBF16's 8-pair loop, not for the tokens the wide
+  // bfloat16 loops take; RotateF32Wide and RotateF32Avx2).
   const bool spread;
   std::vector<float> c2, n2;
   // bfloat16 NEOX on a wide CPU (paired): [kTokenBlock, half] c and n with
@@ -127,8 +130,8 @@ struct Scratch {
   // bfloat16: a head's pairs to recompute in double, with their inputs.
   std::vector<int32_t> pending_k;
   std::vector<float> pending_u, pending_v;
-  // bfloat16, AVX-512 BF16: pairs of a run's RotateBF16Wide steps to redo
-  // (row * half + k), with their inputs.
+  // bfloat16 on a wide CPU: pairs of a run that RotateBF16Wide or
+  // RotateBF16Avx2 left to redo (row * half + k), with their inputs.
   UninitializedArray<int32_t> wide_k;
   UninitializedArray<float> wide_u, wide_v;
 };
@@ -264,8 +267,9 @@ POSENC_ALWAYS_INLINE void RotateHead16(const RopePlan& p, int64_t t, T* x, const
   });
 }
 
-// bfloat16 RoPE of one head of token t, in place, on CPUs without
-// RotateBF16Wide, 8 pairs per step in hand-written vectors (vec.h):
+// bfloat16 RoPE of one head of token t, in place, on CPUs without the wide
+// loops (RotateBF16Wide, RotateBF16Avx2) or for tokens they do not take,
+// 8 pairs per step in hand-written vectors (vec.h):
 // RotateF32 lane by lane,
 // PairNeedsPrecise as "both |a| and |b| >= its bound" (false for NaN as
 // well), and one test per 8 pairs. Steps with a lane that fails it, and the
@@ -341,7 +345,7 @@ POSENC_ALWAYS_INLINE void RotateHeadBF16(const RopePlan& p, int64_t t, BFloat16*
   }
 }
 
-// The pairs RotateBF16Wide left in slow_k/u/v[0, num_slow) (row * half + k,
+// The pairs a wide bfloat16 loop left in slow_k/u/v[0, num_slow) (row * half + k,
 // rows in order), redone by RotatePair from their inputs, which go back in
 // place first (they are bfloat16 values, so exactly). One loop for the
 // whole run: a RotateHeadBF16 call for each row that has one (one row in 43
@@ -393,12 +397,10 @@ POSENC_ALWAYS_INLINE int64_t RotateRowsAvx2(const Rows<BFloat16>& rows, int64_t 
   float* __restrict slow_u = s.wide_u.data();
   float* __restrict slow_v = s.wide_v.data();
   // 128-dim heads take a copy compiled for them, as RotateRowsWide's do.
-  const int64_t k_end =
-      half == 64
-          ? RotateBF16Avx2<kStyle, kUnitScale, kFar, 64>(rows, D, half, scale_f, slow_k, slow_u,
-                                                         slow_v, &slow)
-          : RotateBF16Avx2<kStyle, kUnitScale, kFar, 0>(rows, D, half, scale_f, slow_k, slow_u,
-                                                        slow_v, &slow);
+  const int64_t k_end = half == 64 ? RotateBF16Avx2<kStyle, kUnitScale, kFar, 64>(
+                                         rows, D, half, scale_f, slow_k, slow_u, slow_v, &slow)
+                                   : RotateBF16Avx2<kStyle, kUnitScale, kFar, 0>(
+                                         rows, D, half, scale_f, slow_k, slow_u, slow_v, &slow);
   for (int64_t row = 0; k_end < half && row < rows.count; ++row) {
     const BFloat16* x = rows.x + row * D;
     for (int64_t k = k_end; k < half; ++k) {
@@ -410,8 +412,9 @@ POSENC_ALWAYS_INLINE int64_t RotateRowsAvx2(const Rows<BFloat16>& rows, int64_t 
   return slow;
 }
 
-// The rows of a run by RotateBF16Wide and RotateTailsBF16Wide, the pairs
-// those leave appended to s.wide_*; returns how many there are.
+// The rows of a run by RotateBF16Wide and RotateTailsBF16Wide (AVX-512
+// BF16), or by RotateRowsAvx2, the pairs those leave appended to s.wide_*;
+// returns how many there are.
 template <RopeStyle kStyle, bool kUnitScale, bool kFar>
 POSENC_ALWAYS_INLINE int64_t RotateRowsWide(const Rows<BFloat16>& rows, int64_t D, int64_t half,
                                             float scale_f, Scratch& s) {
