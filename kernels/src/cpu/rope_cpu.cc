@@ -386,9 +386,10 @@ POSENC_ALWAYS_INLINE void RotateHead(const RopePlan& p, int64_t t, T* head, cons
 }
 
 #ifdef POSENC_CPU_BF16_WIDE
-// The rows of a run by RotateBF16Avx2, which leaves the pairs past its
-// whole steps: those are appended to s.wide_* with the pairs it could not
-// narrow, all for RedoSlowPairs. Returns how many there are.
+// The rows of a run by RotateBF16Avx2, then an 8-pair step where 8 pairs
+// are left (RotateStep8BF16Avx2); the few past that (fewer than 8) are
+// appended to s.wide_* with the pairs those could not narrow, all for
+// RedoSlowPairs. Returns how many there are.
 template <RopeStyle kStyle, bool kUnitScale, bool kFar>
 POSENC_ALWAYS_INLINE int64_t RotateRowsAvx2(const Rows<BFloat16>& rows, int64_t D, int64_t half,
                                             float scale_f, Scratch& s) {
@@ -401,9 +402,15 @@ POSENC_ALWAYS_INLINE int64_t RotateRowsAvx2(const Rows<BFloat16>& rows, int64_t 
                                          rows, D, half, scale_f, slow_k, slow_u, slow_v, &slow)
                                    : RotateBF16Avx2<kStyle, kUnitScale, kFar, 0>(
                                          rows, D, half, scale_f, slow_k, slow_u, slow_v, &slow);
-  for (int64_t row = 0; k_end < half && row < rows.count; ++row) {
+  int64_t k_rest = k_end;
+  if (half - k_rest >= 8) {
+    RotateStep8BF16Avx2<kStyle, kUnitScale>(rows, D, half, k_rest, scale_f, slow_k, slow_u, slow_v,
+                                            &slow);
+    k_rest += 8;
+  }
+  for (int64_t row = 0; k_rest < half && row < rows.count; ++row) {
     const BFloat16* x = rows.x + row * D;
-    for (int64_t k = k_end; k < half; ++k) {
+    for (int64_t k = k_rest; k < half; ++k) {
       slow_k[slow] = static_cast<int32_t>(row * half + k);
       slow_u[slow] = ToFloat(x[PairFirst(kStyle, k, half)]);
       slow_v[slow++] = ToFloat(x[PairSecond(kStyle, k, half)]);
