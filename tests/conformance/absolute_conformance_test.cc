@@ -166,11 +166,22 @@ TEST_P(BackendTest, SinusoidalConsecutiveRunsMatchReference) {
         in.positions.position_ids = testing::IntView(ids, {T});
         // Inputs the CPU's vectorised conversions must treat as the scalar
         // ones (FloatToBFloat16) do, bit for bit: NaN of either sign stays NaN
-        // (quieted), infinities, overflow to inf, signed zeros.
-        const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 3e38f, -3e38f, 0.0f, -0.0f};
+        // (quieted), with a payload too (whose rounding would carry into it),
+        // infinities, overflow to inf, signed zeros.
+        auto from_bits = [](uint32_t bits) {
+          float f;
+          std::memcpy(&f, &bits, sizeof f);
+          return f;
+        };
+        const float payload_nan = from_bits(0x7fa10000);  // signaling
+        const float negative_payload_nan = from_bits(0xffc30000);
+        const float specials[] = {NAN,      -NAN,      payload_nan, negative_payload_nan,
+                                  INFINITY, -INFINITY, 3e38f,       -3e38f,
+                                  0.0f,     -0.0f};
+        constexpr int64_t kSpecials = sizeof(specials) / sizeof(specials[0]);
         Bytes y = testing::RandomTensor(dtype, T * d);
         for (int64_t i = 0; i < T * d; i += 7) {
-          StoreElement(dtype, y.data(), i, specials[(i / 7) % 8]);
+          StoreElement(dtype, y.data(), i, specials[(i / 7) % kSpecials]);
         }
         o.x_scale = 3.0;
         in.x = testing::Mutable(dtype, {T, d}, y);
@@ -181,7 +192,8 @@ TEST_P(BackendTest, SinusoidalConsecutiveRunsMatchReference) {
         });
         for (int64_t i = 0; i < T * d; i += 7) {
           // x * 3 + PE is NaN exactly where x is (inf and overflow stay inf).
-          ASSERT_EQ(std::isnan(LoadElement(dtype, y.data(), i)), std::isnan(specials[(i / 7) % 8]))
+          ASSERT_EQ(std::isnan(LoadElement(dtype, y.data(), i)),
+                    std::isnan(specials[(i / 7) % kSpecials]))
               << "element " << i;
         }
       }

@@ -41,6 +41,7 @@ struct RopeCase {
   int64_t pos_spread = 3000;
   bool key = true;
   bool cancelling = false;  // inputs drawn so rotated values cancel (MakePairsCancel)
+  int magnitude = 0;        // inputs drawn in [-2^magnitude, 2^magnitude) (then rounded)
 };
 
 int64_t ElementOffset(RopeLayout layout, int64_t b, int64_t s, int64_t t, int64_t h, int64_t H,
@@ -76,11 +77,12 @@ std::vector<int64_t> Shape(RopeLayout layout, int64_t B, int64_t S, int64_t H, i
 // (math/angle.h) exists for: a kernel that trusts float32 arithmetic too far
 // into them misses the one-ulp bar. Residues under 2^-20 keep their random
 // v: the float64 reference's own angle errs by up to |p| 2^-52 rad, more
-// than an ulp of a residue far below that at large positions. `ref` holds the
-// inputs as doubles and is updated with x.
+// than an ulp of a residue far below that at large positions (2^-20 of
+// inputs of magnitude 1: the threshold scales with 2^magnitude). `ref`
+// holds the inputs as doubles and is updated with x.
 void MakePairsCancel(const RopeOptions& o, const reference::Frequencies& f, int64_t R,
                      const std::vector<int64_t>& pos, DType dtype, Bytes& x,
-                     std::vector<double>& ref, int64_t off) {
+                     std::vector<double>& ref, int64_t off, int magnitude) {
   std::bernoulli_distribution cancel(0.75);
   const int64_t half = R / 2;
   for (int64_t k = 0; k < half; ++k) {
@@ -96,7 +98,7 @@ void MakePairsCancel(const RopeOptions& o, const reference::Frequencies& f, int6
     StoreElement(dtype, x.data(), j, static_cast<float>(first ? u * c / s : -u * s / c));
     const double v = LoadElement(dtype, x.data(), j);
     const double residue = first ? u * c - v * s : v * c + u * s;
-    if (std::abs(residue) < 0x1p-20) {
+    if (std::abs(residue) < std::ldexp(0x1p-20, magnitude)) {
       StoreElement(dtype, x.data(), j, static_cast<float>(v_old));
     } else {
       ref[j] = v;
@@ -152,6 +154,13 @@ void CheckRope(Backend& backend, const RopeCase& c) {
 
   Bytes q = testing::RandomTensor(c.dtype, T * c.query_heads * D);
   Bytes k = c.key ? testing::RandomTensor(c.dtype, T * c.key_heads * D) : Bytes{};
+  for (Bytes* b : {&q, &k}) {
+    const int64_t n = static_cast<int64_t>(b->size() / SizeOf(c.dtype));
+    for (int64_t i = 0; c.magnitude != 0 && i < n; ++i) {
+      StoreElement(c.dtype, b->data(), i,
+                   std::ldexp(static_cast<float>(LoadElement(c.dtype, b->data(), i)), c.magnitude));
+    }
+  }
   std::vector<double> q_ref = testing::ToDoubles(c.dtype, q);
   std::vector<double> k_ref = c.key ? testing::ToDoubles(c.dtype, k) : std::vector<double>{};
 
@@ -165,12 +174,12 @@ void CheckRope(Backend& backend, const RopeCase& c) {
     const int64_t b = packed ? 0 : tok_seq[t], s = packed ? t : tok_idx[t];
     for (int64_t h = 0; h < c.query_heads; ++h) {
       const int64_t off = ElementOffset(o.layout, b, s, t, h, c.query_heads, S, D);
-      if (c.cancelling) MakePairsCancel(o, it->second, R, pos, c.dtype, q, q_ref, off);
+      if (c.cancelling) MakePairsCancel(o, it->second, R, pos, c.dtype, q, q_ref, off, c.magnitude);
       reference::RotateHead(o, it->second, R, pos, q_ref.data() + off);
     }
     for (int64_t h = 0; c.key && h < c.key_heads; ++h) {
       const int64_t off = ElementOffset(o.layout, b, s, t, h, c.key_heads, S, D);
-      if (c.cancelling) MakePairsCancel(o, it->second, R, pos, c.dtype, k, k_ref, off);
+      if (c.cancelling) MakePairsCancel(o, it->second, R, pos, c.dtype, k, k_ref, off, c.magnitude);
       reference::RotateHead(o, it->second, R, pos, k_ref.data() + off);
     }
   }
@@ -194,13 +203,12 @@ void CheckRope(Backend& backend, const RopeCase& c) {
   // The reference's angle p * f is good to |p| 2^-52 rad against the
   // kernel's (each rounds its own f): a result that cancels is owed that much
   // beyond its ulp.
-  const double slack = std::ldexp(static_cast<double>(max_abs), -51);
+  const double slack = std::ldexp(static_cast<double>(max_abs), c.magnitude - 51);
   EXPECT_TRUE(testing::MatchesReference(c.dtype, q_ref, q.data(), tol, slack)) << "query";
   if (c.key) {
     EXPECT_TRUE(testing::MatchesReference(c.dtype, k_ref, k.data(), tol, slack)) << "key";
   }
 }
-
 
 TEST_P(BackendTest, RopeAwkwardHeadDimsBothStylesAllDtypes) {
   for (int64_t D : {64, 80, 112, 120, 128, 256}) {
@@ -252,6 +260,45 @@ TEST_P(BackendTest, RopeCancellingPairsMeetTheBar) {
             c.cancelling = true;
             CheckRope(*backend_, c);
           }
+        }
+      }
+    }
+  }
+}
+
+// Cancelling pairs among bfloat16 inputs near the bottom of the float
+// range, where the cancellation bound itself is subnormal (inputs under
+// 2^-115): the CPU's AVX2 loop tests pairs against a bound it forms in
+// bfloat16 bits (PairTestBF16x16), which must stay at or above the scalar
+// one there too, or it narrows by rounding a pair the scalar contract
+// recomputes in double (RunMatchingCpu: bit for bit with the emulated GPU
+// body). Attention scales 1 and 1.5 (YaRN's attention_factor), a power of
+// two and not.
+TEST_P(BackendTest, RopeTinyCancellingPairsMeetTheBar) {
+  for (int magnitude : {-112, -118, -124}) {
+    for (RopeStyle style : kStyles) {
+      for (double attention : {1.0, 1.5}) {
+        for (RopeLayout layout : {RopeLayout::kBSHD, RopeLayout::kBHSD}) {
+          SCOPED_TRACE(::testing::Message()
+                       << "inputs under 2^" << magnitude << " style " << int(style)
+                       << " attention scale " << attention << " layout " << int(layout));
+          RopeCase c;
+          c.options.style = style;
+          c.options.layout = layout;
+          if (attention != 1.0) {
+            c.options.scaling.type = ScalingType::kYarn;
+            c.options.scaling.factor = 4;
+            c.options.scaling.original_max_position = 4096;
+            c.options.scaling.attention_factor = attention;
+          }
+          c.dtype = DType::kBFloat16;
+          c.head_dim = 128;
+          c.seq = 16;
+          c.query_heads = 8;
+          c.key_heads = 2;
+          c.cancelling = true;
+          c.magnitude = magnitude;
+          CheckRope(*backend_, c);
         }
       }
     }

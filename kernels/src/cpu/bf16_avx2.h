@@ -45,19 +45,42 @@ POSENC_AVX2_TARGET POSENC_ALWAYS_INLINE __m256i RoundToBF16High(__m256 r) {
 }
 
 // even and odd narrowed and interleaved back, the inverse of EvenBF16x8
-// and OddBF16x8: 16 bfloat16 values to store at once. REQUIRES: no NaN.
-// The rounding is RoundToBF16High's, done once the halves are in 16-bit
-// lanes (one instruction fewer than rounding each vector): the truncated
-// values h, the bits below them l, and h + 1 where l + 0x7fff + (h & 1)
-// carries, which VPAVGW's 17-bit sum gives as its top bit.
-POSENC_AVX2_TARGET POSENC_ALWAYS_INLINE __m256i InterleaveBF16x8(__m256 even, __m256 odd) {
+// and OddBF16x8: 16 bfloat16 values to store at once, and the truncated
+// ones they round from (each float's high half; a caller may test them:
+// RotateBF16Avx2). REQUIRES: no NaN in what is stored. The rounding is
+// RoundToBF16High's, done once the halves are in 16-bit lanes (one
+// instruction fewer than rounding each vector): the truncated values h,
+// the bits below them l, and h + 1 where l + 0x7fff + (h & 1) carries,
+// which VPAVGW's 17-bit sum gives as its top bit.
+struct NarrowedBF16x16 {
+  __m256i truncated;
+  __m256i rounded;
+};
+POSENC_AVX2_TARGET POSENC_ALWAYS_INLINE NarrowedBF16x16 NarrowBF16x16(__m256 even, __m256 odd) {
   const __m256i e = _mm256_castps_si256(even), o = _mm256_castps_si256(odd);
   const __m256i h = _mm256_blend_epi16(_mm256_srli_epi32(e, 16), o, 0xaa);
   const __m256i l = _mm256_blend_epi16(e, _mm256_slli_epi32(o, 16), 0xaa);
   const __m256i half_less_one =
       _mm256_add_epi16(_mm256_and_si256(h, _mm256_set1_epi16(1)), _mm256_set1_epi16(0x7ffe));
-  const __m256i carry = _mm256_avg_epu16(l, half_less_one);  // (l + 0x7fff + (h & 1)) / 2
-  return _mm256_sub_epi16(h, _mm256_srai_epi16(carry, 15));  // h + the carry
+  const __m256i carry = _mm256_avg_epu16(l, half_less_one);       // (l + 0x7fff + (h & 1)) / 2
+  return {h, _mm256_sub_epi16(h, _mm256_srai_epi16(carry, 15))};  // h + the carry
+}
+POSENC_AVX2_TARGET POSENC_ALWAYS_INLINE __m256i InterleaveBF16x8(__m256 even, __m256 odd) {
+  return NarrowBF16x16(even, odd).rounded;
+}
+
+// |x| of 16 bfloat16 bit patterns.
+POSENC_AVX2_TARGET POSENC_ALWAYS_INLINE __m256i Abs16Avx2(__m256i x) {
+  return _mm256_and_si256(x, _mm256_set1_epi16(0x7fff));
+}
+
+// |h| + 0x7f in each 16-bit lane of truncated bfloat16 values h
+// (NarrowBF16x16): ordered as |h| is for every value but NaN, which it puts
+// past 0x7fff. Every NaN an IEEE operation gives is quiet (bit 22 set), so
+// its |h| > 0x7f80 and its lane is negative as int16: below (bits + 0x7f)
+// of every bound, for a signed comparison to fail. inf (0x7f80) is 0x7fff.
+POSENC_AVX2_TARGET POSENC_ALWAYS_INLINE __m256i OrderedMagnitudeBF16x16(__m256i h) {
+  return _mm256_add_epi16(Abs16Avx2(h), _mm256_set1_epi16(0x7f));
 }
 
 // first and second narrowed, in order, to y0[0, 8) and y1[0, 8) (which may
