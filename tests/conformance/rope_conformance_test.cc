@@ -353,10 +353,10 @@ TEST_P(BackendTest, RopeDecodeShapesWithoutKey) {
   }
 }
 
-// Inputs whose rotated values are subnormal, zero, tiny, infinite or NaN:
-// every backend must narrow them as FloatToBFloat16 does (the AVX-512 BF16
-// CPU loop's instruction flushes results below 2^-126, so it must send them
-// to the scalar contract), bit for bit with the GPU kernel's body under
+// Inputs whose rotated values are subnormal, zero, tiny, huge, infinite or
+// NaN: every backend must narrow them as FloatToBFloat16 does (the AVX-512
+// BF16 CPU loop's instruction flushes results below 2^-126, so it must send
+// them to the scalar contract), bit for bit with the GPU kernel's body under
 // emulation. Attention scales 1, 1.5 and 0.05 (YaRN's attention_factor)
 // take that loop's three bounds: unscaled, scaled, and below the smallest
 // scale it takes.
@@ -375,15 +375,22 @@ TEST_P(BackendTest, RopeTinyAndZeroInputsNarrowLikeTheScalarContract) {
           const int64_t n = static_cast<int64_t>(b->size()) / static_cast<int64_t>(SizeOf(dtype));
           for (int64_t i = 0; i < n; ++i) {
             // Runs of zeros, of values near the smallest normal float and of
-            // subnormals, among ordinary values; and now and then an infinity
-            // or a NaN (with a random payload and sign).
-            const int kind = static_cast<int>((i / 16 + rng() % 2) % 4);
+            // subnormals, of values near the largest (whose |u| + |v|
+            // overflows to inf in float, and with it the cancellation bound),
+            // among ordinary values; and now and then an infinity or a NaN
+            // (with a random payload and sign).
+            const int kind = static_cast<int>((i / 16 + rng() % 2) % 5);
             const double mag = std::ldexp(1.0 + static_cast<double>(rng() % 1000) / 1000.0,
                                           -118 - static_cast<int>(rng() % 14));
             const double sign = rng() % 2 ? -1.0 : 1.0;
             if (kind == 0) StoreElement(dtype, b->data(), i, 0.0f);
             if (kind == 1 || kind == 2)
               StoreElement(dtype, b->data(), i, static_cast<float>(sign * mag));
+            if (kind == 4 && dtype != DType::kFloat16) {
+              const double huge = std::ldexp(1.0 + static_cast<double>(rng() % 1000) / 1000.0,
+                                             126 + static_cast<int>(rng() % 2));
+              StoreElement(dtype, b->data(), i, static_cast<float>(sign * std::min(huge, 3.3e38)));
+            }
             if (rng() % 97 == 0) {
               const uint32_t bits = (rng() % 2 ? 0xff800000u : 0x7f800000u) |
                                     (rng() % 2 ? static_cast<uint32_t>(rng() % 0x400000) << 1 : 0u);
