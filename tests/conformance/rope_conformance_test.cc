@@ -106,6 +106,16 @@ void MakePairsCancel(const RopeOptions& o, const reference::Frequencies& f, int6
   }
 }
 
+// Options whose tokens take attention scale `attention`: YaRN's
+// attention_factor (factor 4, 4096 original positions), or no scaling at 1.
+void ScaleAttention(double attention, RopeOptions* o) {
+  if (attention == 1.0) return;
+  o->scaling.type = ScalingType::kYarn;
+  o->scaling.factor = 4;
+  o->scaling.original_max_position = 4096;
+  o->scaling.attention_factor = attention;
+}
+
 // Runs one case on `backend`; returns the rotated query for further checks.
 void CheckRope(Backend& backend, const RopeCase& c) {
   const RopeOptions& o = c.options;
@@ -285,12 +295,7 @@ TEST_P(BackendTest, RopeTinyCancellingPairsMeetTheBar) {
           RopeCase c;
           c.options.style = style;
           c.options.layout = layout;
-          if (attention != 1.0) {
-            c.options.scaling.type = ScalingType::kYarn;
-            c.options.scaling.factor = 4;
-            c.options.scaling.original_max_position = 4096;
-            c.options.scaling.attention_factor = attention;
-          }
+          ScaleAttention(attention, &c.options);
           c.dtype = DType::kBFloat16;
           c.head_dim = 128;
           c.seq = 16;
@@ -407,12 +412,7 @@ TEST_P(BackendTest, RopeTinyAndZeroInputsNarrowLikeTheScalarContract) {
         t.positions.offsets = testing::IntView(offsets, {1});
         RopeOptions o;
         o.style = style;
-        if (attention != 1.0) {
-          o.scaling.type = ScalingType::kYarn;
-          o.scaling.factor = 4;
-          o.scaling.original_max_position = 4096;
-          o.scaling.attention_factor = attention;
-        }
+        ScaleAttention(attention, &o);
         auto plan = PlanRope(o, t);
         ASSERT_TRUE(plan.ok()) << plan.status();
         Bytes q2 = q, k2 = k;
