@@ -538,6 +538,23 @@ POSENC_ALWAYS_INLINE void FinishPending(const AbsolutePlan& p, const int64_t* po
   }
 }
 
+// Whether the tokens [from, end) after a group at `anchor` may reach the
+// next anchor row, so that the fused pass should compute it as it streams
+// (AdvanceNext): false when the first token at another anchor is at some
+// other one, or when none is left. A row computed for no token was half of
+// a 16-token call's anchor work. Looks at most 2 kPhaseAnchorStride tokens
+// on, and then says yes: a token that needs the row unbuilt gets it from
+// MoveToAnchor, exactly the same, only not interleaved with the stream.
+POSENC_ALWAYS_INLINE bool NextAnchorWanted(const int64_t* pos, int64_t from, int64_t end,
+                                           int64_t anchor, int64_t next_anchor) {
+  const int64_t stop = std::min(end, from + 2 * kPhaseAnchorStride);
+  for (int64_t i = from; i < stop; ++i) {
+    const int64_t a = PhaseAnchor(pos[i]);
+    if (a != anchor) return a == next_anchor;
+  }
+  return stop < end;
+}
+
 // y = x * x_scale + PE with PE computed in the same pass (see the top of the
 // file), for float32 and bfloat16 rows (Fuses).
 //
@@ -579,6 +596,7 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
     }
     const int64_t group = group_end - t;
     for (int64_t g = 0; g < group; ++g) source[g] = SourceOf(p, pos[t + g], s);
+    const bool advance = NextAnchorWanted(pos, group_end, end, anchor, s.next.anchor);
     // Frequencies in blocks of kNextEvery, with a 16th of that many of the
     // next anchor row's after each, per token: a 16th of its row per token.
     // Pending elements are numbered from the group's first row.
@@ -592,7 +610,7 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
           s.pending_at[k] += static_cast<int32_t>(g * dim);
         }
       }
-      AdvanceNext(group * kNextEvery / kPhaseAnchorStride, s);
+      if (advance) AdvanceNext(group * kNextEvery / kPhaseAnchorStride, s);
     }
     T* __restrict y0 = x + t * dim;
     FinishPending(p, pos + t, y0, s);
