@@ -538,42 +538,6 @@ POSENC_ALWAYS_INLINE void FinishPending(const AbsolutePlan& p, const int64_t* po
   }
 }
 
-// Whether the tokens [from, end) after a group at `anchor` may reach the
-// next anchor row, so that the fused pass should compute it as it streams
-// (AdvanceNext): false when the first token at another anchor is at some
-// other one, or when none is left. A row computed for no token was half of
-// a 16-token call's anchor work. Looks at most 2 kPhaseAnchorStride tokens
-// on, and then says yes: a token that needs the row unbuilt gets it from
-// MoveToAnchor, exactly the same, only not interleaved with the stream.
-// The answer holds for every group before the token it found, so it is
-// kept (in `memo`, one a FusedTokens call): one-token groups of
-// consecutive positions would otherwise look up to 15 tokens on each, as
-// much as a 64-wide float32 row's own work.
-struct NextAnchorMemo {
-  int64_t anchor = 1;  // not a multiple of 16: none kept
-  int64_t until = 0;   // the answer holds for groups ending at or before it
-  bool wanted = false;
-};
-POSENC_ALWAYS_INLINE bool NextAnchorWanted(const int64_t* pos, int64_t from, int64_t end,
-                                           int64_t anchor, int64_t next_anchor,
-                                           NextAnchorMemo& memo) {
-  if (memo.anchor == anchor && from <= memo.until) return memo.wanted;
-  const int64_t stop = std::min(end, from + 2 * kPhaseAnchorStride);
-  for (int64_t i = from; i < stop; ++i) {
-    const int64_t a = PhaseAnchor(pos[i]);
-    if (a != anchor) {
-      memo = {anchor, i, a == next_anchor};
-      return memo.wanted;
-    }
-  }
-  if (stop == end) {
-    memo = {anchor, end, false};
-    return false;
-  }
-  memo.anchor = 1;  // cut short: the tokens past stop are not known
-  return true;
-}
-
 // y = x * x_scale + PE with PE computed in the same pass (see the top of the
 // file), for float32 and bfloat16 rows (Fuses).
 //
@@ -607,17 +571,21 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
       kGroups ? kWideRowsAhead * dim : kWideF32PrefetchAhead / static_cast<int64_t>(sizeof(T));
   const int64_t* pos = p.positions.values.data();
   RowSource source[kPhaseAnchorStride];
-  NextAnchorMemo next_anchor_memo;
+  int64_t run_end = begin;  // tokens [t, run_end) are all at t's anchor
   for (int64_t t = begin; t < end;) {
     const int64_t anchor = PhaseAnchor(pos[t]);
-    int64_t group_end = t + 1;
-    while (group_end < end && group_end - t < max_group && PhaseAnchor(pos[group_end]) == anchor) {
-      ++group_end;
+    if (t == run_end) {
+      while (run_end < end && PhaseAnchor(pos[run_end]) == anchor) ++run_end;
     }
+    const int64_t group_end = std::min(run_end, t + max_group);
     const int64_t group = group_end - t;
     for (int64_t g = 0; g < group; ++g) source[g] = SourceOf(p, pos[t + g], s);
-    const bool advance = NextAnchorWanted(pos, group_end, end, anchor, s.next.anchor,
-                                          next_anchor_memo);
+    // The next anchor row is built as the group streams only if the token
+    // after this run is at it: at the end of the range, or where positions
+    // jump (a decode batch), no token would use it (a 16-position call
+    // built two rows for one). A row wanted but not built comes from
+    // MoveToAnchor, bit for bit the same (its phases are exact sums).
+    const bool advance = run_end < end && PhaseAnchor(pos[run_end]) == s.next.anchor;
     // Frequencies in blocks of kNextEvery, with a 16th of that many of the
     // next anchor row's after each, per token: a 16th of its row per token.
     // Pending elements are numbered from the group's first row.

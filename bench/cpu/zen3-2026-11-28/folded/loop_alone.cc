@@ -31,8 +31,8 @@ int main(int argc, char** argv) {
   }
   PairSlots16(c.data(), cp.data(), half);
   PairSlots16(n.data(), np.data(), half);
-  const Rows<BFloat16> rows{x.data(), rows_n,    0,          0,    c.data(), n.data(),
-                            nullptr,  nullptr,   cp.data(),  np.data(), 4096, 0};
+  const Rows<BFloat16> rows{x.data(), rows_n,  0,         0,         c.data(), n.data(),
+                            nullptr,  nullptr, cp.data(), np.data(), 4096,     0};
   std::vector<int32_t> slow_k(rows_n * half);
   std::vector<float> slow_u(rows_n * half), slow_v(rows_n * half);
   double best = 0;
@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < calls; ++i) {
       int64_t slow = 0;
       RotateBF16Avx2<RopeStyle::kNeox, true, false, 64>(rows, D, half, 1.0f, slow_k.data(),
-                                                         slow_u.data(), slow_v.data(), &slow);
+                                                        slow_u.data(), slow_v.data(), &slow);
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::max(best, calls * rows_n * 4 / s);  // 16-pair steps a second
