@@ -8,9 +8,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "cpu/rotation_cache.h"
+#include "cpu/thread_pool.h"
 #include "cpu_kernels.h"
 #include "posenc/backend.h"
-#include "cpu/thread_pool.h"
 
 namespace posenc {
 namespace {
@@ -50,8 +51,11 @@ class CpuBackend final : public Backend {
                          const RunContext& ctx) override {
     if (plan.empty()) return absl::OkStatus();
     const int64_t per_token = (plan.query_heads + plan.key_heads) * plan.head_dim;
+    const std::shared_ptr<internal::RotationTable> rotations = rotations_.For(plan);
     return Run(plan.num_tokens, Grain(per_token), MaxChunk(per_token), ctx,
-               [&](int64_t b, int64_t e) { internal::RopeTokensCpu(plan, query, key, b, e); });
+               [&](int64_t b, int64_t e) {
+                 internal::RopeTokensCpu(plan, rotations.get(), query, key, b, e);
+               });
   }
 
   absl::Status ApplyAbsolute(const AbsolutePlan& plan, void* x, const RunContext& ctx) override {
@@ -89,6 +93,9 @@ class CpuBackend final : public Backend {
   }
 
   ThreadPool pool_;
+  // Slot rotations by position, shared by the calls of one model's
+  // frequencies (rotation_cache.h).
+  internal::RotationCache rotations_;
 };
 
 }  // namespace

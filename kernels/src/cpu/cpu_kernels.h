@@ -110,8 +110,12 @@ void WithThreadScratch(const Plan& plan, Fn fn) {
   if (kept->Bytes() > kKeptBytes) kept.reset();
 }
 
-// Rotates tokens [begin, end) of query and key in place.
-void RopeTokensCpu(const RopePlan& plan, void* query, void* key, int64_t begin, int64_t end);
+class RotationTable;
+
+// Rotates tokens [begin, end) of query and key in place, with the slot
+// rotations `rotations` keeps (RotationCache::For(plan); may be null).
+void RopeTokensCpu(const RopePlan& plan, RotationTable* rotations, void* query, void* key,
+                   int64_t begin, int64_t end);
 
 // Writes y = x * x_scale + PE for tokens [begin, end).
 void AbsoluteTokensCpu(const AbsolutePlan& plan, void* x, int64_t begin, int64_t end);

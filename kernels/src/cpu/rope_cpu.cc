@@ -1,5 +1,6 @@
-// RoPE on the CPU. Tokens are taken in blocks: the block's cos/sin are
-// computed once (float32, per slot, scaled and signed) and then applied to
+// RoPE on the CPU. Tokens are taken in blocks: the block's cos/sin
+// (float32, per slot, scaled and signed) are read from the backend's table
+// of them by position (rotation_cache.h) or computed, and then applied to
 // every head, head-major for BHSD (whose heads are far apart) and
 // token-major otherwise, so memory is read in long runs either way. The
 // element arithmetic is math/rope_math.h, the same as the CUDA kernel's;
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu/rotation_cache.h"
 #include "cpu_kernels.h"
 #include "math/rope_math.h"
 #include "posenc/dtype.h"
@@ -136,7 +138,11 @@ struct Scratch {
   UninitializedArray<float> wide_u, wide_v;
 };
 
-POSENC_ALWAYS_INLINE void ComputeRotations(const RopePlan& p, int64_t t0, int64_t t1, Scratch& s) {
+// The block's rotations: read from `table` (kept from earlier calls; null
+// for plans RotationCache does not serve) where it has the position's row,
+// computed otherwise.
+POSENC_ALWAYS_INLINE void ComputeRotations(const RopePlan& p, RotationTable* table, int64_t t0,
+                                           int64_t t1, Scratch& s) {
   const int64_t half = p.half();
   for (int64_t t = t0; t < t1; ++t) {
     const int set = p.FreqSetOfToken(t);
@@ -145,6 +151,13 @@ POSENC_ALWAYS_INLINE void ComputeRotations(const RopePlan& p, int64_t t0, int64_
     const int64_t* pos = p.positions.values.data() + t * p.num_axes;
     float* __restrict c = s.c.data() + (t - t0) * half;
     float* __restrict n = s.n.data() + (t - t0) * half;
+    if (table != nullptr) {
+      if (const float* row = table->Row(pos[0])) {
+        std::memcpy(c, row, half * sizeof(float));
+        std::memcpy(n, row + half, half * sizeof(float));
+        continue;
+      }
+    }
     // One position for every slot, or one per slot's axis: separate loops
     // so the common one vectorises.
     if (p.num_axes == 1) {
@@ -519,10 +532,10 @@ POSENC_ALWAYS_INLINE void RotateRows(const RopePlan& p, const Rows<T>& rows, Scr
 constexpr int64_t kPrefetchAhead = 4096;
 
 template <typename T, RopeStyle kStyle, bool kWide = false>
-POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, T* q, T* k, int64_t t0, int64_t t1,
-                                    Scratch& s) {
+POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, RotationTable* table, T* q, T* k, int64_t t0,
+                                    int64_t t1, Scratch& s) {
   const int64_t half = p.half(), D = p.head_dim;
-  ComputeRotations(p, t0, t1, s);
+  ComputeRotations(p, table, t0, t1, s);
   for (int side = 0; side < 2; ++side) {
     T* base = side == 0 ? q : k;
     if (base == nullptr) continue;
@@ -570,11 +583,12 @@ POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, T* q, T* k, int64_t t0, i
 }
 
 template <typename T, RopeStyle kStyle, bool kWide = false>
-POSENC_ALWAYS_INLINE void RopeTokensTyped(const RopePlan& p, void* q, void* k, int64_t begin,
-                                          int64_t end, Scratch& s) {
+POSENC_ALWAYS_INLINE void RopeTokensTyped(const RopePlan& p, RotationTable* table, void* q, void* k,
+                                          int64_t begin, int64_t end, Scratch& s) {
   T* kq = p.has_key ? static_cast<T*>(k) : nullptr;
   for (int64_t t0 = begin; t0 < end; t0 += kTokenBlock) {
-    RopeBlock<T, kStyle, kWide>(p, static_cast<T*>(q), kq, t0, std::min(end, t0 + kTokenBlock), s);
+    RopeBlock<T, kStyle, kWide>(p, table, static_cast<T*>(q), kq, t0,
+                                std::min(end, t0 + kTokenBlock), s);
   }
 }
 
@@ -583,31 +597,31 @@ POSENC_ALWAYS_INLINE void RopeTokensTyped(const RopePlan& p, void* q, void* k, i
 // `wide`: bfloat16 takes RotateBF16Wide's steps (AVX-512 BF16 CPUs) or
 // RotateBF16Avx2's (AVX2), float32 RotateF32Wide's (AVX-512) or
 // RotateF32Avx2's (AVX2); the other loops are for CPUs without AVX2.
-POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, void* q, void* k, int64_t begin,
-                                          int64_t end, bool wide, Scratch& s) {
+POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, RotationTable* table, void* q, void* k,
+                                          int64_t begin, int64_t end, bool wide, Scratch& s) {
   const bool neox = p.style == RopeStyle::kNeox;
 #ifdef POSENC_CPU_BF16_WIDE
   if (wide && p.dtype == DType::kBFloat16) {
-    return neox ? RopeTokensTyped<BFloat16, RopeStyle::kNeox, true>(p, q, k, begin, end, s)
-                : RopeTokensTyped<BFloat16, RopeStyle::kGptj, true>(p, q, k, begin, end, s);
+    return neox ? RopeTokensTyped<BFloat16, RopeStyle::kNeox, true>(p, table, q, k, begin, end, s)
+                : RopeTokensTyped<BFloat16, RopeStyle::kGptj, true>(p, table, q, k, begin, end, s);
   }
   if (wide && p.dtype == DType::kFloat32) {
-    return neox ? RopeTokensTyped<float, RopeStyle::kNeox, true>(p, q, k, begin, end, s)
-                : RopeTokensTyped<float, RopeStyle::kGptj, true>(p, q, k, begin, end, s);
+    return neox ? RopeTokensTyped<float, RopeStyle::kNeox, true>(p, table, q, k, begin, end, s)
+                : RopeTokensTyped<float, RopeStyle::kGptj, true>(p, table, q, k, begin, end, s);
   }
 #else
   (void)wide;
 #endif
   switch (p.dtype) {
     case DType::kFloat32:
-      return neox ? RopeTokensTyped<float, RopeStyle::kNeox>(p, q, k, begin, end, s)
-                  : RopeTokensTyped<float, RopeStyle::kGptj>(p, q, k, begin, end, s);
+      return neox ? RopeTokensTyped<float, RopeStyle::kNeox>(p, table, q, k, begin, end, s)
+                  : RopeTokensTyped<float, RopeStyle::kGptj>(p, table, q, k, begin, end, s);
     case DType::kFloat16:
-      return neox ? RopeTokensTyped<Half, RopeStyle::kNeox>(p, q, k, begin, end, s)
-                  : RopeTokensTyped<Half, RopeStyle::kGptj>(p, q, k, begin, end, s);
+      return neox ? RopeTokensTyped<Half, RopeStyle::kNeox>(p, table, q, k, begin, end, s)
+                  : RopeTokensTyped<Half, RopeStyle::kGptj>(p, table, q, k, begin, end, s);
     case DType::kBFloat16:
-      return neox ? RopeTokensTyped<BFloat16, RopeStyle::kNeox>(p, q, k, begin, end, s)
-                  : RopeTokensTyped<BFloat16, RopeStyle::kGptj>(p, q, k, begin, end, s);
+      return neox ? RopeTokensTyped<BFloat16, RopeStyle::kNeox>(p, table, q, k, begin, end, s)
+                  : RopeTokensTyped<BFloat16, RopeStyle::kGptj>(p, table, q, k, begin, end, s);
     default:
       std::abort();  // PlanRope admits floating dtypes only
   }
@@ -615,10 +629,16 @@ POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, void* q, void* k, i
 
 }  // namespace
 
-void RopeTokensCpu(const RopePlan& plan, void* query, void* key, int64_t begin, int64_t end) {
+void RopeTokensCpu(const RopePlan& plan, RotationTable* rotations, void* query, void* key,
+                   int64_t begin, int64_t end) {
   if (!KnownStyle(plan.style) || !KnownLayout(plan.layout)) std::abort();  // planning checks
+  if (rotations != nullptr && (plan.num_axes != 1 || plan.num_freq_sets != 1 ||
+                               !rotations->Matches(plan.inv_freq.data(), plan.half(),
+                                                   plan.attention_scale[0], plan.inverse))) {
+    std::abort();  // RotationCache::For gives only the plan's own table
+  }
   WithThreadScratch<Scratch>(plan, [&](Scratch& s) {
-    RopeTokensDispatch(plan, query, key, begin, end, s.wide || s.wide_f32, s);
+    RopeTokensDispatch(plan, rotations, query, key, begin, end, s.wide || s.wide_f32, s);
   });
 }
 

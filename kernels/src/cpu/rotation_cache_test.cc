@@ -1,0 +1,226 @@
+#include "cpu/rotation_cache.h"
+
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "cpu/cpu_kernels.h"
+#include "gtest/gtest.h"
+#include "math/rope_math.h"
+#include "posenc/rope.h"
+#include "test_tensors.h"
+
+namespace posenc::internal {
+namespace {
+
+using testing::Bytes;
+
+std::vector<double> RandomInvFreq(int64_t half) {
+  std::uniform_real_distribution<double> u(-12.0, 0.5);
+  std::vector<double> f(half);
+  for (double& x : f) x = std::exp(u(testing::Rng()));
+  return f;
+}
+
+int64_t ChunkBytes(int64_t half) { return RotationTable::kChunk * 2 * half * 4; }
+
+std::shared_ptr<std::atomic<int64_t>> Budget(int64_t bytes) {
+  return std::make_shared<std::atomic<int64_t>>(bytes);
+}
+
+// Row pos of `table` is RotationOf's (c, n) for every slot, bit for bit.
+void ExpectRow(RotationTable& table, const std::vector<double>& f, double scale, bool inverse,
+               int64_t pos) {
+  const float* row = table.Row(pos);
+  ASSERT_NE(row, nullptr) << "position " << pos;
+  const int64_t half = static_cast<int64_t>(f.size());
+  for (int64_t k = 0; k < half; ++k) {
+    const SlotRotation r = RotationOf(static_cast<double>(pos) * f[k], scale, inverse);
+    ASSERT_EQ(std::memcmp(&row[k], &r.c, 4), 0) << "c, position " << pos << " slot " << k;
+    ASSERT_EQ(std::memcmp(&row[half + k], &r.n, 4), 0) << "n, position " << pos << " slot " << k;
+  }
+}
+
+TEST(RotationTable, RowsAreRotationOfBitForBit) {
+  for (const bool inverse : {false, true}) {
+    const int64_t half = 1 + static_cast<int64_t>(testing::Rng()() % 80);
+    const std::vector<double> f = RandomInvFreq(half);
+    const double scale = inverse ? 0.7071 : 1.0;
+    RotationTable table(f, scale, inverse, 1000, Budget(int64_t{1} << 30));
+    // Both ends of the table and of a chunk, then random positions.
+    for (int64_t pos : {int64_t{0}, int64_t{63}, int64_t{64}, int64_t{999}}) {
+      ExpectRow(table, f, scale, inverse, pos);
+    }
+    std::uniform_int_distribution<int64_t> any(0, 999);
+    for (int i = 0; i < 200; ++i) ExpectRow(table, f, scale, inverse, any(testing::Rng()));
+  }
+}
+
+TEST(RotationTable, OutOfRangeAndOverBudgetGiveNull) {
+  const std::vector<double> f = RandomInvFreq(16);
+  const auto budget = Budget(2 * ChunkBytes(16) + 100);
+  {
+    RotationTable table(f, 1.0, false, 1000, budget);
+    EXPECT_EQ(table.Row(-1), nullptr);
+    EXPECT_EQ(table.Row(1000), nullptr);
+    EXPECT_NE(table.Row(5), nullptr);
+    EXPECT_NE(table.Row(900), nullptr);
+    EXPECT_EQ(table.Row(300), nullptr) << "a third chunk over the budget";
+    EXPECT_EQ(budget->load(), 100);
+    ExpectRow(table, f, 1.0, false, 63);  // the chunks taken still serve
+  }
+  EXPECT_EQ(budget->load(), 2 * ChunkBytes(16) + 100) << "a table gives its bytes back";
+}
+
+// Readers racing on the same chunks all get correct rows, and each chunk is
+// kept once: the losers of a race give their bytes back.
+TEST(RotationTable, ConcurrentReadersShareOneCopyOfEachChunk) {
+  const std::vector<double> f = RandomInvFreq(64);
+  const int64_t start = int64_t{1} << 30;
+  const auto budget = Budget(start);
+  RotationTable table(f, 1.0, false, 640, budget);
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int64_t i = 0; i < 640; ++i) {
+        const int64_t pos = (i * 7 + t) % 640;
+        const float* row = table.Row(pos);
+        const SlotRotation r = RotationOf(static_cast<double>(pos) * f[1], 1.0, false);
+        if (row == nullptr || std::memcmp(&row[1], &r.c, 4) != 0) ++wrong;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(budget->load(), start - 10 * ChunkBytes(64));
+}
+
+RopePlan PlanWith(std::vector<double> inv_freq, double scale, bool inverse) {
+  RopePlan p;
+  p.rotary_dim = 2 * static_cast<int64_t>(inv_freq.size());
+  p.inv_freq = std::move(inv_freq);
+  p.attention_scale = {scale};
+  p.inverse = inverse;
+  return p;
+}
+
+TEST(RotationCache, OneTablePerFrequencySet) {
+  RotationCache cache;
+  const std::vector<double> f = RandomInvFreq(64);
+  const auto a = cache.For(PlanWith(f, 1.0, false));
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(cache.For(PlanWith(f, 1.0, false)), a);
+  EXPECT_NE(cache.For(PlanWith(f, 1.0, true)), a) << "inverse";
+  EXPECT_NE(cache.For(PlanWith(f, 0.5, false)), a) << "attention scale";
+  std::vector<double> g = f;
+  g[63] = std::nextafter(g[63], 1.0);
+  EXPECT_NE(cache.For(PlanWith(g, 1.0, false)), a) << "one frequency one ulp away";
+  EXPECT_NE(cache.For(PlanWith(std::vector<double>(f.begin(), f.begin() + 32), 1.0, false)), a)
+      << "fewer slots";
+}
+
+TEST(RotationCache, PlansWithSeveralSetsOrAxesAreNotServed) {
+  RotationCache cache;
+  RopePlan sets = PlanWith(RandomInvFreq(8), 1.0, false);
+  sets.num_freq_sets = 2;
+  sets.inv_freq.resize(16, 0.5);
+  sets.attention_scale = {1.0, 1.0};
+  EXPECT_EQ(cache.For(sets), nullptr);
+  RopePlan axes = PlanWith(RandomInvFreq(8), 1.0, false);
+  axes.num_axes = 3;
+  EXPECT_EQ(cache.For(axes), nullptr);
+}
+
+TEST(RotationCache, EvictsTheLeastRecentlyUsedButKeepsHeldTables) {
+  const int64_t start = int64_t{1} << 30;
+  RotationCache cache(start);
+  std::vector<std::vector<double>> sets;
+  for (int i = 0; i <= RotationCache::kMaxTables; ++i) sets.push_back(RandomInvFreq(16));
+  std::shared_ptr<RotationTable> first = cache.For(PlanWith(sets[0], 1.0, false));
+  ASSERT_NE(first->Row(10), nullptr);
+  for (int i = 1; i < RotationCache::kMaxTables; ++i) cache.For(PlanWith(sets[i], 1.0, false));
+  EXPECT_EQ(cache.For(PlanWith(sets[0], 1.0, false)), first) << "still cached";
+  // Set 1 is now the least recently used: the next new set replaces it.
+  const RotationTable* second = cache.For(PlanWith(sets[1], 1.0, false)).get();
+  cache.For(PlanWith(sets[0], 1.0, false));
+  for (int i = 2; i < RotationCache::kMaxTables; ++i) cache.For(PlanWith(sets[i], 1.0, false));
+  cache.For(PlanWith(sets[RotationCache::kMaxTables], 1.0, false));
+  EXPECT_EQ(cache.For(PlanWith(sets[0], 1.0, false)), first);
+  EXPECT_NE(cache.For(PlanWith(sets[1], 1.0, false)).get(), second) << "set 1 was evicted";
+  // Evict set 0 while it is held: the holder's rows stay readable, and its
+  // bytes come back when it is let go.
+  for (int i = 2; i <= RotationCache::kMaxTables; ++i) {
+    cache.For(PlanWith(RandomInvFreq(16), 1.0, false));
+  }
+  ExpectRow(*first, sets[0], 1.0, false, 10);
+  EXPECT_EQ(cache.budget_left(), start - ChunkBytes(16));
+  first.reset();
+  EXPECT_EQ(cache.budget_left(), start);
+}
+
+// The kernel with rows from a table (cold: filled by this call; warm: read)
+// writes exactly what it writes computing every rotation itself, in every
+// dtype, style and layout, where the table has some of the positions and not
+// others: it covers positions up to 300 with a budget of 3 chunks, and the
+// call asks for 0-99 (chunks 0, 1) and 250-349 (chunk 3; chunk 4 over the
+// budget; 300 and after outside the table).
+TEST(RopeTokensCpu, RowsFromTheTableGiveTheComputedResultBitForBit) {
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    for (const RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptj}) {
+      for (const RopeLayout layout : {RopeLayout::kBSHD, RopeLayout::kBHSD}) {
+        for (const int64_t rotary : {int64_t{128}, int64_t{48}}) {
+          const int64_t B = 2, S = 100, H = 3, KH = 2, D = 128;
+          const std::vector<int64_t> offsets = {0, 250};
+          RopeOptions o;
+          o.layout = layout;
+          o.style = style;
+          o.rotary_dim = rotary;
+          o.inverse = style == RopeStyle::kGptj;
+          Bytes q = testing::RandomTensor(dtype, B * S * H * D);
+          Bytes k = testing::RandomTensor(dtype, B * S * KH * D);
+          const auto shape = [&](int64_t heads) {
+            return layout == RopeLayout::kBHSD ? std::vector<int64_t>{B, heads, S, D}
+                                               : std::vector<int64_t>{B, S, heads, D};
+          };
+          // Runs the kernel on copies of q and k.
+          const auto run = [&](RotationTable* table) {
+            Bytes qo = q, ko = k;
+            RopeTensors t;
+            t.query = testing::Mutable(dtype, shape(H), qo);
+            t.key = testing::Mutable(dtype, shape(KH), ko);
+            t.positions.offsets = testing::IntView(offsets, {B});
+            auto plan = PlanRope(o, t);
+            EXPECT_TRUE(plan.ok()) << plan.status();
+            if (!plan.ok()) return Bytes();
+            RopeTokensCpu(*plan, table, qo.data(), ko.data(), 0, plan->num_tokens);
+            qo.insert(qo.end(), ko.begin(), ko.end());
+            return qo;
+          };
+          const Bytes computed = run(nullptr);
+          RotationCache cache(3 * ChunkBytes(rotary / 2), 300);
+          RopeTensors t;
+          Bytes qo = q, ko = k;
+          t.query = testing::Mutable(dtype, shape(H), qo);
+          t.key = testing::Mutable(dtype, shape(KH), ko);
+          t.positions.offsets = testing::IntView(offsets, {B});
+          const auto plan = PlanRope(o, t);
+          ASSERT_TRUE(plan.ok()) << plan.status();
+          const std::shared_ptr<RotationTable> table = cache.For(*plan);
+          ASSERT_NE(table, nullptr);
+          const std::string what = std::string(DTypeName(dtype)) + " style " +
+                                   std::to_string(static_cast<int>(style)) + " layout " +
+                                   std::to_string(static_cast<int>(layout)) + " rotary " +
+                                   std::to_string(rotary);
+          EXPECT_EQ(run(table.get()), computed) << "cold, " << what;
+          EXPECT_EQ(cache.budget_left(), 0) << what;
+          EXPECT_EQ(run(table.get()), computed) << "warm, " << what;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace posenc::internal
