@@ -5,7 +5,10 @@
 // issue 26's instructions-per-element figures are taken; the count is the
 // same run to run on a noisy machine. One-thread backend, so the call runs
 // on the stepped thread. --filter=TEXT counts only the cases whose name
-// contains it; --tokens=N scales the tensors (default 16); --profile writes
+// contains it; --tokens=N scales the tensors (default 16); --cold counts
+// the call that fills the RoPE rotations kept for its positions (a
+// frequency set's second call; run one case at a time with --filter, as
+// cases share one backend) rather than one that reads them; --profile writes
 // "offset count" per instruction address (relative to the executable's
 // first mapping) to the path given, for objdump.
 #include <sys/ptrace.h>
@@ -58,17 +61,22 @@ long CountBetweenStops(pid_t child, std::map<unsigned long long, long>* profile)
 int main(int argc, char** argv) {
   std::string filter, profile_path;
   int64_t tokens = 16;
+  bool cold = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--tokens=", 0) == 0) tokens = std::max<int64_t>(1, std::atoll(a.c_str() + 9));
     if (a.rfind("--filter=", 0) == 0) filter = a.substr(9);
     if (a.rfind("--profile=", 0) == 0) profile_path = a.substr(10);
+    if (a == "--cold") cold = true;
   }
   auto cpu = posenc::CreateCpuBackend(1);
   std::printf("posenc-count-instructions: one call, single-stepped\n");
   for (const posenc::bench::KernelCase& c : posenc::bench::KernelCases(*cpu, tokens)) {
     if (c.name.find(filter) == std::string::npos) continue;
-    c.run();  // the thread's scratch and tables exist before the counted call
+    // The thread's scratch and tables exist before the counted call (RoPE
+    // rotations are kept from a frequency set's second call).
+    c.run();
+    if (!cold) c.run();
     std::fflush(stdout);
     const pid_t child = fork();
     if (child == 0) {

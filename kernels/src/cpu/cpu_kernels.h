@@ -113,7 +113,8 @@ void WithThreadScratch(const Plan& plan, Fn fn) {
 class RotationTable;
 
 // Rotates tokens [begin, end) of query and key in place, with the slot
-// rotations `rotations` keeps (RotationCache::For(plan); may be null).
+// rotations `rotations` keeps. REQUIRES: rotations is null or
+// RotationCache::For(plan)'s table (checked: aborts otherwise).
 void RopeTokensCpu(const RopePlan& plan, RotationTable* rotations, void* query, void* key,
                    int64_t begin, int64_t end);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <utility>
 
 #include "cpu/cpu_kernels.h"
@@ -74,13 +75,20 @@ const float* RotationTable::Row(int64_t pos) {
 
 const float* RotationTable::FillChunk(int64_t chunk) {
   const int64_t bytes = ChunkBytes();
+  // A spent budget is the common case past it (every token of a long
+  // context): a plain load, not two writes to a line every thread shares.
+  if (budget_->load(std::memory_order_relaxed) < bytes) return nullptr;
   // Take the chunk's bytes from the budget first; give them back if another
-  // thread publishes the chunk first or the budget is spent.
+  // thread publishes the chunk first, or the budget was spent meanwhile.
   if (budget_->fetch_sub(bytes) < bytes) {
     budget_->fetch_add(bytes);
     return nullptr;
   }
-  float* rows = new float[kChunk * 2 * half()];
+  float* rows = new (std::nothrow) float[kChunk * 2 * half()];
+  if (rows == nullptr) {
+    budget_->fetch_add(bytes);
+    return nullptr;
+  }
   FillRows(inv_freq_.data(), half(), scale_, inverse_, chunk * kChunk, kChunk, rows);
   float* expected = nullptr;
   if (chunks_[chunk].compare_exchange_strong(expected, rows, std::memory_order_acq_rel)) {
@@ -95,6 +103,23 @@ RotationCache::RotationCache(int64_t budget_bytes, int64_t max_positions)
     : max_positions_(max_positions),
       budget_(std::make_shared<std::atomic<int64_t>>(budget_bytes)) {}
 
+namespace {
+
+// FNV-1a over the bytes that make a table's key.
+uint64_t KeyHash(const double* inv_freq, int64_t half, double scale, bool inverse) {
+  uint64_t h = 1469598103934665603ull;
+  const auto mix = [&h](const void* data, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  mix(inv_freq, half * sizeof(double));
+  mix(&scale, sizeof scale);
+  mix(&inverse, sizeof inverse);
+  return h;
+}
+
+}  // namespace
+
 std::shared_ptr<RotationTable> RotationCache::For(const RopePlan& p) {
   if (p.num_axes != 1 || p.num_freq_sets != 1 || p.half() <= 0) return nullptr;
   const double* inv_freq = p.inv_freq.data();
@@ -107,6 +132,18 @@ std::shared_ptr<RotationTable> RotationCache::For(const RopePlan& p) {
       return e.table;
     }
   }
+  // A set gets a table the second time it is seen. Sets that never repeat
+  // (dynamic NTK's frequencies change with every length, so decoding past
+  // the original context makes a new set per step) would otherwise each
+  // fill a chunk for one token and push out the tables that are used.
+  const uint64_t key = KeyHash(inv_freq, p.half(), scale, p.inverse);
+  const auto seen = std::find(seen_once_.begin(), seen_once_.end(), key);
+  if (seen == seen_once_.end()) {
+    if (static_cast<int>(seen_once_.size()) >= kSeenOnce) seen_once_.erase(seen_once_.begin());
+    seen_once_.push_back(key);
+    return nullptr;
+  }
+  seen_once_.erase(seen);
   if (static_cast<int>(entries_.size()) >= kMaxTables) {
     // The least recently used goes; calls still holding it keep it alive.
     auto oldest =

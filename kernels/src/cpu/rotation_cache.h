@@ -6,17 +6,19 @@
 // cosine each (math/angle.h). A model's calls repeat the same frequencies
 // and the same positions, so the CPU backend keeps them, as vLLM keeps a
 // cos_sin_cache per model: rows are computed the first time a position is
-// asked for and read after that: 0.09 fewer instructions an element in
-// every RoPE case (4-5%) and 3-8% of a bfloat16 call's time on one AVX2
-// core (bench/RESULTS.md, "rotations kept by position"). Rows are
+// asked for and read after that: once a model's rows are kept, 0.09 fewer
+// instructions an element in every RoPE case (4-5%) and 3-8% of a bfloat16
+// call's time on one AVX2 core (bench/RESULTS.md, "RoPE rotations kept by
+// position"). Rows are
 // RotationOf's own results, so a call's output is bit for bit the same
 // whether its rows came from here or were computed.
 //
-// Bounds: a table covers positions [0, kMaxCachedPosition); its rows are
-// allocated kChunk positions at a time, from a byte budget shared by the
-// cache's tables; a cache keeps at most kMaxTables frequency sets, the least
-// recently used going first. Positions outside a table, or beyond the
-// budget, are computed per call as before.
+// Bounds: a frequency set gets a table the second time a call brings it; a
+// table covers positions [0, kMaxCachedPosition); its rows are allocated
+// kChunk positions at a time, from a byte budget shared by the cache's
+// tables, and kept while the table is; a cache keeps at most kMaxTables
+// tables, the least recently used going first. Positions outside a table,
+// or beyond the budget, are computed per call as before.
 #ifndef POSENC_KERNELS_CPU_ROTATION_CACHE_H_
 #define POSENC_KERNELS_CPU_ROTATION_CACHE_H_
 
@@ -74,6 +76,9 @@ class RotationCache {
  public:
   static constexpr int64_t kMaxCachedPosition = int64_t{1} << 18;
   static constexpr int kMaxTables = 4;
+  // Sets seen once that are remembered (by a hash of their key) so that a
+  // second call gets them a table.
+  static constexpr int kSeenOnce = 16;
   // 16 MiB: 32768 positions of a 128-dim rotary head (part of the server's
   // fixed memory overhead, docs/server.md).
   static constexpr int64_t kDefaultBudgetBytes = int64_t{16} << 20;
@@ -81,9 +86,10 @@ class RotationCache {
   explicit RotationCache(int64_t budget_bytes = kDefaultBudgetBytes,
                          int64_t max_positions = kMaxCachedPosition);
 
-  // The table for plan p's frequencies, made on first use; null for plans it
-  // does not serve (several frequency sets or position axes). Callers hold
-  // the pointer for the call: a table evicted meanwhile lives until then.
+  // The table for plan p's frequencies, made on their second call; null
+  // before that and for plans it does not serve (several frequency sets or
+  // position axes). Callers hold the pointer for the call: a table evicted
+  // meanwhile lives until then.
   std::shared_ptr<RotationTable> For(const RopePlan& p);
 
   // Bytes the tables may still allocate (for tests).
@@ -97,8 +103,9 @@ class RotationCache {
   const int64_t max_positions_;
   const std::shared_ptr<std::atomic<int64_t>> budget_;
   std::mutex mu_;
-  std::vector<Entry> entries_;  // guarded by mu_
-  uint64_t uses_ = 0;           // guarded by mu_
+  std::vector<Entry> entries_;       // guarded by mu_
+  std::vector<uint64_t> seen_once_;  // guarded by mu_; oldest first
+  uint64_t uses_ = 0;                // guarded by mu_
 };
 
 }  // namespace posenc::internal

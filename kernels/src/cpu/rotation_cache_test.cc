@@ -1,7 +1,9 @@
 #include "cpu/rotation_cache.h"
 
+#include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -73,22 +75,40 @@ TEST(RotationTable, OutOfRangeAndOverBudgetGiveNull) {
   EXPECT_EQ(budget->load(), 2 * ChunkBytes(16) + 100) << "a table gives its bytes back";
 }
 
-// Readers racing on the same chunks all get correct rows, and each chunk is
-// kept once: the losers of a race give their bytes back.
+// Readers racing on the same chunks (released together) all get whole,
+// correct rows, and each chunk is kept once: the losers of a race give their
+// bytes back.
 TEST(RotationTable, ConcurrentReadersShareOneCopyOfEachChunk) {
   const std::vector<double> f = RandomInvFreq(64);
   const int64_t start = int64_t{1} << 30;
   const auto budget = Budget(start);
-  RotationTable table(f, 1.0, false, 640, budget);
+  RotationTable table(f, 0.5, true, 640, budget);
+  std::vector<SlotRotation> want(640 * 64);
+  for (int64_t pos = 0; pos < 640; ++pos) {
+    for (int64_t k = 0; k < 64; ++k) {
+      want[pos * 64 + k] = RotationOf(static_cast<double>(pos) * f[k], 0.5, true);
+    }
+  }
+  std::atomic<int> waiting{8}, wrong{0};
   std::vector<std::thread> threads;
-  std::atomic<int> wrong{0};
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
+      --waiting;
+      while (waiting.load() > 0) {
+      }
       for (int64_t i = 0; i < 640; ++i) {
-        const int64_t pos = (i * 7 + t) % 640;
+        const int64_t pos = (i * 7 + t % 2) % 640;  // pairs of threads in step
         const float* row = table.Row(pos);
-        const SlotRotation r = RotationOf(static_cast<double>(pos) * f[1], 1.0, false);
-        if (row == nullptr || std::memcmp(&row[1], &r.c, 4) != 0) ++wrong;
+        if (row == nullptr) {
+          ++wrong;
+          continue;
+        }
+        for (int64_t k = 0; k < 64; ++k) {
+          const SlotRotation& r = want[pos * 64 + k];
+          if (std::memcmp(&row[k], &r.c, 4) != 0 || std::memcmp(&row[64 + k], &r.n, 4) != 0) {
+            ++wrong;
+          }
+        }
       }
     });
   }
@@ -106,19 +126,50 @@ RopePlan PlanWith(std::vector<double> inv_freq, double scale, bool inverse) {
   return p;
 }
 
+// The table for plan p, from its set's second call on.
+std::shared_ptr<RotationTable> Kept(RotationCache& cache, const RopePlan& p) {
+  std::shared_ptr<RotationTable> t = cache.For(p);
+  return t != nullptr ? t : cache.For(p);
+}
+
 TEST(RotationCache, OneTablePerFrequencySet) {
   RotationCache cache;
   const std::vector<double> f = RandomInvFreq(64);
-  const auto a = cache.For(PlanWith(f, 1.0, false));
+  const auto a = Kept(cache, PlanWith(f, 1.0, false));
   ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->half(), 64);
   EXPECT_EQ(cache.For(PlanWith(f, 1.0, false)), a);
-  EXPECT_NE(cache.For(PlanWith(f, 1.0, true)), a) << "inverse";
-  EXPECT_NE(cache.For(PlanWith(f, 0.5, false)), a) << "attention scale";
+  EXPECT_NE(Kept(cache, PlanWith(f, 1.0, true)), a) << "inverse";
+  EXPECT_NE(Kept(cache, PlanWith(f, 0.5, false)), a) << "attention scale";
   std::vector<double> g = f;
   g[63] = std::nextafter(g[63], 1.0);
-  EXPECT_NE(cache.For(PlanWith(g, 1.0, false)), a) << "one frequency one ulp away";
-  EXPECT_NE(cache.For(PlanWith(std::vector<double>(f.begin(), f.begin() + 32), 1.0, false)), a)
-      << "fewer slots";
+  EXPECT_NE(Kept(cache, PlanWith(g, 1.0, false)), a) << "one frequency one ulp away";
+  const auto fewer =
+      Kept(cache, PlanWith(std::vector<double>(f.begin(), f.begin() + 32), 1.0, false));
+  ASSERT_NE(fewer, nullptr);
+  EXPECT_EQ(fewer->half(), 32) << "fewer slots";
+}
+
+// Sets that never repeat (dynamic NTK's per-length frequencies) get no
+// table and push out none; a set's second call gets one, even after others
+// came between, until kSeenOnce others have.
+TEST(RotationCache, ASetGetsATableOnItsSecondCall) {
+  RotationCache cache;
+  const std::vector<double> f = RandomInvFreq(32);
+  const auto used = Kept(cache, PlanWith(f, 1.0, false));
+  ASSERT_NE(used, nullptr);
+  std::vector<std::vector<double>> once;
+  for (int i = 0; i < 3 * RotationCache::kMaxTables; ++i) {
+    once.push_back(RandomInvFreq(32));
+    EXPECT_EQ(cache.For(PlanWith(once.back(), 1.0, false)), nullptr) << i;
+  }
+  EXPECT_EQ(cache.For(PlanWith(f, 1.0, false)), used) << "never pushed out";
+  EXPECT_NE(cache.For(PlanWith(once[0], 1.0, false)), nullptr) << "second call";
+  for (int i = 0; i < RotationCache::kSeenOnce; ++i) {
+    EXPECT_EQ(cache.For(PlanWith(RandomInvFreq(32), 1.0, false)), nullptr);
+  }
+  EXPECT_EQ(cache.For(PlanWith(once[1], 1.0, false)), nullptr) << "forgotten";
+  EXPECT_EQ(cache.budget_left(), RotationCache::kDefaultBudgetBytes) << "nothing filled";
 }
 
 TEST(RotationCache, PlansWithSeveralSetsOrAxesAreNotServed) {
@@ -127,10 +178,10 @@ TEST(RotationCache, PlansWithSeveralSetsOrAxesAreNotServed) {
   sets.num_freq_sets = 2;
   sets.inv_freq.resize(16, 0.5);
   sets.attention_scale = {1.0, 1.0};
-  EXPECT_EQ(cache.For(sets), nullptr);
+  EXPECT_EQ(Kept(cache, sets), nullptr);
   RopePlan axes = PlanWith(RandomInvFreq(8), 1.0, false);
   axes.num_axes = 3;
-  EXPECT_EQ(cache.For(axes), nullptr);
+  EXPECT_EQ(Kept(cache, axes), nullptr);
 }
 
 TEST(RotationCache, EvictsTheLeastRecentlyUsedButKeepsHeldTables) {
@@ -138,25 +189,28 @@ TEST(RotationCache, EvictsTheLeastRecentlyUsedButKeepsHeldTables) {
   RotationCache cache(start);
   std::vector<std::vector<double>> sets;
   for (int i = 0; i <= RotationCache::kMaxTables; ++i) sets.push_back(RandomInvFreq(16));
-  std::shared_ptr<RotationTable> first = cache.For(PlanWith(sets[0], 1.0, false));
+  std::shared_ptr<RotationTable> first = Kept(cache, PlanWith(sets[0], 1.0, false));
+  ASSERT_NE(first, nullptr);
   ASSERT_NE(first->Row(10), nullptr);
-  for (int i = 1; i < RotationCache::kMaxTables; ++i) cache.For(PlanWith(sets[i], 1.0, false));
-  EXPECT_EQ(cache.For(PlanWith(sets[0], 1.0, false)), first) << "still cached";
+  std::weak_ptr<RotationTable> second = Kept(cache, PlanWith(sets[1], 1.0, false));
+  for (int i = 2; i < RotationCache::kMaxTables; ++i) Kept(cache, PlanWith(sets[i], 1.0, false));
+  EXPECT_FALSE(second.expired()) << "the cache holds it";
   // Set 1 is now the least recently used: the next new set replaces it.
-  const RotationTable* second = cache.For(PlanWith(sets[1], 1.0, false)).get();
-  cache.For(PlanWith(sets[0], 1.0, false));
-  for (int i = 2; i < RotationCache::kMaxTables; ++i) cache.For(PlanWith(sets[i], 1.0, false));
-  cache.For(PlanWith(sets[RotationCache::kMaxTables], 1.0, false));
   EXPECT_EQ(cache.For(PlanWith(sets[0], 1.0, false)), first);
-  EXPECT_NE(cache.For(PlanWith(sets[1], 1.0, false)).get(), second) << "set 1 was evicted";
+  for (int i = 2; i < RotationCache::kMaxTables; ++i) cache.For(PlanWith(sets[i], 1.0, false));
+  Kept(cache, PlanWith(sets[RotationCache::kMaxTables], 1.0, false));
+  EXPECT_TRUE(second.expired()) << "set 1 was evicted";
+  EXPECT_EQ(cache.For(PlanWith(sets[0], 1.0, false)), first);
   // Evict set 0 while it is held: the holder's rows stay readable, and its
   // bytes come back when it is let go.
-  for (int i = 2; i <= RotationCache::kMaxTables; ++i) {
-    cache.For(PlanWith(RandomInvFreq(16), 1.0, false));
+  for (int i = 0; i < RotationCache::kMaxTables; ++i) {
+    Kept(cache, PlanWith(RandomInvFreq(16), 1.0, false));
   }
+  const std::weak_ptr<RotationTable> held = first;
   ExpectRow(*first, sets[0], 1.0, false, 10);
   EXPECT_EQ(cache.budget_left(), start - ChunkBytes(16));
   first.reset();
+  EXPECT_TRUE(held.expired());
   EXPECT_EQ(cache.budget_left(), start);
 }
 
@@ -171,51 +225,61 @@ TEST(RopeTokensCpu, RowsFromTheTableGiveTheComputedResultBitForBit) {
     for (const RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptj}) {
       for (const RopeLayout layout : {RopeLayout::kBSHD, RopeLayout::kBHSD}) {
         for (const int64_t rotary : {int64_t{128}, int64_t{48}}) {
-          const int64_t B = 2, S = 100, H = 3, KH = 2, D = 128;
-          const std::vector<int64_t> offsets = {0, 250};
-          RopeOptions o;
-          o.layout = layout;
-          o.style = style;
-          o.rotary_dim = rotary;
-          o.inverse = style == RopeStyle::kGptj;
-          Bytes q = testing::RandomTensor(dtype, B * S * H * D);
-          Bytes k = testing::RandomTensor(dtype, B * S * KH * D);
-          const auto shape = [&](int64_t heads) {
-            return layout == RopeLayout::kBHSD ? std::vector<int64_t>{B, heads, S, D}
-                                               : std::vector<int64_t>{B, S, heads, D};
-          };
-          // Runs the kernel on copies of q and k.
-          const auto run = [&](RotationTable* table) {
-            Bytes qo = q, ko = k;
+          // Attention scales of 1, 0.7 and 0.1 (under the wide bfloat16
+          // loops' 1/8: their 8-pair loop).
+          for (const double scale : {1.0, 0.7, 0.1}) {
+            const int64_t B = 2, S = 100, H = 3, KH = 2, D = 128;
+            const std::vector<int64_t> offsets = {0, 250};
+            RopeOptions o;
+            o.layout = layout;
+            o.style = style;
+            o.rotary_dim = rotary;
+            o.inverse = style == RopeStyle::kGptj;
+            if (scale != 1.0) {
+              o.scaling.type = ScalingType::kExplicit;
+              o.scaling.inv_freq = RandomInvFreq(rotary / 2);
+              o.scaling.attention_factor = scale;
+            }
+            Bytes q = testing::RandomTensor(dtype, B * S * H * D);
+            Bytes k = testing::RandomTensor(dtype, B * S * KH * D);
+            const auto shape = [&](int64_t heads) {
+              return layout == RopeLayout::kBHSD ? std::vector<int64_t>{B, heads, S, D}
+                                                 : std::vector<int64_t>{B, S, heads, D};
+            };
+            // Runs the kernel on copies of q and k.
+            const auto run = [&](RotationTable* table) {
+              Bytes qo = q, ko = k;
+              RopeTensors t;
+              t.query = testing::Mutable(dtype, shape(H), qo);
+              t.key = testing::Mutable(dtype, shape(KH), ko);
+              t.positions.offsets = testing::IntView(offsets, {B});
+              auto plan = PlanRope(o, t);
+              EXPECT_TRUE(plan.ok()) << plan.status();
+              if (!plan.ok()) return Bytes();
+              RopeTokensCpu(*plan, table, qo.data(), ko.data(), 0, plan->num_tokens);
+              qo.insert(qo.end(), ko.begin(), ko.end());
+              return qo;
+            };
+            const Bytes computed = run(nullptr);
+            RotationCache cache(3 * ChunkBytes(rotary / 2), 300);
             RopeTensors t;
+            Bytes qo = q, ko = k;
             t.query = testing::Mutable(dtype, shape(H), qo);
             t.key = testing::Mutable(dtype, shape(KH), ko);
             t.positions.offsets = testing::IntView(offsets, {B});
-            auto plan = PlanRope(o, t);
-            EXPECT_TRUE(plan.ok()) << plan.status();
-            if (!plan.ok()) return Bytes();
-            RopeTokensCpu(*plan, table, qo.data(), ko.data(), 0, plan->num_tokens);
-            qo.insert(qo.end(), ko.begin(), ko.end());
-            return qo;
-          };
-          const Bytes computed = run(nullptr);
-          RotationCache cache(3 * ChunkBytes(rotary / 2), 300);
-          RopeTensors t;
-          Bytes qo = q, ko = k;
-          t.query = testing::Mutable(dtype, shape(H), qo);
-          t.key = testing::Mutable(dtype, shape(KH), ko);
-          t.positions.offsets = testing::IntView(offsets, {B});
-          const auto plan = PlanRope(o, t);
-          ASSERT_TRUE(plan.ok()) << plan.status();
-          const std::shared_ptr<RotationTable> table = cache.For(*plan);
-          ASSERT_NE(table, nullptr);
-          const std::string what = std::string(DTypeName(dtype)) + " style " +
-                                   std::to_string(static_cast<int>(style)) + " layout " +
-                                   std::to_string(static_cast<int>(layout)) + " rotary " +
-                                   std::to_string(rotary);
-          EXPECT_EQ(run(table.get()), computed) << "cold, " << what;
-          EXPECT_EQ(cache.budget_left(), 0) << what;
-          EXPECT_EQ(run(table.get()), computed) << "warm, " << what;
+            const auto plan = PlanRope(o, t);
+            ASSERT_TRUE(plan.ok()) << plan.status();
+            EXPECT_EQ(cache.For(*plan), nullptr) << "a set's first call";
+            const std::shared_ptr<RotationTable> table = cache.For(*plan);
+            ASSERT_NE(table, nullptr);
+            const std::string what = std::string(DTypeName(dtype)) + " style " +
+                                     std::to_string(static_cast<int>(style)) + " layout " +
+                                     std::to_string(static_cast<int>(layout)) + " rotary " +
+                                     std::to_string(rotary) + " scale " + std::to_string(scale);
+            EXPECT_EQ(run(table.get()), computed) << "cold, " << what;
+            EXPECT_EQ(cache.budget_left(), 0) << what;
+            EXPECT_EQ(run(table.get()), computed) << "warm, " << what;
+          }
         }
       }
     }
