@@ -7,9 +7,9 @@
 // and the same positions, so the CPU backend keeps them, as vLLM keeps a
 // cos_sin_cache per model: rows are computed the first time a position is
 // asked for and read after that: once a model's rows are kept, 0.09 fewer
-// instructions an element in every RoPE case (4-5%) and 3-8% of a bfloat16
-// call's time on one AVX2 core (bench/RESULTS.md, "RoPE rotations kept by
-// position"). Rows are
+// instructions an element in every RoPE case (4-5%), and on one AVX2 core
+// 6-12% of a bfloat16 NEOX call's time (bench/RESULTS.md, "RoPE rotations
+// kept by position"). Rows are
 // RotationOf's own results, so a call's output is bit for bit the same
 // whether its rows came from here or were computed.
 //
