@@ -10,6 +10,7 @@
 #include "cpu/cpu_kernels.h"
 #include "gtest/gtest.h"
 #include "math/rope_math.h"
+#include "posenc/backend.h"
 #include "posenc/rope.h"
 #include "test_tensors.h"
 
@@ -283,6 +284,43 @@ TEST(RopeTokensCpu, RowsFromTheTableGiveTheComputedResultBitForBit) {
         }
       }
     }
+  }
+}
+
+// Calls racing on one backend (four callers, four pool threads; the same
+// frequencies, overlapping new positions, so its chunks are filled while
+// other calls read them) each give what a backend computing alone gives.
+TEST(CpuBackend, ConcurrentCallsSharingRotationsGiveTheSameBits) {
+  const int64_t S = 700, H = 4, D = 128;
+  const auto plan_for = [&](Bytes& q, int64_t offset) {
+    RopeTensors t;
+    t.query = testing::Mutable(DType::kBFloat16, {1, S, H, D}, q);
+    const std::vector<int64_t> offsets = {offset};
+    t.positions.offsets = testing::IntView(offsets, {1});
+    auto plan = PlanRope(RopeOptions{}, t);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return *plan;
+  };
+  std::vector<Bytes> inputs, want;
+  auto alone = CreateCpuBackend(1);
+  for (int c = 0; c < 4; ++c) {
+    inputs.push_back(testing::RandomTensor(DType::kBFloat16, S * H * D));
+    want.push_back(inputs.back());
+    ASSERT_TRUE(
+        alone->ApplyRope(plan_for(want.back(), 100 * c), want.back().data(), nullptr, {}).ok());
+  }
+  auto shared = CreateCpuBackend(4);
+  for (int round = 0; round < 3; ++round) {  // the set's rows are kept from its second call
+    std::vector<Bytes> got = inputs;
+    std::vector<std::thread> callers;
+    for (int c = 0; c < 4; ++c) {
+      callers.emplace_back([&, c] {
+        const RopePlan plan = plan_for(got[c], 100 * c);
+        EXPECT_TRUE(shared->ApplyRope(plan, got[c].data(), nullptr, {}).ok());
+      });
+    }
+    for (std::thread& t : callers) t.join();
+    for (int c = 0; c < 4; ++c) EXPECT_EQ(got[c], want[c]) << "round " << round << " caller " << c;
   }
 }
 
