@@ -145,9 +145,6 @@ POSENC_ALWAYS_INLINE void ComputeRotations(const RopePlan& p, RotationTable* tab
                                            int64_t t1, Scratch& s) {
   const int64_t half = p.half();
   for (int64_t t = t0; t < t1; ++t) {
-    const int set = p.FreqSetOfToken(t);
-    const double* __restrict f = p.inv_freq.data() + static_cast<int64_t>(set) * half;
-    const double scale = p.attention_scale[set];
     const int64_t* pos = p.positions.values.data() + t * p.num_axes;
     float* __restrict c = s.c.data() + (t - t0) * half;
     float* __restrict n = s.n.data() + (t - t0) * half;
@@ -158,15 +155,13 @@ POSENC_ALWAYS_INLINE void ComputeRotations(const RopePlan& p, RotationTable* tab
         continue;
       }
     }
+    const int set = p.FreqSetOfToken(t);
+    const double* __restrict f = p.inv_freq.data() + static_cast<int64_t>(set) * half;
+    const double scale = p.attention_scale[set];
     // One position for every slot, or one per slot's axis: separate loops
     // so the common one vectorises.
     if (p.num_axes == 1) {
-      const double pos0 = static_cast<double>(pos[0]);
-      for (int64_t k = 0; k < half; ++k) {
-        const SlotRotation r = RotationOf(pos0 * f[k], scale, p.inverse);
-        c[k] = r.c;
-        n[k] = r.n;
-      }
+      RotationsAt(static_cast<double>(pos[0]), f, half, scale, p.inverse, c, n);
     } else {
       const int32_t* axis = p.slot_axis.data();
       for (int64_t k = 0; k < half; ++k) {

@@ -11,24 +11,14 @@
 namespace posenc::internal {
 namespace {
 
-// Rows of positions [first, first + count): the same expression as the
-// kernels' (rope_cpu.cc ComputeRotations), float results of IEEE double and
-// float operations without contraction, so identical whichever instruction
-// set evaluates them. Compiled per instruction set like the kernels, so that
-// the call that first reaches a position pays about what computing it there
-// would.
-POSENC_CPU_CLONES void FillRows(const double* __restrict f, int64_t half, double scale,
-                                bool inverse, int64_t first, int64_t count,
-                                float* __restrict rows) {
+// Rows of positions [first, first + count), each its c then its n.
+// Compiled per instruction set like the kernels, so that the call that
+// first reaches a position pays about what computing it there would.
+POSENC_CPU_CLONES void FillRows(const double* f, int64_t half, double scale, bool inverse,
+                                int64_t first, int64_t count, float* rows) {
   for (int64_t i = 0; i < count; ++i) {
-    const double pos = static_cast<double>(first + i);
-    float* __restrict c = rows + i * 2 * half;
-    float* __restrict n = c + half;
-    for (int64_t k = 0; k < half; ++k) {
-      const SlotRotation r = RotationOf(pos * f[k], scale, inverse);
-      c[k] = r.c;
-      n[k] = r.n;
-    }
+    float* c = rows + i * 2 * half;
+    RotationsAt(static_cast<double>(first + i), f, half, scale, inverse, c, c + half);
   }
 }
 
@@ -41,13 +31,13 @@ RotationTable::RotationTable(std::vector<double> inv_freq, double scale, bool in
       inverse_(inverse),
       max_positions_(std::max<int64_t>(0, max_positions)),
       budget_(std::move(budget)),
-      chunks_(new std::atomic<float*>[(max_positions_ + kChunk - 1) / kChunk]) {
-  for (int64_t i = 0; i < (max_positions_ + kChunk - 1) / kChunk; ++i) chunks_[i] = nullptr;
+      chunks_(new std::atomic<float*>[NumChunks()]) {
+  for (int64_t i = 0; i < NumChunks(); ++i) chunks_[i] = nullptr;
 }
 
 RotationTable::~RotationTable() {
   int64_t freed = 0;
-  for (int64_t i = 0; i < (max_positions_ + kChunk - 1) / kChunk; ++i) {
+  for (int64_t i = 0; i < NumChunks(); ++i) {
     if (float* rows = chunks_[i].load(std::memory_order_acquire)) {
       delete[] rows;
       freed += ChunkBytes();

@@ -9,9 +9,9 @@
 // asked for and read after that: once a model's rows are kept, 0.09 fewer
 // instructions an element in every RoPE case (4-5%), and on one AVX2 core
 // 6-12% of a bfloat16 NEOX call's time (bench/RESULTS.md, "RoPE rotations
-// kept by position"). Rows are
-// RotationOf's own results, so a call's output is bit for bit the same
-// whether its rows came from here or were computed.
+// kept by position"). Rows are filled by the kernel's own RotationsAt
+// (math/rope_math.h), so a call's output is bit for bit the same whether its
+// rows came from here or were computed.
 //
 // Bounds: a frequency set gets a table the second time a call brings it; a
 // table covers positions [0, kMaxCachedPosition); its rows are allocated
@@ -49,18 +49,18 @@ class RotationTable {
   RotationTable& operator=(const RotationTable&) = delete;
 
   // Position `pos`'s row: R/2 floats s cos(pos f_k), then R/2 floats +-s
-  // sin(pos f_k), as RotationOf gives them. Null when pos is outside [0,
-  // max_positions()) or its chunk does not fit the budget.
+  // sin(pos f_k), as RotationsAt gives them. Null when pos is outside [0,
+  // the max_positions it was made with) or its chunk does not fit the budget.
   const float* Row(int64_t pos);
 
   int64_t half() const { return static_cast<int64_t>(inv_freq_.size()); }
-  int64_t max_positions() const { return max_positions_; }
   // Whether this table serves a plan's only frequency set.
   bool Matches(const double* inv_freq, int64_t half, double scale, bool inverse) const;
 
  private:
   const float* FillChunk(int64_t chunk);
   int64_t ChunkBytes() const { return kChunk * 2 * half() * static_cast<int64_t>(sizeof(float)); }
+  int64_t NumChunks() const { return (max_positions_ + kChunk - 1) / kChunk; }
 
   const std::vector<double> inv_freq_;
   const double scale_;

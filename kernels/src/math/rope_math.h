@@ -34,6 +34,19 @@ POSENC_HOST_DEVICE SlotRotation RotationOf(double angle, double scale, bool inve
   return SlotRotation{co * scale_f, s * sign_f};
 }
 
+// Every slot's rotation at one position: c[k], n[k] for k < half, slot k
+// at angle pos f[k]. The CPU kernel and the rows the CPU backend keeps
+// (cpu/rotation_cache.h) both fill theirs here, so they agree bit for bit.
+POSENC_HOST_DEVICE void RotationsAt(double pos, const double* __restrict f, int64_t half,
+                                    double scale, bool inverse, float* __restrict c,
+                                    float* __restrict n) {
+  for (int64_t k = 0; k < half; ++k) {
+    const SlotRotation r = RotationOf(pos * f[k], scale, inverse);
+    c[k] = r.c;
+    n[k] = r.n;
+  }
+}
+
 // The rotated pair in float32. (Scalars rather than a SlotRotation: GCC
 // does not vectorise loops that build the struct from two arrays.) A NaN
 // result (from a NaN or infinite input) leaves as CanonicalNaN's one
