@@ -469,12 +469,11 @@ POSENC_ALWAYS_INLINE void RotateRows(const RopePlan& p, const Rows<T>& rows, Scr
       return far ? RotateF32Wide<kStyle, true>(rows, D, half)
                  : RotateF32Wide<kStyle, false>(rows, D, half);
     }
-    // 128-dim heads rotated whole take a copy compiled for them.
-    const bool d128 = D == 128 && half == 64;
-    const int64_t k_end = d128 ? (far ? RotateF32Avx2<kStyle, true, 128>(rows, D, half)
-                                      : RotateF32Avx2<kStyle, false, 128>(rows, D, half))
-                               : (far ? RotateF32Avx2<kStyle, true, 0>(rows, D, half)
-                                      : RotateF32Avx2<kStyle, false, 0>(rows, D, half));
+    // 128 rotary dims take a copy compiled for them, as bfloat16's do.
+    const int64_t k_end = half == 64 ? (far ? RotateF32Avx2<kStyle, true, 64>(rows, D, half)
+                                            : RotateF32Avx2<kStyle, false, 64>(rows, D, half))
+                                     : (far ? RotateF32Avx2<kStyle, true, 0>(rows, D, half)
+                                            : RotateF32Avx2<kStyle, false, 0>(rows, D, half));
     for (int64_t i = 0; k_end < half && i < rows.count; ++i) {  // the last few pairs
       T* x = rows.x + i * D;
       const int64_t cn = i * rows.dt * half;
