@@ -19,6 +19,7 @@
 #include "absolute_avx2.inc"
 #include "absolute_bf16_wide.inc"
 #include "absolute_f32_wide.inc"
+#include "cpu/anchor_cache.h"
 #include "cpu_kernels.h"
 #include "math/absolute_math.h"
 #include "math/phase.h"
@@ -130,14 +131,24 @@ struct Scratch {
            wide == WideFor(p) && pairs == PairsFor(p);
   }
 
-  // Readies a Scratch that Serves(p) for a call on p: its phase steps, and no
-  // anchor row computed.
+  // Readies a Scratch that Serves(p) for a call on p: no anchor row
+  // computed, nor its phase steps split (SplitSteps) until one is.
   void Restart(const AbsolutePlan& p) {
-    SplitPhaseSteps(p.phase_step.data(), static_cast<int64_t>(p.phase_step.size()), step_hi.data(),
-                    step_lo.data(), stride_hi.data(), stride_lo.data());
+    phase_step = p.phase_step.data();
+    steps_split = false;
     current.anchor = next.anchor = 1;  // not a multiple of 16: none
     next_done = 0;
     pending = 0;
+  }
+
+  // The call's phase steps in words, for the anchor rows it computes. Not
+  // done in Restart: a call whose rows all come from the backend's table
+  // computes none, and for a one-token call of 4096 elements the split was
+  // 2 instructions an element (posenc-count-instructions).
+  void SplitSteps() {
+    SplitPhaseSteps(phase_step, frequencies, step_hi.data(), step_lo.data(), stride_hi.data(),
+                    stride_lo.data());
+    steps_split = true;
   }
 
   // Roughly the bytes it holds.
@@ -160,10 +171,16 @@ struct Scratch {
   UninitializedArray<int32_t> pending_at;  // [PendingCapacity]: a group's rows
   UninitializedArray<float> pending_x;
   int64_t pending = 0;
-  // The anchor of the tokens being processed, and the one 16 positions on,
-  // of which frequencies [0, next_done) are computed so far.
+  // The backend's kept anchor rows for this call's plan, in this Scratch's
+  // layout (AbsoluteTokensCpu; null where it keeps none).
+  RowTable* anchors = nullptr;
+  // The anchor of the tokens being processed (where `anchors` has no row),
+  // and the one 16 positions on, of which frequencies [0, next_done) are
+  // computed so far.
   AnchorRow current, next;
   int64_t next_done = 0;
+  const uint64_t* phase_step = nullptr;        // the call's plan's
+  bool steps_split = false;                    // the four below hold phase_step's
   std::vector<uint32_t> step_hi, step_lo;      // words of plan.phase_step
   std::vector<uint32_t> stride_hi, stride_lo;  // words of 16 * phase_step mod 2^64
 };
@@ -253,6 +270,7 @@ POSENC_ALWAYS_INLINE void AdvanceNext(int64_t count, Scratch& s) {
 // the tokens moved on by 16 positions, else computed afresh; then starts the
 // row after it.
 POSENC_ALWAYS_INLINE void MoveToAnchor(int64_t anchor, Scratch& s) {
+  if (!s.steps_split) s.SplitSteps();
   if (anchor == s.next.anchor) {
     AdvanceNext(s.frequencies, s);
     std::swap(s.current, s.next);
@@ -272,12 +290,21 @@ struct RowSource {
   const float* __restrict ts;  // sin(k w_i)
 };
 
+// The anchor row is the backend's kept one (anchor_cache.h) where it has it,
+// else s.current, computed as the tokens reach it.
 POSENC_ALWAYS_INLINE RowSource SourceOf(const AbsolutePlan& p, int64_t pos, Scratch& s) {
   const int64_t anchor = PhaseAnchor(pos);
-  if (anchor != s.current.anchor) MoveToAnchor(anchor, s);
   const int64_t at = (pos - anchor) * s.frequencies;
-  return {s.current.a.data(), s.current.b.data(), p.offset_cos.data() + at,
-          p.offset_sin.data() + at};
+  const float* tc = p.offset_cos.data() + at;
+  const float* ts = p.offset_sin.data() + at;
+  if (s.anchors != nullptr) {
+    // A negative anchor's index is negative too: no row.
+    if (const float* row = s.anchors->Row(anchor / kPhaseAnchorStride)) {
+      return {row, row + (s.pairs ? 2 : 1) * s.frequencies, tc, ts};
+    }
+  }
+  if (anchor != s.current.anchor) MoveToAnchor(anchor, s);
+  return {s.current.a.data(), s.current.b.data(), tc, ts};
 }
 
 // The INTERLEAVED PE pairs of frequencies [i, i + 8): elements [2i, 2i + 16)
@@ -700,8 +727,18 @@ POSENC_CPU_CLONES void AbsoluteDispatch(const AbsolutePlan& p, void* x, int64_t 
 
 }  // namespace
 
-void AbsoluteTokensCpu(const AbsolutePlan& plan, void* x, int64_t begin, int64_t end) {
-  WithThreadScratch<Scratch>(plan, [&](Scratch& s) { AbsoluteDispatch(plan, x, begin, end, s); });
+void AbsoluteTokensCpu(const AbsolutePlan& plan, RowTable* anchors, void* x, int64_t begin,
+                       int64_t end) {
+  if (anchors != nullptr && !AnchorCache::Serves(*anchors, plan)) {
+    std::abort();  // AnchorCache::For gives only the plan's own table
+  }
+  WithThreadScratch<Scratch>(plan, [&](Scratch& s) {
+    s.anchors = anchors;
+    AbsoluteDispatch(plan, x, begin, end, s);
+    s.anchors = nullptr;  // the call's to hold, not the kept Scratch's
+  });
 }
+
+bool AnchorRowsInPairs(const AbsolutePlan& plan) { return Scratch::PairsFor(plan); }
 
 }  // namespace posenc::internal

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "cpu/anchor_cache.h"
 #include "cpu/rotation_cache.h"
 #include "cpu/thread_pool.h"
 #include "cpu_kernels.h"
@@ -51,7 +52,7 @@ class CpuBackend final : public Backend {
                          const RunContext& ctx) override {
     if (plan.empty()) return absl::OkStatus();
     const int64_t per_token = (plan.query_heads + plan.key_heads) * plan.head_dim;
-    const std::shared_ptr<internal::RotationTable> rotations = rotations_.For(plan);
+    const std::shared_ptr<internal::RowTable> rotations = rotations_.For(plan);
     return Run(plan.num_tokens, Grain(per_token), MaxChunk(per_token), ctx,
                [&](int64_t b, int64_t e) {
                  internal::RopeTokensCpu(plan, rotations.get(), query, key, b, e);
@@ -60,8 +61,10 @@ class CpuBackend final : public Backend {
 
   absl::Status ApplyAbsolute(const AbsolutePlan& plan, void* x, const RunContext& ctx) override {
     if (plan.empty()) return absl::OkStatus();
-    return Run(plan.num_tokens, Grain(plan.dim), MaxChunk(plan.dim), ctx,
-               [&](int64_t b, int64_t e) { internal::AbsoluteTokensCpu(plan, x, b, e); });
+    const std::shared_ptr<internal::RowTable> anchors = anchors_.For(plan);
+    return Run(
+        plan.num_tokens, Grain(plan.dim), MaxChunk(plan.dim), ctx,
+        [&](int64_t b, int64_t e) { internal::AbsoluteTokensCpu(plan, anchors.get(), x, b, e); });
   }
 
   absl::Status ApplyAttentionBias(const BiasPlan& plan, void* out, const RunContext& ctx) override {
@@ -96,6 +99,8 @@ class CpuBackend final : public Backend {
   // Slot rotations by position, shared by the calls of one model's
   // frequencies (rotation_cache.h).
   internal::RotationCache rotations_;
+  // The sinusoidal add's anchor rows, likewise (anchor_cache.h).
+  internal::AnchorCache anchors_;
 };
 
 }  // namespace

@@ -110,16 +110,23 @@ void WithThreadScratch(const Plan& plan, Fn fn) {
   if (kept->Bytes() > kKeptBytes) kept.reset();
 }
 
-class RotationTable;
+class RowTable;
 
 // Rotates tokens [begin, end) of query and key in place, with the slot
 // rotations `rotations` keeps. REQUIRES: rotations is null or
 // RotationCache::For(plan)'s table (checked: aborts otherwise).
-void RopeTokensCpu(const RopePlan& plan, RotationTable* rotations, void* query, void* key,
-                   int64_t begin, int64_t end);
+void RopeTokensCpu(const RopePlan& plan, RowTable* rotations, void* query, void* key, int64_t begin,
+                   int64_t end);
 
-// Writes y = x * x_scale + PE for tokens [begin, end).
-void AbsoluteTokensCpu(const AbsolutePlan& plan, void* x, int64_t begin, int64_t end);
+// Whether AbsoluteTokensCpu keeps plan's sinusoidal anchor rows in pairs
+// (anchor_cache.h) on this CPU, rather than in halves.
+bool AnchorRowsInPairs(const AbsolutePlan& plan);
+
+// Writes y = x * x_scale + PE for tokens [begin, end), with the sinusoidal
+// anchor rows `anchors` keeps. REQUIRES: anchors is null or
+// AnchorCache::For(plan)'s table (checked: aborts otherwise).
+void AbsoluteTokensCpu(const AbsolutePlan& plan, RowTable* anchors, void* x, int64_t begin,
+                       int64_t end);
 
 // Writes (or adds) the bias for rows [begin, end) of [batch * heads * q_len].
 void AttentionBiasRowsCpu(const BiasPlan& plan, void* out, int64_t begin, int64_t end);

@@ -141,7 +141,7 @@ struct Scratch {
 // The block's rotations: read from `table` (kept from earlier calls; null
 // for plans RotationCache does not serve) where it has the position's row,
 // computed otherwise.
-POSENC_ALWAYS_INLINE void ComputeRotations(const RopePlan& p, RotationTable* table, int64_t t0,
+POSENC_ALWAYS_INLINE void ComputeRotations(const RopePlan& p, RowTable* table, int64_t t0,
                                            int64_t t1, Scratch& s) {
   const int64_t half = p.half();
   for (int64_t t = t0; t < t1; ++t) {
@@ -530,7 +530,7 @@ POSENC_ALWAYS_INLINE void RotateRows(const RopePlan& p, const Rows<T>& rows, Scr
 constexpr int64_t kPrefetchAhead = 4096;
 
 template <typename T, RopeStyle kStyle, bool kWide = false>
-POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, RotationTable* table, T* q, T* k, int64_t t0,
+POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, RowTable* table, T* q, T* k, int64_t t0,
                                     int64_t t1, Scratch& s) {
   const int64_t half = p.half(), D = p.head_dim;
   ComputeRotations(p, table, t0, t1, s);
@@ -581,7 +581,7 @@ POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, RotationTable* table, T* 
 }
 
 template <typename T, RopeStyle kStyle, bool kWide = false>
-POSENC_ALWAYS_INLINE void RopeTokensTyped(const RopePlan& p, RotationTable* table, void* q, void* k,
+POSENC_ALWAYS_INLINE void RopeTokensTyped(const RopePlan& p, RowTable* table, void* q, void* k,
                                           int64_t begin, int64_t end, Scratch& s) {
   T* kq = p.has_key ? static_cast<T*>(k) : nullptr;
   for (int64_t t0 = begin; t0 < end; t0 += kTokenBlock) {
@@ -595,7 +595,7 @@ POSENC_ALWAYS_INLINE void RopeTokensTyped(const RopePlan& p, RotationTable* tabl
 // `wide`: bfloat16 takes RotateBF16Wide's steps (AVX-512 BF16 CPUs) or
 // RotateBF16Avx2's (AVX2), float32 RotateF32Wide's (AVX-512) or
 // RotateF32Avx2's (AVX2); the other loops are for CPUs without AVX2.
-POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, RotationTable* table, void* q, void* k,
+POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, RowTable* table, void* q, void* k,
                                           int64_t begin, int64_t end, bool wide, Scratch& s) {
   const bool neox = p.style == RopeStyle::kNeox;
 #ifdef POSENC_CPU_BF16_WIDE
@@ -627,12 +627,10 @@ POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, RotationTable* tabl
 
 }  // namespace
 
-void RopeTokensCpu(const RopePlan& plan, RotationTable* rotations, void* query, void* key,
-                   int64_t begin, int64_t end) {
+void RopeTokensCpu(const RopePlan& plan, RowTable* rotations, void* query, void* key, int64_t begin,
+                   int64_t end) {
   if (!KnownStyle(plan.style) || !KnownLayout(plan.layout)) std::abort();  // planning checks
-  if (rotations != nullptr && (plan.num_axes != 1 || plan.num_freq_sets != 1 ||
-                               !rotations->Matches(plan.inv_freq.data(), plan.half(),
-                                                   plan.attention_scale[0], plan.inverse))) {
+  if (rotations != nullptr && !RotationCache::Serves(*rotations, plan)) {
     std::abort();  // RotationCache::For gives only the plan's own table
   }
   WithThreadScratch<Scratch>(plan, [&](Scratch& s) {

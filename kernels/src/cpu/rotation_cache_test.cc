@@ -26,14 +26,11 @@ std::vector<double> RandomInvFreq(int64_t half) {
   return f;
 }
 
-int64_t ChunkBytes(int64_t half) { return RotationTable::kChunk * 2 * half * 4; }
-
-std::shared_ptr<std::atomic<int64_t>> Budget(int64_t bytes) {
-  return std::make_shared<std::atomic<int64_t>>(bytes);
-}
+// 64 positions a chunk while a row is at most 512 bytes (row_cache.h).
+int64_t ChunkBytes(int64_t half) { return 64 * 2 * half * 4; }
 
 // Row pos of `table` is RotationOf's (c, n) for every slot, bit for bit.
-void ExpectRow(RotationTable& table, const std::vector<double>& f, double scale, bool inverse,
+void ExpectRow(RowTable& table, const std::vector<double>& f, double scale, bool inverse,
                int64_t pos) {
   const float* row = table.Row(pos);
   ASSERT_NE(row, nullptr) << "position " << pos;
@@ -43,79 +40,6 @@ void ExpectRow(RotationTable& table, const std::vector<double>& f, double scale,
     ASSERT_EQ(std::memcmp(&row[k], &r.c, 4), 0) << "c, position " << pos << " slot " << k;
     ASSERT_EQ(std::memcmp(&row[half + k], &r.n, 4), 0) << "n, position " << pos << " slot " << k;
   }
-}
-
-TEST(RotationTable, RowsAreRotationOfBitForBit) {
-  for (const bool inverse : {false, true}) {
-    const int64_t half = 1 + static_cast<int64_t>(testing::Rng()() % 80);
-    const std::vector<double> f = RandomInvFreq(half);
-    const double scale = inverse ? 0.7071 : 1.0;
-    RotationTable table(f, scale, inverse, 1000, Budget(int64_t{1} << 30));
-    // Both ends of the table and of a chunk, then random positions.
-    for (int64_t pos : {int64_t{0}, int64_t{63}, int64_t{64}, int64_t{999}}) {
-      ExpectRow(table, f, scale, inverse, pos);
-    }
-    std::uniform_int_distribution<int64_t> any(0, 999);
-    for (int i = 0; i < 200; ++i) ExpectRow(table, f, scale, inverse, any(testing::Rng()));
-  }
-}
-
-TEST(RotationTable, OutOfRangeAndOverBudgetGiveNull) {
-  const std::vector<double> f = RandomInvFreq(16);
-  const auto budget = Budget(2 * ChunkBytes(16) + 100);
-  {
-    RotationTable table(f, 1.0, false, 1000, budget);
-    EXPECT_EQ(table.Row(-1), nullptr);
-    EXPECT_EQ(table.Row(1000), nullptr);
-    EXPECT_NE(table.Row(5), nullptr);
-    EXPECT_NE(table.Row(900), nullptr);
-    EXPECT_EQ(table.Row(300), nullptr) << "a third chunk over the budget";
-    EXPECT_EQ(budget->load(), 100);
-    ExpectRow(table, f, 1.0, false, 63);  // the chunks taken still serve
-  }
-  EXPECT_EQ(budget->load(), 2 * ChunkBytes(16) + 100) << "a table gives its bytes back";
-}
-
-// Readers racing on the same chunks (released together) all get whole,
-// correct rows, and each chunk is kept once: the losers of a race give their
-// bytes back.
-TEST(RotationTable, ConcurrentReadersShareOneCopyOfEachChunk) {
-  const std::vector<double> f = RandomInvFreq(64);
-  const int64_t start = int64_t{1} << 30;
-  const auto budget = Budget(start);
-  RotationTable table(f, 0.5, true, 640, budget);
-  std::vector<SlotRotation> want(640 * 64);
-  for (int64_t pos = 0; pos < 640; ++pos) {
-    for (int64_t k = 0; k < 64; ++k) {
-      want[pos * 64 + k] = RotationOf(static_cast<double>(pos) * f[k], 0.5, true);
-    }
-  }
-  std::atomic<int> waiting{8}, wrong{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 8; ++t) {
-    threads.emplace_back([&, t] {
-      --waiting;
-      while (waiting.load() > 0) {
-      }
-      for (int64_t i = 0; i < 640; ++i) {
-        const int64_t pos = (i * 7 + t % 2) % 640;  // pairs of threads in step
-        const float* row = table.Row(pos);
-        if (row == nullptr) {
-          ++wrong;
-          continue;
-        }
-        for (int64_t k = 0; k < 64; ++k) {
-          const SlotRotation& r = want[pos * 64 + k];
-          if (std::memcmp(&row[k], &r.c, 4) != 0 || std::memcmp(&row[64 + k], &r.n, 4) != 0) {
-            ++wrong;
-          }
-        }
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  EXPECT_EQ(wrong.load(), 0);
-  EXPECT_EQ(budget->load(), start - 10 * ChunkBytes(64));
 }
 
 RopePlan PlanWith(std::vector<double> inv_freq, double scale, bool inverse) {
@@ -128,9 +52,27 @@ RopePlan PlanWith(std::vector<double> inv_freq, double scale, bool inverse) {
 }
 
 // The table for plan p, from its set's second call on.
-std::shared_ptr<RotationTable> Kept(RotationCache& cache, const RopePlan& p) {
-  std::shared_ptr<RotationTable> t = cache.For(p);
+std::shared_ptr<RowTable> Kept(RotationCache& cache, const RopePlan& p) {
+  std::shared_ptr<RowTable> t = cache.For(p);
   return t != nullptr ? t : cache.For(p);
+}
+
+TEST(RotationCache, RowsAreRotationOfBitForBit) {
+  for (const bool inverse : {false, true}) {
+    const int64_t half = 1 + static_cast<int64_t>(testing::Rng()() % 80);
+    const std::vector<double> f = RandomInvFreq(half);
+    const double scale = inverse ? 0.7071 : 1.0;
+    RotationCache cache(int64_t{1} << 30, 1000);
+    const std::shared_ptr<RowTable> table = Kept(cache, PlanWith(f, scale, inverse));
+    ASSERT_NE(table, nullptr);
+    // Both ends of the table and of a chunk, then random positions.
+    for (int64_t pos : {int64_t{0}, int64_t{63}, int64_t{64}, int64_t{999}}) {
+      ExpectRow(*table, f, scale, inverse, pos);
+    }
+    EXPECT_EQ(table->Row(1000), nullptr) << "past the table";
+    std::uniform_int_distribution<int64_t> any(0, 999);
+    for (int i = 0; i < 200; ++i) ExpectRow(*table, f, scale, inverse, any(testing::Rng()));
+  }
 }
 
 TEST(RotationCache, OneTablePerFrequencySet) {
@@ -138,7 +80,7 @@ TEST(RotationCache, OneTablePerFrequencySet) {
   const std::vector<double> f = RandomInvFreq(64);
   const auto a = Kept(cache, PlanWith(f, 1.0, false));
   ASSERT_NE(a, nullptr);
-  EXPECT_EQ(a->half(), 64);
+  EXPECT_EQ(a->row_floats(), 128);
   EXPECT_EQ(cache.For(PlanWith(f, 1.0, false)), a);
   EXPECT_NE(Kept(cache, PlanWith(f, 1.0, true)), a) << "inverse";
   EXPECT_NE(Kept(cache, PlanWith(f, 0.5, false)), a) << "attention scale";
@@ -148,29 +90,7 @@ TEST(RotationCache, OneTablePerFrequencySet) {
   const auto fewer =
       Kept(cache, PlanWith(std::vector<double>(f.begin(), f.begin() + 32), 1.0, false));
   ASSERT_NE(fewer, nullptr);
-  EXPECT_EQ(fewer->half(), 32) << "fewer slots";
-}
-
-// Sets that never repeat (dynamic NTK's per-length frequencies) get no
-// table and push out none; a set's second call gets one, even after others
-// came between, until kSeenOnce others have.
-TEST(RotationCache, ASetGetsATableOnItsSecondCall) {
-  RotationCache cache;
-  const std::vector<double> f = RandomInvFreq(32);
-  const auto used = Kept(cache, PlanWith(f, 1.0, false));
-  ASSERT_NE(used, nullptr);
-  std::vector<std::vector<double>> once;
-  for (int i = 0; i < 3 * RotationCache::kMaxTables; ++i) {
-    once.push_back(RandomInvFreq(32));
-    EXPECT_EQ(cache.For(PlanWith(once.back(), 1.0, false)), nullptr) << i;
-  }
-  EXPECT_EQ(cache.For(PlanWith(f, 1.0, false)), used) << "never pushed out";
-  EXPECT_NE(cache.For(PlanWith(once[0], 1.0, false)), nullptr) << "second call";
-  for (int i = 0; i < RotationCache::kSeenOnce; ++i) {
-    EXPECT_EQ(cache.For(PlanWith(RandomInvFreq(32), 1.0, false)), nullptr);
-  }
-  EXPECT_EQ(cache.For(PlanWith(once[1], 1.0, false)), nullptr) << "forgotten";
-  EXPECT_EQ(cache.budget_left(), RotationCache::kDefaultBudgetBytes) << "nothing filled";
+  EXPECT_EQ(fewer->row_floats(), 64) << "fewer slots";
 }
 
 TEST(RotationCache, PlansWithSeveralSetsOrAxesAreNotServed) {
@@ -183,36 +103,6 @@ TEST(RotationCache, PlansWithSeveralSetsOrAxesAreNotServed) {
   RopePlan axes = PlanWith(RandomInvFreq(8), 1.0, false);
   axes.num_axes = 3;
   EXPECT_EQ(Kept(cache, axes), nullptr);
-}
-
-TEST(RotationCache, EvictsTheLeastRecentlyUsedButKeepsHeldTables) {
-  const int64_t start = int64_t{1} << 30;
-  RotationCache cache(start);
-  std::vector<std::vector<double>> sets;
-  for (int i = 0; i <= RotationCache::kMaxTables; ++i) sets.push_back(RandomInvFreq(16));
-  std::shared_ptr<RotationTable> first = Kept(cache, PlanWith(sets[0], 1.0, false));
-  ASSERT_NE(first, nullptr);
-  ASSERT_NE(first->Row(10), nullptr);
-  std::weak_ptr<RotationTable> second = Kept(cache, PlanWith(sets[1], 1.0, false));
-  for (int i = 2; i < RotationCache::kMaxTables; ++i) Kept(cache, PlanWith(sets[i], 1.0, false));
-  EXPECT_FALSE(second.expired()) << "the cache holds it";
-  // Set 1 is now the least recently used: the next new set replaces it.
-  EXPECT_EQ(cache.For(PlanWith(sets[0], 1.0, false)), first);
-  for (int i = 2; i < RotationCache::kMaxTables; ++i) cache.For(PlanWith(sets[i], 1.0, false));
-  Kept(cache, PlanWith(sets[RotationCache::kMaxTables], 1.0, false));
-  EXPECT_TRUE(second.expired()) << "set 1 was evicted";
-  EXPECT_EQ(cache.For(PlanWith(sets[0], 1.0, false)), first);
-  // Evict set 0 while it is held: the holder's rows stay readable, and its
-  // bytes come back when it is let go.
-  for (int i = 0; i < RotationCache::kMaxTables; ++i) {
-    Kept(cache, PlanWith(RandomInvFreq(16), 1.0, false));
-  }
-  const std::weak_ptr<RotationTable> held = first;
-  ExpectRow(*first, sets[0], 1.0, false, 10);
-  EXPECT_EQ(cache.budget_left(), start - ChunkBytes(16));
-  first.reset();
-  EXPECT_TRUE(held.expired());
-  EXPECT_EQ(cache.budget_left(), start);
 }
 
 // The kernel with rows from a table (cold: filled by this call; warm: read)
@@ -248,7 +138,7 @@ TEST(RopeTokensCpu, RowsFromTheTableGiveTheComputedResultBitForBit) {
                                                  : std::vector<int64_t>{B, S, heads, D};
             };
             // Runs the kernel on copies of q and k.
-            const auto run = [&](RotationTable* table) {
+            const auto run = [&](RowTable* table) {
               Bytes qo = q, ko = k;
               RopeTensors t;
               t.query = testing::Mutable(dtype, shape(H), qo);
@@ -271,7 +161,7 @@ TEST(RopeTokensCpu, RowsFromTheTableGiveTheComputedResultBitForBit) {
             const auto plan = PlanRope(o, t);
             ASSERT_TRUE(plan.ok()) << plan.status();
             EXPECT_EQ(cache.For(*plan), nullptr) << "a set's first call";
-            const std::shared_ptr<RotationTable> table = cache.For(*plan);
+            const std::shared_ptr<RowTable> table = cache.For(*plan);
             ASSERT_NE(table, nullptr);
             const std::string what = std::string(DTypeName(dtype)) + " style " +
                                      std::to_string(static_cast<int>(style)) + " layout " +
