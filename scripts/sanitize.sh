@@ -5,7 +5,8 @@
 #     corpus replayed, and each fuzzer run for POSENC_FUZZ_SECONDS (default
 #     20) from its corpus;
 #  2. clang TSan build of the concurrency tests of our own code (thread pool,
-#     admission control, engine, the reload gate and table reloads). gRPC from Debian is not instrumented, so
+#     the kept rows of RoPE and the sinusoidal add, admission control,
+#     engine, the reload gate and table reloads). gRPC from Debian is not instrumented, so
 #     TSan stays away from tests that run a gRPC server.
 # This also proves the code builds with clang as well as gcc.
 set -euo pipefail
@@ -30,11 +31,14 @@ export LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressi
 
 tsan=${POSENC_TSAN_DIR:-build-tsan}
 cmake -S . -B "$tsan" "${common[@]}" -DPOSENC_SANITIZE=thread
-cmake --build "$tsan" -j "$jobs" --target thread_pool_test rotation_cache_test admission_test \
-  model_registry_test operations_test scratch_pool_test reload_gate_test table_repository_test
+cmake --build "$tsan" -j "$jobs" --target thread_pool_test row_cache_test rotation_cache_test \
+  anchor_cache_test admission_test model_registry_test operations_test scratch_pool_test \
+  reload_gate_test table_repository_test
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 "$tsan"/kernels/thread_pool_test
+"$tsan"/kernels/row_cache_test
 "$tsan"/kernels/rotation_cache_test
+"$tsan"/kernels/anchor_cache_test
 "$tsan"/server/engine/admission_test
 "$tsan"/server/engine/scratch_pool_test
 "$tsan"/server/engine/reload_gate_test
