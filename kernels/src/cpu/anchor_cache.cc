@@ -51,7 +51,9 @@ AnchorCache::AnchorCache(int64_t budget_bytes, int64_t max_positions)
     : rows_(budget_bytes, (max_positions + kPhaseAnchorStride - 1) / kPhaseAnchorStride) {}
 
 bool AnchorCache::Serves(const RowTable& table, const AbsolutePlan& p) {
-  return table.HasKey(KeyOf(p));
+  const int64_t frequencies = static_cast<int64_t>(p.phase_step.size());
+  return table.row_floats() == (AnchorRowsInPairs(p) ? 4 : 2) * frequencies &&
+         table.KeyEndsMatch(KeyOf(p));
 }
 
 std::shared_ptr<RowTable> AnchorCache::For(const AbsolutePlan& p) {

@@ -44,8 +44,9 @@ class AnchorCache {
   // tables). Callers hold the pointer for the call.
   std::shared_ptr<RowTable> For(const AbsolutePlan& p);
 
-  // Whether `table` is the one For(p) gives (its rows are a function of p's
-  // phase steps, bit for bit, and their layout).
+  // Whether `table` may be the one For(p) gives (its rows are a function of
+  // p's phase steps, bit for bit, and their layout): its row size and its
+  // key's ends (RowTable::KeyEndsMatch), a cheap check for a kernel.
   static bool Serves(const RowTable& table, const AbsolutePlan& p);
 
   // Bytes the tables may still allocate (for tests).

@@ -114,7 +114,8 @@ class RowTable;
 
 // Rotates tokens [begin, end) of query and key in place, with the slot
 // rotations `rotations` keeps. REQUIRES: rotations is null or
-// RotationCache::For(plan)'s table (checked: aborts otherwise).
+// RotationCache::For(plan)'s table (checked, cheaply: RotationCache::Serves;
+// aborts otherwise).
 void RopeTokensCpu(const RopePlan& plan, RowTable* rotations, void* query, void* key, int64_t begin,
                    int64_t end);
 
@@ -124,7 +125,8 @@ bool AnchorRowsInPairs(const AbsolutePlan& plan);
 
 // Writes y = x * x_scale + PE for tokens [begin, end), with the sinusoidal
 // anchor rows `anchors` keeps. REQUIRES: anchors is null or
-// AnchorCache::For(plan)'s table (checked: aborts otherwise).
+// AnchorCache::For(plan)'s table (checked, cheaply: AnchorCache::Serves;
+// aborts otherwise).
 void AbsoluteTokensCpu(const AbsolutePlan& plan, RowTable* anchors, void* x, int64_t begin,
                        int64_t end);
 

@@ -43,8 +43,10 @@ class RotationCache {
   // position axes). Callers hold the pointer for the call.
   std::shared_ptr<RowTable> For(const RopePlan& p);
 
-  // Whether `table` is the one For(p) gives (its rows are a function of p's
-  // frequencies, attention scale and direction, bit for bit).
+  // Whether `table` may be the one For(p) gives (its rows are a function of
+  // p's frequencies, attention scale and direction, bit for bit): its row
+  // size and its key's ends (RowTable::KeyEndsMatch), a cheap check for a
+  // kernel.
   static bool Serves(const RowTable& table, const RopePlan& p);
 
   // Bytes the tables may still allocate (for tests).

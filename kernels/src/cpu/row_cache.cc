@@ -32,16 +32,35 @@ RowTable::~RowTable() {
   budget_->fetch_add(freed);
 }
 
-bool RowTable::HasKey(KeyParts key) const {
+namespace {
+
+size_t SizeOf(KeyParts key) {
+  size_t size = 0;
+  for (const std::string_view part : key) size += part.size();
+  return size;
+}
+
+// Whether bytes [lo, hi) of the concatenation of `key` are those of `bytes`.
+bool RangeMatches(KeyParts key, const std::string& bytes, size_t lo, size_t hi) {
   size_t at = 0;
   for (const std::string_view part : key) {
-    if (part.size() > key_.size() - at ||
-        std::memcmp(key_.data() + at, part.data(), part.size()) != 0) {
-      return false;
-    }
+    const size_t b = std::max(lo, at), e = std::min(hi, at + part.size());
+    if (b < e && std::memcmp(part.data() + (b - at), bytes.data() + b, e - b) != 0) return false;
     at += part.size();
   }
-  return at == key_.size();
+  return true;
+}
+
+}  // namespace
+
+bool RowTable::HasKey(KeyParts key) const {
+  return SizeOf(key) == key_.size() && RangeMatches(key, key_, 0, key_.size());
+}
+
+bool RowTable::KeyEndsMatch(KeyParts key) const {
+  const size_t size = key_.size(), ends = std::min(kEndBytes, size);
+  return SizeOf(key) == size && RangeMatches(key, key_, 0, ends) &&
+         RangeMatches(key, key_, size - ends, size);
 }
 
 const float* RowTable::Row(int64_t index) {

@@ -128,6 +128,31 @@ std::string RandomKey() {
   return key;
 }
 
+// KeyEndsMatch compares the length and the first and last 64 bytes,
+// across parts, and nothing between.
+TEST(RowTable, KeyEndsMatchComparesTheLengthAndBothEnds) {
+  for (const size_t length : {size_t{1}, size_t{64}, size_t{128}, size_t{129}, size_t{1000}}) {
+    std::string key(length, '\0');
+    for (char& c : key) c = static_cast<char>(testing::Rng()());
+    const auto filled = std::make_shared<std::atomic<int64_t>>(0);
+    RowTable table(key, 4, 10, Counting(4, filled), Budget(1 << 20));
+    for (size_t split = 0; split <= length; split += std::max<size_t>(1, length / 7)) {
+      const std::string a = key.substr(0, split), b = key.substr(split);
+      EXPECT_TRUE(table.KeyEndsMatch({a, b})) << length << " split at " << split;
+    }
+    EXPECT_FALSE(table.KeyEndsMatch({key, "x"})) << length;
+    EXPECT_FALSE(table.KeyEndsMatch({key.substr(0, length - 1)})) << length;
+    for (size_t i = 0; i < length; ++i) {
+      std::string other = key;
+      other[i] = static_cast<char>(other[i] ^ 0x10);
+      const bool end = i < RowTable::kEndBytes || i + RowTable::kEndBytes >= length;
+      EXPECT_EQ(table.KeyEndsMatch({other.substr(0, i / 2), other.substr(i / 2)}), !end)
+          << length << " byte " << i;
+      EXPECT_FALSE(table.HasKey({other})) << length << " byte " << i;
+    }
+  }
+}
+
 TEST(RowCache, OneTablePerKey) {
   RowCache cache(int64_t{1} << 30, 100);
   const std::string key = RandomKey();
