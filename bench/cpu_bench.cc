@@ -9,6 +9,10 @@
 // Prints a table, and JSON with --json=PATH. --only=rope|sinusoidal|alibi|small
 // runs one section (the others are skipped); --filter=TEXT runs only the
 // cases whose name contains TEXT (for profiling one of them).
+// --positions=one|cycle16 gives the sinusoidal cases' tokens one position, or
+// positions 0-15 over and over, instead of 0-4095: tables that stay in L1,
+// or all 16 offset rows with one anchor row, to tell what the add's tables
+// cost (bench/RESULTS.md, "sixth session").
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -138,7 +142,7 @@ std::function<void()> RopeKernel(posenc::Backend& cpu, posenc::DType dtype, pose
 int main(int argc, char** argv) {
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   int reps = 15;
-  std::string json, only, filter;
+  std::string json, only, filter, positions;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--threads=", 0) == 0) threads = std::stoi(a.substr(10));
@@ -146,6 +150,11 @@ int main(int argc, char** argv) {
     if (a.rfind("--json=", 0) == 0) json = a.substr(7);
     if (a.rfind("--only=", 0) == 0) only = a.substr(7);
     if (a.rfind("--filter=", 0) == 0) filter = a.substr(9);
+    if (a.rfind("--positions=", 0) == 0) positions = a.substr(12);
+  }
+  if (!positions.empty() && positions != "one" && positions != "cycle16") {
+    std::fprintf(stderr, "--positions: one or cycle16, not %s\n", positions.c_str());
+    return 2;
   }
   auto wanted = [&](const char* section) { return only.empty() || only == section; };
   auto cpu = posenc::CreateCpuBackend(threads);
@@ -171,13 +180,19 @@ int main(int argc, char** argv) {
   for (posenc::DType dtype : {posenc::DType::kFloat32, posenc::DType::kBFloat16}) {
     if (!wanted("sinusoidal")) break;
     const int64_t T = 4096, d = 4096;
-    const std::string name =
-        std::string("sinusoidal add ") + posenc::DTypeName(dtype) + " [4096, 4096]";
+    const std::string name = std::string("sinusoidal add ") + posenc::DTypeName(dtype) +
+                             " [4096, 4096]" +
+                             (positions.empty() ? "" : " positions " + positions);
     if (!bench.Wanted(name)) continue;
     auto x = Random(T * d * posenc::SizeOf(dtype), dtype);
     posenc::AbsoluteOptions o;
     posenc::AbsoluteTensors t;
     t.x = {dtype, {1, T, d}, x.data(), x.size()};
+    std::vector<int64_t> ids(T);
+    for (int64_t i = 0; i < T; ++i) ids[i] = positions == "one" ? 5 : i % 16;
+    if (!positions.empty()) {
+      t.positions.position_ids = {posenc::DType::kInt64, {1, T}, ids.data(), T * 8};
+    }
     auto plan = posenc::PlanAbsolute(o, t);
     if (!plan.ok()) return 1;
     results.push_back(
