@@ -181,8 +181,7 @@ int main(int argc, char** argv) {
     if (!wanted("sinusoidal")) break;
     const int64_t T = 4096, d = 4096;
     const std::string name = std::string("sinusoidal add ") + posenc::DTypeName(dtype) +
-                             " [4096, 4096]" +
-                             (positions.empty() ? "" : " positions " + positions);
+                             " [4096, 4096]" + (positions.empty() ? "" : " positions " + positions);
     if (!bench.Wanted(name)) continue;
     auto x = Random(T * d * posenc::SizeOf(dtype), dtype);
     posenc::AbsoluteOptions o;

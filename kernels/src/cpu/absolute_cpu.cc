@@ -185,34 +185,43 @@ struct Scratch {
   std::vector<uint32_t> stride_hi, stride_lo;  // words of 16 * phase_step mod 2^64
 };
 
-// sin and cos of frequencies [lo, hi) of row r from its phases (high words).
-// sin(-x) = -sin(x), as SinCosOfPosition.
-POSENC_ALWAYS_INLINE void SinCosRange(AnchorRow& r, bool pairs, int64_t lo, int64_t hi) {
-  const uint32_t* __restrict phase = r.phase_hi.data();
-  float* __restrict a = r.a.data();
-  float* __restrict b = r.b.data();
-  const bool negative = r.anchor < 0;
-  if (pairs) {
-    // a * c + b * s lane by lane is RotateSinCos: sin_i c + cos_i s, and
-    // cos_i c + (-sin_i) s, which equals cos_i c - sin_i s exactly (negation
-    // is exact, and x + (-y) is x - y in IEEE arithmetic).
-    for (int64_t i = lo; i < hi; ++i) {
-      float sn, cs;
-      SinCosOfPhase(phase[i], &sn, &cs);
-      sn = negative ? -sn : sn;
-      a[2 * i] = sn;
-      a[2 * i + 1] = cs;
-      b[2 * i] = cs;
-      b[2 * i + 1] = -sn;
-    }
+// Frequency i's sin_i (signed for the anchor) and cos_i in an anchor row's
+// layout: pairs, a = [sin_i, cos_i] and b = [cos_i, -sin_i], so that a * c +
+// b * s lane by lane is RotateSinCos: sin_i c + cos_i s, and cos_i c +
+// (-sin_i) s, which equals cos_i c - sin_i s exactly (negation is exact, and
+// x + (-y) is x - y in IEEE arithmetic); halves, a = sin_i, b = cos_i. The
+// kept rows (FillAnchorRows) are written by it too.
+template <bool kPairs>
+POSENC_ALWAYS_INLINE void StoreAnchorValues(int64_t i, float sn, float cs, float* __restrict a,
+                                            float* __restrict b) {
+  if constexpr (kPairs) {
+    a[2 * i] = sn;
+    a[2 * i + 1] = cs;
+    b[2 * i] = cs;
+    b[2 * i + 1] = -sn;
   } else {
+    a[i] = sn;
+    b[i] = cs;
+  }
+}
+
+// sin and cos of frequencies [lo, hi) from their phases (high words) into
+// an anchor row's a and b. sin(-x) = -sin(x), as SinCosOfPosition.
+POSENC_ALWAYS_INLINE void SinCosOfPhases(const uint32_t* __restrict phase, bool negative,
+                                         bool pairs, int64_t lo, int64_t hi, float* __restrict a,
+                                         float* __restrict b) {
+  auto range = [&](auto in_pairs) {
     for (int64_t i = lo; i < hi; ++i) {
       float sn, cs;
       SinCosOfPhase(phase[i], &sn, &cs);
-      a[i] = negative ? -sn : sn;
-      b[i] = cs;
+      StoreAnchorValues<decltype(in_pairs)::value>(i, negative ? -sn : sn, cs, a, b);
     }
-  }
+  };
+  pairs ? range(std::true_type{}) : range(std::false_type{});
+}
+
+POSENC_ALWAYS_INLINE void SinCosRange(AnchorRow& r, bool pairs, int64_t lo, int64_t hi) {
+  SinCosOfPhases(r.phase_hi.data(), r.anchor < 0, pairs, lo, hi, r.a.data(), r.b.data());
 }
 
 // s.current for `anchor`, from scratch: PhaseOf's two multiplies (|anchor| <
@@ -300,7 +309,7 @@ POSENC_ALWAYS_INLINE RowSource SourceOf(const AbsolutePlan& p, int64_t pos, Scra
   if (s.anchors != nullptr) {
     // A negative anchor's index is negative too: no row.
     if (const float* row = s.anchors->Row(anchor / kPhaseAnchorStride)) {
-      return {row, row + (s.pairs ? 2 : 1) * s.frequencies, tc, ts};
+      return {row, row + (s.pairs ? 2 : 1) * s.frequencies, tc, ts};  // AnchorRowFloats / 2
     }
   }
   if (anchor != s.current.anchor) MoveToAnchor(anchor, s);
@@ -740,5 +749,26 @@ void AbsoluteTokensCpu(const AbsolutePlan& plan, RowTable* anchors, void* x, int
 }
 
 bool AnchorRowsInPairs(const AbsolutePlan& plan) { return Scratch::PairsFor(plan); }
+
+int64_t AnchorRowFloats(const AbsolutePlan& plan) {
+  return (AnchorRowsInPairs(plan) ? 4 : 2) * static_cast<int64_t>(plan.phase_step.size());
+}
+
+POSENC_CPU_CLONES void FillAnchorRows(const uint64_t* step, int64_t frequencies, bool pairs,
+                                      int64_t first, int64_t count, float* rows) {
+  // ComputeAnchor's two loops: the phases (PhaseOf), then their sines and
+  // cosines, each of which the compiler vectorises.
+  std::vector<uint32_t> phase(frequencies);
+  const int64_t row_floats = (pairs ? 4 : 2) * frequencies;
+  for (int64_t j = 0; j < count; ++j) {
+    const auto anchor = static_cast<uint32_t>((first + j) * kPhaseAnchorStride);
+    for (int64_t i = 0; i < frequencies; ++i) {
+      phase[i] =
+          PhaseOf(anchor, static_cast<uint32_t>(step[i] >> 32), static_cast<uint32_t>(step[i]));
+    }
+    float* a = rows + j * row_floats;
+    SinCosOfPhases(phase.data(), false, pairs, 0, frequencies, a, a + row_floats / 2);
+  }
+}
 
 }  // namespace posenc::internal

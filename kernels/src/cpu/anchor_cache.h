@@ -45,8 +45,8 @@ class AnchorCache {
   std::shared_ptr<RowTable> For(const AbsolutePlan& p);
 
   // Whether `table` may be the one For(p) gives (its rows are a function of
-  // p's phase steps, bit for bit, and their layout): its row size and its
-  // key's ends (RowTable::KeyEndsMatch), a cheap check for a kernel.
+  // p's phase steps, bit for bit, and their layout): its key's length and
+  // ends (RowTable::KeyEndsMatch), a cheap check for a kernel.
   static bool Serves(const RowTable& table, const AbsolutePlan& p);
 
   // Bytes the tables may still allocate (for tests).

@@ -122,6 +122,16 @@ void RopeTokensCpu(const RopePlan& plan, RowTable* rotations, void* query, void*
 // Whether AbsoluteTokensCpu keeps plan's sinusoidal anchor rows in pairs
 // (anchor_cache.h) on this CPU, rather than in halves.
 bool AnchorRowsInPairs(const AbsolutePlan& plan);
+// The floats of one such row: 2 or 4 a frequency.
+int64_t AnchorRowFloats(const AbsolutePlan& plan);
+
+// Rows of anchors 16 first, ..., 16 (first + count - 1) of the phase steps
+// step[0, frequencies), in pairs or halves: what AbsoluteTokensCpu computes
+// for those anchors, bit for bit (anchor_cache.h keeps them). Compiled per
+// instruction set like the kernels, so that the call that first reaches an
+// anchor pays about what computing it there would.
+void FillAnchorRows(const uint64_t* step, int64_t frequencies, bool pairs, int64_t first,
+                    int64_t count, float* rows);
 
 // Writes y = x * x_scale + PE for tokens [begin, end), with the sinusoidal
 // anchor rows `anchors` keeps. REQUIRES: anchors is null or

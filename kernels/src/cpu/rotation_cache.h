@@ -44,9 +44,8 @@ class RotationCache {
   std::shared_ptr<RowTable> For(const RopePlan& p);
 
   // Whether `table` may be the one For(p) gives (its rows are a function of
-  // p's frequencies, attention scale and direction, bit for bit): its row
-  // size and its key's ends (RowTable::KeyEndsMatch), a cheap check for a
-  // kernel.
+  // p's frequencies, attention scale and direction, bit for bit): its key's
+  // length and ends (RowTable::KeyEndsMatch), a cheap check for a kernel.
   static bool Serves(const RowTable& table, const RopePlan& p);
 
   // Bytes the tables may still allocate (for tests).

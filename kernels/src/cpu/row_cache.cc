@@ -17,9 +17,11 @@ RowTable::RowTable(std::string key, int64_t row_floats, int64_t max_rows, Fill f
       max_rows_(std::max<int64_t>(0, max_rows)),
       fill_(std::move(fill)),
       budget_(std::move(budget)),
-      chunks_(new std::atomic<float*>[NumChunks()]) {
-  for (int64_t i = 0; i < NumChunks(); ++i) chunks_[i] = nullptr;
-}
+      // Value-initialised: all null. One by one, the seq_cst stores cost
+      // 12 instructions a chunk, 197 000 for a 4096-wide anchor table's
+      // 16 384 (posenc-count-instructions --cold); the table reaches other
+      // threads through RowCache's mutex.
+      chunks_(new std::atomic<float*>[NumChunks()]()) {}
 
 RowTable::~RowTable() {
   int64_t freed = 0;
@@ -105,11 +107,20 @@ RowCache::RowCache(int64_t budget_bytes, int64_t max_rows)
 
 namespace {
 
-// FNV-1a over a key's bytes.
+// FNV-1a's steps over a key's 8-byte words (and a part's last few bytes):
+// a byte at a time it was 115 000 instructions for a 4096-wide model's 16
+// KiB of phase steps. Only for remembering keys seen once, where a
+// collision costs no more than a table made one call early.
 uint64_t KeyHash(KeyParts key) {
   uint64_t h = 1469598103934665603ull;
   for (const std::string_view part : key) {
-    for (const char c : part) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    size_t i = 0;
+    for (; i + 8 <= part.size(); i += 8) {
+      uint64_t word;
+      std::memcpy(&word, part.data() + i, 8);
+      h = (h ^ word) * 1099511628211ull;
+    }
+    for (; i < part.size(); ++i) h = (h ^ static_cast<unsigned char>(part[i])) * 1099511628211ull;
   }
   return h;
 }
