@@ -2,7 +2,8 @@
 // (POSENC_AVX2_TARGET, chosen at run time by CpuHasAvx2) where the AVX-512
 // BF16 ones do not. AVX2 has no bfloat16 conversion, so narrowing is
 // FloatToBFloat16's integer rounding, lane by lane: exact for every value
-// but NaN (whose one quiet pattern callers leave to the scalar contract).
+// but NaN (which callers leave to the scalar contract, or pass only in
+// the form whose rounding is exact: NarrowBF16x16).
 // Values travel as even and odd elements of 16 stored ones, as in the
 // 512-bit loops: widening is a shift or a mask, and narrowing back is one
 // blend. Internal.
@@ -47,7 +48,9 @@ POSENC_AVX2_TARGET POSENC_ALWAYS_INLINE __m256i RoundToBF16High(__m256 r) {
 // even and odd narrowed and interleaved back, the inverse of EvenBF16x8
 // and OddBF16x8: 16 bfloat16 values to store at once, and the truncated
 // ones they round from (each float's high half; a caller may test them:
-// RotateBF16Avx2). REQUIRES: no NaN in what is stored. The rounding is
+// RotateBF16Avx2). REQUIRES: no NaN in what is stored but a quiet one
+// whose low half is zero (a bfloat16 NaN through IEEE arithmetic: its
+// rounding is its truncation, FloatToBFloat16's). The rounding is
 // RoundToBF16High's, done once the halves are in 16-bit lanes (one
 // instruction fewer than rounding each vector): the truncated values h,
 // the bits below them l, and h + 1 where l + 0x7fff + (h & 1) carries,
@@ -72,15 +75,6 @@ POSENC_AVX2_TARGET POSENC_ALWAYS_INLINE __m256i InterleaveBF16x8(__m256 even, __
 // |x| of 16 bfloat16 bit patterns.
 POSENC_AVX2_TARGET POSENC_ALWAYS_INLINE __m256i Abs16Avx2(__m256i x) {
   return _mm256_and_si256(x, _mm256_set1_epi16(0x7fff));
-}
-
-// |h| + 0x7f in each 16-bit lane of truncated bfloat16 values h
-// (NarrowBF16x16): ordered as |h| is for every value but NaN, which it puts
-// past 0x7fff. Every NaN an IEEE operation gives is quiet (bit 22 set), so
-// its |h| > 0x7f80 and its lane is negative as int16: below (bits + 0x7f)
-// of every bound, for a signed comparison to fail. inf (0x7f80) is 0x7fff.
-POSENC_AVX2_TARGET POSENC_ALWAYS_INLINE __m256i OrderedMagnitudeBF16x16(__m256i h) {
-  return _mm256_add_epi16(Abs16Avx2(h), _mm256_set1_epi16(0x7f));
 }
 
 // first and second narrowed, in order, to y0[0, 8) and y1[0, 8) (which may
