@@ -179,22 +179,30 @@ TEST_P(BackendTest, SinusoidalConsecutiveRunsMatchReference) {
                                   INFINITY, -INFINITY, 3e38f,       -3e38f,
                                   0.0f,     -0.0f};
         constexpr int64_t kSpecials = sizeof(specials) / sizeof(specials[0]);
-        Bytes y = testing::RandomTensor(dtype, T * d);
-        for (int64_t i = 0; i < T * d; i += 7) {
-          StoreElement(dtype, y.data(), i, specials[(i / 7) % kSpecials]);
-        }
-        o.x_scale = 3.0;
-        in.x = testing::Mutable(dtype, {T, d}, y);
-        auto special_plan = PlanAbsolute(o, in);
-        ASSERT_TRUE(special_plan.ok()) << special_plan.status();
-        RunMatchingCpu(*backend_, {&y}, [&](Backend& be, const std::vector<Bytes*>& b) {
-          return be.ApplyAbsolute(*special_plan, b[0]->data(), {});
-        });
-        for (int64_t i = 0; i < T * d; i += 7) {
-          // x * 3 + PE is NaN exactly where x is (inf and overflow stay inf).
-          ASSERT_EQ(std::isnan(LoadElement(dtype, y.data(), i)),
-                    std::isnan(specials[(i / 7) % kSpecials]))
-              << "element " << i;
+        // Scaled, unscaled (the CPU's loops without the multiply), and 0,
+        // where an infinite x makes a NaN of its own (inf * 0).
+        for (double x_scale : {3.0, 1.0, 0.0}) {
+          SCOPED_TRACE(::testing::Message() << "x_scale " << x_scale);
+          Bytes y = testing::RandomTensor(dtype, T * d);
+          for (int64_t i = 0; i < T * d; i += 7) {
+            StoreElement(dtype, y.data(), i, specials[(i / 7) % kSpecials]);
+          }
+          const Bytes stored = y;  // 3e38 is inf in float16
+          o.x_scale = x_scale;
+          in.x = testing::Mutable(dtype, {T, d}, y);
+          auto special_plan = PlanAbsolute(o, in);
+          ASSERT_TRUE(special_plan.ok()) << special_plan.status();
+          RunMatchingCpu(*backend_, {&y}, [&](Backend& be, const std::vector<Bytes*>& b) {
+            return be.ApplyAbsolute(*special_plan, b[0]->data(), {});
+          });
+          for (int64_t i = 0; i < T * d; i += 7) {
+            // x * x_scale + PE is NaN exactly where x is (inf and overflow
+            // stay inf), and where x is infinite at x_scale 0.
+            const float x = LoadElement(dtype, stored.data(), i);
+            ASSERT_EQ(std::isnan(LoadElement(dtype, y.data(), i)),
+                      std::isnan(x) || (x_scale == 0.0 && std::isinf(x)))
+                << "element " << i;
+          }
         }
       }
     }
