@@ -43,10 +43,13 @@ double PreciseEncoding(const AbsolutePlan& p, int64_t pos, int64_t e) {
 // added to float32 or bfloat16 inputs. One pass keeps the arithmetic under
 // the stream of rows: a PE row and then an add pass leave memory idle while
 // the row is computed. float16 (no vector conversion here), learned tables
-// and PE-only outputs take the two-pass path.
+// and PE-only outputs take the two-pass path, as does an x_scale of 0 (in
+// float): the fused loops keep the NaN an infinite x makes there as x86 does,
+// where the formula makes it CanonicalNaN (KeepInputNaN).
 bool Fuses(const AbsolutePlan& p) {
   return (p.dtype == DType::kBFloat16 || p.dtype == DType::kFloat32) && p.has_input &&
-         p.options.kind != AbsoluteOptions::Kind::kLearned;
+         p.options.kind != AbsoluteOptions::Kind::kLearned &&
+         static_cast<float>(p.options.x_scale) != 0.0f;
 }
 
 // Which cancellation test a plan's 16-bit sums take (math/absolute_math.h).
@@ -700,6 +703,12 @@ POSENC_ALWAYS_INLINE void AbsoluteTokens(const AbsolutePlan& p, T* __restrict x,
     if constexpr (std::is_same_v<T, float>) {
       for (int64_t i = 0; i < dim; ++i) {
         AddEncoding(&y[i], row[i], x_scale, range, [] { return 0.0; });
+      }
+    } else if (xs == 0.0f) {
+      // The loop below keeps the NaN inf * 0 makes as x86 does; this rare
+      // scale takes the formula element by element.
+      for (int64_t i = 0; i < dim; ++i) {
+        AddEncoding(&y[i], row[i], x_scale, range, [&] { return precise(i); });
       }
     } else {
       // AddEncoding's float32 half, vectorised; its double half for the

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "math/angle.h"
+#include "math/nan.h"
 #include "posenc/dtype.h"
 #include "posenc/host_device.h"
 
@@ -89,9 +90,11 @@ POSENC_HOST_DEVICE bool NeedsPrecise(PeRange range, float r, float u, float pe) 
 // A NaN input leaves as itself, quieted (sign and payload kept), as the CPU
 // computes x * x_scale + pe: x86 and Arm return a NaN operand's own value.
 // A GPU returns its canonical NaN 0x7fffffff instead, so the formula says it
-// outright; on the CPU the select changes nothing.
+// outright; on the CPU the select changes nothing. A NaN the sum makes
+// itself (inf * 0: an infinite x at an x_scale of 0, PE being finite) is
+// 0xffc00000 on x86 and 0x7fffffff on a GPU, so it leaves as CanonicalNaN.
 POSENC_HOST_DEVICE float KeepInputNaN(float x, float r) {
-  return x != x ? BitsFloat(FloatBits(x) | 0x00400000u) : r;
+  return x != x ? BitsFloat(FloatBits(x) | 0x00400000u) : CanonicalNaN(r);
 }
 
 // y = x * x_scale + PE for one stored element, in place.
