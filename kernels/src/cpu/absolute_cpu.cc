@@ -757,6 +757,8 @@ void AbsoluteTokensCpu(const AbsolutePlan& plan, RowTable* anchors, void* x, int
   });
 }
 
+bool ReadsAnchorRows(const AbsolutePlan& plan) { return Fuses(plan); }
+
 bool AnchorRowsInPairs(const AbsolutePlan& plan) { return Scratch::PairsFor(plan); }
 
 int64_t AnchorRowFloats(const AbsolutePlan& plan) {

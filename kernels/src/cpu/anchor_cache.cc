@@ -28,7 +28,9 @@ bool AnchorCache::Serves(const RowTable& table, const AbsolutePlan& p) {
 }
 
 std::shared_ptr<RowTable> AnchorCache::For(const AbsolutePlan& p) {
-  if (p.options.kind == AbsoluteOptions::Kind::kLearned || p.phase_step.empty()) return nullptr;
+  // A table the kernel would not read costs a comparison of the key every
+  // call, and a place among the kept tables.
+  if (!ReadsAnchorRows(p) || p.phase_step.empty()) return nullptr;
   const bool pairs = AnchorRowsInPairs(p);
   return rows_.For(KeyOf(p), AnchorRowFloats(p), [&]() -> RowTable::Fill {
     return [step = p.phase_step, pairs](int64_t first, int64_t count, float* rows) {

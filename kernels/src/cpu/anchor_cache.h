@@ -40,8 +40,9 @@ class AnchorCache {
                        int64_t max_positions = kMaxCachedPosition);
 
   // The table for plan p's frequencies, made on their second call; null
-  // before that and for plans without sinusoidal frequencies (learned
-  // tables). Callers hold the pointer for the call.
+  // before that and for plans whose kernel reads no kept rows (learned
+  // tables, float16, PE only, an x_scale of 0: ReadsAnchorRows). Callers
+  // hold the pointer for the call.
   std::shared_ptr<RowTable> For(const AbsolutePlan& p);
 
   // Whether `table` may be the one For(p) gives (its rows are a function of

@@ -78,7 +78,7 @@ TEST(AnchorCache, RowsAreSinCosOfPositionBitForBit) {
   }
 }
 
-TEST(AnchorCache, OneTablePerFrequencySetAndNoneForLearnedTables) {
+TEST(AnchorCache, OneTablePerFrequencySetAndNoneWhereTheKernelReadsNone) {
   AnchorCache cache;
   const AbsolutePlan p = PlanWithSteps(64);
   const auto a = Kept(cache, p);
@@ -91,12 +91,22 @@ TEST(AnchorCache, OneTablePerFrequencySetAndNoneForLearnedTables) {
   learned.options.kind = AbsoluteOptions::Kind::kLearned;
   EXPECT_EQ(Kept(cache, learned), nullptr);
   EXPECT_EQ(Kept(cache, PlanWithSteps(0)), nullptr);
+  // The two-pass path computes whole PE rows (ReadsAnchorRows).
+  AbsolutePlan half = p, pe_only = p, unscaled_to_zero = p;
+  half.dtype = DType::kFloat16;
+  pe_only.has_input = false;
+  unscaled_to_zero.options.x_scale = 0.0;
+  for (const AbsolutePlan* two_pass : {&half, &pe_only, &unscaled_to_zero}) {
+    EXPECT_FALSE(ReadsAnchorRows(*two_pass));
+    EXPECT_EQ(Kept(cache, *two_pass), nullptr);
+  }
 }
 
 // The kernel with anchor rows from a table (cold: filled by this call;
 // warm: read) writes exactly what it writes computing every anchor itself,
-// in every dtype and layout, adding to x (scaled or not) or writing PE
-// alone, where the table has some of the anchors and not others: it covers
+// in float32 and bfloat16, each layout, adding to x scaled or not (float16
+// and PE-only plans, which read no kept rows, get no table), where the
+// table has some of the anchors and not others: it covers
 // positions below 320 (anchors 0-19) with a budget of three 32 KiB chunks
 // (every anchor of the narrower rows; 12 of 2048-wide ones, 4 a chunk), and
 // the call asks for positions 0-99, 250-349 and -40 to -1 (no row:
@@ -140,14 +150,17 @@ TEST(AbsoluteTokensCpu, AnchorRowsFromTheTableGiveTheComputedResultBitForBit) {
               return y;
             };
             const Bytes computed = run(nullptr);
-            AnchorCache cache(int64_t{96} << 10, 320);
-            EXPECT_EQ(cache.For(*plan), nullptr) << "a set's first call";
-            const std::shared_ptr<RowTable> table = cache.For(*plan);
-            ASSERT_NE(table, nullptr);
             const std::string what = std::string(DTypeName(dtype)) + " layout " +
                                      std::to_string(static_cast<int>(layout)) + " d " +
                                      std::to_string(d) + " x_scale " + std::to_string(x_scale) +
                                      (pe_only ? " PE only" : "");
+            AnchorCache cache(int64_t{96} << 10, 320);
+            EXPECT_EQ(cache.For(*plan), nullptr) << "a set's first call";
+            const std::shared_ptr<RowTable> table = cache.For(*plan);
+            // float16 and PE only take the two-pass path, which reads no
+            // kept rows: no table for them.
+            EXPECT_EQ(table != nullptr, dtype != DType::kFloat16 && !pe_only) << what;
+            if (table == nullptr) continue;
             EXPECT_EQ(run(table.get()), computed) << "cold, " << what;
             if (d == 2048) {
               EXPECT_EQ(cache.budget_left(), 0) << "the budget ran out, " << what;

@@ -119,6 +119,10 @@ class RowTable;
 void RopeTokensCpu(const RopePlan& plan, RowTable* rotations, void* query, void* key, int64_t begin,
                    int64_t end);
 
+// Whether AbsoluteTokensCpu reads kept anchor rows for plan at all: its
+// fused pass does; the two-pass path (learned tables, float16, PE only, an
+// x_scale of 0) computes whole PE rows and reads none.
+bool ReadsAnchorRows(const AbsolutePlan& plan);
 // Whether AbsoluteTokensCpu keeps plan's sinusoidal anchor rows in pairs
 // (anchor_cache.h) on this CPU, rather than in halves.
 bool AnchorRowsInPairs(const AbsolutePlan& plan);
