@@ -11,7 +11,10 @@
 # - compute.txt: posenc-bench-compute (one thread, tensors in L2);
 # - on an AVX-512 CPU, run_no_avx512bf16.txt (POSENC_NO_AVX512BF16=1: the bf16
 #   loops of a CPU with AVX-512 but not its BF16 extension) and
-#   run_no_avx512.txt (POSENC_NO_AVX512=1: the AVX2 loops), one run each.
+#   run_no_avx512.txt (POSENC_NO_AVX512=1: the AVX2 loops), one run each;
+# - emulation.txt: avx512_emulation_test, which on an AVX-512 BF16 CPU holds
+#   the emulation CI tests the 512-bit loops with against the instructions
+#   (docs/testing.md); its failure is reported, not fatal here.
 #
 # Measure when /proc/loadavg is quiet; the bench's ratios are to a
 # read-modify-write timed in the same run, but a busy host still moves them.
@@ -50,6 +53,11 @@ done
 if grep -q avx512f /proc/cpuinfo; then
   POSENC_NO_AVX512BF16=1 "$bin/posenc-bench-cpu" --reps=21 > "$out/run_no_avx512bf16.txt"
   POSENC_NO_AVX512=1 "$bin/posenc-bench-cpu" --reps=21 > "$out/run_no_avx512.txt"
+fi
+
+emulation_test=$root/build/tests/support/avx512_emulation_test
+if [[ -x $emulation_test ]]; then
+  "$emulation_test" > "$out/emulation.txt" 2>&1 || echo "avx512_emulation_test FAILED: $out/emulation.txt"
 fi
 
 echo "loadavg after $(cat /proc/loadavg)" >> "$out/machine.txt"

@@ -14,9 +14,8 @@
 #include "cpu_kernels.h"
 
 #ifdef POSENC_CPU_BF16_WIDE
-#include <immintrin.h>
-
 #include "posenc/dtype.h"
+#include "x86_intrinsics.h"
 
 namespace posenc::internal {
 

@@ -10,18 +10,23 @@
 #include "cpu_kernels.h"
 
 #ifdef POSENC_CPU_BF16_WIDE
-#include <immintrin.h>
-
 #include "posenc/dtype.h"
+#include "x86_intrinsics.h"
 
 namespace posenc::internal {
 
 // Holds v in a register from here on: GCC otherwise folds a loaded vector
 // into each instruction that uses it as a memory operand, loading it again
 // for each (the wide loops are bound by their loads; bench/RESULTS.md).
+// (Not in the emulated AVX-512 build, where no register holds a 512-bit
+// vector.)
 template <typename V>
 POSENC_ALWAYS_INLINE void KeepInRegister(V& v) {
+#ifndef POSENC_EMULATE_AVX512
   asm("" : "+v"(v));
+#else
+  (void)v;
+#endif
 }
 
 // The even and the odd elements of 32 stored bfloat16 values (one 64-byte

@@ -22,9 +22,13 @@ bool CpuHasAvx512() {
 #ifdef POSENC_CPU_BF16_WIDE
   static const bool has = [] {
     __builtin_cpu_init();
-    return CpuHasAvx2() && __builtin_cpu_supports("avx512f") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512dq") && std::getenv("POSENC_NO_AVX512") == nullptr;
+#ifdef POSENC_EMULATE_AVX512
+    const bool cpu_has = true;  // the intrinsics are emulated
+#else
+    const bool cpu_has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#endif
+    return CpuHasAvx2() && cpu_has && std::getenv("POSENC_NO_AVX512") == nullptr;
   }();
   return has;
 #else
@@ -34,8 +38,13 @@ bool CpuHasAvx512() {
 
 bool CpuHasAvx512Bf16() {
 #ifdef POSENC_CPU_BF16_WIDE
-  static const bool has = CpuHasAvx512() && __builtin_cpu_supports("avx512bf16") &&
-                          std::getenv("POSENC_NO_AVX512BF16") == nullptr;
+#ifdef POSENC_EMULATE_AVX512
+  static const bool cpu_has = true;  // the intrinsics are emulated
+#else
+  static const bool cpu_has = __builtin_cpu_supports("avx512bf16");
+#endif
+  static const bool has =
+      CpuHasAvx512() && cpu_has && std::getenv("POSENC_NO_AVX512BF16") == nullptr;
   return has;
 #else
   return false;  // the loops are not compiled in (nor is x86's feature probe)

@@ -16,23 +16,36 @@
 // times and the loader picks the AVX-512 or AVX2 version where the CPU has
 // it. Contraction into FMA is off for the whole library (CMake), so every
 // clone computes exactly the operations the CUDA kernels do.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(POSENC_NO_CLONES)
-#define POSENC_CPU_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 // POSENC_CPU_BF16_WIDE: the loops written in x86 intrinsics are compiled
 // in, each chosen at run time: those for CPUs with AVX-512 BF16
 // (CpuHasAvx512Bf16), compiled for them by POSENC_BF16_WIDE_TARGET, and
-// the AVX-512 and AVX2 ones below.
+// the AVX-512 and AVX2 ones below. Sanitizer builds keep them (their
+// choice is a plain call, not an ifunc).
 #define POSENC_CPU_BF16_WIDE 1
+#ifndef POSENC_EMULATE_AVX512
 #define POSENC_BF16_WIDE_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,bmi2")))
 // Loops chosen at run time on CPUs with AVX-512 (CpuHasAvx512), BF16 or not.
 #define POSENC_AVX512_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,bmi2")))
+#else
+// The emulated AVX-512 test build (x86_intrinsics.h): the same loops for
+// AVX2 CPUs, their AVX-512 intrinsics in portable code.
+#define POSENC_BF16_WIDE_TARGET __attribute__((target("avx2,fma,bmi2")))
+#define POSENC_AVX512_TARGET __attribute__((target("avx2,fma,bmi2")))
+#endif
 // Loops in 256-bit registers chosen at run time where the 512-bit ones are
 // not (CpuHasAvx2): AVX2 hosts, and AVX-512 ones without BF16 for bfloat16.
 #define POSENC_AVX2_TARGET __attribute__((target("avx2,fma,bmi2")))
+#endif
+
+#if defined(POSENC_CPU_BF16_WIDE) && !defined(POSENC_NO_CLONES)
+#define POSENC_CPU_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
+// Sanitizer builds (POSENC_NO_CLONES): an ifunc's resolver runs before the
+// sanitizer runtime has started.
 #define POSENC_CPU_CLONES
 #endif
 
@@ -84,11 +97,12 @@ bool CpuHasAvx2();
 // Whether the POSENC_AVX512_TARGET loops run here: CpuHasAvx2, and the CPU
 // has AVX-512 F, BW, VL and DQ, unless POSENC_NO_AVX512 is set (for
 // comparing with the other loops on one machine; it turns off the BF16
-// ones too).
+// ones too). In the emulated AVX-512 build, CpuHasAvx2 alone.
 bool CpuHasAvx512();
 
 // Whether the POSENC_BF16_WIDE_TARGET loops run here: CpuHasAvx512 and
-// AVX-512 BF16, unless POSENC_NO_AVX512BF16 is set.
+// AVX-512 BF16, unless POSENC_NO_AVX512BF16 is set. In the emulated
+// AVX-512 build, CpuHasAvx512 alone.
 bool CpuHasAvx512Bf16();
 
 // Runs fn(scratch) with the calling thread's Scratch for `plan`, kept from
