@@ -7,7 +7,11 @@
 #  2. clang TSan build of the concurrency tests of our own code (thread pool,
 #     the kept rows of RoPE and the sinusoidal add, admission control,
 #     engine, the reload gate and table reloads). gRPC from Debian is not instrumented, so
-#     TSan stays away from tests that run a gRPC server.
+#     TSan stays away from tests that run a gRPC server;
+#  3. gcc ASan + UBSan build of the kernel library and its suites (no server):
+#     the loops written in x86 intrinsics, which only gcc compiles (the AVX2
+#     ones natively, the AVX-512 ones through the emulated AVX-512 build,
+#     docs/testing.md), under every cpu-labelled test.
 # This also proves the code builds with clang as well as gcc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,4 +49,10 @@ export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 "$tsan"/server/engine/table_repository_test
 "$tsan"/server/kserve/model_registry_test
 "$tsan"/server/v1/operations_test
-echo "sanitize: ASan+UBSan, fuzzers and TSan all passed"
+
+gcc_asan=${POSENC_GCC_ASAN_DIR:-build-gcc-asan}
+cmake -S . -B "$gcc_asan" "${common[@]}" -DCMAKE_C_COMPILER=gcc -DCMAKE_CXX_COMPILER=g++ \
+  -DPOSENC_BUILD_SERVER=OFF -DPOSENC_SANITIZE=address,undefined
+cmake --build "$gcc_asan" -j "$jobs"
+(cd "$gcc_asan" && ctest --output-on-failure -j "$jobs" --timeout 900 -L cpu)
+echo "sanitize: ASan+UBSan (clang, and gcc over the intrinsic loops), fuzzers and TSan all passed"
