@@ -199,15 +199,17 @@ POSENC_EMULATED __mmask16 mm512_fpclass_ps_mask(__m512 a, int imm) {
   return k;
 }
 
-// VRANGEPS: imm bits 1:0 choose min, max, min of magnitudes or max of
-// magnitudes; bits 3:2 the result's sign (00 a's, 01 the chosen value's, 10
-// cleared, 11 set). NaN operands, by the SDM's table: a signalling NaN
-// (a's first) gives itself quieted, sign untouched; otherwise a quiet NaN
-// (a's first) is chosen, and the sign control applies to it. Of values of
-// equal magnitude, min and min-of-magnitudes pick the negative one, max and
-// max-of-magnitudes the positive one (the SDM's tables for opposite-signed
-// zeros and equal magnitudes). avx512_emulation_test holds this against the
-// instruction where the CPU has it.
+// VRANGEPS, after the SDM's RangeSP: imm bits 1:0 choose min, max, min of
+// magnitudes or max of magnitudes; bits 3:2 the result's sign (00 a's, 01
+// the chosen value's, 10 cleared, 11 set). A signalling NaN (a's first)
+// gives itself quieted, no sign control. A quiet NaN gives way to the
+// other operand (b's NaN to a, then a's to b, so two give a), and the sign
+// control applies to what is chosen: the bfloat16 sinusoidal and RoPE loops
+// rely on that. Of values of equal magnitude, min and min-of-magnitudes
+// pick the negative one, max and max-of-magnitudes the positive one (the
+// SDM's table for opposite-signed zeros; for nonzero equal magnitudes
+// sources differ, so avx512_emulation_test leaves those ties out where the
+// chosen value's sign would show them, and no kernel asks for that sign).
 POSENC_EMULATED float RangeOne(float a, float b, int imm) {
   const uint32_t ua = Bits(a), ub = Bits(b);
   const auto signalling = [](uint32_t u) {
@@ -216,9 +218,9 @@ POSENC_EMULATED float RangeOne(float a, float b, int imm) {
   if (signalling(ua)) return FromBits(ua | 0x00400000u);
   if (signalling(ub)) return FromBits(ub | 0x00400000u);
   float r;
-  if (std::isnan(a)) {
+  if (std::isnan(b)) {
     r = a;
-  } else if (std::isnan(b)) {
+  } else if (std::isnan(a)) {
     r = b;
   } else {
     const bool a_negative = (ua >> 31) != 0;
