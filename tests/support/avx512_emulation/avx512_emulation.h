@@ -207,9 +207,9 @@ POSENC_EMULATED __mmask16 mm512_fpclass_ps_mask(__m512 a, int imm) {
 // control applies to what is chosen: the bfloat16 sinusoidal and RoPE loops
 // rely on that. Of values of equal magnitude, min and min-of-magnitudes
 // pick the negative one, max and max-of-magnitudes the positive one (the
-// SDM's table for opposite-signed zeros; for nonzero equal magnitudes
-// sources differ, so avx512_emulation_test leaves those ties out where the
-// chosen value's sign would show them, and no kernel asks for that sign).
+// SDM's table for opposite-signed zeros as we read it; sources differ on
+// such ties, so avx512_emulation_test leaves them out where the chosen
+// value's sign would show them, and no kernel asks for that sign).
 POSENC_EMULATED float RangeOne(float a, float b, int imm) {
   const uint32_t ua = Bits(a), ub = Bits(b);
   const auto signalling = [](uint32_t u) {
