@@ -24,6 +24,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "posenc/dtype.h"
+
 namespace posenc::avx512_emulation {
 
 #define POSENC_EMULATED inline __attribute__((always_inline))
@@ -51,17 +53,6 @@ POSENC_EMULATED V Join(const Lanes<T, N>& l) {
 typedef float F16x __attribute__((vector_size(64)));
 typedef double D8x __attribute__((vector_size(64)));
 typedef int32_t I16x __attribute__((vector_size(64)));
-
-POSENC_EMULATED uint32_t Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-POSENC_EMULATED float FromBits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 // --- Arithmetic -----------------------------------------------------------
 
@@ -106,7 +97,7 @@ POSENC_EMULATED __m256 mm512_cvtpd_ps(__m512d a) {
 // inputs become a zero of their sign; NaN keeps its top bits, quieted;
 // infinity is truncated; every other value rounds to nearest even.
 POSENC_EMULATED uint16_t ConvertFloatToBFloat16(float f) {
-  const uint32_t x = Bits(f);
+  const uint32_t x = FloatBits(f);
   const uint32_t exponent = x & 0x7f800000u;
   if (exponent == 0) return static_cast<uint16_t>((x >> 16) & 0x8000u);
   if (exponent == 0x7f800000u) {
@@ -181,7 +172,7 @@ POSENC_EMULATED __mmask16 mm512_fpclass_ps_mask(__m512 a, int imm) {
   const auto x = Split<float, 16>(a);
   __mmask16 k = 0;
   for (int i = 0; i < 16; ++i) {
-    const uint32_t u = Bits(x.v[i]);
+    const uint32_t u = FloatBits(x.v[i]);
     const uint32_t exponent = u & 0x7f800000u, mantissa = u & 0x007fffffu;
     const bool negative = (u >> 31) != 0;
     const bool nan = exponent == 0x7f800000u && mantissa != 0;
@@ -211,12 +202,12 @@ POSENC_EMULATED __mmask16 mm512_fpclass_ps_mask(__m512 a, int imm) {
 // such ties, so avx512_emulation_test leaves them out where the chosen
 // value's sign would show them, and no kernel asks for that sign).
 POSENC_EMULATED float RangeOne(float a, float b, int imm) {
-  const uint32_t ua = Bits(a), ub = Bits(b);
+  const uint32_t ua = FloatBits(a), ub = FloatBits(b);
   const auto signalling = [](uint32_t u) {
     return (u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0 && (u & 0x00400000u) == 0;
   };
-  if (signalling(ua)) return FromBits(ua | 0x00400000u);
-  if (signalling(ub)) return FromBits(ub | 0x00400000u);
+  if (signalling(ua)) return BitsFloat(ua | 0x00400000u);
+  if (signalling(ub)) return BitsFloat(ub | 0x00400000u);
   float r;
   if (std::isnan(b)) {
     r = a;
@@ -240,16 +231,16 @@ POSENC_EMULATED float RangeOne(float a, float b, int imm) {
         break;
     }
   }
-  const uint32_t magnitude = Bits(r) & 0x7fffffffu;
+  const uint32_t magnitude = FloatBits(r) & 0x7fffffffu;
   switch ((imm >> 2) & 3) {
     case 0:
-      return FromBits(magnitude | (ua & 0x80000000u));
+      return BitsFloat(magnitude | (ua & 0x80000000u));
     case 1:
       return r;
     case 2:
-      return FromBits(magnitude);
+      return BitsFloat(magnitude);
     default:
-      return FromBits(magnitude | 0x80000000u);
+      return BitsFloat(magnitude | 0x80000000u);
   }
 }
 POSENC_EMULATED __m512 mm512_range_ps(__m512 a, __m512 b, int imm) {
@@ -375,26 +366,17 @@ POSENC_EMULATED void mm_mask_storeu_epi16(void* p, __mmask8 k, __m128i v) {
 
 POSENC_EMULATED __m512 mm512_setzero_ps() { return __m512{}; }
 POSENC_EMULATED __m512i mm512_setzero_si512() { return __m512i{}; }
-POSENC_EMULATED __m512 mm512_set1_ps(float f) {
-  Lanes<float, 16> r;
-  for (float& x : r.v) x = f;
-  return Join<__m512>(r);
+// Every lane of a V holding N lanes of T set to x.
+template <typename V, typename T, int N>
+POSENC_EMULATED V Broadcast(T x) {
+  Lanes<T, N> r;
+  for (T& lane : r.v) lane = x;
+  return Join<V>(r);
 }
-POSENC_EMULATED __m512d mm512_set1_pd(double d) {
-  Lanes<double, 8> r;
-  for (double& x : r.v) x = d;
-  return Join<__m512d>(r);
-}
-POSENC_EMULATED __m512i mm512_set1_epi32(int32_t a) {
-  Lanes<int32_t, 16> r;
-  for (int32_t& x : r.v) x = a;
-  return Join<__m512i>(r);
-}
-POSENC_EMULATED __m512i mm512_set1_epi16(int16_t a) {
-  Lanes<int16_t, 32> r;
-  for (int16_t& x : r.v) x = a;
-  return Join<__m512i>(r);
-}
+POSENC_EMULATED __m512 mm512_set1_ps(float f) { return Broadcast<__m512, float, 16>(f); }
+POSENC_EMULATED __m512d mm512_set1_pd(double d) { return Broadcast<__m512d, double, 8>(d); }
+POSENC_EMULATED __m512i mm512_set1_epi32(int32_t a) { return Broadcast<__m512i, int32_t, 16>(a); }
+POSENC_EMULATED __m512i mm512_set1_epi16(int16_t a) { return Broadcast<__m512i, int16_t, 32>(a); }
 // setr: lane 0 first; set: lane 0 last.
 POSENC_EMULATED __m512 mm512_setr_ps(float e0, float e1, float e2, float e3, float e4, float e5,
                                      float e6, float e7, float e8, float e9, float e10, float e11,

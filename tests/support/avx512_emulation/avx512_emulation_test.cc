@@ -268,19 +268,8 @@ std::vector<Pair> AllPairs() {
   return pairs;
 }
 
-uint32_t Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float FromBits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 bool Signalling(float f) {
-  const uint32_t u = Bits(f);
+  const uint32_t u = FloatBits(f);
   return (u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0 && (u & 0x00400000u) == 0;
 }
 
@@ -297,11 +286,11 @@ float Draw(std::mt19937_64& rng, float other) {
   switch (rng() % 8) {
     case 0:
     case 1:
-      return FromBits(static_cast<uint32_t>(rng()));
+      return BitsFloat(static_cast<uint32_t>(rng()));
     case 2:
-      return FromBits(kSpecial[rng() % std::size(kSpecial)]);
+      return BitsFloat(kSpecial[rng() % std::size(kSpecial)]);
     case 3:
-      return FromBits(static_cast<uint32_t>(rng()) & 0x807fffffu);  // subnormal or zero
+      return BitsFloat(static_cast<uint32_t>(rng()) & 0x807fffffu);  // subnormal or zero
     case 4:
       return (rng() & 1) ? other : -other;
     default: {
@@ -341,17 +330,12 @@ bool CpuHasAvx2() {
          __builtin_cpu_supports("bmi2");
 }
 
-// Whether bytes [i, i + 4) of both are NaN floats.
-bool BothNaN32(const uint8_t* x, const uint8_t* y) {
-  float a, b;
-  std::memcpy(&a, x, 4);
-  std::memcpy(&b, y, 4);
-  return std::isnan(a) && std::isnan(b);
-}
-bool BothNaN64(const uint8_t* x, const uint8_t* y) {
-  double a, b;
-  std::memcpy(&a, x, 8);
-  std::memcpy(&b, y, 8);
+// Whether the F (float or double) stored at x and the one at y are both NaN.
+template <typename F>
+bool BothNaN(const uint8_t* x, const uint8_t* y) {
+  F a, b;
+  std::memcpy(&a, x, sizeof a);
+  std::memcpy(&b, y, sizeof b);
   return std::isnan(a) && std::isnan(b);
 }
 
@@ -388,7 +372,7 @@ TEST(Avx512Emulation, MatchesTheInstructions) {
         const int width = pd ? 8 : 4;
         const int at = i / width * width;
         if (pair.nan_payload_free &&
-            (pd ? BothNaN64(want + at, got + at) : BothNaN32(want + at, got + at))) {
+            (pd ? BothNaN<double>(want + at, got + at) : BothNaN<float>(want + at, got + at))) {
           i = at + width - 1;
           continue;
         }
@@ -421,7 +405,7 @@ TEST(Avx512Emulation, BFloat16NarrowingIsTheScalarContractButForSubnormals) {
     std::memcpy(got, out, sizeof got);
     for (int i = 0; i < 32; ++i) {
       const float x = i < 16 ? in.b[i] : in.a[i - 16];
-      const uint32_t u = Bits(x);
+      const uint32_t u = FloatBits(x);
       const bool subnormal = (u & 0x7f800000u) == 0 && (u & 0x007fffffu) != 0;
       const uint16_t want =
           subnormal ? static_cast<uint16_t>((u >> 16) & 0x8000u) : FloatToBFloat16(x);
@@ -452,10 +436,11 @@ TEST(Avx512Emulation, RangeAndClassAgreeWithTheirScalarMeaning) {
       // sinusoidal loop's bound test counts on it); a signalling one, or
       // two NaNs, give a NaN.
       if (Signalling(a) || Signalling(b) || (std::isnan(a) && std::isnan(b))) {
-        EXPECT_TRUE(std::isnan(m[i])) << std::hex << Bits(a) << " " << Bits(b);
+        EXPECT_TRUE(std::isnan(m[i])) << std::hex << FloatBits(a) << " " << FloatBits(b);
       } else {
         const float want = std::fmin(std::fabs(a), std::fabs(b));
-        EXPECT_EQ(Bits(m[i]), Bits(want)) << std::hex << Bits(a) << " " << Bits(b);
+        EXPECT_EQ(FloatBits(m[i]), FloatBits(want))
+            << std::hex << FloatBits(a) << " " << FloatBits(b);
       }
       const int c = std::fpclassify(a);
       EXPECT_EQ((odd >> i) & 1, c == FP_NAN || c == FP_INFINITE || c == FP_SUBNORMAL) << a;
@@ -483,13 +468,14 @@ TEST(Avx512Emulation, MaskedAccessesTouchSelectedElementsAlone) {
     float lanes[16];
     std::memcpy(lanes, &loaded, sizeof lanes);
     for (int i = 0; i < 16; ++i) {
-      EXPECT_EQ(Bits(lanes[i]), i < live ? Bits(in.a[i]) : 0u) << "lane " << i;
+      EXPECT_EQ(FloatBits(lanes[i]), i < live ? FloatBits(in.a[i]) : 0u) << "lane " << i;
     }
     std::memset(tail, 0x5a, live * sizeof(float));
     const __mmask16 every_other = static_cast<__mmask16>(k & 0x5555u);
     _mm512_mask_storeu_ps(tail, every_other, _mm512_loadu_ps(in.b));
     for (int i = 0; i < live; ++i) {
-      EXPECT_EQ(Bits(tail[i]), i % 2 == 0 ? Bits(in.b[i]) : 0x5a5a5a5au) << "element " << i;
+      EXPECT_EQ(FloatBits(tail[i]), i % 2 == 0 ? FloatBits(in.b[i]) : 0x5a5a5a5au)
+          << "element " << i;
     }
     uint16_t* tail16 = reinterpret_cast<uint16_t*>(static_cast<char*>(map) + page) - 2 * live;
     std::memcpy(tail16, in.h, 2 * live * sizeof(uint16_t));
