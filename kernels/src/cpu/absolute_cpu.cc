@@ -101,7 +101,8 @@ struct Scratch {
       : dim(p.dim),
         frequencies(static_cast<int64_t>(p.phase_step.size())),
         wide(WideFor(p)),
-        bf16_512(CpuHasAvx512Bf16()),
+        bf16_512(CpuHasAvx512()),
+        narrowing(CpuHasAvx512Bf16() ? Narrowing::kInstruction : Narrowing::kRounding),
         pairs(PairsFor(p)),
         row(p.dim),
         saved(p.dim),
@@ -122,7 +123,7 @@ struct Scratch {
   // whether it keeps the anchor row in pairs (the 8-lane loops).
   static bool WideFor(const AbsolutePlan& p) {
     return Fuses(p) &&
-           (p.dtype == DType::kBFloat16 ? CpuHasAvx512Bf16() || CpuHasAvx2() : CpuHasAvx512());
+           (p.dtype == DType::kBFloat16 ? CpuHasAvx512() || CpuHasAvx2() : CpuHasAvx512());
   }
   static bool PairsFor(const AbsolutePlan& p) {
     return p.options.sinusoidal_layout == SinusoidalLayout::kInterleaved && Fuses(p) && !WideFor(p);
@@ -161,9 +162,12 @@ struct Scratch {
   const int64_t frequencies;
   const bool wide;  // the fused pass runs a wide loop (WideFor)
   // Which wide loop bfloat16 takes: FusedRangeBF16Wide, else
-  // FusedRangeBF16Avx2. The CPU's, not the plan's: a Scratch made for a
-  // float32 plan serves a bfloat16 one of the same width (Serves).
+  // FusedRangeBF16Avx2; and how the former narrows (AVX-512 BF16's
+  // instruction, or integer rounding: bf16_wide.h). The CPU's, not the
+  // plan's: a Scratch made for a float32 plan serves a bfloat16 one of the
+  // same width (Serves).
   const bool bf16_512;
+  const Narrowing narrowing;
   const bool pairs;  // AnchorRow's layout: pairs (the 8-lane fused INTERLEAVED pass) or halves
   std::vector<float> row;     // [dim] PE in float32 (paths that do not fuse)
   std::vector<float> saved;   // [dim] 16-bit inputs kept for recomputation (ditto)
@@ -535,8 +539,12 @@ POSENC_ALWAYS_INLINE void FusedRange(const RowSource& r, bool interleaved, int64
       // five of its 31 instructions a step.
       auto wide =
           interleaved ? FusedRangeBF16Avx2<kScaled, true> : FusedRangeBF16Avx2<kScaled, false>;
-      if (s.bf16_512) {
-        wide = interleaved ? FusedRangeBF16Wide<kScaled, true> : FusedRangeBF16Wide<kScaled, false>;
+      if (s.bf16_512 && s.narrowing == Narrowing::kInstruction) {
+        wide = interleaved ? FusedRangeBF16Wide<Narrowing::kInstruction, kScaled, true>
+                           : FusedRangeBF16Wide<Narrowing::kInstruction, kScaled, false>;
+      } else if (s.bf16_512) {
+        wide = interleaved ? FusedRangeBF16Wide<Narrowing::kRounding, kScaled, true>
+                           : FusedRangeBF16Wide<Narrowing::kRounding, kScaled, false>;
       }
       return wide(r.a, r.b, r.tc, r.ts, half, y, lo, hi, xs, s.pending_at.data(),
                   s.pending_x.data(), &s.pending, ahead);

@@ -57,6 +57,11 @@ template <typename T, BiasForm kForm, bool kAdd>
 POSENC_ALWAYS_INLINE void BiasRows(const BiasPlan& p, T* out, int64_t begin, int64_t end) {
 #ifdef POSENC_CPU_BF16_WIDE
   if constexpr (std::is_same_v<T, BFloat16>) {
+    // AVX-512 CPUs without BF16 (Intel's, up to Ice Lake) take the AVX2
+    // loop: narrowed by integer rounding in order, which needs VPERMT2W,
+    // the 512-bit loop came to 13 cycles per 32 keys on llvm-mca's Ice
+    // Lake server against the AVX2 loop's 10 (its shuffles and 512-bit
+    // integer operations share two ports; bench/RESULTS.md).
     if (CpuHasAvx512Bf16()) return BiasRowsBF16Wide<kForm, kAdd>(p, out, begin, end);
     if (CpuHasAvx2()) return BiasRowsBF16Avx2<kForm, kAdd>(p, out, begin, end);
   }

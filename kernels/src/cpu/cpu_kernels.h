@@ -18,10 +18,13 @@
 // clone computes exactly the operations the CUDA kernels do.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 // POSENC_CPU_BF16_WIDE: the loops written in x86 intrinsics are compiled
-// in, each chosen at run time: those for CPUs with AVX-512 BF16
-// (CpuHasAvx512Bf16), compiled for them by POSENC_BF16_WIDE_TARGET, and
-// the AVX-512 and AVX2 ones below. Sanitizer builds keep them (their
-// choice is a plain call, not an ifunc).
+// in, each chosen at run time: the 512-bit bfloat16 ones, compiled by
+// POSENC_BF16_WIDE_TARGET for CPUs with AVX-512 (CpuHasAvx512), which
+// narrow by AVX-512 BF16's instruction where the CPU has it
+// (CpuHasAvx512Bf16) and by integer rounding where not (bf16_wide.h's
+// Narrowing: the latter's instantiations call no BF16 intrinsic, and GCC
+// emits none unasked); and the AVX-512 and AVX2 ones below. Sanitizer
+// builds keep them (their choice is a plain call, not an ifunc).
 #define POSENC_CPU_BF16_WIDE 1
 #ifndef POSENC_EMULATE_AVX512
 #define POSENC_BF16_WIDE_TARGET \
@@ -36,7 +39,8 @@
 #define POSENC_AVX512_TARGET __attribute__((target("avx2,fma,bmi2")))
 #endif
 // Loops in 256-bit registers chosen at run time where the 512-bit ones are
-// not (CpuHasAvx2): AVX2 hosts, and AVX-512 ones without BF16 for bfloat16.
+// not (CpuHasAvx2): AVX2 hosts, and AVX-512 ones without BF16 for the
+// bfloat16 bias (bias_cpu.cc).
 #define POSENC_AVX2_TARGET __attribute__((target("avx2,fma,bmi2")))
 #endif
 
@@ -100,9 +104,11 @@ bool CpuHasAvx2();
 // ones too). In the emulated AVX-512 build, CpuHasAvx2 alone.
 bool CpuHasAvx512();
 
-// Whether the POSENC_BF16_WIDE_TARGET loops run here: CpuHasAvx512 and
-// AVX-512 BF16, unless POSENC_NO_AVX512BF16 is set. In the emulated
-// AVX-512 build, CpuHasAvx512 alone.
+// Whether the 512-bit bfloat16 loops narrow by AVX-512 BF16's
+// VCVTNE2PS2BF16 here (bf16_wide.h's Narrowing::kInstruction; else by
+// integer rounding): CpuHasAvx512 and AVX-512 BF16, unless
+// POSENC_NO_AVX512BF16 is set. In the emulated AVX-512 build, CpuHasAvx512
+// alone.
 bool CpuHasAvx512Bf16();
 
 // Runs fn(scratch) with the calling thread's Scratch for `plan`, kept from

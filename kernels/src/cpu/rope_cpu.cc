@@ -69,9 +69,10 @@ struct Scratch {
         c2(2 * kTokenBlock * p.half()),  // allocated (small) even when unused:
         n2(2 * kTokenBlock * p.half()),  // callers offset into them
         paired(wide && p.style == RopeStyle::kNeox),
-        pair_group(CpuHasAvx512Bf16() ? 32 : 16),
-        wide_512(CpuHasAvx512Bf16()),
+        pair_group(CpuHasAvx512() ? 32 : 16),
+        wide_512(CpuHasAvx512()),
         wide_f32_512(CpuHasAvx512()),
+        narrowing(CpuHasAvx512Bf16() ? Narrowing::kInstruction : Narrowing::kRounding),
         cp(paired ? kTokenBlock * p.half() : 0),
         np(paired ? kTokenBlock * p.half() : 0),
         saved(p.half()),
@@ -85,7 +86,7 @@ struct Scratch {
 
   // Which lists plan p needs (see the members).
   static bool WideFor(const RopePlan& p) {
-    return p.dtype == DType::kBFloat16 && (CpuHasAvx512Bf16() || CpuHasAvx2());
+    return p.dtype == DType::kBFloat16 && (CpuHasAvx512() || CpuHasAvx2());
   }
   static bool WideF32For(const RopePlan& p) {
     return p.dtype == DType::kFloat32 && (CpuHasAvx512() || CpuHasAvx2());
@@ -107,7 +108,7 @@ struct Scratch {
 
   const int64_t half;
   std::vector<float> c, n;  // [kTokenBlock, half] s cos, +-s sin
-  // bfloat16 on a CPU with RotateBF16Wide (AVX-512 BF16) or RotateBF16Avx2.
+  // bfloat16 on a CPU with RotateBF16Wide (AVX-512) or RotateBF16Avx2.
   const bool wide;
   // float32 on a CPU with RotateF32Wide (AVX-512) or RotateF32Avx2.
   const bool wide_f32;
@@ -124,8 +125,10 @@ struct Scratch {
   const bool paired;
   const int64_t pair_group;
   // Which of the two wide loops runs: the 512-bit one (bfloat16, float32),
-  // or the AVX2 one.
+  // or the AVX2 one; and how the 512-bit bfloat16 one narrows (AVX-512
+  // BF16's instruction, or integer rounding: bf16_wide.h).
   const bool wide_512, wide_f32_512;
+  const Narrowing narrowing;
   std::vector<float> cp, np;
   std::vector<uint32_t> saved;  // a float16 head's rotary dims before rotation (2 x half)
   std::vector<uint8_t> flag;    // [half] pairs to recompute in double (float16)
@@ -427,13 +430,12 @@ POSENC_ALWAYS_INLINE int64_t RotateRowsAvx2(const Rows<BFloat16>& rows, int64_t 
   return slow;
 }
 
-// The rows of a run by RotateBF16Wide and RotateTailsBF16Wide (AVX-512
-// BF16), or by RotateRowsAvx2, the pairs those leave appended to s.wide_*;
-// returns how many there are.
-template <RopeStyle kStyle, bool kUnitScale, bool kFar>
-POSENC_ALWAYS_INLINE int64_t RotateRowsWide(const Rows<BFloat16>& rows, int64_t D, int64_t half,
-                                            float scale_f, Scratch& s) {
-  if (!s.wide_512) return RotateRowsAvx2<kStyle, kUnitScale, kFar>(rows, D, half, scale_f, s);
+// The rows of a run by RotateBF16Wide and RotateTailsBF16Wide (AVX-512),
+// narrowing as kN says, or by RotateRowsAvx2, the pairs those leave
+// appended to s.wide_*; returns how many there are.
+template <Narrowing kN, RopeStyle kStyle, bool kUnitScale, bool kFar>
+POSENC_ALWAYS_INLINE int64_t RotateRowsWide512(const Rows<BFloat16>& rows, int64_t D, int64_t half,
+                                               float scale_f, Scratch& s) {
   int64_t slow = 0;
   // 128-dim rotary heads (nearly every published model) take a copy
   // compiled for half = 64: with the size known GCC kept the loop's
@@ -442,20 +444,31 @@ POSENC_ALWAYS_INLINE int64_t RotateRowsWide(const Rows<BFloat16>& rows, int64_t 
   // BSHD unchanged); from DRAM on a busy host unchanged (bench/RESULTS.md).
   const int64_t k_end =
       half == 64
-          ? RotateBF16Wide<kStyle, kUnitScale, kFar, 64>(rows, D, half, scale_f, s.wide_k.data(),
-                                                         s.wide_u.data(), s.wide_v.data(), &slow)
-          : RotateBF16Wide<kStyle, kUnitScale, kFar, 0>(rows, D, half, scale_f, s.wide_k.data(),
-                                                        s.wide_u.data(), s.wide_v.data(), &slow);
+          ? RotateBF16Wide<kN, kStyle, kUnitScale, kFar, 64>(
+                rows, D, half, scale_f, s.wide_k.data(), s.wide_u.data(), s.wide_v.data(), &slow)
+          : RotateBF16Wide<kN, kStyle, kUnitScale, kFar, 0>(
+                rows, D, half, scale_f, s.wide_k.data(), s.wide_u.data(), s.wide_v.data(), &slow);
   if (k_end < half) {
-    RotateTailsBF16Wide<kStyle, kUnitScale>(rows, D, half, k_end, scale_f, s.wide_k.data(),
-                                            s.wide_u.data(), s.wide_v.data(), &slow);
+    RotateTailsBF16Wide<kN, kStyle, kUnitScale>(rows, D, half, k_end, scale_f, s.wide_k.data(),
+                                                s.wide_u.data(), s.wide_v.data(), &slow);
   }
   return slow;
+}
+template <RopeStyle kStyle, bool kUnitScale, bool kFar>
+POSENC_ALWAYS_INLINE int64_t RotateRowsWide(const Rows<BFloat16>& rows, int64_t D, int64_t half,
+                                            float scale_f, Scratch& s) {
+  if (!s.wide_512) return RotateRowsAvx2<kStyle, kUnitScale, kFar>(rows, D, half, scale_f, s);
+  if (s.narrowing == Narrowing::kInstruction) {
+    return RotateRowsWide512<Narrowing::kInstruction, kStyle, kUnitScale, kFar>(rows, D, half,
+                                                                                scale_f, s);
+  }
+  return RotateRowsWide512<Narrowing::kRounding, kStyle, kUnitScale, kFar>(rows, D, half, scale_f,
+                                                                           s);
 }
 #endif
 
 // Rotates a run of rows. kWide: in 512-bit or 256-bit registers, every
-// row in one call: bfloat16 by RotateRowsWide (AVX-512 BF16 CPUs) or
+// row in one call: bfloat16 by RotateRowsWide (AVX-512 CPUs) or
 // RotateRowsAvx2 (AVX2), then the pairs those left by RedoSlowPairs;
 // float32 by RotateF32Wide (AVX-512 CPUs) or RotateF32Avx2 (AVX2), the
 // last few pairs of an AVX2 row pair by pair.
@@ -592,7 +605,7 @@ POSENC_ALWAYS_INLINE void RopeTokensTyped(const RopePlan& p, RowTable* table, vo
 
 // The one function compiled per instruction set: every dtype and style
 // inlined into it.
-// `wide`: bfloat16 takes RotateBF16Wide's steps (AVX-512 BF16 CPUs) or
+// `wide`: bfloat16 takes RotateBF16Wide's steps (AVX-512 CPUs) or
 // RotateBF16Avx2's (AVX2), float32 RotateF32Wide's (AVX-512) or
 // RotateF32Avx2's (AVX2); the other loops are for CPUs without AVX2.
 POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, RowTable* table, void* q, void* k,

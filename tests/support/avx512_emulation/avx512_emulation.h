@@ -22,6 +22,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "posenc/dtype.h"
@@ -105,7 +106,13 @@ POSENC_EMULATED uint16_t ConvertFloatToBFloat16(float f) {
   }
   return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
+// A CPU without AVX-512 BF16 (POSENC_NO_AVX512BF16, as cpu_features.cc
+// reads it) faults on VCVTNE2PS2BF16; so does this, so that a loop meant
+// for such CPUs (bf16_wide.h's Narrowing::kRounding) that reaches it fails
+// its tests.
 POSENC_EMULATED __m512bh mm512_cvtne2ps_pbh(__m512 a, __m512 b) {
+  static const bool cpu_has_bf16 = std::getenv("POSENC_NO_AVX512BF16") == nullptr;
+  if (!cpu_has_bf16) __builtin_trap();
   const auto hi = Split<float, 16>(a), lo = Split<float, 16>(b);
   Lanes<uint16_t, 32> r;
   for (int i = 0; i < 16; ++i) {
@@ -413,6 +420,37 @@ POSENC_EMULATED __m512i mm512_set_epi16(short e31, short e30, short e29, short e
 // --- Integer operations and permutes --------------------------------------------
 
 POSENC_EMULATED __m512i mm512_and_si512(__m512i a, __m512i b) { return a & b; }
+// Lane arithmetic wraps around; VPAVGW is (a + b + 1) >> 1 in 17 bits.
+template <typename T, int N, typename Op>
+POSENC_EMULATED __m512i LaneByLane(__m512i a, __m512i b, Op op) {
+  auto x = Split<T, N>(a);
+  const auto y = Split<T, N>(b);
+  for (int i = 0; i < N; ++i) x.v[i] = static_cast<T>(op(x.v[i], y.v[i]));
+  return Join<__m512i>(x);
+}
+POSENC_EMULATED __m512i mm512_add_epi32(__m512i a, __m512i b) {
+  return LaneByLane<uint32_t, 16>(a, b, [](uint32_t x, uint32_t y) { return x + y; });
+}
+POSENC_EMULATED __m512i mm512_add_epi16(__m512i a, __m512i b) {
+  return LaneByLane<uint16_t, 32>(a, b, [](uint32_t x, uint32_t y) { return x + y; });
+}
+POSENC_EMULATED __m512i mm512_sub_epi16(__m512i a, __m512i b) {
+  return LaneByLane<uint16_t, 32>(a, b, [](uint32_t x, uint32_t y) { return x - y; });
+}
+POSENC_EMULATED __m512i mm512_avg_epu16(__m512i a, __m512i b) {
+  return LaneByLane<uint16_t, 32>(a, b, [](uint32_t x, uint32_t y) { return (x + y + 1) >> 1; });
+}
+// Shifts by more than the lane's bits: zero (logical), the sign (arithmetic).
+POSENC_EMULATED __m512i mm512_srli_epi32(__m512i a, unsigned int count) {
+  auto x = Split<uint32_t, 16>(a);
+  for (uint32_t& v : x.v) v = count > 31 ? 0u : v >> count;
+  return Join<__m512i>(x);
+}
+POSENC_EMULATED __m512i mm512_srai_epi16(__m512i a, unsigned int count) {
+  auto x = Split<int16_t, 32>(a);
+  for (int16_t& v : x.v) v = static_cast<int16_t>(v >> (count > 15 ? 15 : count));
+  return Join<__m512i>(x);
+}
 POSENC_EMULATED __m512i mm512_slli_epi32(__m512i a, unsigned int count) {
   auto x = Split<uint32_t, 16>(a);
   for (uint32_t& v : x.v) v = count > 31 ? 0u : v << count;
@@ -438,6 +476,14 @@ POSENC_EMULATED __m512 mm512_permutex2var_ps(__m512 a, __m512i idx, __m512 b) {
   Lanes<float, 16> r;
   for (int i = 0; i < 16; ++i) r.v[i] = (ix.v[i] & 16) ? y.v[ix.v[i] & 15] : x.v[ix.v[i] & 15];
   return Join<__m512>(r);
+}
+// Element i: (idx_i & 31) of a, or of b where bit 5 of idx_i is set.
+POSENC_EMULATED __m512i mm512_permutex2var_epi16(__m512i a, __m512i idx, __m512i b) {
+  const auto x = Split<uint16_t, 32>(a), y = Split<uint16_t, 32>(b);
+  const auto ix = Split<uint16_t, 32>(idx);
+  Lanes<uint16_t, 32> r;
+  for (int i = 0; i < 32; ++i) r.v[i] = (ix.v[i] & 32) ? y.v[ix.v[i] & 31] : x.v[ix.v[i] & 31];
+  return Join<__m512i>(r);
 }
 POSENC_EMULATED __m512i mm512_permutexvar_epi16(__m512i idx, __m512i a) {
   const auto x = Split<uint16_t, 32>(a), ix = Split<uint16_t, 32>(idx);
@@ -465,6 +511,7 @@ POSENC_EMULATED To Widen(From v) {
 }
 
 POSENC_EMULATED __m512 mm512_castsi512_ps(__m512i a) { return (__m512)a; }
+POSENC_EMULATED __m512i mm512_castps_si512(__m512 a) { return (__m512i)a; }
 POSENC_EMULATED __m512d mm512_castps_pd(__m512 a) { return (__m512d)a; }
 POSENC_EMULATED __m512 mm512_castpd_ps(__m512d a) { return (__m512)a; }
 POSENC_EMULATED __m256 mm512_castps512_ps256(__m512 a) { return Part<__m256>(a, 0); }
@@ -589,6 +636,22 @@ POSENC_EMULATED __m512d mm512_insertf64x4(__m512d a, __m256d b, int imm) {
 #define _mm512_set_epi16 POSENC_AVX512_EMULATE(mm512_set_epi16)
 #undef _mm512_and_si512
 #define _mm512_and_si512 POSENC_AVX512_EMULATE(mm512_and_si512)
+#undef _mm512_add_epi32
+#define _mm512_add_epi32 POSENC_AVX512_EMULATE(mm512_add_epi32)
+#undef _mm512_add_epi16
+#define _mm512_add_epi16 POSENC_AVX512_EMULATE(mm512_add_epi16)
+#undef _mm512_sub_epi16
+#define _mm512_sub_epi16 POSENC_AVX512_EMULATE(mm512_sub_epi16)
+#undef _mm512_avg_epu16
+#define _mm512_avg_epu16 POSENC_AVX512_EMULATE(mm512_avg_epu16)
+#undef _mm512_srli_epi32
+#define _mm512_srli_epi32 POSENC_AVX512_EMULATE(mm512_srli_epi32)
+#undef _mm512_srai_epi16
+#define _mm512_srai_epi16 POSENC_AVX512_EMULATE(mm512_srai_epi16)
+#undef _mm512_permutex2var_epi16
+#define _mm512_permutex2var_epi16 POSENC_AVX512_EMULATE(mm512_permutex2var_epi16)
+#undef _mm512_castps_si512
+#define _mm512_castps_si512 POSENC_AVX512_EMULATE(mm512_castps_si512)
 #undef _mm512_slli_epi32
 #define _mm512_slli_epi32 POSENC_AVX512_EMULATE(mm512_slli_epi32)
 #undef _mm512_cvtepu16_epi32

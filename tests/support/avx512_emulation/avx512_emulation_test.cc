@@ -140,6 +140,16 @@ using Operation = void (*)(const Inputs&, uint8_t*);
                          h[22], h[23], h[24], h[25], h[26], h[27], h[28], h[29], h[30], h[31]));   \
   })                                                                                               \
   X(and_si512, false, { STORE_SI(_mm512_and_si512(LH, LG)); })                                     \
+  X(add_sub_epi16, false, {                                                                        \
+    STORE_SI(_mm512_add_epi16(LH, LG));                                                            \
+    _mm512_storeu_si512(out + 64, _mm512_sub_epi16(LH, LG));                                       \
+  })                                                                                               \
+  X(avg_epu16_add_epi32, false, {                                                                  \
+    STORE_SI(_mm512_avg_epu16(LH, LG));                                                            \
+    _mm512_storeu_si512(out + 64, _mm512_add_epi32(LH, LG));                                       \
+  })                                                                                               \
+  X(permutex2var_epi16, false, { STORE_SI(_mm512_permutex2var_epi16(LH, LI, LG)); })               \
+  X(castps_si512, false, { STORE_SI(_mm512_castps_si512(LA)); })                                   \
   X(cvtepu16_epi32, false, { STORE_SI(_mm512_cvtepu16_epi32(H256)); })                             \
   X(permutex2var_ps, false, { STORE_PS(_mm512_permutex2var_ps(LA, LI, LB)); })                     \
   X(permutexvar_epi16, false, { STORE_SI(_mm512_permutexvar_epi16(LG, LH)); })                     \
@@ -182,6 +192,14 @@ using Operation = void (*)(const Inputs&, uint8_t*);
   template <int kImm>                                                                              \
   TARGET void slli_epi32(const Inputs& in, uint8_t* out) {                                         \
     STORE_SI(_mm512_slli_epi32(LH, kImm));                                                         \
+  }                                                                                                \
+  template <int kImm>                                                                              \
+  TARGET void srli_epi32(const Inputs& in, uint8_t* out) {                                         \
+    STORE_SI(_mm512_srli_epi32(LH, kImm));                                                         \
+  }                                                                                                \
+  template <int kImm>                                                                              \
+  TARGET void srai_epi16(const Inputs& in, uint8_t* out) {                                         \
+    STORE_SI(_mm512_srai_epi16(LH, kImm));                                                         \
   }                                                                                                \
   template <int kImm>                                                                              \
   TARGET void extract_insert(const Inputs& in, uint8_t* out) {                                     \
@@ -263,6 +281,8 @@ std::vector<Pair> AllPairs() {
   POSENC_IMMEDIATES(range_ps, 16);
   POSENC_IMMEDIATES(permute_ps, 256);
   POSENC_IMMEDIATES(slli_epi32, 34);
+  POSENC_IMMEDIATES(srli_epi32, 34);
+  POSENC_IMMEDIATES(srai_epi16, 18);
   POSENC_IMMEDIATES(extract_insert, 4);
 #undef POSENC_IMMEDIATES
   return pairs;
