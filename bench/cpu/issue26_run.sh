@@ -13,7 +13,8 @@
 #   loops of a CPU with AVX-512 but not its BF16 extension) and
 #   run_no_avx512.txt (POSENC_NO_AVX512=1: the AVX2 loops), one run each;
 # - emulation.txt: avx512_emulation_test, which on an AVX-512 BF16 CPU holds
-#   the emulation CI tests the 512-bit loops with against the instructions
+#   the emulation CI tests the 512-bit loops with against the instructions,
+#   then bf16_wide_native_test (both narrowings of bf16_wide.h, natively)
 #   (docs/testing.md); its failure is reported, not fatal here.
 #
 # Measure when /proc/loadavg is quiet; the bench's ratios are to a
@@ -58,6 +59,10 @@ fi
 emulation_test=$root/build/tests/support/avx512_emulation_test
 if [[ -x $emulation_test ]]; then
   "$emulation_test" > "$out/emulation.txt" 2>&1 || echo "avx512_emulation_test FAILED: $out/emulation.txt"
+fi
+narrowing_test=$root/build/kernels/bf16_wide_native_test
+if [[ -x $narrowing_test ]]; then
+  "$narrowing_test" >> "$out/emulation.txt" 2>&1 || echo "bf16_wide_native_test FAILED: $out/emulation.txt"
 fi
 
 echo "loadavg after $(cat /proc/loadavg)" >> "$out/machine.txt"
