@@ -24,8 +24,10 @@ namespace posenc::internal {
 //    and the sinusoidal loop's NaN sums are quiet with their low half
 //    zero, whose rounding is exact as well. (The bias keeps its AVX2 loop
 //    on such CPUs: bias_cpu.cc says why.)
-//    No kRounding path executes an AVX-512 BF16 instruction (the emulated
-//    build traps if one does with POSENC_NO_AVX512BF16 set).
+//    Its loops share kInstruction's target attribute, BF16 included; they
+//    call no BF16 intrinsic (the emulated build traps on one under
+//    POSENC_NO_AVX512BF16), and the ctest narrowing_code reads the
+//    library's object code for any BF16 instruction in them.
 enum class Narrowing { kInstruction, kRounding };
 
 }  // namespace posenc::internal

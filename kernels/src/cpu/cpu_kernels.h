@@ -22,8 +22,9 @@
 // POSENC_BF16_WIDE_TARGET for CPUs with AVX-512 (CpuHasAvx512), which
 // narrow by AVX-512 BF16's instruction where the CPU has it
 // (CpuHasAvx512Bf16) and by integer rounding where not (bf16_wide.h's
-// Narrowing: the latter's instantiations call no BF16 intrinsic, and GCC
-// emits none unasked); and the AVX-512 and AVX2 ones below. Sanitizer
+// Narrowing: the latter's instantiations call no BF16 intrinsic, GCC
+// emits none unasked, and the ctest narrowing_code checks the object
+// code); and the AVX-512 and AVX2 ones below. Sanitizer
 // builds keep them (their choice is a plain call, not an ifunc).
 #define POSENC_CPU_BF16_WIDE 1
 #ifndef POSENC_EMULATE_AVX512
