@@ -2,8 +2,9 @@
 // (POSENC_AVX2_TARGET, chosen at run time by CpuHasAvx2) where the 512-bit
 // ones do not (and the bias on AVX-512 CPUs without BF16: bias_cpu.cc).
 // AVX2 has no bfloat16 conversion, so narrowing is FloatToBFloat16's
-// integer rounding, lane by lane: exact for every value but NaN (which callers leave to the scalar contract, or pass only in
-// the form whose rounding is exact: NarrowBF16x16).
+// integer rounding, lane by lane: exact for every value but NaN (which
+// callers leave to the scalar contract, or pass only in the form whose
+// rounding is exact: NarrowBF16x16).
 // Values travel as even and odd elements of 16 stored ones, as in the
 // 512-bit loops: widening is a shift or a mask, and narrowing back is one
 // blend. Internal.
