@@ -539,12 +539,14 @@ POSENC_ALWAYS_INLINE void FusedRange(const RowSource& r, bool interleaved, int64
       // five of its 31 instructions a step.
       auto wide =
           interleaved ? FusedRangeBF16Avx2<kScaled, true> : FusedRangeBF16Avx2<kScaled, false>;
-      if (s.bf16_512 && s.narrowing == Narrowing::kInstruction) {
-        wide = interleaved ? FusedRangeBF16Wide<Narrowing::kInstruction, kScaled, true>
-                           : FusedRangeBF16Wide<Narrowing::kInstruction, kScaled, false>;
-      } else if (s.bf16_512) {
-        wide = interleaved ? FusedRangeBF16Wide<Narrowing::kRounding, kScaled, true>
-                           : FusedRangeBF16Wide<Narrowing::kRounding, kScaled, false>;
+      if (s.bf16_512) {
+        if (s.narrowing == Narrowing::kInstruction) {
+          wide = interleaved ? FusedRangeBF16Wide<Narrowing::kInstruction, kScaled, true>
+                             : FusedRangeBF16Wide<Narrowing::kInstruction, kScaled, false>;
+        } else {
+          wide = interleaved ? FusedRangeBF16Wide<Narrowing::kRounding, kScaled, true>
+                             : FusedRangeBF16Wide<Narrowing::kRounding, kScaled, false>;
+        }
       }
       return wide(r.a, r.b, r.tc, r.ts, half, y, lo, hi, xs, s.pending_at.data(),
                   s.pending_x.data(), &s.pending, ahead);

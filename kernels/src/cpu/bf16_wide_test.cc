@@ -23,8 +23,6 @@
 namespace posenc::internal {
 namespace {
 
-bool IsNaN(float f) { return (FloatBits(f) & 0x7fffffffu) > 0x7f800000u; }
-
 // A float of the kinds narrowing can get wrong; NaN only when allowed.
 float Draw(std::mt19937_64& rng, bool nan) {
   static constexpr uint32_t kSpecial[] = {
@@ -56,7 +54,7 @@ float Draw(std::mt19937_64& rng, bool nan) {
         break;
       }
     }
-    if (nan || !IsNaN(f)) return f;
+    if (nan || !std::isnan(f)) return f;
   }
 }
 
