@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 
 #include "absl/strings/str_cat.h"
@@ -274,6 +275,11 @@ absl::StatusOr<Backend*> Engine::Choose(BackendChoice requested, int64_t bytes) 
 
 absl::StatusOr<Backend*> Engine::ChooseStaged(const CallEnv& env, int64_t bytes) {
   POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, bytes));
+  return ChargeStaging(env, backend, bytes);
+}
+
+absl::StatusOr<Backend*> Engine::ChargeStaging(const CallEnv& env, Backend* backend,
+                                               int64_t bytes) {
   if (!backend->StagesHostCopy()) return backend;
   // The GPU copies the tensors into its staging while the call runs: those
   // bytes join the call's. Under AUTO a budget too full for them sends the
@@ -444,6 +450,9 @@ absl::StatusOr<std::string> Engine::ApplyRope(const RopeOptions& options, RopeTe
       served = BackendName(gpu);
       return absl::OkStatus();
     }
+    if (env.query_out != nullptr || env.key_out != nullptr) {
+      return RopeIntoHost(plan, t, env, &served);
+    }
     POSENC_ASSIGN_OR_RETURN(Backend * backend, ChooseStaged(env, tensor_bytes));
     AlignedWork aligned(env.admission);
     MutableTensor query = t.query, key = t.key;
@@ -457,6 +466,68 @@ absl::StatusOr<std::string> Engine::ApplyRope(const RopeOptions& options, RopeTe
     return absl::OkStatus();
   }));
   return served;
+}
+
+// Host tensors (system shared memory) whose results go to other host
+// memory: the outputs may be read, or written by other calls, while this
+// one runs (KServe clients share output slices between concurrent
+// requests), so they must receive finished values only, and the inputs
+// must stay as they were. A GPU that pinned all of them (the primary, for
+// registered regions) rotates the inputs in its own device buffer and
+// writes the results straight into the outputs: no host copy at all, where
+// the way aside costs four (into a private buffer and out, and the GPU's
+// staging of that buffer both ways). Any other backend works on private
+// copies (the engine's scratch buffers), which then go to the outputs.
+absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, const CallEnv& env,
+                                  std::string* served) {
+  const bool has_key = t.key.present();
+  const int64_t tensor_bytes = t.query.nbytes + t.key.nbytes;
+  char* q_in = static_cast<char*>(t.query.data);
+  char* k_in = has_key ? static_cast<char*>(t.key.data) : nullptr;
+  // A tensor without an output of its own is rotated in place.
+  char* q_out = env.query_out != nullptr ? env.query_out : q_in;
+  char* k_out = !has_key ? nullptr : env.key_out != nullptr ? env.key_out : k_in;
+  POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, tensor_bytes));
+  const auto pinned = [&](const void* p, size_t n) { return n == 0 || backend->HostPinned(p, n); };
+  if (backend->kind() == BackendKind::kCuda && pinned(q_in, t.query.nbytes) &&
+      pinned(k_in, t.key.nbytes) && pinned(q_out, t.query.nbytes) && pinned(k_out, t.key.nbytes)) {
+    const absl::Status s = backend->ApplyRopeInto(plan, q_in, k_in, q_out, k_out, env.ctx);
+    if (s.ok()) {
+      *served = BackendName(backend);
+      return s;
+    }
+    // Under AUTO a GPU that gave up leaves the call to the CPU, as
+    // RunWithFallback does; the outputs were not touched (DATA_LOSS says
+    // they were, and ends the call).
+    const bool gave_up = s.code() == absl::StatusCode::kUnimplemented ||
+                         (!backend->health().ok() && s.code() != absl::StatusCode::kDataLoss);
+    if (!gave_up || Resolve(env.backend) != BackendChoice::kAuto) return s;
+    backend = cpu_.get();
+  } else {
+    POSENC_ASSIGN_OR_RETURN(backend, ChargeStaging(env, backend, tensor_bytes));
+  }
+  // Aside: private copies, rotated, then copied to the outputs.
+  const auto copy = [](char* to, const char* from, size_t n) {
+    if (n > 0) std::memcpy(to, from, n);
+  };
+  ScratchPool::Buffer q_work, k_work;
+  POSENC_ASSIGN_OR_RETURN(
+      q_work,
+      scratch_.Lend(std::max<int64_t>(1, static_cast<int64_t>(t.query.nbytes)), env.admission));
+  copy(q_work.data(), q_in, t.query.nbytes);
+  if (has_key) {
+    POSENC_ASSIGN_OR_RETURN(
+        k_work,
+        scratch_.Lend(std::max<int64_t>(1, static_cast<int64_t>(t.key.nbytes)), env.admission));
+    copy(k_work.data(), k_in, t.key.nbytes);
+  }
+  POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
+    return b->ApplyRope(plan, q_work.data(), has_key ? k_work.data() : nullptr, env.ctx);
+  }));
+  copy(q_out, q_work.data(), t.query.nbytes);
+  if (has_key) copy(k_out, k_work.data(), t.key.nbytes);
+  *served = BackendName(backend);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTensors& t,

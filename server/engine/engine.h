@@ -100,8 +100,10 @@ struct CallEnv {
   bool tensors_on_device = false;
   // Which GPU they are on (the region's device id).
   int device = 0;
-  // RoPE on the device only: where the rotated query and key go instead of
-  // in place (another slice of CUDA shared memory; null: in place).
+  // RoPE only: where the rotated query and key go instead of in place
+  // (null: in place). With tensors_on_device, another slice of CUDA shared
+  // memory; else another slice of system shared memory, which receives
+  // finished values only (Engine::RopeIntoHost).
   char* query_out = nullptr;
   char* key_out = nullptr;
 };
@@ -224,6 +226,13 @@ class Engine {
   // Choose, for a call's host tensors of `bytes`: a GPU's staging of them
   // charged to the call (or, under AUTO, the CPU when that does not fit).
   [[nodiscard]] absl::StatusOr<Backend*> ChooseStaged(const CallEnv& env, int64_t bytes);
+  // ChooseStaged's charge for a backend already chosen.
+  [[nodiscard]] absl::StatusOr<Backend*> ChargeStaging(const CallEnv& env, Backend* backend,
+                                                       int64_t bytes);
+  // ApplyRope's work for host tensors whose results go to other host memory
+  // (env.query_out / key_out): see engine.cc. Sets *served.
+  [[nodiscard]] absl::Status RopeIntoHost(const RopePlan& plan, const RopeTensors& t,
+                                          const CallEnv& env, std::string* served);
   // Runs `run` on *backend; under AUTO, retries on the CPU (updating
   // *backend) when the GPU does not cover the request or has failed.
   [[nodiscard]] absl::Status RunWithFallback(BackendChoice requested, Backend** backend,

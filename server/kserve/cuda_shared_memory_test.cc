@@ -5,6 +5,7 @@
 // memory and the kernels are the emulated grid. Every result is compared
 // bit for bit with the same request sent with its tensors in the message
 // and computed by the CPU backend.
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -43,16 +44,16 @@ constexpr int64_t kQueryBytes = kTokens * kHeads * kDim * 4;  // FP32
 constexpr int64_t kRegionBytes = 4 * kQueryBytes;
 
 void Slice(google::protobuf::Map<std::string, inference::InferParameter>* p, int64_t size,
-           int64_t offset) {
-  (*p)[kShmRegion].set_string_param("gpu");
+           int64_t offset, const char* region = "gpu") {
+  (*p)[kShmRegion].set_string_param(region);
   (*p)[kShmByteSize].set_int64_param(size);
   (*p)[kShmOffset].set_int64_param(offset);
 }
 
-// A rope request for `query`: in region "gpu" at `in_offset` (-1: in the
+// A rope request for `query`: in `region` at `in_offset` (-1: in the
 // message), its output to the region at `out_offset` (-1: the answer).
 ModelInferRequest RopeRequest(const std::string& query, int64_t in_offset, int64_t out_offset,
-                              const char* backend = "") {
+                              const char* backend = "", const char* region = "gpu") {
   ModelInferRequest req;
   req.set_model_name("rope");
   auto* in = req.add_inputs();
@@ -60,13 +61,13 @@ ModelInferRequest RopeRequest(const std::string& query, int64_t in_offset, int64
   in->set_datatype("FP32");
   for (int64_t d : {int64_t{1}, kTokens, kHeads, kDim}) in->add_shape(d);
   if (in_offset >= 0) {
-    Slice(in->mutable_parameters(), kQueryBytes, in_offset);
+    Slice(in->mutable_parameters(), kQueryBytes, in_offset, region);
   } else {
     req.add_raw_input_contents(query);
   }
   auto* out = req.add_outputs();
   out->set_name("query_out");
-  if (out_offset >= 0) Slice(out->mutable_parameters(), kQueryBytes, out_offset);
+  if (out_offset >= 0) Slice(out->mutable_parameters(), kQueryBytes, out_offset, region);
   if (*backend != '\0') (*req.mutable_parameters())["backend"].set_string_param(backend);
   return req;
 }
@@ -202,6 +203,82 @@ TEST_F(CudaSharedMemoryOnFakeRuntime, ToAnotherDeviceSliceOnTheDevice) {
   EXPECT_EQ(failed.load(), 0);
   EXPECT_EQ(DeviceBytes(2 * kQueryBytes, kQueryBytes), want);
   EXPECT_EQ(DeviceBytes(0, kQueryBytes), query_);
+}
+
+// perf_analyzer's way with --shared-memory=system on a GPU server: the
+// input in one slice of a /dev/shm region, the output in another. The GPU
+// pinned the region when it was registered, so the query goes up from its
+// slice and comes back rotated straight into the output slice: no scratch
+// buffer, no host copy, each byte over the bus once each way. Calls the
+// CPU serves (asked for, or left to it by a GPU that gave up under AUTO)
+// rotate a private copy instead. Either way the input stays as it was and
+// the output receives the finished result only.
+TEST(SystemSharedMemoryOnAFakeGpu, RopeIntoAnotherSliceGoesStraightThroughTheDevice) {
+  testing::FakeGpuEngine gpu(BackendChoice::kAuto, /*auto_gpu_min_bytes=*/0);
+  Engine& engine = gpu.engine();
+  FakeDeviceRuntime& rt = gpu.runtime();
+  const std::string query = RandomQuery();
+  const std::string want = CpuResult(engine, query);
+  const std::string key = "/posenc-kserve-pinned-" + std::to_string(::getpid());
+  const int fd = ::open(("/dev/shm" + key).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, kRegionBytes), 0);
+  const absl::Status registered = engine.shared_memory().Register("sys", key, 0, kRegionBytes);
+  ::unlink(("/dev/shm" + key).c_str());
+  ASSERT_TRUE(registered.ok()) << registered;
+  EXPECT_EQ(rt.registered_bytes(), kRegionBytes) << "pinned by the GPU at registration";
+  ASSERT_EQ(::pwrite(fd, query.data(), kQueryBytes, 0), kQueryBytes);
+  const std::string poison(kQueryBytes, '\x7f');
+  const auto read = [&](int64_t offset) {
+    std::string s(kQueryBytes, '\0');
+    EXPECT_EQ(::pread(fd, s.data(), kQueryBytes, offset), kQueryBytes);
+    return s;
+  };
+  const auto run = [&](const char* backend, std::string* served) {
+    EXPECT_EQ(::pwrite(fd, poison.data(), kQueryBytes, 2 * kQueryBytes), kQueryBytes);
+    ModelInferResponse resp;
+    const absl::Status s =
+        RunOn(engine, RopeRequest(query, 0, 2 * kQueryBytes, backend, "sys"), &resp, served);
+    if (s.ok()) {
+      EXPECT_EQ(resp.outputs(0).parameters().at(kShmRegion).string_param(), "sys");
+      EXPECT_TRUE(resp.raw_output_contents().empty() || resp.raw_output_contents(0).empty());
+    }
+    return s;
+  };
+
+  std::string served;
+  const int64_t direct = rt.bytes_copied_direct();
+  ASSERT_TRUE(run("", &served).ok());
+  EXPECT_EQ(served, "cuda:0");
+  EXPECT_EQ(rt.bytes_copied_direct() - direct, 2 * kQueryBytes) << "up once, down once";
+  EXPECT_EQ(engine.scratch().idle_buffers(), 0) << "no scratch buffer was lent";
+  EXPECT_EQ(read(2 * kQueryBytes), want);
+  EXPECT_EQ(read(0), query);
+
+  // The GPU gives up (a launch that fails) under AUTO: the CPU, aside.
+  rt.FailNext(FakeDeviceRuntime::Op::kLaunch, cudaErrorInvalidValue);
+  ASSERT_TRUE(run("", &served).ok());
+  EXPECT_EQ(served, "cpu");
+  EXPECT_EQ(read(2 * kQueryBytes), want);
+  EXPECT_EQ(read(0), query);
+  EXPECT_EQ(engine.scratch().idle_buffers(), 1) << "the private copy's buffer, back in the pool";
+
+  // The CPU asked for: aside, reusing that buffer.
+  ASSERT_TRUE(run("cpu", &served).ok());
+  EXPECT_EQ(served, "cpu");
+  EXPECT_EQ(read(2 * kQueryBytes), want);
+  EXPECT_EQ(read(0), query);
+  EXPECT_EQ(engine.scratch().idle_buffers(), 1);
+
+  // CUDA asked for and the launch failing: the failure, the output as it was.
+  rt.FailNext(FakeDeviceRuntime::Op::kLaunch, cudaErrorInvalidValue);
+  EXPECT_FALSE(run("cuda", &served).ok());
+  EXPECT_EQ(read(2 * kQueryBytes), poison);
+  EXPECT_EQ(read(0), query);
+
+  ASSERT_TRUE(engine.shared_memory().Unregister("sys").ok());
+  EXPECT_EQ(rt.registered_bytes(), 0) << "unpinned once unregistered";
+  ::close(fd);
 }
 
 // Unregistering and registering the region again while calls use it:

@@ -210,8 +210,11 @@ absl::Status CheckHeadDim(const Model& model, InputSet& in) {
 //    is copied to the output's slice);
 //  - in shared memory, output to the same slice: in place there (in CUDA
 //    shared memory: on the device, by the CUDA backend, with no copy);
-//  - in CUDA shared memory, RoPE output to another slice on the same GPU:
-//    rotated on the device from one into the other (ApplyRopeInto);
+//  - RoPE, output to another slice of the same kind (system, or CUDA
+//    shared memory on the same GPU): from one into the other by the engine
+//    (Engine::ApplyRope's query_out / key_out): on the device (CUDA shared
+//    memory, or system shared memory the GPU pinned), else in the engine's
+//    scratch buffers;
 //  - in shared memory, output to another slice: in a scratch buffer (reused
 //    across calls, so no fresh pages), the result then copied there;
 //  - in shared memory, output to the answer (or not asked for): a private
@@ -225,7 +228,7 @@ absl::Status CheckHeadDim(const Model& model, InputSet& in) {
 // and rotating it in place would let one call rotate what another had
 // already rotated, and show a reader raw input meanwhile.
 absl::Status Place(Input* t, absl::string_view output, OutputSet& want, Engine& engine,
-                   Engine::Admission& admission, bool device_into = false) {
+                   Engine::Admission& admission, bool rope_into = false) {
   if (t == nullptr || !t->shm.has_value()) return absl::OkStatus();
   const std::string field = absl::StrCat("input \"", t->name, "\"");
   const ShmRef* out = want.ShmOf(output);
@@ -243,12 +246,16 @@ absl::Status Place(Input* t, absl::string_view output, OutputSet& want, Engine& 
         absl::StrCat("requested output \"", output, "\" has ", t->size(),
                      " bytes; its shared_memory_byte_size is ", out->byte_size));
   }
-  // RoPE from one slice of CUDA shared memory into another on the same GPU:
-  // the backend rotates a copy in its own device buffer and writes the
-  // finished result there (Backend::ApplyRopeInto), all on the device.
-  if (device_into && in.region->on_device() && out->region->on_device() &&
-      out->region->device_id() == in.region->device_id()) {
-    t->device_out = out->region->At(out->offset);
+  // RoPE from one slice into another: the engine rotates aside and writes
+  // finished results only (from CUDA shared memory, a copy in the
+  // backend's device buffer; from system shared memory, the same where the
+  // GPU pinned both slices, else a scratch buffer).
+  const bool same_kind =
+      in.region->on_device()
+          ? out->region->on_device() && out->region->device_id() == in.region->device_id()
+          : !out->region->on_device();
+  if (rope_into && same_kind) {
+    t->out = out->region->At(out->offset);
     want.MarkInPlace(output);
     return absl::OkStatus();
   }
@@ -282,13 +289,13 @@ absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params
   POSENC_RETURN_IF_ERROR(params.Finish(model.name));
   POSENC_RETURN_IF_ERROR(CheckHeadDim(model, in));
   POSENC_RETURN_IF_ERROR(Place(in.Find("query"), "query_out", want, engine, env.admission,
-                               /*device_into=*/true));
+                               /*rope_into=*/true));
   POSENC_RETURN_IF_ERROR(Place(in.Find("key"), "key_out", want, engine, env.admission,
-                               /*device_into=*/true));
+                               /*rope_into=*/true));
   env.tensors_on_device = OnDevice(in.Find("query")) || OnDevice(in.Find("key"));
   env.device = DeviceOf({in.Find("query"), in.Find("key")});
-  if (const Input* q = in.Find("query"); q != nullptr) env.query_out = q->device_out;
-  if (const Input* k = in.Find("key"); k != nullptr) env.key_out = k->device_out;
+  if (const Input* q = in.Find("query"); q != nullptr) env.query_out = q->out;
+  if (const Input* k = in.Find("key"); k != nullptr) env.key_out = k->out;
   RopeTensors t;
   t.query = in.Mutable("query");
   t.key = in.Mutable("key");

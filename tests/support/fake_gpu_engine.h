@@ -1,5 +1,6 @@
 // An Engine whose CUDA backend sits on the fake CUDA runtime
-// (fake_device_runtime.h), with CUDA shared memory on, and helpers to play
+// (fake_device_runtime.h), with system and CUDA shared memory on (system
+// regions pinned by the fake GPU, as a GPU server's are), and helpers to play
 // the other process: allocate "device" memory (host memory the test may
 // read and write directly) and hand out its IPC handle. For tests of the
 // fronts' CUDA shared-memory paths on machines without a GPU.
@@ -18,15 +19,20 @@ namespace posenc::testing {
 
 class FakeGpuEngine {
  public:
-  explicit FakeGpuEngine(BackendChoice default_backend = BackendChoice::kAuto) {
+  // auto_gpu_min_bytes: AUTO's size threshold (EngineOptions; 0 sends
+  // every AUTO call to the GPU).
+  explicit FakeGpuEngine(BackendChoice default_backend = BackendChoice::kAuto,
+                         int64_t auto_gpu_min_bytes = int64_t{1} << 20) {
     DeviceInfo info;
     info.name = "fake";
     info.uuid = "GPU-00000000-0000-0000-0000-000000000000";
     auto cuda = cuda::CreateCudaBackendOn(rt_, 0, info, 132);
     EXPECT_TRUE(cuda.ok()) << cuda.status();
     server::EngineOptions o;
+    o.shared_memory.enabled = true;
     o.shared_memory.cuda_enabled = true;
     o.auto_by_measured_cost = false;
+    o.auto_gpu_min_bytes = auto_gpu_min_bytes;
     o.cpu_threads = 1;
     o.default_backend = default_backend;
     auto engine = server::Engine::CreateWith(o, CreateCpuBackend(1), std::move(*cuda), "");

@@ -77,6 +77,9 @@ class Backend {
   // Unpin before the memory goes away. Default: nothing to do.
   virtual absl::Status PinHostMemory(void* /*p*/, size_t /*bytes*/) { return absl::OkStatus(); }
   virtual void UnpinHostMemory(void* /*p*/) {}
+  // Whether [p, p + bytes) lies inside host memory this backend pinned
+  // (PinHostMemory succeeded for it). Default: false.
+  virtual bool HostPinned(const void* /*p*/, size_t /*bytes*/) const { return false; }
   // Host memory the backend keeps between calls, at most (the CUDA
   // backend's pinned staging buffers), for a server to hold in its memory
   // budget. A call may stage its own tensors in more while it runs: as many
@@ -102,10 +105,13 @@ class Backend {
   }
   virtual void CloseSharedDeviceMemory(void* /*p*/) {}
   // RoPE from query (and key) into query_out (and key_out), every one of
-  // them in memory from OpenSharedDeviceMemory: the outputs receive only
-  // finished values and the inputs stay as they were (another caller may
-  // be reading the outputs, or writing the same ones). Default:
-  // UNIMPLEMENTED (a backend with no device memory).
+  // them in memory from OpenSharedDeviceMemory, or every one in host memory
+  // this backend pinned (HostPinned): the outputs receive only finished
+  // values and the inputs stay as they were (another caller may be reading
+  // the outputs, or writing the same ones). An output may be its own input
+  // (rotated in place). INVALID_ARGUMENT, before anything runs, for
+  // tensors in neither. Default: UNIMPLEMENTED (a backend with no device
+  // memory).
   [[nodiscard]] virtual absl::Status ApplyRopeInto(const RopePlan& /*plan*/, const void* /*query*/,
                                                    const void* /*key*/, void* /*query_out*/,
                                                    void* /*key_out*/, const RunContext& /*ctx*/) {

@@ -199,18 +199,28 @@ class CudaBackend final : public Backend {
     POSENC_ASSIGN_OR_RETURN(
         const bool resident,
         Resident({{query, q_bytes}, {key, k_bytes}, {query_out, q_bytes}, {key_out, k_bytes}}));
-    if (!resident && !plan.empty()) {
+    // Host tensors and outputs must all be pinned: the call then moves them
+    // straight between host and device (Rope's direct path), and the
+    // device buffer is where the inputs are rotated aside.
+    const auto pinned = [&](const void* p, size_t n) { return n == 0 || InPinned(p, n); };
+    if (!resident && !plan.empty() &&
+        !(pinned(query, q_bytes) && pinned(key, k_bytes) && pinned(query_out, q_bytes) &&
+          pinned(key_out, k_bytes))) {
       return absl::InvalidArgumentError(
-          "ApplyRopeInto takes tensors and outputs in shared device memory only");
+          "ApplyRopeInto takes tensors and outputs in shared device memory, or all in host memory "
+          "pinned with this backend");
     }
     return Rope(plan, const_cast<void*>(query), const_cast<void*>(key), query_out, key_out, ctx);
   }
 
+  bool HostPinned(const void* p, size_t bytes) const override { return InPinned(p, bytes); }
+
  private:
   // RoPE in place (`query_out` null), or from query / key into query_out /
-  // key_out, all in shared device memory: copied into the worker's device
-  // buffer, rotated there, and copied out, so the outputs receive finished
-  // values only and the inputs stay as they were.
+  // key_out, all in shared device memory or all in pinned host memory:
+  // copied into the worker's device buffer, rotated there, and copied out,
+  // so the outputs receive finished values only and the inputs stay as
+  // they were.
   absl::Status Rope(const RopePlan& plan, void* query, void* key, void* query_out, void* key_out,
                     const RunContext& ctx) {
     POSENC_RETURN_IF_ERROR(health());
@@ -221,7 +231,8 @@ class CudaBackend final : public Backend {
     const size_t k_bytes =
         plan.has_key ? plan.num_tokens * plan.key_heads * plan.head_dim * esize : 0;
     POSENC_ASSIGN_OR_RETURN(const bool resident, Resident({{query, q_bytes}, {key, k_bytes}}));
-    const bool into = query_out != nullptr;  // REQUIRES: resident (ApplyRopeInto)
+    // REQUIRES: every tensor resident, or pinned (ApplyRopeInto).
+    const bool into = query_out != nullptr;
     const std::vector<int32_t> token_set = cuda::TokenFreqSets(plan);
     const bool per_token_sets = !token_set.empty();
     Layout l;
@@ -236,6 +247,12 @@ class CudaBackend final : public Backend {
     const size_t q_token = q_bytes / plan.num_tokens, k_token = k_bytes / plan.num_tokens;
     const bool direct =
         !resident && InPinned(query, q_bytes) && (k_bytes == 0 || InPinned(key, k_bytes));
+    if (into && !resident && !direct) {
+      // ApplyRopeInto found them pinned; a region is unpinned only once no
+      // call uses it, so this is a caller's broken promise, not a race.
+      return absl::FailedPreconditionError(
+          "RoPE into other host memory: the inputs are not pinned");
+    }
     const Staging st =
         StagingOf(resident, direct, q_bytes + k_bytes, q_token + k_token, side_bytes, l.size());
     const bool chunked = st.chunked, staged = st.staged;
@@ -304,21 +321,21 @@ class CudaBackend final : public Backend {
                       : Check(rt_.MemcpyAsync(to, from, n, cudaMemcpyDeviceToDevice, w.stream),
                               "cudaMemcpyAsync, device to device");
       };
-      if (into) {
+      if (into && resident) {
         POSENC_RETURN_IF_ERROR(d2d(w.device + q_at, query, q_bytes));
         POSENC_RETURN_IF_ERROR(d2d(w.device + k_at, key, k_bytes));
       }
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(rt_.LaunchRope(p, sm_count_, w.stream),
                                    "launching the RoPE kernel", CudaCall::kLaunch));
-      if (into) {
+      if (into && resident) {
         POSENC_RETURN_IF_ERROR(d2d(query_out, w.device + q_at, q_bytes));
         POSENC_RETURN_IF_ERROR(d2d(key_out, w.device + k_at, k_bytes));
       }
       if (resident) return Check(rt_.StreamSynchronize(w.stream), "waiting for the RoPE kernel");
       if (direct) {
-        return DownloadDirect(w,
-                              {{query, w.device + q_at, q_bytes}, {key, w.device + k_at, k_bytes}});
+        return DownloadDirect(w, {{into ? query_out : query, w.device + q_at, q_bytes},
+                                  {into ? key_out : key, w.device + k_at, k_bytes}});
       }
       POSENC_CUDA(
           rt_.MemcpyAsync(h + q_at, w.device + q_at, q_bytes, cudaMemcpyDeviceToHost, w.stream));

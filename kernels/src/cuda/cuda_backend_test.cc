@@ -542,6 +542,77 @@ TEST(CudaBackendOnFakeRuntime, PinnedHostMemorySkipsStaging) {
   ExpectMatchesCpu(c, Bytes(q, q + qn), Bytes(k, k + kn));
 }
 
+// RoPE from pinned host memory into other pinned host memory (KServe
+// outputs in slices of their own): the inputs go up, are rotated in the
+// device buffer, and the results come straight down into the outputs. No
+// host copy, the inputs stay as they were, and the outputs receive only
+// finished values: a failure before the results come down leaves them.
+TEST(CudaBackendOnFakeRuntime, RopeIntoPinnedHostMemoryMovesEachByteOnceEachWay) {
+  FakeDeviceRuntime rt;
+  auto b = OnFake(rt);
+  ASSERT_NE(b, nullptr);
+  const RopeCase c(40, testing::Rng()());
+  const size_t qn = c.q.size(), kn = c.k.size();
+  std::vector<uint64_t> words((2 * (qn + kn) + 4096) / 8 + 1);
+  char* region = reinterpret_cast<char*>(words.data());
+  ASSERT_TRUE(b->PinHostMemory(region, words.size() * 8).ok());
+  char* q = region + 64;
+  char* k = q + qn;
+  char* q_out = k + kn + 2;  // any alignment: the device buffer is aligned
+  char* k_out = q_out + qn;
+  std::memcpy(q, c.q.data(), qn);
+  std::memcpy(k, c.k.data(), kn);
+  const Bytes poison(qn + kn, 0x7f);
+  RopeTensors t;
+  t.query = {DType::kBFloat16, {1, c.tokens, 8, 64}, q, qn};
+  t.key = {DType::kBFloat16, {1, c.tokens, 2, 64}, k, kn};
+  std::vector<int64_t> offsets = {17};
+  t.positions.offsets = testing::IntView(offsets, {1});
+  auto plan = PlanRope(RopeOptions{}, t);
+  ASSERT_TRUE(plan.ok());
+  const auto outputs = [&] { return Bytes(q_out, q_out + qn + kn); };
+  auto run = [&](void* qo, void* ko) {
+    std::memcpy(q_out, poison.data(), qn + kn);
+    return b->ApplyRopeInto(*plan, q, k, qo, ko, {});
+  };
+
+  ASSERT_TRUE(run(q_out, k_out).ok());
+  EXPECT_EQ(rt.bytes_copied_direct(), static_cast<int64_t>(2 * (qn + kn)))
+      << "each input up once, each result down once, straight from and to the region";
+  EXPECT_LT(rt.pinned_bytes_in_use(), static_cast<int64_t>(qn + kn))
+      << "the pinned buffer holds the side tables only";
+  EXPECT_EQ(Bytes(q, q + qn), c.q) << "the input stays as it was";
+  EXPECT_EQ(Bytes(k, k + kn), c.k);
+  ExpectMatchesCpu(c, Bytes(q_out, q_out + qn), Bytes(k_out, k_out + kn));
+
+  // An output outside the pinned memory: refused before anything runs.
+  Bytes elsewhere(kn, 0x7f);
+  const int launches = rt.launches();
+  EXPECT_EQ(run(q_out, elsewhere.data()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rt.launches(), launches);
+  EXPECT_EQ(outputs(), poison);
+  EXPECT_EQ(elsewhere, Bytes(kn, 0x7f));
+
+  // A failed launch, and a first copy down that fails: the outputs were
+  // never written. A second copy down failing once the first is queued:
+  // DATA_LOSS. The inputs stay as they were throughout.
+  rt.FailNext(FakeDeviceRuntime::Op::kLaunch, cudaErrorInvalidValue);
+  EXPECT_EQ(run(q_out, k_out).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(outputs(), poison);
+  rt.FailNext(FakeDeviceRuntime::Op::kMemcpy, cudaErrorInvalidValue, /*skip=*/3);
+  EXPECT_NE(run(q_out, k_out).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(outputs(), poison);
+  rt.FailNext(FakeDeviceRuntime::Op::kMemcpy, cudaErrorInvalidValue, /*skip=*/4);
+  EXPECT_EQ(run(q_out, k_out).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(Bytes(q, q + qn), c.q);
+  EXPECT_EQ(Bytes(k, k + kn), c.k);
+
+  // An output that is its own input: rotated in place, as ApplyRope does.
+  ASSERT_TRUE(run(q, k_out).ok());
+  ExpectMatchesCpu(c, Bytes(q, q + qn), Bytes(k_out, k_out + kn));
+  b->UnpinHostMemory(region);
+}
+
 // Pinning is best effort: refused, calls still work (staged).
 TEST(CudaBackendOnFakeRuntime, PinningThatFailsChangesNothing) {
   FakeDeviceRuntime rt;
