@@ -487,10 +487,20 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
   // A tensor without an output of its own is rotated in place.
   char* q_out = env.query_out != nullptr ? env.query_out : q_in;
   char* k_out = !has_key ? nullptr : env.key_out != nullptr ? env.key_out : k_in;
+  const auto pinned_on = [&](const Backend* b) {
+    const auto pinned = [b](const void* p, size_t n) { return n == 0 || b->HostPinned(p, n); };
+    return b != nullptr && b->kind() == BackendKind::kCuda && pinned(q_in, t.query.nbytes) &&
+           pinned(k_in, t.key.nbytes) && pinned(q_out, t.query.nbytes) &&
+           pinned(k_out, t.key.nbytes);
+  };
   POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, tensor_bytes));
-  const auto pinned = [&](const void* p, size_t n) { return n == 0 || backend->HostPinned(p, n); };
-  if (backend->kind() == BackendKind::kCuda && pinned(q_in, t.query.nbytes) &&
-      pinned(k_in, t.key.nbytes) && pinned(q_out, t.query.nbytes) && pinned(k_out, t.key.nbytes)) {
+  // Only the primary GPU pins regions: a call sent to another GPU goes to
+  // the primary instead, where it needs no host copy.
+  if (backend->kind() == BackendKind::kCuda && !pinned_on(backend) && pinned_on(primary()) &&
+      primary()->health().ok()) {
+    backend = primary();
+  }
+  if (pinned_on(backend)) {
     const absl::Status s = backend->ApplyRopeInto(plan, q_in, k_in, q_out, k_out, env.ctx);
     if (s.ok()) {
       *served = BackendName(backend);
@@ -506,26 +516,36 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
   } else {
     POSENC_ASSIGN_OR_RETURN(backend, ChargeStaging(env, backend, tensor_bytes));
   }
-  // Aside: private copies, rotated, then copied to the outputs.
-  const auto copy = [](char* to, const char* from, size_t n) {
-    if (n > 0) std::memcpy(to, from, n);
+  // Aside: a tensor with an output of its own is rotated in a private copy
+  // (an engine scratch buffer), then copied there; one rotated in place
+  // only needs to be aligned.
+  struct Work {
+    MutableTensor tensor;
+    char* out;
+    ScratchPool::Buffer copy;
   };
-  ScratchPool::Buffer q_work, k_work;
-  POSENC_ASSIGN_OR_RETURN(
-      q_work,
-      scratch_.Lend(std::max<int64_t>(1, static_cast<int64_t>(t.query.nbytes)), env.admission));
-  copy(q_work.data(), q_in, t.query.nbytes);
-  if (has_key) {
-    POSENC_ASSIGN_OR_RETURN(
-        k_work,
-        scratch_.Lend(std::max<int64_t>(1, static_cast<int64_t>(t.key.nbytes)), env.admission));
-    copy(k_work.data(), k_in, t.key.nbytes);
+  Work q{t.query, q_out, {}}, k{t.key, k_out, {}};
+  AlignedWork aligned(env.admission);
+  for (Work* w : {&q, &k}) {
+    if (!w->tensor.present()) continue;
+    if (w->out == w->tensor.data) {
+      POSENC_RETURN_IF_ERROR(aligned.Align(w->tensor));
+      continue;
+    }
+    const auto bytes = static_cast<int64_t>(w->tensor.nbytes);
+    POSENC_ASSIGN_OR_RETURN(w->copy, scratch_.Lend(std::max<int64_t>(1, bytes), env.admission));
+    if (bytes > 0) std::memcpy(w->copy.data(), w->tensor.data, w->tensor.nbytes);
+    w->tensor.data = w->copy.data();
   }
+  // The copies must be of the caller's bytes before anything is written.
+  if (env.inputs_intact) POSENC_RETURN_IF_ERROR(env.inputs_intact());
   POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
-    return b->ApplyRope(plan, q_work.data(), has_key ? k_work.data() : nullptr, env.ctx);
+    return b->ApplyRope(plan, q.tensor.data, has_key ? k.tensor.data : nullptr, env.ctx);
   }));
-  copy(q_out, q_work.data(), t.query.nbytes);
-  if (has_key) copy(k_out, k_work.data(), t.key.nbytes);
+  for (Work* w : {&q, &k}) {
+    if (w->copy && w->tensor.nbytes > 0) std::memcpy(w->out, w->copy.data(), w->tensor.nbytes);
+  }
+  aligned.CopyBack();
   *served = BackendName(backend);
   return absl::OkStatus();
 }

@@ -106,6 +106,11 @@ struct CallEnv {
   // finished values only (Engine::RopeIntoHost).
   char* query_out = nullptr;
   char* key_out = nullptr;
+  // Host inputs RoPE copies before it writes query_out / key_out: whether
+  // their memory is still the caller's (a truncated shared-memory object
+  // reads as zeros, see GuardedMapping), so that a call whose inputs were
+  // lost writes nothing there. Null: nothing to check.
+  std::function<absl::Status()> inputs_intact;
 };
 
 // Where a tensor an operation produces (a table, a built bias) goes: a

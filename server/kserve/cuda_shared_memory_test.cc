@@ -281,6 +281,42 @@ TEST(SystemSharedMemoryOnAFakeGpu, RopeIntoAnotherSliceGoesStraightThroughTheDev
   ::close(fd);
 }
 
+// An input whose object the caller truncated (after the request found its
+// region, before the server read it) reads as zeros: the call fails, and
+// the output slice, which other calls may share, is left as it was rather
+// than given the rotated zeros.
+TEST(SystemSharedMemoryOnAFakeGpu, AnInputTruncatedUnderTheCallWritesNothingToTheOutputSlice) {
+  testing::FakeGpuEngine gpu;
+  Engine& engine = gpu.engine();
+  const std::string query = RandomQuery();
+  std::vector<std::string> keys;
+  std::vector<int> fds;
+  for (const char* name : {"in", "out"}) {
+    keys.push_back(absl::StrCat("/posenc-kserve-truncated-", name, "-", ::getpid()));
+    fds.push_back(::open(("/dev/shm" + keys.back()).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600));
+    ASSERT_GE(fds.back(), 0);
+    ASSERT_EQ(::ftruncate(fds.back(), kQueryBytes), 0);
+    const absl::Status s = engine.shared_memory().Register(name, keys.back(), 0, kQueryBytes);
+    ::unlink(("/dev/shm" + keys.back()).c_str());
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  ASSERT_EQ(::pwrite(fds[0], query.data(), kQueryBytes, 0), kQueryBytes);
+  const std::string poison(kQueryBytes, '\x7f');
+  ASSERT_EQ(::pwrite(fds[1], poison.data(), kQueryBytes, 0), kQueryBytes);
+  ASSERT_EQ(::ftruncate(fds[0], 0), 0);
+  ModelInferRequest req = RopeRequest(query, 0, -1, "cpu", "in");
+  Slice(req.mutable_outputs(0)->mutable_parameters(), kQueryBytes, 0, "out");
+  ModelInferResponse resp;
+  std::string served;
+  const absl::Status s = RunOn(engine, std::move(req), &resp, &served);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("truncated"), std::string::npos) << s;
+  std::string out(kQueryBytes, '\0');
+  ASSERT_EQ(::pread(fds[1], out.data(), kQueryBytes, 0), kQueryBytes);
+  EXPECT_EQ(out, poison);
+  for (int fd : fds) ::close(fd);
+}
+
 // Unregistering and registering the region again while calls use it:
 // every call either finds it (and computes right) or is told it is not
 // registered; an unregister waits for the calls holding it, and every
@@ -394,6 +430,7 @@ TEST(CudaSharedMemoryOnTwoFakeGpus, RegionsRunOnTheirDeviceAndStagedCallsSpread)
     gpus.push_back({device, std::move(*b)});
   }
   EngineOptions o;
+  o.shared_memory.enabled = true;
   o.shared_memory.cuda_enabled = true;
   o.auto_by_measured_cost = false;
   o.default_backend = BackendChoice::kCuda;
@@ -434,6 +471,36 @@ TEST(CudaSharedMemoryOnTwoFakeGpus, RegionsRunOnTheirDeviceAndStagedCallsSpread)
   const absl::Status s = engine.shared_memory().RegisterCuda("gpu2", raw, 2, kRegionBytes);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("device(s) 0, 1"), std::string::npos) << s;
+
+  // A system region is pinned by the primary GPU (0) only: RoPE from one
+  // of its slices into another goes there every time, with no host copy,
+  // rather than in turn to GPU 1, which would stage it.
+  const std::string key = "/posenc-kserve-two-gpus-" + std::to_string(::getpid());
+  const int fd = ::open(("/dev/shm" + key).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, kRegionBytes), 0);
+  ASSERT_EQ(::pwrite(fd, query.data(), kQueryBytes, 0), kQueryBytes);
+  const absl::Status sys = engine.shared_memory().Register("sys", key, 0, kRegionBytes);
+  ::unlink(("/dev/shm" + key).c_str());
+  ASSERT_TRUE(sys.ok()) << sys;
+  EXPECT_EQ(rt0.registered_bytes(), kRegionBytes);
+  EXPECT_EQ(rt1.registered_bytes(), 0);
+  const int64_t direct0 = rt0.bytes_copied_direct();
+  const int launches1 = rt1.launches();
+  for (int i = 0; i < 4; ++i) {
+    ModelInferResponse r;
+    ASSERT_TRUE(
+        RunOn(engine, RopeRequest(query, 0, 2 * kQueryBytes, "", "sys"), &r, &backend).ok());
+    EXPECT_EQ(backend, "cuda:0");
+    std::string out(kQueryBytes, '\0');
+    ASSERT_EQ(::pread(fd, out.data(), kQueryBytes, 2 * kQueryBytes), kQueryBytes);
+    EXPECT_EQ(out, want);
+  }
+  EXPECT_EQ(rt0.bytes_copied_direct() - direct0, 4 * 2 * kQueryBytes);
+  EXPECT_EQ(rt1.launches(), launches1);
+  EXPECT_EQ(engine.scratch().idle_buffers(), 0);
+  ASSERT_TRUE(engine.shared_memory().Unregister("sys").ok());
+  ::close(fd);
 
   // GPU 1 loses its context: staged calls all go to GPU 0, and the server
   // stays ready.

@@ -93,7 +93,8 @@ class OutputSet {
     const Wanted* w = Find(name);
     return w != nullptr && w->shm.has_value() ? &*w->shm : nullptr;
   }
-  // The output `name` is computed in its slice itself (see Place).
+  // The output `name` reaches its slice without Add: computed there, or
+  // written there by the engine (see Place).
   void MarkInPlace(absl::string_view name) {
     for (Wanted& w : wanted_) w.in_place = w.in_place || w.name == name;
   }
@@ -119,7 +120,7 @@ class OutputSet {
 
   // Adds an output: its raw contents move into the answer, or its bytes go
   // to the shared-memory slice the caller named (which must hold them),
-  // unless they were computed there (MarkInPlace).
+  // unless they are there already (MarkInPlace).
   // `computed`, when given, holds the result instead of `data` (a scratch
   // buffer; see Place).
   absl::Status Add(absl::string_view name, const char* datatype, const std::vector<int64_t>& shape,
@@ -170,7 +171,7 @@ class OutputSet {
   struct Wanted {
     std::string name;
     std::optional<ShmRef> shm;
-    bool in_place = false;  // computed in its slice
+    bool in_place = false;  // in its slice once the work is done (MarkInPlace)
   };
   const Wanted* Find(absl::string_view name) const {
     for (const Wanted& w : wanted_) {
@@ -215,7 +216,8 @@ absl::Status CheckHeadDim(const Model& model, InputSet& in) {
 //    (Engine::ApplyRope's query_out / key_out): on the device (CUDA shared
 //    memory, or system shared memory the GPU pinned), else in the engine's
 //    scratch buffers;
-//  - in shared memory, output to another slice: in a scratch buffer (reused
+//  - otherwise in shared memory, output to another slice (other
+//    operations, or slices of different kinds): in a scratch buffer (reused
 //    across calls, so no fresh pages), the result then copied there;
 //  - in shared memory, output to the answer (or not asked for): a private
 //    copy, admitted first, that moves into the answer.
@@ -296,6 +298,17 @@ absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params
   env.device = DeviceOf({in.Find("query"), in.Find("key")});
   if (const Input* q = in.Find("query"); q != nullptr) env.query_out = q->out;
   if (const Input* k = in.Find("key"); k != nullptr) env.key_out = k->out;
+  // Inputs the engine copies before it writes another slice: a region
+  // truncated meanwhile reads as zeros, which must not reach that slice.
+  env.inputs_intact = [&in]() -> absl::Status {
+    for (const char* name : {"query", "key"}) {
+      const Input* i = in.Find(name);
+      if (i != nullptr && i->shm.has_value()) {
+        POSENC_RETURN_IF_ERROR(i->shm->region->CheckIntact(absl::StrCat("input \"", name, "\"")));
+      }
+    }
+    return absl::OkStatus();
+  };
   RopeTensors t;
   t.query = in.Mutable("query");
   t.key = in.Mutable("key");
