@@ -10,13 +10,15 @@
 # by the calls it answered OK, so the client's own cost is left out.
 #   bench/shared_memory.sh [ROUNDS]   (after scripts/build.sh and
 #                                      scripts/install-kserve-tools.sh)
+# POSENC_SERVER: another posenc-server binary to drive (an older commit's,
+# for a before/after in the same hour).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 rounds=${1:-2}
 venv=$root/build/kserve-venv
 export LD_LIBRARY_PATH=$(dirname "$(find "$venv" -name libcudart.so.12 | head -1)")
 work=$(mktemp -d)
-"$root/build/server/posenc-server" --listen=127.0.0.1:0 --port_file="$work/port" \
+"${POSENC_SERVER:-$root/build/server/posenc-server}" --listen=127.0.0.1:0 --port_file="$work/port" \
   --metrics_listen=127.0.0.1:0 --log_level=info --enable_system_shared_memory \
   --max_request_bytes=$((128 << 20)) \
   > "$work/server.log" 2>&1 &
