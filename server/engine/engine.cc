@@ -131,7 +131,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithGpus(
     // are calls on the other GPUs).
     Backend* gpu = e->primary();
     e->shared_memory_.SetPinning(
-        [gpu](char* p, int64_t n) { gpu->PinHostMemory(p, static_cast<size_t>(n)).IgnoreError(); },
+        [gpu](char* p, int64_t n) { return gpu->PinHostMemory(p, static_cast<size_t>(n)).ok(); },
         [gpu](char* p) { gpu->UnpinHostMemory(p); });
     // CUDA regions are opened by the backend of their device, once.
     Engine* engine = e.get();

@@ -87,7 +87,7 @@ SharedMemoryRegion::SharedMemoryRegion(std::string name, std::string key, int64_
                                        int64_t byte_size, std::string client,
                                        std::unique_ptr<GuardedMapping> mapping,
                                        AdmissionControl::Ticket admitted,
-                                       std::function<void(char*)> unpin)
+                                       std::function<void(char*)> unpin, int pinned_fd)
     : name_(std::move(name)),
       key_(std::move(key)),
       offset_(offset),
@@ -95,7 +95,8 @@ SharedMemoryRegion::SharedMemoryRegion(std::string name, std::string key, int64_
       client_(std::move(client)),
       mapping_(std::move(mapping)),
       admitted_(std::move(admitted)),
-      unpin_(std::move(unpin)) {}
+      unpin_(std::move(unpin)),
+      pinned_fd_(pinned_fd) {}
 
 SharedMemoryRegion::SharedMemoryRegion(std::string name, int64_t byte_size, std::string client,
                                        DeviceMemory device)
@@ -111,6 +112,7 @@ SharedMemoryRegion::~SharedMemoryRegion() {
     return;
   }
   if (unpin_) unpin_(mapping_->data());
+  if (pinned_fd_ >= 0) ::close(pinned_fd_);
 }
 
 absl::Status SharedMemoryRegion::CheckSlice(absl::string_view field, int64_t offset,
@@ -125,7 +127,13 @@ absl::Status SharedMemoryRegion::CheckSlice(absl::string_view field, int64_t off
 
 absl::Status SharedMemoryRegion::CheckIntact(absl::string_view field) const {
   // A CUDA allocation cannot shrink under an open handle.
-  if (mapping_ == nullptr || !mapping_->broken()) return absl::OkStatus();
+  if (mapping_ == nullptr) return absl::OkStatus();
+  bool truncated = mapping_->broken();
+  if (!truncated && pinned_fd_ >= 0) {
+    struct stat st;
+    truncated = ::fstat(pinned_fd_, &st) != 0 || st.st_size < offset_ + byte_size_;
+  }
+  if (!truncated) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       field, ": shared memory region \"", Shown(name_), "\" (key ", Shown(key_),
       ") was truncated while the server used it; unregister it and register the object again"));
@@ -294,8 +302,9 @@ absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string
     if (e == EMFILE || e == ENFILE) return absl::ResourceExhaustedError(what);
     return absl::InvalidArgumentError(what);
   }
-  // The mapping holds its own reference to the object.
-  const auto close_fd = absl::MakeCleanup([fd] { ::close(fd); });
+  // The mapping holds its own reference to the object; a pinned region
+  // keeps the descriptor too, to see the object's size (CheckIntact).
+  auto close_fd = absl::MakeCleanup([fd] { ::close(fd); });
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(
@@ -319,11 +328,12 @@ absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string
   POSENC_ASSIGN_OR_RETURN(
       std::unique_ptr<GuardedMapping> mapping,
       GuardedMapping::Map(fd, static_cast<int64_t>(offset), static_cast<int64_t>(byte_size)));
-  if (pin_) pin_(mapping->data(), mapping->size());
+  const bool pinned = pin_ && pin_(mapping->data(), mapping->size());
+  if (pinned) std::move(close_fd).Cancel();
   auto region = std::make_shared<SharedMemoryRegion>(
       std::string(name), std::string(key), static_cast<int64_t>(offset),
       static_cast<int64_t>(byte_size), std::string(client), std::move(mapping), std::move(admitted),
-      unpin_);
+      unpin_, pinned ? fd : -1);
   std::lock_guard<std::mutex> lock(mu_);
   POSENC_RETURN_IF_ERROR(taken_or_full());
   AddLocked(std::string(name), std::move(region));

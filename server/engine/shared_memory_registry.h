@@ -80,9 +80,12 @@ struct DeviceMemory {
 // another process, opened by the backend of its device.
 class SharedMemoryRegion {
  public:
+  // `pinned_fd`: the object's descriptor (owned) when the mapping is pinned
+  // for a device, else -1 (see CheckIntact).
   SharedMemoryRegion(std::string name, std::string key, int64_t offset, int64_t byte_size,
                      std::string client, std::unique_ptr<GuardedMapping> mapping,
-                     AdmissionControl::Ticket admitted, std::function<void(char*)> unpin = nullptr);
+                     AdmissionControl::Ticket admitted, std::function<void(char*)> unpin = nullptr,
+                     int pinned_fd = -1);
   // A CUDA region.
   SharedMemoryRegion(std::string name, int64_t byte_size, std::string client, DeviceMemory device);
   // Unpins (see SharedMemoryRegistry::SetPinning), then unmaps; or closes
@@ -126,7 +129,11 @@ class SharedMemoryRegion {
                                    absl::string_view data) const;
   // FAILED_PRECONDITION naming `field` once the caller has truncated the
   // object under the mapping (whatever the server read or wrote there since
-  // is void); OK before. Checked after every use.
+  // is void); OK before. Checked after every use. The server's own touch of
+  // a truncated page shows it (GuardedMapping::broken); a pinned mapping
+  // is also checked against the object's size, because a device reads and
+  // writes the pages it pinned without faulting (a shrink is seen; a
+  // shrink followed by a regrow before the check is not).
   [[nodiscard]] absl::Status CheckIntact(absl::string_view field) const;
 
  private:
@@ -140,6 +147,7 @@ class SharedMemoryRegion {
   const AdmissionControl::Ticket admitted_;  // its bytes in the budget
   const std::function<void(char*)> unpin_;   // or null
   const DeviceMemory device_;                // a CUDA region's (else data is null)
+  const int pinned_fd_ = -1;                 // see the constructor
   // Requests holding the region (see Find); Unregister waits for none.
   mutable std::mutex mu_;
   mutable std::condition_variable unused_;
@@ -158,13 +166,13 @@ class SharedMemoryRegistry {
   bool enabled() const { return options_.enabled; }
   // Each region's mapping is handed to `pin` once mapped and to `unpin`
   // before it is unmapped: the CUDA backend registers it as pinned memory,
-  // so calls on its tensors skip the staging copy. Set once, before the
-  // first registration. A caller that truncates its object under a pinned
-  // mapping gets zero pages mapped over it (guarded_mapping.h) while the
-  // device keeps the pages it pinned: whatever a call then computes there
-  // is void, and the call fails as "truncated" (CheckIntact), as without a
-  // GPU.
-  void SetPinning(std::function<void(char*, int64_t)> pin, std::function<void(char*)> unpin) {
+  // so calls on its tensors skip the staging copy. `pin` says whether it
+  // pinned (best effort: an unpinned region is staged). Set once, before
+  // the first registration. A caller that truncates its object under a
+  // pinned mapping leaves the device the pages it pinned, which it reads
+  // and writes without a fault: CheckIntact then compares the object's
+  // size, and the call fails as "truncated", as without a GPU.
+  void SetPinning(std::function<bool(char*, int64_t)> pin, std::function<void(char*)> unpin) {
     pin_ = std::move(pin);
     unpin_ = std::move(unpin);
   }
@@ -236,7 +244,7 @@ class SharedMemoryRegistry {
 
   const SharedMemoryOptions options_;
   AdmissionControl* const admission_;
-  std::function<void(char*, int64_t)> pin_;
+  std::function<bool(char*, int64_t)> pin_;
   std::function<void(char*)> unpin_;
   DeviceOpener open_device_;
   std::string device_unavailable_ = "this server has no GPU";

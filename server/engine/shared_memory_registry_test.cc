@@ -229,11 +229,15 @@ TEST(SharedMemoryTest, RegionsArePinnedWhileMapped) {
   SharedMemoryRegistry r(On(), Budget());
   std::map<char*, int64_t> pinned;
   int unpins = 0;
-  r.SetPinning([&](char* p, int64_t n) { pinned[p] = n; },
-               [&](char* p) {
-                 EXPECT_EQ(pinned.erase(p), 1u);
-                 ++unpins;
-               });
+  r.SetPinning(
+      [&](char* p, int64_t n) {
+        pinned[p] = n;
+        return true;
+      },
+      [&](char* p) {
+        EXPECT_EQ(pinned.erase(p), 1u);
+        ++unpins;
+      });
   ShmObject obj(1 << 20);
   ASSERT_TRUE(r.Register("a", obj.key(), 4096, 8192).ok());
   ASSERT_EQ(pinned.size(), 1u);
@@ -252,6 +256,35 @@ TEST(SharedMemoryTest, RegionsArePinnedWhileMapped) {
   // A refused registration pins nothing.
   EXPECT_FALSE(r.Register("b", obj.key(), 0, 2 << 20).ok());
   EXPECT_TRUE(pinned.empty());
+}
+
+// A device reads and writes the pages it pinned without a fault, so no
+// SIGBUS marks a truncated object there: a pinned region also compares the
+// object's size. Truncated below the slice's end (and nothing touched),
+// it is FAILED_PRECONDITION; an unpinned region shows the truncation when
+// the server touches it (TruncatedUnderTheMappingIsAnErrorNotASignal).
+TEST(SharedMemoryTest, APinnedRegionSeesItsObjectShrinkWithoutTouchingIt) {
+  SharedMemoryRegistry r(On(), Budget());
+  bool pin = true;
+  r.SetPinning([&](char*, int64_t) { return pin; }, [](char*) {});
+  ShmObject obj(1 << 20);
+  ASSERT_TRUE(r.Register("pinned", obj.key(), 4096, 8192).ok());
+  pin = false;
+  ASSERT_TRUE(r.Register("unpinned", obj.key(), 4096, 8192).ok());
+  auto pinned = r.Find("x", "pinned");
+  auto unpinned = r.Find("x", "unpinned");
+  ASSERT_TRUE(pinned.ok() && unpinned.ok());
+  EXPECT_TRUE((*pinned)->CheckIntact("input 0").ok());
+  obj.Truncate(4096 + 8192);  // the slice's end: still whole
+  EXPECT_TRUE((*pinned)->CheckIntact("input 0").ok());
+  obj.Truncate(4096 + 8191);
+  const absl::Status s = (*pinned)->CheckIntact("input 0");
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("truncated"), std::string::npos) << s;
+  EXPECT_TRUE((*unpinned)->CheckIntact("input 0").ok()) << "untouched: nothing seen yet";
+  pinned->reset();
+  unpinned->reset();
+  ASSERT_TRUE(r.Unregister("").ok());
 }
 
 TEST(SharedMemoryTest, TruncatedUnderTheMappingIsAnErrorNotASignal) {
