@@ -348,21 +348,24 @@ absl::Status CheckDeviceAligned(const MutableTensor& t, absl::string_view what) 
 absl::Status Engine::RunWithFallback(BackendChoice requested, Backend** backend,
                                      const std::function<absl::Status(Backend*)>& run) {
   absl::Status s = run(*backend);
-  requested = Resolve(requested);
+  if (!s.ok() && LeavesToTheCpu(requested, **backend, s)) {
+    *backend = cpu_.get();
+    s = run(*backend);
+  }
+  return s;
+}
+
+bool Engine::LeavesToTheCpu(BackendChoice requested, const Backend& backend,
+                            const absl::Status& s) const {
   // Under AUTO the CPU serves what the GPU kernels do not cover
   // (UNIMPLEMENTED) or what a failing GPU could not do; the GPU path only
   // writes the caller's buffers once its kernels have succeeded. DATA_LOSS
   // says a copy failed after the results had begun to arrive: the buffers
   // are partly written, so nothing runs on them again.
   const bool gpu_gave_up = s.code() == absl::StatusCode::kUnimplemented ||
-                           ((*backend)->kind() == BackendKind::kCuda &&
-                            !(*backend)->health().ok() && s.code() != absl::StatusCode::kDataLoss);
-  if (!s.ok() && gpu_gave_up && requested == BackendChoice::kAuto &&
-      (*backend)->kind() == BackendKind::kCuda) {
-    *backend = cpu_.get();
-    s = run(*backend);
-  }
-  return s;
+                           (!backend.health().ok() && s.code() != absl::StatusCode::kDataLoss);
+  return gpu_gave_up && Resolve(requested) == BackendChoice::kAuto &&
+         backend.kind() == BackendKind::kCuda;
 }
 
 absl::Status Engine::Ready() const {
@@ -489,29 +492,29 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
   char* k_out = !has_key ? nullptr : env.key_out != nullptr ? env.key_out : k_in;
   const auto pinned_on = [&](const Backend* b) {
     const auto pinned = [b](const void* p, size_t n) { return n == 0 || b->HostPinned(p, n); };
-    return b != nullptr && b->kind() == BackendKind::kCuda && pinned(q_in, t.query.nbytes) &&
-           pinned(k_in, t.key.nbytes) && pinned(q_out, t.query.nbytes) &&
-           pinned(k_out, t.key.nbytes);
+    return pinned(q_in, t.query.nbytes) && pinned(k_in, t.key.nbytes) &&
+           pinned(q_out, t.query.nbytes) && pinned(k_out, t.key.nbytes);
   };
   POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, tensor_bytes));
-  // Only the primary GPU pins regions: a call sent to another GPU goes to
-  // the primary instead, where it needs no host copy.
-  if (backend->kind() == BackendKind::kCuda && !pinned_on(backend) && pinned_on(primary()) &&
-      primary()->health().ok()) {
-    backend = primary();
+  // The GPU that rotates them with no host copy: the one chosen, or, since
+  // only the primary pins regions, the primary for a call sent to another.
+  Backend* direct = nullptr;
+  if (backend->kind() == BackendKind::kCuda) {
+    if (pinned_on(backend)) {
+      direct = backend;
+    } else if (primary()->health().ok() && pinned_on(primary())) {
+      direct = primary();
+    }
   }
-  if (pinned_on(backend)) {
+  if (direct != nullptr) {
+    backend = direct;
     const absl::Status s = backend->ApplyRopeInto(plan, q_in, k_in, q_out, k_out, env.ctx);
     if (s.ok()) {
       *served = BackendName(backend);
       return s;
     }
-    // Under AUTO a GPU that gave up leaves the call to the CPU, as
-    // RunWithFallback does; the outputs were not touched (DATA_LOSS says
-    // they were, and ends the call).
-    const bool gave_up = s.code() == absl::StatusCode::kUnimplemented ||
-                         (!backend->health().ok() && s.code() != absl::StatusCode::kDataLoss);
-    if (!gave_up || Resolve(env.backend) != BackendChoice::kAuto) return s;
+    // A GPU that gave up leaves the outputs untouched, as RunWithFallback's.
+    if (!LeavesToTheCpu(env.backend, *backend, s)) return s;
     backend = cpu_.get();
   } else {
     POSENC_ASSIGN_OR_RETURN(backend, ChargeStaging(env, backend, tensor_bytes));

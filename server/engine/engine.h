@@ -242,6 +242,9 @@ class Engine {
   // *backend) when the GPU does not cover the request or has failed.
   [[nodiscard]] absl::Status RunWithFallback(BackendChoice requested, Backend** backend,
                                              const std::function<absl::Status(Backend*)>& run);
+  // Whether a call that failed with `s` on `backend` is retried on the CPU
+  // (RunWithFallback's rule): under AUTO, a GPU that gave up.
+  bool LeavesToTheCpu(BackendChoice requested, const Backend& backend, const absl::Status& s) const;
   // RESOURCE_EXHAUSTED when an answer's tensors exceed --max_request_bytes or
   // its message exceeds --max_message_bytes (the transport would drop it
   // after the work was done).

@@ -264,6 +264,17 @@ absl::Status Place(Input* t, absl::string_view output, OutputSet& want, Engine& 
   return t->MakeScratch(field, engine.scratch(), admission);
 }
 
+// FAILED_PRECONDITION when the caller truncated the region of an input in
+// shared memory (see GuardedMapping): what was read there is void.
+absl::Status InputsIntact(InputSet& in) {
+  for (Input& i : in.all()) {
+    if (i.shm.has_value()) {
+      POSENC_RETURN_IF_ERROR(i.shm->region->CheckIntact(absl::StrCat("input \"", i.name, "\"")));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Whether `t` is computed in place in CUDA shared memory (see Place).
 bool OnDevice(const Input* t) {
   return t != nullptr && t->shm.has_value() && !t->scratch && t->shm->region->on_device();
@@ -300,15 +311,7 @@ absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params
   if (const Input* k = in.Find("key"); k != nullptr) env.key_out = k->out;
   // Inputs the engine copies before it writes another slice: a region
   // truncated meanwhile reads as zeros, which must not reach that slice.
-  env.inputs_intact = [&in]() -> absl::Status {
-    for (const char* name : {"query", "key"}) {
-      const Input* i = in.Find(name);
-      if (i != nullptr && i->shm.has_value()) {
-        POSENC_RETURN_IF_ERROR(i->shm->region->CheckIntact(absl::StrCat("input \"", name, "\"")));
-      }
-    }
-    return absl::OkStatus();
-  };
+  env.inputs_intact = [&in] { return InputsIntact(in); };
   RopeTensors t;
   t.query = in.Mutable("query");
   t.key = in.Mutable("key");
@@ -439,10 +442,7 @@ absl::Status RunInfer(Engine& engine, const Model& model, inference::ModelInferR
   // What the call read or wrote in a region the caller truncated meanwhile
   // is void (GuardedMapping): the call fails, whatever it computed.
   if (s.ok()) {
-    for (Input& i : in.all()) {
-      if (i.shm.has_value())
-        s.Update(i.shm->region->CheckIntact(absl::StrCat("input \"", i.name, "\"")));
-    }
+    s.Update(InputsIntact(in));
     s.Update(want.CheckIntact());
   }
   if (traffic != nullptr) {

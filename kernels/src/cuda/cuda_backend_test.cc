@@ -64,7 +64,6 @@ struct RopeCase {
     RopeTensors t;
     RopeOptions o;
     o.layout = layout;
-    std::vector<int64_t> offsets = {17};
     std::vector<int64_t> cu = {0, tokens / 3, tokens};
     if (layout == RopeLayout::kTHD) {
       t.query = testing::Mutable(DType::kBFloat16, {tokens, 8, 64}, *qo);
@@ -86,9 +85,19 @@ struct RopeCase {
     if (!plan.ok()) return plan.status();
     return b.ApplyRope(*plan, t.query.data, t.key.data, {});
   }
+  // The case's BSHD tensors laid at q and k (memory of the test's: a
+  // pinned region, shared device memory), positions as Run gives them.
+  RopeTensors TensorsAt(char* q, char* k) const {
+    RopeTensors t;
+    t.query = {DType::kBFloat16, {1, tokens, 8, 64}, q, this->q.size()};
+    t.key = {DType::kBFloat16, {1, tokens, 2, 64}, k, this->k.size()};
+    t.positions.offsets = testing::IntView(offsets, {1});
+    return t;
+  }
   int64_t tokens;
   RopeLayout layout;
   Bytes q, k;
+  std::vector<int64_t> offsets = {17};
 };
 
 void ExpectMatchesCpu(const RopeCase& c, const Bytes& q, const Bytes& k) {
@@ -494,11 +503,7 @@ TEST(CudaBackendOnFakeRuntime, PinnedHostMemorySkipsStaging) {
   auto run = [&] {
     std::memcpy(q, c.q.data(), qn);
     std::memcpy(k, c.k.data(), kn);
-    RopeTensors t;
-    t.query = {DType::kBFloat16, {1, c.tokens, 8, 64}, q, qn};
-    t.key = {DType::kBFloat16, {1, c.tokens, 2, 64}, k, kn};
-    std::vector<int64_t> offsets = {17};
-    t.positions.offsets = testing::IntView(offsets, {1});
+    RopeTensors t = c.TensorsAt(q, k);
     auto plan = PlanRope(RopeOptions{}, t);
     EXPECT_TRUE(plan.ok());
     return b->ApplyRope(*plan, q, k, {});
@@ -563,11 +568,7 @@ TEST(CudaBackendOnFakeRuntime, RopeIntoPinnedHostMemoryMovesEachByteOnceEachWay)
   std::memcpy(q, c.q.data(), qn);
   std::memcpy(k, c.k.data(), kn);
   const Bytes poison(qn + kn, 0x7f);
-  RopeTensors t;
-  t.query = {DType::kBFloat16, {1, c.tokens, 8, 64}, q, qn};
-  t.key = {DType::kBFloat16, {1, c.tokens, 2, 64}, k, kn};
-  std::vector<int64_t> offsets = {17};
-  t.positions.offsets = testing::IntView(offsets, {1});
+  RopeTensors t = c.TensorsAt(q, k);
   auto plan = PlanRope(RopeOptions{}, t);
   ASSERT_TRUE(plan.ok());
   const auto outputs = [&] { return Bytes(q_out, q_out + qn + kn); };
@@ -650,11 +651,7 @@ TEST(CudaBackendOnFakeRuntime, ComputesInSharedDeviceMemoryWithoutMovingTheTenso
   char* k = q + qn;
   std::memcpy(q, c.q.data(), qn);  // the fake's device memory is host memory
   std::memcpy(k, c.k.data(), kn);
-  RopeTensors t;
-  t.query = {DType::kBFloat16, {1, c.tokens, 8, 64}, q, qn};
-  t.key = {DType::kBFloat16, {1, c.tokens, 2, 64}, k, kn};
-  std::vector<int64_t> offsets = {17};
-  t.positions.offsets = testing::IntView(offsets, {1});
+  RopeTensors t = c.TensorsAt(q, k);
   auto plan = PlanRope(RopeOptions{}, t);
   ASSERT_TRUE(plan.ok());
   const int64_t copied = rt.bytes_copied();
