@@ -4,11 +4,14 @@
 // (under round_robin, on the next replica); without it the caller sees it.
 #include <atomic>
 #include <cstdio>
+#include <memory>
 #include <thread>
 #include <vector>
 
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "posenc/client.h"
+#include "posenc/v1/posenc.grpc.pb.h"
 #include "server_process.h"
 
 namespace posenc {
@@ -43,6 +46,72 @@ int RefusalsSeen(int port, bool retry, int* ok) {
   return refused;
 }
 
+// A replica that answers every ApplyRope with one status and counts the
+// attempts that reached it: what the channel's retry policy does, without
+// the timing of a real overload.
+class RefusingService final : public v1::PositionalEncoding::CallbackService {
+ public:
+  explicit RefusingService(grpc::StatusCode code) : code_(code) {}
+  grpc::ServerUnaryReactor* ApplyRope(grpc::CallbackServerContext* ctx, const v1::RopeRequest*,
+                                      v1::RopeResponse*) override {
+    attempts_.fetch_add(1);
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status(code_, "refused by the test's replica"));
+    return reactor;
+  }
+  int TakeAttempts() { return attempts_.exchange(0); }
+
+ private:
+  const grpc::StatusCode code_;
+  std::atomic<int> attempts_{0};
+};
+
+// Attempts one call makes against a replica that always answers `code`.
+int AttemptsAgainst(grpc::StatusCode code, bool retry_resource_exhausted, absl::StatusCode* seen) {
+  RefusingService service(code);
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  EXPECT_NE(server, nullptr);
+  EXPECT_GT(port, 0);
+  ClientOptions o;
+  o.target = "127.0.0.1:" + std::to_string(port);
+  o.retry_resource_exhausted = retry_resource_exhausted;
+  o.max_attempts = 5;
+  o.health_check_service = "";  // the replica serves no health service
+  o.initial_backoff = absl::Milliseconds(1);
+  o.max_backoff = absl::Milliseconds(4);
+  auto client = Client::Create(o);
+  EXPECT_TRUE(client.ok()) << client.status();
+  std::vector<float> q(1 * 4 * 2 * 8, 0.5f);
+  RopeTensors t;
+  t.query = MutableTensor{DType::kFloat32, {1, 4, 2, 8}, q.data(), q.size() * 4};
+  *seen = (*client)->ApplyRope({}, t).code();
+  client->reset();
+  server->Shutdown();
+  return service.TakeAttempts();
+}
+
+TEST(ClientRetry, TheRetryPolicyDecidesHowOftenARefusedCallGoesAgain) {
+  absl::StatusCode seen;
+  EXPECT_EQ(AttemptsAgainst(grpc::StatusCode::RESOURCE_EXHAUSTED, false, &seen), 1);
+  EXPECT_EQ(seen, absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(AttemptsAgainst(grpc::StatusCode::RESOURCE_EXHAUSTED, true, &seen), 5);
+  EXPECT_EQ(seen, absl::StatusCode::kResourceExhausted);
+  // UNAVAILABLE goes again whatever the RESOURCE_EXHAUSTED setting.
+  EXPECT_EQ(AttemptsAgainst(grpc::StatusCode::UNAVAILABLE, false, &seen), 5);
+  EXPECT_EQ(seen, absl::StatusCode::kUnavailable);
+  // A refusal that says the request was wrong never goes again.
+  EXPECT_EQ(AttemptsAgainst(grpc::StatusCode::INVALID_ARGUMENT, true, &seen), 1);
+  EXPECT_EQ(seen, absl::StatusCode::kInvalidArgument);
+}
+
+// The same policy against the real server overloaded. How many refusals
+// retries absorb depends on timing (typically 9 in 10; under a loaded host
+// as few as 3 in 4), so the bound is loose; the exact counts are the test
+// above's.
 TEST(ClientRetry, ResourceExhaustedIsRetriedOnlyWhenAsked) {
   testing::ServerProcess server;
   ASSERT_TRUE(server.Start(POSENC_SERVER_BINARY,
@@ -54,7 +123,7 @@ TEST(ClientRetry, ResourceExhaustedIsRetriedOnlyWhenAsked) {
   std::printf("160 calls each: without retry %d refused (%d ok); with retry %d refused (%d ok)\n",
               without, ok_without, with, ok_with);
   ASSERT_GT(without, 8) << "the server was not overloaded; nothing was tested";
-  EXPECT_LT(with * 4, without) << "retries should absorb most refusals";
+  EXPECT_LT(with * 2, without) << "retries should absorb most refusals";
   EXPECT_GT(ok_with, ok_without);
 }
 
