@@ -22,7 +22,11 @@ namespace posenc::server {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   POSENC_RETURN_IF_ERROR(options.Validate());
-  POSENC_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(options.engine));
+  EngineOptions engine_options = options.engine;
+  if (!engine_options.warn) {
+    engine_options.warn = [](absl::string_view m) { spdlog::warn("{}", std::string(m)); };
+  }
+  POSENC_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(engine_options));
   return StartWith(options, std::move(engine));
 }
 

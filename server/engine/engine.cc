@@ -131,7 +131,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithGpus(
     // are calls on the other GPUs).
     Backend* gpu = e->primary();
     e->shared_memory_.SetPinning(
-        [gpu](char* p, int64_t n) { return gpu->PinHostMemory(p, static_cast<size_t>(n)).ok(); },
+        [gpu, device = options.cuda_device, warn = options.warn](absl::string_view name, char* p,
+                                                                 int64_t n) {
+          const absl::Status pinned = gpu->PinHostMemory(p, static_cast<size_t>(n));
+          if (!pinned.ok() && warn) {
+            warn(absl::StrCat("shared memory region \"", name, "\" (", n,
+                              " bytes) is not pinned for cuda:", device,
+                              ", so its calls there are staged through pinned buffers: ",
+                              pinned.message()));
+          }
+          return pinned.ok();
+        },
         [gpu](char* p) { gpu->UnpinHostMemory(p); });
     // CUDA regions are opened by the backend of their device, once.
     Engine* engine = e.get();

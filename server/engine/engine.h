@@ -71,6 +71,12 @@ struct EngineOptions {
   // Shared-memory regions (shared_memory_registry.h), for both fronts.
   SharedMemoryOptions shared_memory;
 
+  // Where the engine reports what no caller's status shows: a system
+  // region the GPU would not pin, whose calls are then staged (slower, and
+  // otherwise unexplained). Null: not reported. The server logs it as a
+  // warning.
+  std::function<void(absl::string_view)> warn;
+
   // max_message_bytes, or what 0 stands for.
   int64_t message_limit() const {
     return max_message_bytes > 0 ? max_message_bytes

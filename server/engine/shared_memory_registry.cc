@@ -328,7 +328,7 @@ absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string
   POSENC_ASSIGN_OR_RETURN(
       std::unique_ptr<GuardedMapping> mapping,
       GuardedMapping::Map(fd, static_cast<int64_t>(offset), static_cast<int64_t>(byte_size)));
-  const bool pinned = pin_ && pin_(mapping->data(), mapping->size());
+  const bool pinned = pin_ && pin_(name, mapping->data(), mapping->size());
   if (pinned) std::move(close_fd).Cancel();
   auto region = std::make_shared<SharedMemoryRegion>(
       std::string(name), std::string(key), static_cast<int64_t>(offset),

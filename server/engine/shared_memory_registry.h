@@ -164,7 +164,7 @@ class SharedMemoryRegistry {
                        int64_t keep_free = 0);
 
   bool enabled() const { return options_.enabled; }
-  // Each region's mapping is handed to `pin` once mapped and to `unpin`
+  // Each region's mapping is handed to `pin` (with its name) once mapped and to `unpin`
   // before it is unmapped: the CUDA backend registers it as pinned memory,
   // so calls on its tensors skip the staging copy. `pin` says whether it
   // pinned (best effort: an unpinned region is staged). Set once, before
@@ -172,7 +172,8 @@ class SharedMemoryRegistry {
   // pinned mapping leaves the device the pages it pinned, which it reads
   // and writes without a fault: CheckIntact then compares the object's
   // size, and the call fails as "truncated", as without a GPU.
-  void SetPinning(std::function<bool(char*, int64_t)> pin, std::function<void(char*)> unpin) {
+  using Pin = std::function<bool(absl::string_view name, char* p, int64_t bytes)>;
+  void SetPinning(Pin pin, std::function<void(char*)> unpin) {
     pin_ = std::move(pin);
     unpin_ = std::move(unpin);
   }
@@ -244,7 +245,7 @@ class SharedMemoryRegistry {
 
   const SharedMemoryOptions options_;
   AdmissionControl* const admission_;
-  std::function<bool(char*, int64_t)> pin_;
+  Pin pin_;
   std::function<void(char*)> unpin_;
   DeviceOpener open_device_;
   std::string device_unavailable_ = "this server has no GPU";

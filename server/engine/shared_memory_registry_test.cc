@@ -228,10 +228,12 @@ TEST(SharedMemoryTest, OneClientCannotTakeEveryRegion) {
 TEST(SharedMemoryTest, RegionsArePinnedWhileMapped) {
   SharedMemoryRegistry r(On(), Budget());
   std::map<char*, int64_t> pinned;
+  std::string pinned_name;
   int unpins = 0;
   r.SetPinning(
-      [&](char* p, int64_t n) {
+      [&](absl::string_view name, char* p, int64_t n) {
         pinned[p] = n;
+        pinned_name = std::string(name);
         return true;
       },
       [&](char* p) {
@@ -245,6 +247,7 @@ TEST(SharedMemoryTest, RegionsArePinnedWhileMapped) {
   ASSERT_TRUE(held.ok());
   EXPECT_EQ(pinned.begin()->first, (*held)->At(0));
   EXPECT_EQ(pinned.begin()->second, 8192);
+  EXPECT_EQ(pinned_name, "a");
   std::thread later([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     held->reset();
@@ -266,7 +269,7 @@ TEST(SharedMemoryTest, RegionsArePinnedWhileMapped) {
 TEST(SharedMemoryTest, APinnedRegionSeesItsObjectShrinkWithoutTouchingIt) {
   SharedMemoryRegistry r(On(), Budget());
   bool pin = true;
-  r.SetPinning([&](char*, int64_t) { return pin; }, [](char*) {});
+  r.SetPinning([&](absl::string_view, char*, int64_t) { return pin; }, [](char*) {});
   ShmObject obj(1 << 20);
   ASSERT_TRUE(r.Register("pinned", obj.key(), 4096, 8192).ok());
   pin = false;

@@ -281,6 +281,49 @@ TEST(SystemSharedMemoryOnAFakeGpu, RopeIntoAnotherSliceGoesStraightThroughTheDev
   ::close(fd);
 }
 
+// A region the GPU will not pin (cudaHostRegister refused: say, the
+// device's limit on locked memory) still serves its calls, staged through
+// the backend's pinned buffers, and the server's log says why it is slower.
+TEST(SystemSharedMemoryOnAFakeGpu, ARegionTheGpuWillNotPinIsStagedAndTheLogSaysWhy) {
+  std::vector<std::string> warnings;
+  testing::FakeGpuEngine gpu(BackendChoice::kCuda, int64_t{1} << 20,
+                             [&](absl::string_view m) { warnings.emplace_back(m); });
+  Engine& engine = gpu.engine();
+  FakeDeviceRuntime& rt = gpu.runtime();
+  const std::string query = RandomQuery();
+  const std::string want = CpuResult(engine, query);
+  const std::string key = "/posenc-kserve-unpinned-" + std::to_string(::getpid());
+  const int fd = ::open(("/dev/shm" + key).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, kRegionBytes), 0);
+  rt.FailNext(FakeDeviceRuntime::Op::kHostRegister, cudaErrorHostMemoryAlreadyRegistered);
+  const absl::Status registered = engine.shared_memory().Register("sys", key, 0, kRegionBytes);
+  ::unlink(("/dev/shm" + key).c_str());
+  ASSERT_TRUE(registered.ok()) << registered;
+  EXPECT_EQ(rt.registered_bytes(), 0);
+  ASSERT_EQ(warnings.size(), 1u);
+  for (const char* said : {"\"sys\"", "not pinned for cuda:0", "cudaHostRegister"}) {
+    EXPECT_NE(warnings[0].find(said), std::string::npos) << said << " in: " << warnings[0];
+  }
+  ASSERT_EQ(::pwrite(fd, query.data(), kQueryBytes, 0), kQueryBytes);
+  const std::string poison(kQueryBytes, '\x7f');
+  ASSERT_EQ(::pwrite(fd, poison.data(), kQueryBytes, 2 * kQueryBytes), kQueryBytes);
+  ModelInferResponse resp;
+  std::string served;
+  const int64_t direct = rt.bytes_copied_direct();
+  ASSERT_TRUE(RunOn(engine, RopeRequest(query, 0, 2 * kQueryBytes, "", "sys"), &resp, &served).ok());
+  EXPECT_EQ(served, "cuda:0");
+  EXPECT_EQ(rt.bytes_copied_direct(), direct) << "nothing straight from the unpinned region";
+  std::string out(kQueryBytes, '\0');
+  ASSERT_EQ(::pread(fd, out.data(), kQueryBytes, 2 * kQueryBytes), kQueryBytes);
+  EXPECT_EQ(out, want);
+  ASSERT_EQ(::pread(fd, out.data(), kQueryBytes, 0), kQueryBytes);
+  EXPECT_EQ(out, query);
+  ASSERT_TRUE(engine.shared_memory().Unregister("sys").ok());
+  EXPECT_EQ(warnings.size(), 1u);
+  ::close(fd);
+}
+
 // An input whose object the caller truncated (after the request found its
 // region, before the server read it) reads as zeros: the call fails, and
 // the output slice, which other calls may share, is left as it was rather

@@ -91,6 +91,7 @@ int64_t FakeDeviceRuntime::registered_bytes() const {
 }
 
 cudaError_t FakeDeviceRuntime::HostRegister(void* p, size_t bytes) {
+  if (before_host_register_) before_host_register_();
   std::lock_guard<std::mutex> lock(mu_);
   if (cudaError_t e = Injection(Op::kHostRegister); e != cudaSuccess) return Result(e);
   if (p == nullptr || bytes == 0 || OnDevice(p, 1) || Within(registered_, p, 1) ||

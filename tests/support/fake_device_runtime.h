@@ -70,6 +70,10 @@ class FakeDeviceRuntime final : public cuda::DeviceRuntime {
   cudaIpcMemHandle_t IpcHandleOf(void* p) const;
   // Handles opened and not yet closed.
   int ipc_open() const;
+  // Runs at the start of every HostRegister, outside the fake's lock (a
+  // test holds a registration there, as a large one takes time on a GPU).
+  // Set before the calls that may run it.
+  void set_before_host_register(std::function<void()> f) { before_host_register_ = std::move(f); }
 
   cudaError_t SetDevice(int device) override;
   cudaError_t StreamCreate(cudaStream_t* stream) override;
@@ -127,6 +131,7 @@ class FakeDeviceRuntime final : public cuda::DeviceRuntime {
   int64_t bytes_copied_direct_ = 0;
   int next_stream_ = 1;
   int ordinal_ = 0;
+  std::function<void()> before_host_register_;
 };
 
 }  // namespace posenc::testing

@@ -7,8 +7,11 @@
 #ifndef POSENC_TESTS_SUPPORT_FAKE_GPU_ENGINE_H_
 #define POSENC_TESTS_SUPPORT_FAKE_GPU_ENGINE_H_
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cuda_backend.h"
 #include "engine/engine.h"
@@ -20,9 +23,10 @@ namespace posenc::testing {
 class FakeGpuEngine {
  public:
   // auto_gpu_min_bytes: AUTO's size threshold (EngineOptions; 0 sends
-  // every AUTO call to the GPU).
+  // every AUTO call to the GPU); warn: EngineOptions::warn.
   explicit FakeGpuEngine(BackendChoice default_backend = BackendChoice::kAuto,
-                         int64_t auto_gpu_min_bytes = int64_t{1} << 20) {
+                         int64_t auto_gpu_min_bytes = int64_t{1} << 20,
+                         std::function<void(absl::string_view)> warn = nullptr) {
     DeviceInfo info;
     info.name = "fake";
     info.uuid = "GPU-00000000-0000-0000-0000-000000000000";
@@ -35,6 +39,7 @@ class FakeGpuEngine {
     o.auto_gpu_min_bytes = auto_gpu_min_bytes;
     o.cpu_threads = 1;
     o.default_backend = default_backend;
+    o.warn = std::move(warn);
     auto engine = server::Engine::CreateWith(o, CreateCpuBackend(1), std::move(*cuda), "");
     EXPECT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);

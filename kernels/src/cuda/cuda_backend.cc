@@ -495,12 +495,16 @@ class CudaBackend final : public Backend {
 
   absl::Status PinHostMemory(void* p, size_t bytes) override {
     POSENC_RETURN_IF_ERROR(health());
-    std::lock_guard<std::mutex> lock(pinned_mu_);
+    // cudaHostRegister locks every page of the range, which takes a while
+    // for a large region: the lock covers the map only, so calls asking
+    // InPinned do not wait behind it. (One range is pinned and unpinned by
+    // its one owner, never concurrently.)
     POSENC_CUDA(rt_.SetDevice(device_));
     POSENC_RETURN_IF_ERROR(
         Check(rt_.HostRegister(p, bytes), absl::StrCat("registering ", bytes,
                                                        " bytes of host memory with the device "
                                                        "(cudaHostRegister)")));
+    std::lock_guard<std::mutex> lock(pinned_mu_);
     pinned_[reinterpret_cast<uintptr_t>(p)] = bytes;
     return absl::OkStatus();
   }

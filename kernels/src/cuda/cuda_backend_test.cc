@@ -6,7 +6,9 @@
 #include "cuda_backend.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <random>
 #include <string>
 #include <thread>
@@ -612,6 +614,46 @@ TEST(CudaBackendOnFakeRuntime, RopeIntoPinnedHostMemoryMovesEachByteOnceEachWay)
   ASSERT_TRUE(run(q, k_out).ok());
   ExpectMatchesCpu(c, Bytes(q, q + qn), Bytes(k_out, k_out + kn));
   b->UnpinHostMemory(region);
+}
+
+// cudaHostRegister of a large region takes a while (it locks each page):
+// calls on memory pinned earlier go on meanwhile. The registration here is
+// held until the call is done, or 20 s: a backend that holds its lock
+// across the registration lets the call finish only after it.
+TEST(CudaBackendOnFakeRuntime, CallsOnPinnedMemoryDoNotWaitBehindAnotherPinning) {
+  FakeDeviceRuntime rt;
+  auto b = OnFake(rt);
+  ASSERT_NE(b, nullptr);
+  const RopeCase c(40, testing::Rng()());
+  const size_t qn = c.q.size(), kn = c.k.size();
+  std::vector<uint64_t> first((qn + kn) / 8 + 1), second(4096);
+  char* q = reinterpret_cast<char*>(first.data());
+  char* k = q + qn;
+  ASSERT_TRUE(b->PinHostMemory(q, first.size() * 8).ok());
+  std::promise<void> registering, call_done;
+  bool call_finished_first = false;
+  rt.set_before_host_register([&] {
+    registering.set_value();
+    call_finished_first = call_done.get_future().wait_for(std::chrono::seconds(20)) ==
+                          std::future_status::ready;
+  });
+  std::thread pin([&] { EXPECT_TRUE(b->PinHostMemory(second.data(), second.size() * 8).ok()); });
+  registering.get_future().wait();
+  std::memcpy(q, c.q.data(), qn);
+  std::memcpy(k, c.k.data(), kn);
+  RopeTensors t = c.TensorsAt(q, k);
+  auto plan = PlanRope(RopeOptions{}, t);
+  ASSERT_TRUE(plan.ok());
+  const int64_t direct = rt.bytes_copied_direct();
+  EXPECT_TRUE(b->ApplyRope(*plan, q, k, {}).ok());
+  call_done.set_value();
+  pin.join();
+  EXPECT_TRUE(call_finished_first) << "the call waited for the other region's registration";
+  EXPECT_EQ(rt.bytes_copied_direct() - direct, static_cast<int64_t>(2 * (qn + kn)));
+  ExpectMatchesCpu(c, Bytes(q, q + qn), Bytes(k, k + kn));
+  EXPECT_TRUE(b->HostPinned(second.data(), second.size() * 8));
+  b->UnpinHostMemory(second.data());
+  b->UnpinHostMemory(q);
 }
 
 // Pinning is best effort: refused, calls still work (staged).
