@@ -9,6 +9,12 @@
 // Prints a table, and JSON with --json=PATH. --only=rope|sinusoidal|alibi|small
 // runs one section (the others are skipped); --filter=TEXT runs only the
 // cases whose name contains TEXT (for profiling one of them).
+// --only=through runs a section the default run leaves out: RoPE from one
+// buffer into another, as a KServe call from one shared-memory slice into
+// another, through work memory block by block (Backend::ApplyRopeThrough)
+// and the way it went before (a whole copy in, ApplyRope there, a whole copy
+// out, on one thread as the engine made them); "vs copy" is the figure
+// there, since one copy is the least such a call can move.
 // --positions=one|cycle16 gives the sinusoidal cases' tokens one position, or
 // positions 0-15 over and over, instead of 0-4095: tables that stay in L1,
 // or all 16 offset rows with one anchor row, to tell what the add's tables
@@ -219,6 +225,41 @@ int main(int argc, char** argv) {
     if (!plan.ok()) return 1;
     results.push_back(bench.Measure(
         name, logits.size(), [&] { (void)cpu->ApplyAttentionBias(*plan, logits.data(), {}); }));
+  }
+
+  for (posenc::DType dtype : {posenc::DType::kFloat32, posenc::DType::kBFloat16}) {
+    if (only != "through") break;
+    for (posenc::RopeLayout layout : {posenc::RopeLayout::kBSHD, posenc::RopeLayout::kBHSD}) {
+      for (bool through : {true, false}) {
+        const std::string name = std::string(through ? "rope through " : "rope aside ") +
+                                 posenc::DTypeName(dtype) + " neox " +
+                                 (layout == posenc::RopeLayout::kBHSD ? "bhsd" : "bshd") +
+                                 " 4096x(32+8)x128";
+        if (!bench.Wanted(name)) continue;
+        std::vector<uint8_t> q, k;
+        posenc::RopePlan plan;
+        (void)RopeKernel(*cpu, dtype, posenc::RopeStyle::kNeox, layout, 4096, q, k, &plan);
+        std::vector<uint8_t> q_work(q.size()), k_work(k.size()), q_out(q.size()), k_out(k.size());
+        posenc::RopeThrough t;
+        t.query = q.data();
+        t.key = k.data();
+        t.query_work = q_work.data();
+        t.key_work = k_work.data();
+        t.query_out = q_out.data();
+        t.key_out = k_out.data();
+        std::function<void()> kernel = [&] { (void)cpu->ApplyRopeThrough(plan, t, {}); };
+        if (!through) {
+          kernel = [&] {
+            std::memcpy(q_work.data(), q.data(), q.size());
+            std::memcpy(k_work.data(), k.data(), k.size());
+            (void)cpu->ApplyRope(plan, q_work.data(), k_work.data(), {});
+            std::memcpy(q_out.data(), q_work.data(), q.size());
+            std::memcpy(k_out.data(), k_work.data(), k.size());
+          };
+        }
+        results.push_back(bench.Measure(name, q.size() + k.size(), kernel));
+      }
+    }
   }
 
   std::printf("posenc-bench-cpu: %d threads, median of %d interleaved runs\n", threads, reps);

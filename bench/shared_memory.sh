@@ -11,7 +11,10 @@
 #   bench/shared_memory.sh [ROUNDS]   (after scripts/build.sh and
 #                                      scripts/install-kserve-tools.sh)
 # POSENC_SERVER: another posenc-server binary to drive (an older commit's,
-# for a before/after in the same hour).
+# for a before/after in the same hour). SHM_BENCH_PATHS: the paths to run
+# (default "socket system_shm"); SHM_BENCH_MAX_TRIALS: perf_analyzer's
+# --max-trials (default 6; more on a busy host, where 6 windows may not
+# settle within 15%).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 rounds=${1:-2}
@@ -54,14 +57,14 @@ for w in "${workloads[@]}"; do
   IFS=, read -r -a dims <<< "$shape"
   out_bytes=$((dims[0] * dims[1] * dims[2] * dims[3] * 4))
   for round in $(seq "$rounds"); do
-    for path in socket system_shm; do
+    for path in ${SHM_BENCH_PATHS:-socket system_shm}; do
       extra=()
       [ "$path" = socket ] ||
         extra=(--shared-memory=system "--output-shared-memory-size=$out_bytes")
       mark
       "$venv/bin/perf_analyzer" -m rope_qk -i grpc -u "$addr" "${pa_shapes[@]}" \
         "${extra[@]}" --concurrency-range=1:4:3 \
-        --measurement-interval=2000 --stability-percentage=15 --max-trials=6 \
+        --measurement-interval=2000 --stability-percentage=15 --max-trials=${SHM_BENCH_MAX_TRIALS:-6} \
         -f "$work/pa.csv" > "$work/pa.log" 2>&1 || { cat "$work/pa.log"; exit 1; }
       "$venv/bin/python" - "$work/pa.csv" "$name" "$path" "$round" "$(cpu_per_call)" <<'PY'
 import csv, sys

@@ -547,7 +547,29 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
     }
     const auto bytes = static_cast<int64_t>(w->tensor.nbytes);
     POSENC_ASSIGN_OR_RETURN(w->copy, scratch_.Lend(std::max<int64_t>(1, bytes), env.admission));
-    if (bytes > 0) std::memcpy(w->copy.data(), w->tensor.data, w->tensor.nbytes);
+  }
+  if (backend->kind() == BackendKind::kCpu) {
+    // The CPU goes through the private copies block by block, each block
+    // copied in, rotated and copied out while in cache (RopeThrough);
+    // every block's input is checked intact before it goes out.
+    // A tensor rotated in place (aligned) is its own work memory and output.
+    RopeThrough through;
+    const auto set = [](const Work& w, const void** in, void** work, void** out) {
+      *in = w.tensor.data;
+      *work = w.copy ? w.copy.data() : w.tensor.data;
+      *out = w.copy ? w.out : w.tensor.data;
+    };
+    set(q, &through.query, &through.query_work, &through.query_out);
+    if (has_key) set(k, &through.key, &through.key_work, &through.key_out);
+    if (env.inputs_intact) through.before_write = env.inputs_intact;
+    POSENC_RETURN_IF_ERROR(backend->ApplyRopeThrough(plan, through, env.ctx));
+    aligned.CopyBack();
+    *served = BackendName(backend);
+    return absl::OkStatus();
+  }
+  for (Work* w : {&q, &k}) {
+    if (!w->copy) continue;
+    if (w->tensor.nbytes > 0) std::memcpy(w->copy.data(), w->tensor.data, w->tensor.nbytes);
     w->tensor.data = w->copy.data();
   }
   // The copies must be of the caller's bytes before anything is written.

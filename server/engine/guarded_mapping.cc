@@ -39,11 +39,14 @@ void OnSigbus(int sig, siginfo_t* info, void* context) {
     // other one the kernels make before the call notices, land in memory
     // of the server's own. The raw system call: no interceptor or wrapper
     // runs inside a signal handler.
+    // Marked broken first: a thread that reads the zero pages (another
+    // thread of the call, or another call) and then asks broken() is told
+    // so, and never passes zeros on as the caller's values.
+    s.broken.store(true, std::memory_order_seq_cst);
     const uintptr_t length = s.end.load(std::memory_order_relaxed) - begin;
     const long r = syscall(SYS_mmap, reinterpret_cast<void*>(begin), length, PROT_READ | PROT_WRITE,
                            MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (r == -1) break;  // cannot repair: fall through to the previous action
-    s.broken.store(true, std::memory_order_release);
     repair_count.fetch_add(1, std::memory_order_relaxed);
     return;
   }

@@ -18,6 +18,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -358,6 +359,113 @@ TEST(SystemSharedMemoryOnAFakeGpu, AnInputTruncatedUnderTheCallWritesNothingToTh
   ASSERT_EQ(::pread(fds[1], out.data(), kQueryBytes, 0), kQueryBytes);
   EXPECT_EQ(out, poison);
   for (int fd : fds) ::close(fd);
+}
+
+// An input truncated while calls rotate it into another slice on the CPU,
+// block by block on two threads (RopeThrough): each call either gives the
+// whole result, or fails as truncated with every token of the output
+// slice either as it was or finished, never the rotation of the zero pages
+// that stand in for the truncated ones. Rounds truncate at random moments.
+TEST(SystemSharedMemoryOnTheCpu, AnInputTruncatedMidCallLeavesOnlyFinishedTokensInTheOutput) {
+  EngineOptions o;
+  o.enable_cuda = false;
+  o.cpu_threads = 2;
+  o.shared_memory.enabled = true;
+  auto made = Engine::Create(o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Engine& engine = **made;
+  // 16384 tokens x 4 x 64 FP32 (16 MiB): both threads, 85 blocks.
+  constexpr int64_t kBigTokens = 16384, kRow = kHeads * kDim * 4, kBig = kBigTokens * kRow;
+  const auto request = [&](const char* in_region, const std::string& socket_bytes) {
+    ModelInferRequest req;
+    req.set_model_name("rope");
+    auto* in = req.add_inputs();
+    in->set_name("query");
+    in->set_datatype("FP32");
+    for (int64_t d : {int64_t{1}, kBigTokens, kHeads, kDim}) in->add_shape(d);
+    auto* out = req.add_outputs();
+    out->set_name("query_out");
+    if (*in_region == '\0') {
+      req.add_raw_input_contents(socket_bytes);
+    } else {
+      Slice(in->mutable_parameters(), kBig, 0, in_region);
+      Slice(out->mutable_parameters(), kBig, 0, "out");
+    }
+    (*req.mutable_parameters())["backend"].set_string_param("cpu");
+    return req;
+  };
+  const unsigned seed = std::random_device()();
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  std::string query(kBig, '\0');
+  for (int64_t i = 0; i < kBig / 4; ++i) {
+    const float v = u(rng);
+    std::memcpy(query.data() + 4 * i, &v, 4);
+  }
+  ModelInferResponse socket;
+  std::string served;
+  ASSERT_TRUE(RunOn(engine, request("", query), &socket, &served).ok());
+  const std::string want = socket.raw_output_contents(0);
+  const std::string poison(kBig, '\xff');
+
+  const auto object = [](const std::string& key) {
+    const int fd = ::open(("/dev/shm" + key).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(::ftruncate(fd, kBig), 0);
+    return fd;
+  };
+  const std::string out_key = absl::StrCat("/posenc-through-out-", ::getpid());
+  const int out_fd = object(out_key);
+  ASSERT_TRUE(engine.shared_memory().Register("out", out_key, 0, kBig).ok());
+  ::unlink(("/dev/shm" + out_key).c_str());
+  int failed_midway = 0;
+  for (int round = 0; round < 12; ++round) {
+    const std::string in_key = absl::StrCat("/posenc-through-in-", ::getpid(), "-", round);
+    const int in_fd = object(in_key);
+    ASSERT_EQ(::pwrite(in_fd, query.data(), kBig, 0), kBig);
+    const std::string name = absl::StrCat("in", round);
+    ASSERT_TRUE(engine.shared_memory().Register(name, in_key, 0, kBig).ok());
+    ::unlink(("/dev/shm" + in_key).c_str());
+    std::atomic<bool> truncated{false};
+    std::thread vandal([&, delay = std::uniform_int_distribution<int>(0, 20000)(rng)] {
+      std::this_thread::sleep_for(std::chrono::microseconds(delay));
+      EXPECT_EQ(::ftruncate(in_fd, 0), 0);
+      truncated = true;
+    });
+    for (int call = 0; call < 200; ++call) {
+      ASSERT_EQ(::pwrite(out_fd, poison.data(), kBig, 0), kBig);
+      ModelInferResponse resp;
+      const absl::Status s = RunOn(engine, request(name.c_str(), ""), &resp, &served);
+      std::string out(kBig, '\0');
+      ASSERT_EQ(::pread(out_fd, out.data(), kBig, 0), kBig);
+      if (s.ok()) {
+        ASSERT_TRUE(out == want) << "round " << round << " call " << call;
+        continue;
+      }
+      ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+      ASSERT_NE(s.message().find("truncated"), std::string::npos) << s;
+      int64_t finished = 0;
+      for (int64_t t = 0; t < kBigTokens; ++t) {
+        const std::string_view row(out.data() + t * kRow, kRow);
+        if (row == std::string_view(want.data() + t * kRow, kRow)) {
+          ++finished;
+        } else {
+          ASSERT_TRUE(row == std::string_view(poison.data(), kRow))
+              << "round " << round << ": token " << t << " is neither finished nor untouched";
+        }
+      }
+      if (finished > 0) ++failed_midway;
+      break;
+    }
+    vandal.join();
+    ASSERT_TRUE(truncated);
+    ASSERT_TRUE(engine.shared_memory().Unregister(name).ok());
+    ::close(in_fd);
+  }
+  std::printf("%d of 12 rounds failed after writing some finished tokens\n", failed_midway);
+  ASSERT_TRUE(engine.shared_memory().Unregister("out").ok());
+  ::close(out_fd);
 }
 
 // Unregistering and registering the region again while calls use it:

@@ -42,6 +42,30 @@ struct RunContext {
   bool IsCancelled() const { return cancelled && cancelled(); }
 };
 
+// The tensors of Backend::ApplyRopeThrough, all in host memory. The inputs
+// stay as they were; the outputs receive finished values only, since
+// another caller may read them meanwhile. Block by block (about L2's size
+// of tokens, on every thread), each input block is copied aside, rotated
+// there while it is in cache, and copied to the output: the bytes cross
+// memory about as often as in one copy, where a whole copy in, a rotation
+// and a whole copy out cross it three times. Aside is the thread's own
+// block buffer in token-major layouts, and the work memory (at the
+// block's own offsets) in BHSD, whose blocks are one stretch a head. An
+// output may be its input (rotated in place, through the block the same
+// way); a work memory may be its input (rotated there, BHSD).
+struct RopeThrough {
+  const void* query = nullptr;
+  const void* key = nullptr;  // null when the plan has no key
+  void* query_work = nullptr;
+  void* key_work = nullptr;
+  void* query_out = nullptr;
+  void* key_out = nullptr;
+  // Asked before each block goes out: an error (the inputs' memory was
+  // revoked under the call, say) stops the call with it. The blocks written
+  // before stay written; they hold finished values. May be empty.
+  std::function<absl::Status()> before_write;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -116,6 +140,16 @@ class Backend {
                                                    const void* /*key*/, void* /*query_out*/,
                                                    void* /*key_out*/, const RunContext& /*ctx*/) {
     return absl::UnimplementedError("this backend computes in host memory only");
+  }
+  // RoPE from host memory into other host memory that others may read
+  // meanwhile (another slice of system shared memory), through private
+  // memory of the tensors' sizes: see RopeThrough. Default: UNIMPLEMENTED
+  // (the caller then copies the inputs into the work memory, rotates it
+  // with ApplyRope, and copies it out).
+  [[nodiscard]] virtual absl::Status ApplyRopeThrough(const RopePlan& /*plan*/,
+                                                      const RopeThrough& /*t*/,
+                                                      const RunContext& /*ctx*/) {
+    return absl::UnimplementedError("this backend does not rotate through work memory");
   }
   // Copies `bytes` between host memory and memory from
   // OpenSharedDeviceMemory (either way, or within it) and returns once they

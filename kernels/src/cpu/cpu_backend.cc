@@ -2,13 +2,16 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "cpu/anchor_cache.h"
+#include "cpu/rope_through.h"
 #include "cpu/rotation_cache.h"
 #include "cpu/thread_pool.h"
 #include "cpu_kernels.h"
@@ -57,6 +60,38 @@ class CpuBackend final : public Backend {
                [&](int64_t b, int64_t e) {
                  internal::RopeTokensCpu(plan, rotations.get(), query, key, b, e);
                });
+  }
+
+  absl::Status ApplyRopeThrough(const RopePlan& plan, const RopeThrough& t,
+                                const RunContext& ctx) override {
+    if (plan.num_tokens == 0) return absl::OkStatus();
+    const int64_t per_token =
+        (plan.query_heads + (plan.has_key ? plan.key_heads : 0)) * plan.head_dim;
+    const std::shared_ptr<internal::RowTable> rotations =
+        plan.empty() ? nullptr : rotations_.For(plan);
+    // The first before_write error stops every thread at its next block,
+    // and is the call's.
+    std::mutex mu;
+    absl::Status failed;
+    std::atomic<bool> stop{false};
+    RopeThrough checked = t;
+    if (t.before_write) {
+      checked.before_write = [&]() -> absl::Status {
+        if (stop.load(std::memory_order_relaxed)) return absl::AbortedError("stopped");
+        return t.before_write();
+      };
+    }
+    const absl::Status ran =
+        Run(plan.num_tokens, Grain(per_token), MaxChunk(per_token), ctx, [&](int64_t b, int64_t e) {
+          if (stop.load(std::memory_order_relaxed)) return;
+          absl::Status s = internal::RopeThroughTokensCpu(plan, rotations.get(), checked, b, e);
+          if (!s.ok()) {
+            std::lock_guard<std::mutex> lock(mu);
+            if (!stop.exchange(true)) failed = std::move(s);
+          }
+        });
+    if (!failed.ok()) return failed;
+    return ran;
   }
 
   absl::Status ApplyAbsolute(const AbsolutePlan& plan, void* x, const RunContext& ctx) override {

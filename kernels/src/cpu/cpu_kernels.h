@@ -136,9 +136,11 @@ class RowTable;
 // Rotates tokens [begin, end) of query and key in place, with the slot
 // rotations `rotations` keeps. REQUIRES: rotations is null or
 // RotationCache::For(plan)'s table (checked, cheaply: RotationCache::Serves;
-// aborts otherwise).
+// aborts otherwise). `origin`: the token whose rows query and key start
+// with, for a block of tokens [origin, ...) copied to memory of its own
+// (rope_through.h); token-major layouts only (BSHD, THD), 0 otherwise.
 void RopeTokensCpu(const RopePlan& plan, RowTable* rotations, void* query, void* key, int64_t begin,
-                   int64_t end);
+                   int64_t end, int64_t origin = 0);
 
 // Whether AbsoluteTokensCpu reads kept anchor rows for plan at all: its
 // fused pass does; the two-pass path (learned tables, float16, PE only, an

@@ -107,6 +107,9 @@ struct Scratch {
   int64_t Bytes() const { return (24 * kTokenBlock + 12 * kMaxRowsPerCall + 24) * half; }
 
   const int64_t half;
+  // Token-major layouts: the token whose rows lie at the tensors' first
+  // element (RopeTokensCpu's `origin`; 0 but for a block copied aside).
+  int64_t origin = 0;
   std::vector<float> c, n;  // [kTokenBlock, half] s cos, +-s sin
   // bfloat16 on a CPU with RotateBF16Wide (AVX-512) or RotateBF16Avx2.
   const bool wide;
@@ -577,7 +580,7 @@ POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, RowTable* table, T* q, T*
     } else {
       // Token-major: a token's heads are contiguous.
       for (int64_t t = t0; t < t1; ++t) {
-        T* x = base + HeadsOfToken(p.layout, t, p.seq_len, heads, D).first;
+        T* x = base + HeadsOfToken(p.layout, t - s.origin, p.seq_len, heads, D).first;
         const int64_t cn = (t - t0) * half;
         for (int64_t h0 = 0; h0 < heads; h0 += kMaxRowsPerCall) {
           RotateRows<T, kStyle, kWide>(
@@ -641,12 +644,14 @@ POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, RowTable* table, vo
 }  // namespace
 
 void RopeTokensCpu(const RopePlan& plan, RowTable* rotations, void* query, void* key, int64_t begin,
-                   int64_t end) {
+                   int64_t end, int64_t origin) {
   if (!KnownStyle(plan.style) || !KnownLayout(plan.layout)) std::abort();  // planning checks
   if (rotations != nullptr && !RotationCache::Serves(*rotations, plan)) {
     std::abort();  // RotationCache::For gives only the plan's own table
   }
+  if (origin != 0 && plan.layout == RopeLayout::kBHSD) std::abort();  // token-major only
   WithThreadScratch<Scratch>(plan, [&](Scratch& s) {
+    s.origin = origin;
     RopeTokensDispatch(plan, rotations, query, key, begin, end, s.wide || s.wide_f32, s);
   });
 }

@@ -1,0 +1,196 @@
+#include "cpu/rope_through.h"
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "posenc/backend.h"
+#include "posenc/rope.h"
+#include "test_tensors.h"
+
+namespace posenc {
+namespace {
+
+using testing::Bytes;
+
+// A RoPE case with fresh random query and key: their plan, and the result
+// ApplyRope gives in place (what going through must give, bit for bit).
+struct Case {
+  Case(RopeLayout layout, DType dtype, RopeStyle style, int64_t batch, int64_t seq,
+       bool with_key)
+      : dtype(dtype), batch(batch), seq(seq) {
+    options.layout = layout;
+    options.style = style;
+    options.rotary_dim = kHead - 16;  // the last 16 of each head pass through
+    q = testing::RandomTensor(dtype, batch * seq * kQueryHeads * kHead);
+    if (with_key) k = testing::RandomTensor(dtype, batch * seq * kKeyHeads * kHead);
+    cu = {0, seq / 3 * batch, batch * seq};
+    offsets.resize(batch);
+    for (int64_t b = 0; b < batch; ++b) offsets[b] = 7 * b + 3;
+  }
+  RopeTensors At(Bytes& query, Bytes& key) const {
+    RopeTensors t;
+    const auto shape = [&](int64_t heads) -> std::vector<int64_t> {
+      switch (options.layout) {
+        case RopeLayout::kBHSD:
+          return {batch, heads, seq, kHead};
+        case RopeLayout::kTHD:
+          return {batch * seq, heads, kHead};
+        default:
+          return {batch, seq, heads, kHead};
+      }
+    };
+    t.query = testing::Mutable(dtype, shape(kQueryHeads), query);
+    if (!key.empty()) t.key = testing::Mutable(dtype, shape(kKeyHeads), key);
+    if (options.layout == RopeLayout::kTHD) {
+      t.cu_seqlens = testing::IntView(cu, {3});
+    } else {
+      t.positions.offsets = testing::IntView(offsets, {batch});
+    }
+    return t;
+  }
+  RopePlan Plan() const {
+    Bytes qq = q, kk = k;
+    auto plan = PlanRope(options, At(qq, kk));
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return *plan;
+  }
+  // The in-place result.
+  void Expected(Backend& b, Bytes* qo, Bytes* ko) const {
+    *qo = q;
+    *ko = k;
+    const RopePlan plan = Plan();
+    ASSERT_TRUE(b.ApplyRope(plan, qo->data(), ko->empty() ? nullptr : ko->data(), {}).ok());
+  }
+
+  static constexpr int64_t kQueryHeads = 8, kKeyHeads = 2, kHead = 64;
+  RopeOptions options;
+  DType dtype;
+  int64_t batch, seq;
+  Bytes q, k;
+  std::vector<int64_t> cu, offsets;
+};
+
+std::string Name(const Case& c) {
+  return std::to_string(static_cast<int>(c.options.layout)) + "/" +
+         std::to_string(static_cast<int>(c.dtype)) + "/" +
+         std::to_string(static_cast<int>(c.options.style)) + "/" + std::to_string(c.batch) + "x" +
+         std::to_string(c.seq) + (c.k.empty() ? "" : "+key");
+}
+
+// Into outputs of their own through work memory: the in-place result bit
+// for bit in every layout, dtype and style, across several blocks (and,
+// for the largest, both threads' chunks); the inputs as they were; every
+// output element written (they start poisoned).
+TEST(RopeThrough, GivesApplyRopesResultAndLeavesTheInputs) {
+  auto cpu = CreateCpuBackend(2);
+  std::vector<Case> cases;
+  for (RopeLayout layout : {RopeLayout::kBSHD, RopeLayout::kBHSD, RopeLayout::kTHD}) {
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+      cases.emplace_back(layout, dtype, RopeStyle::kNeox, 3, 97, true);
+    }
+    cases.emplace_back(layout, DType::kBFloat16, RopeStyle::kGptj, 2, 301, false);
+    cases.emplace_back(layout, DType::kFloat32, RopeStyle::kGptj, 1, 1, true);
+  }
+  // 8192 tokens: ParallelFor splits them between the threads.
+  cases.emplace_back(RopeLayout::kBHSD, DType::kFloat32, RopeStyle::kNeox, 2, 4096, true);
+  cases.emplace_back(RopeLayout::kBSHD, DType::kBFloat16, RopeStyle::kNeox, 2, 4096, true);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(Name(c));
+    Bytes want_q, want_k;
+    c.Expected(*cpu, &want_q, &want_k);
+    const RopePlan plan = c.Plan();
+    ASSERT_GT(plan.num_tokens, 0);
+    if (c.batch * c.seq > 1) {
+      EXPECT_LT(internal::RopeThroughBlockTokens(plan), plan.num_tokens) << "several blocks";
+    }
+    Bytes q_in = c.q, k_in = c.k;
+    Bytes q_work = testing::Poisoned(c.dtype, c.q.size() / SizeOf(c.dtype));
+    Bytes k_work = testing::Poisoned(c.dtype, c.k.size() / SizeOf(c.dtype));
+    Bytes q_out = q_work, k_out = k_work;
+    RopeThrough t;
+    t.query = q_in.data();
+    t.query_work = q_work.data();
+    t.query_out = q_out.data();
+    if (!c.k.empty()) {
+      t.key = k_in.data();
+      t.key_work = k_work.data();
+      t.key_out = k_out.data();
+    }
+    std::atomic<int> asked{0};
+    t.before_write = [&] {
+      ++asked;
+      return absl::OkStatus();
+    };
+    ASSERT_TRUE(cpu->ApplyRopeThrough(plan, t, {}).ok());
+    EXPECT_TRUE(q_out == want_q) << "query_out differs from the in-place result";
+    EXPECT_TRUE(k_out == want_k) << "key_out differs from the in-place result";
+    EXPECT_TRUE(q_in == c.q && k_in == c.k) << "an input changed";
+    const int64_t block = internal::RopeThroughBlockTokens(plan);
+    EXPECT_GE(asked.load(), (plan.num_tokens + block - 1) / block) << "once a block at least";
+  }
+}
+
+// A tensor whose work memory is its input and output is rotated in place
+// there, beside one that goes through (KServe: key_out not asked for).
+TEST(RopeThrough, ATensorWithoutAnOutputOfItsOwnIsRotatedInPlace) {
+  auto cpu = CreateCpuBackend(2);
+  const Case c(RopeLayout::kBSHD, DType::kBFloat16, RopeStyle::kNeox, 2, 700, true);
+  Bytes want_q, want_k;
+  c.Expected(*cpu, &want_q, &want_k);
+  Bytes q_in = c.q, key = c.k;
+  Bytes q_work = testing::Poisoned(c.dtype, c.q.size() / 2), q_out = q_work;
+  RopeThrough t;
+  t.query = q_in.data();
+  t.query_work = q_work.data();
+  t.query_out = q_out.data();
+  t.key = t.key_work = t.key_out = key.data();
+  ASSERT_TRUE(cpu->ApplyRopeThrough(c.Plan(), t, {}).ok());
+  EXPECT_TRUE(q_out == want_q);
+  EXPECT_TRUE(key == want_k);
+  EXPECT_TRUE(q_in == c.q);
+}
+
+// before_write's error stops the call with it: the blocks before it went
+// out whole and finished, nothing after it did (one thread: blocks in
+// order).
+TEST(RopeThrough, AnErrorBeforeAWriteStopsTheCallThere) {
+  auto cpu = CreateCpuBackend(1);
+  const Case c(RopeLayout::kBSHD, DType::kFloat32, RopeStyle::kNeox, 1, 1000, false);
+  Bytes want_q, want_k;
+  c.Expected(*cpu, &want_q, &want_k);
+  const RopePlan plan = c.Plan();
+  const int64_t block = internal::RopeThroughBlockTokens(plan);
+  ASSERT_LT(3 * block, plan.num_tokens);
+  Bytes q_in = c.q, q_work(c.q.size()), q_out = testing::Poisoned(c.dtype, c.q.size() / 4);
+  const Bytes poison = q_out;
+  RopeThrough t;
+  t.query = q_in.data();
+  t.query_work = q_work.data();
+  t.query_out = q_out.data();
+  int asked = 0;
+  t.before_write = [&] {
+    return ++asked == 3 ? absl::FailedPreconditionError("input \"query\": truncated")
+                        : absl::OkStatus();
+  };
+  const absl::Status s = cpu->ApplyRopeThrough(plan, t, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(s.message(), "input \"query\": truncated");
+  EXPECT_EQ(asked, 3);
+  const size_t written = static_cast<size_t>(2 * block * Case::kQueryHeads * Case::kHead * 4);
+  EXPECT_TRUE(std::equal(q_out.begin(), q_out.begin() + written, want_q.begin()));
+  EXPECT_TRUE(std::equal(q_out.begin() + written, q_out.end(), poison.begin() + written));
+  EXPECT_TRUE(q_in == c.q);
+  // A caller who left: CANCELLED, nothing written.
+  q_out = poison;
+  t.before_write = nullptr;
+  RunContext gone;
+  gone.cancelled = [] { return true; };
+  EXPECT_EQ(cpu->ApplyRopeThrough(plan, t, gone).code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(q_out == poison);
+}
+
+}  // namespace
+}  // namespace posenc
