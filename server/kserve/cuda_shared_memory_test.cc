@@ -93,13 +93,13 @@ std::string CpuResult(Engine& engine, const std::string& query) {
 }
 
 // Seeded uniform FP32 values in [-2, 2), the seed printed.
-std::string RandomQuery() {
+std::string RandomQuery(int64_t bytes = kQueryBytes) {
   const unsigned seed = std::random_device()();
   std::printf("seed %u\n", seed);
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-2.0f, 2.0f);
-  std::string q(kQueryBytes, '\0');
-  for (int64_t i = 0; i < kQueryBytes / 4; ++i) {
+  std::string q(bytes, '\0');
+  for (int64_t i = 0; i < bytes / 4; ++i) {
     const float v = u(rng);
     std::memcpy(q.data() + 4 * i, &v, 4);
   }
@@ -394,15 +394,8 @@ TEST(SystemSharedMemoryOnTheCpu, AnInputTruncatedMidCallLeavesOnlyFinishedTokens
     (*req.mutable_parameters())["backend"].set_string_param("cpu");
     return req;
   };
-  const unsigned seed = std::random_device()();
-  std::printf("seed %u\n", seed);
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
-  std::string query(kBig, '\0');
-  for (int64_t i = 0; i < kBig / 4; ++i) {
-    const float v = u(rng);
-    std::memcpy(query.data() + 4 * i, &v, 4);
-  }
+  const std::string query = RandomQuery(kBig);
+  std::mt19937 rng(std::random_device{}());  // when to truncate
   ModelInferResponse socket;
   std::string served;
   ASSERT_TRUE(RunOn(engine, request("", query), &socket, &served).ok());
