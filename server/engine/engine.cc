@@ -548,22 +548,34 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
     const auto bytes = static_cast<int64_t>(w->tensor.nbytes);
     POSENC_ASSIGN_OR_RETURN(w->copy, scratch_.Lend(std::max<int64_t>(1, bytes), env.admission));
   }
-  if (backend->kind() == BackendKind::kCpu) {
-    // The CPU goes through the private copies block by block, each block
-    // copied in, rotated and copied out while in cache (RopeThrough);
-    // every block's input is checked intact before it goes out.
-    // A tensor rotated in place (aligned) is its own work memory and output.
+  // The CPU goes block by block, each block copied in, rotated and copied
+  // out while in cache (RopeThrough), every block's input checked intact
+  // before it goes out. Only where every tensor has an output of its own
+  // that overlaps no input: blocks go out before later ones are read, and
+  // a tensor rotated in place would be left half rotated by a call that
+  // fails midway; the way below copies every input before it writes.
+  const auto apart = [](const void* a, size_t an, const void* b, size_t bn) {
+    const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+    return an == 0 || bn == 0 || x + an <= y || y + bn <= x;
+  };
+  const bool through_fits =
+      q.copy && (!has_key || k.copy) &&
+      apart(q.out, t.query.nbytes, t.query.data, t.query.nbytes) &&
+      (!has_key || (apart(k.out, t.key.nbytes, t.key.data, t.key.nbytes) &&
+                    apart(q.out, t.query.nbytes, t.key.data, t.key.nbytes) &&
+                    apart(k.out, t.key.nbytes, t.query.data, t.query.nbytes) &&
+                    apart(q.out, t.query.nbytes, k.out, t.key.nbytes)));
+  if (backend->kind() == BackendKind::kCpu && through_fits) {
     RopeThrough through;
     const auto set = [](const Work& w, const void** in, void** work, void** out) {
       *in = w.tensor.data;
-      *work = w.copy ? w.copy.data() : w.tensor.data;
-      *out = w.copy ? w.out : w.tensor.data;
+      *work = w.copy.data();
+      *out = w.out;
     };
     set(q, &through.query, &through.query_work, &through.query_out);
     if (has_key) set(k, &through.key, &through.key_work, &through.key_out);
     if (env.inputs_intact) through.before_write = env.inputs_intact;
     POSENC_RETURN_IF_ERROR(backend->ApplyRopeThrough(plan, through, env.ctx));
-    aligned.CopyBack();
     *served = BackendName(backend);
     return absl::OkStatus();
   }

@@ -15,10 +15,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -71,6 +73,42 @@ ModelInferRequest RopeRequest(const std::string& query, int64_t in_offset, int64
   if (out_offset >= 0) Slice(out->mutable_parameters(), kQueryBytes, out_offset, region);
   if (*backend != '\0') (*req.mutable_parameters())["backend"].set_string_param(backend);
   return req;
+}
+
+// A rope request for `tokens` tokens of query (kHeads x kDim FP32) on the
+// CPU: in the message (in_region null) or at `in_offset` of `in_region`,
+// its output to `out_offset` of `out_region` (null: the answer).
+ModelInferRequest BigRopeRequest(int64_t tokens, const std::string& socket_bytes,
+                                 const char* in_region, int64_t in_offset,
+                                 const char* out_region, int64_t out_offset) {
+  const int64_t bytes = tokens * kHeads * kDim * 4;
+  ModelInferRequest req;
+  req.set_model_name("rope");
+  auto* in = req.add_inputs();
+  in->set_name("query");
+  in->set_datatype("FP32");
+  for (int64_t d : {int64_t{1}, tokens, kHeads, kDim}) in->add_shape(d);
+  auto* out = req.add_outputs();
+  out->set_name("query_out");
+  if (in_region == nullptr) {
+    req.add_raw_input_contents(socket_bytes);
+  } else {
+    Slice(in->mutable_parameters(), bytes, in_offset, in_region);
+  }
+  if (out_region != nullptr) Slice(out->mutable_parameters(), bytes, out_offset, out_region);
+  (*req.mutable_parameters())["backend"].set_string_param("cpu");
+  return req;
+}
+
+// An engine on two CPU threads with system shared memory on.
+std::unique_ptr<Engine> CpuEngine() {
+  EngineOptions o;
+  o.enable_cuda = false;
+  o.cpu_threads = 2;
+  o.shared_memory.enabled = true;
+  auto made = Engine::Create(o);
+  EXPECT_TRUE(made.ok()) << made.status();
+  return made.ok() ? std::move(*made) : nullptr;
 }
 
 absl::Status RunOn(Engine& engine, ModelInferRequest req, ModelInferResponse* resp,
@@ -367,38 +405,18 @@ TEST(SystemSharedMemoryOnAFakeGpu, AnInputTruncatedUnderTheCallWritesNothingToTh
 // slice either as it was or finished, never the rotation of the zero pages
 // that stand in for the truncated ones. Rounds truncate at random moments.
 TEST(SystemSharedMemoryOnTheCpu, AnInputTruncatedMidCallLeavesOnlyFinishedTokensInTheOutput) {
-  EngineOptions o;
-  o.enable_cuda = false;
-  o.cpu_threads = 2;
-  o.shared_memory.enabled = true;
-  auto made = Engine::Create(o);
-  ASSERT_TRUE(made.ok()) << made.status();
-  Engine& engine = **made;
+  std::unique_ptr<Engine> made = CpuEngine();
+  ASSERT_NE(made, nullptr);
+  Engine& engine = *made;
   // 16384 tokens x 4 x 64 FP32 (16 MiB): both threads, 85 blocks.
   constexpr int64_t kBigTokens = 16384, kRow = kHeads * kDim * 4, kBig = kBigTokens * kRow;
-  const auto request = [&](const char* in_region, const std::string& socket_bytes) {
-    ModelInferRequest req;
-    req.set_model_name("rope");
-    auto* in = req.add_inputs();
-    in->set_name("query");
-    in->set_datatype("FP32");
-    for (int64_t d : {int64_t{1}, kBigTokens, kHeads, kDim}) in->add_shape(d);
-    auto* out = req.add_outputs();
-    out->set_name("query_out");
-    if (*in_region == '\0') {
-      req.add_raw_input_contents(socket_bytes);
-    } else {
-      Slice(in->mutable_parameters(), kBig, 0, in_region);
-      Slice(out->mutable_parameters(), kBig, 0, "out");
-    }
-    (*req.mutable_parameters())["backend"].set_string_param("cpu");
-    return req;
-  };
   const std::string query = RandomQuery(kBig);
   std::mt19937 rng(std::random_device{}());  // when to truncate
   ModelInferResponse socket;
   std::string served;
-  ASSERT_TRUE(RunOn(engine, request("", query), &socket, &served).ok());
+  ASSERT_TRUE(
+      RunOn(engine, BigRopeRequest(kBigTokens, query, nullptr, 0, nullptr, 0), &socket, &served)
+          .ok());
   const std::string want = socket.raw_output_contents(0);
   const std::string poison(kBig, '\xff');
 
@@ -429,7 +447,8 @@ TEST(SystemSharedMemoryOnTheCpu, AnInputTruncatedMidCallLeavesOnlyFinishedTokens
     for (int call = 0; call < 200; ++call) {
       ASSERT_EQ(::pwrite(out_fd, poison.data(), kBig, 0), kBig);
       ModelInferResponse resp;
-      const absl::Status s = RunOn(engine, request(name.c_str(), ""), &resp, &served);
+      const absl::Status s =
+          RunOn(engine, BigRopeRequest(kBigTokens, "", name.c_str(), 0, "out", 0), &resp, &served);
       std::string out(kBig, '\0');
       ASSERT_EQ(::pread(out_fd, out.data(), kBig, 0), kBig);
       if (s.ok()) {
@@ -459,6 +478,42 @@ TEST(SystemSharedMemoryOnTheCpu, AnInputTruncatedMidCallLeavesOnlyFinishedTokens
   std::printf("%d of 12 rounds failed after writing some finished tokens\n", failed_midway);
   ASSERT_TRUE(engine.shared_memory().Unregister("out").ok());
   ::close(out_fd);
+}
+
+// An output slice overlapping the input slice (perf_analyzer never names
+// one; a client may): the result is that of the whole input as it was, in
+// either direction, as if every input were read before any result went
+// out (blocks written as they finish would rotate rotated values).
+TEST(SystemSharedMemoryOnTheCpu, AnOutputOverlappingItsInputGetsTheWholeInputsResult) {
+  std::unique_ptr<Engine> made = CpuEngine();
+  ASSERT_NE(made, nullptr);
+  Engine& engine = *made;
+  constexpr int64_t kTokens4k = 4096, kBytes = kTokens4k * kHeads * kDim * 4;  // 21 blocks
+  const std::string query = RandomQuery(kBytes);
+  ModelInferResponse resp;
+  std::string served;
+  ASSERT_TRUE(RunOn(engine, BigRopeRequest(kTokens4k, query, nullptr, 0, nullptr, 0), &resp,
+                    &served)
+                  .ok());
+  const std::string want = resp.raw_output_contents(0);
+  const std::string key = absl::StrCat("/posenc-through-overlap-", ::getpid());
+  const int fd = ::open(("/dev/shm" + key).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, kBytes * 3 / 2), 0);
+  ASSERT_TRUE(engine.shared_memory().Register("r", key, 0, kBytes * 3 / 2).ok());
+  ::unlink(("/dev/shm" + key).c_str());
+  for (const auto& [in_at, out_at] : {std::pair<int64_t, int64_t>{0, kBytes / 2},
+                                      std::pair<int64_t, int64_t>{kBytes / 2, 0}}) {
+    ASSERT_EQ(::pwrite(fd, query.data(), kBytes, in_at), kBytes);
+    ModelInferResponse r;
+    ASSERT_TRUE(
+        RunOn(engine, BigRopeRequest(kTokens4k, "", "r", in_at, "r", out_at), &r, &served).ok());
+    std::string out(kBytes, '\0');
+    ASSERT_EQ(::pread(fd, out.data(), kBytes, out_at), kBytes);
+    EXPECT_TRUE(out == want) << "input at " << in_at << ", output at " << out_at;
+  }
+  ASSERT_TRUE(engine.shared_memory().Unregister("r").ok());
+  ::close(fd);
 }
 
 // Unregistering and registering the region again while calls use it:

@@ -50,9 +50,10 @@ struct RunContext {
 // memory about as often as in one copy, where a whole copy in, a rotation
 // and a whole copy out cross it three times. Aside is the thread's own
 // block buffer in token-major layouts, and the work memory (at the
-// block's own offsets) in BHSD, whose blocks are one stretch a head. An
-// output may be its input (rotated in place, through the block the same
-// way); a work memory may be its input (rotated there, BHSD).
+// block's own offsets) in BHSD, whose blocks are one stretch a head, and
+// for tokens larger than a block. An output may be its input (rotated in
+// place, through the block the same way); a work memory may be its input
+// only then. INVALID_ARGUMENT otherwise, before anything is written.
 struct RopeThrough {
   const void* query = nullptr;
   const void* key = nullptr;  // null when the plan has no key

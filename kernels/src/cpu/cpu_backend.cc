@@ -64,9 +64,14 @@ class CpuBackend final : public Backend {
 
   absl::Status ApplyRopeThrough(const RopePlan& plan, const RopeThrough& t,
                                 const RunContext& ctx) override {
-    if (plan.num_tokens == 0) return absl::OkStatus();
     const int64_t per_token =
         (plan.query_heads + (plan.has_key ? plan.key_heads : 0)) * plan.head_dim;
+    if (plan.num_tokens == 0 || per_token == 0) return absl::OkStatus();
+    if ((t.query_work == t.query && t.query_out != t.query) ||
+        (plan.has_key && t.key_work == t.key && t.key_out != t.key)) {
+      return absl::InvalidArgumentError(
+          "ApplyRopeThrough: a work memory that is its input needs its output there too");
+    }
     const std::shared_ptr<internal::RowTable> rotations =
         plan.empty() ? nullptr : rotations_.For(plan);
     // The first before_write error stops every thread at its next block,

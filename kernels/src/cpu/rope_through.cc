@@ -105,9 +105,13 @@ absl::Status RopeThroughTokensCpu(const RopePlan& plan, RowTable* rotations, con
   const auto check = [&]() -> absl::Status {
     return t.before_write ? t.before_write() : absl::OkStatus();
   };
-  if (plan.layout == RopeLayout::kBHSD) {
-    // A block's rows are one stretch a head: rotated in the work memory at
-    // their own offsets.
+  const int64_t q_row = plan.query_heads * plan.head_dim * static_cast<int64_t>(elem);
+  const int64_t k_row = key_heads * plan.head_dim * static_cast<int64_t>(elem);
+  if (plan.layout == RopeLayout::kBHSD || q_row + k_row > kRopeThroughBlockBytes) {
+    // A block's rows are one stretch a head (BHSD), or a token is larger
+    // than a block (which the thread's own buffer would then have to hold,
+    // for the thread's life): rotated in the work memory at their own
+    // offsets.
     for (int64_t b = begin; b < end; b += block) {
       const int64_t e = std::min(end, b + block);
       CopyTokens(plan, plan.query_heads, elem, t.query, t.query_work, b, e);
@@ -122,9 +126,8 @@ absl::Status RopeThroughTokensCpu(const RopePlan& plan, RowTable* rotations, con
   // Token-major: a block's rows are one stretch a tensor, rotated in this
   // thread's own block buffer (kept across calls), which stays in cache:
   // memory sees the inputs read and the outputs written, as in one copy.
-  // The work memory is not touched.
-  const int64_t q_row = plan.query_heads * plan.head_dim * static_cast<int64_t>(elem);
-  const int64_t k_row = key_heads * plan.head_dim * static_cast<int64_t>(elem);
+  // The work memory is not touched. At most kRopeThroughBlockBytes (and
+  // a page) a thread.
   thread_local BlockBuffer buffer;
   const int64_t q_at = (block * q_row + 4095) / 4096 * 4096;
   char* q_block = buffer.Reserve(q_at + block * k_row);

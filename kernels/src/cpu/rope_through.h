@@ -21,7 +21,8 @@ int64_t RopeThroughBlockTokens(const RopePlan& plan);
 
 // Tokens [begin, end) of `t` (RopeThrough), block by block: each block of
 // each tensor copied aside (token-major: into this thread's block buffer;
-// BHSD: into the work memory, unless that is the input), rotated there
+// BHSD, or tokens larger than a block: into the work memory, unless that
+// is the input), rotated there
 // with `rotations` (as RopeTokensCpu), t.before_write asked, then copied
 // to the output (unless that is the work memory). Returns before_write's
 // first error, with the blocks before it written.

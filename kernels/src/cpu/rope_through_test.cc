@@ -153,6 +153,37 @@ TEST(RopeThrough, ATensorWithoutAnOutputOfItsOwnIsRotatedInPlace) {
   EXPECT_TRUE(q_in == c.q);
 }
 
+// A token larger than a block (1024 heads of 64 float32: 256 KiB) goes
+// through the work memory at its own offsets, not a thread buffer that
+// size: the same result, the input as it was.
+TEST(RopeThrough, TokensLargerThanABlockGoThroughTheWorkMemory) {
+  auto cpu = CreateCpuBackend(2);
+  Bytes q = testing::RandomTensor(DType::kFloat32, 3 * 1024 * 64);
+  RopeTensors t;
+  t.query = testing::Mutable(DType::kFloat32, {1, 3, 1024, 64}, q);
+  auto plan = PlanRope(RopeOptions{}, t);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(internal::RopeThroughBlockTokens(*plan), 1);
+  Bytes want = q;
+  ASSERT_TRUE(cpu->ApplyRope(*plan, want.data(), nullptr, {}).ok());
+  const Bytes in = q;
+  Bytes work = testing::Poisoned(DType::kFloat32, q.size() / 4), out = work;
+  RopeThrough through;
+  through.query = q.data();
+  through.query_work = work.data();
+  through.query_out = out.data();
+  ASSERT_TRUE(cpu->ApplyRopeThrough(*plan, through, {}).ok());
+  EXPECT_TRUE(out == want);
+  EXPECT_TRUE(q == in);
+  EXPECT_TRUE(work == want) << "rotated in the work memory";
+  // A work memory that is its input, with an output elsewhere, would
+  // rotate the input: refused before anything is written.
+  const Bytes untouched = out;
+  through.query_work = q.data();
+  EXPECT_EQ(cpu->ApplyRopeThrough(*plan, through, {}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(q == in && out == untouched);
+}
+
 // before_write's error stops the call with it: the blocks before it went
 // out whole and finished, nothing after it did (one thread: blocks in
 // order).
