@@ -1,5 +1,6 @@
 #include "cpu/rope_through.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <string>
@@ -150,6 +151,44 @@ TEST(RopeThrough, ATensorWithoutAnOutputOfItsOwnIsRotatedInPlace) {
   ASSERT_TRUE(cpu->ApplyRopeThrough(c.Plan(), t, {}).ok());
   EXPECT_TRUE(q_out == want_q);
   EXPECT_TRUE(key == want_k);
+  EXPECT_TRUE(q_in == c.q);
+}
+
+// The same on two threads, each with chunks of its own: the first error is
+// the call's, both stop, and every token of the output is either finished
+// or as it was.
+TEST(RopeThrough, AnErrorOnOneThreadStopsBoth) {
+  auto cpu = CreateCpuBackend(2);
+  const Case c(RopeLayout::kBSHD, DType::kFloat32, RopeStyle::kNeox, 1, 16384, false);
+  Bytes want_q, want_k;
+  c.Expected(*cpu, &want_q, &want_k);
+  const RopePlan plan = c.Plan();
+  Bytes q_in = c.q, q_work(c.q.size()), q_out = testing::Poisoned(c.dtype, c.q.size() / 4);
+  const Bytes poison = q_out;
+  RopeThrough t;
+  t.query = q_in.data();
+  t.query_work = q_work.data();
+  t.query_out = q_out.data();
+  std::atomic<int> asked{0};
+  t.before_write = [&] {
+    return ++asked == 5 ? absl::FailedPreconditionError("input \"query\": truncated")
+                        : absl::OkStatus();
+  };
+  const absl::Status s = cpu->ApplyRopeThrough(plan, t, {});
+  EXPECT_EQ(s.message(), "input \"query\": truncated") << s;
+  // The other thread may be asking at that moment; after that, no one is.
+  EXPECT_LE(asked.load(), 6) << "a thread went on after the error";
+  const size_t row = Case::kQueryHeads * Case::kHead * 4;
+  int64_t finished = 0;
+  for (int64_t tok = 0; tok < plan.num_tokens; ++tok) {
+    const auto at = q_out.begin() + tok * row;
+    if (std::equal(at, at + row, want_q.begin() + tok * row)) {
+      ++finished;
+    } else {
+      ASSERT_TRUE(std::equal(at, at + row, poison.begin())) << "token " << tok;
+    }
+  }
+  EXPECT_GT(finished, 0);
   EXPECT_TRUE(q_in == c.q);
 }
 
