@@ -231,10 +231,9 @@ int main(int argc, char** argv) {
     if (only != "through") break;
     for (posenc::RopeLayout layout : {posenc::RopeLayout::kBSHD, posenc::RopeLayout::kBHSD}) {
       for (bool through : {true, false}) {
-        const std::string name = std::string(through ? "rope through " : "rope aside ") +
-                                 posenc::DTypeName(dtype) + " neox " +
-                                 (layout == posenc::RopeLayout::kBHSD ? "bhsd" : "bshd") +
-                                 " 4096x(32+8)x128";
+        const std::string name =
+            std::string(through ? "rope through " : "rope aside ") + posenc::DTypeName(dtype) +
+            " neox " + (layout == posenc::RopeLayout::kBHSD ? "bhsd" : "bshd") + " 4096x(32+8)x128";
         if (!bench.Wanted(name)) continue;
         std::vector<uint8_t> q, k;
         posenc::RopePlan plan;

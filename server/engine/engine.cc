@@ -135,10 +135,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithGpus(
                                                                  int64_t n) {
           const absl::Status pinned = gpu->PinHostMemory(p, static_cast<size_t>(n));
           if (!pinned.ok() && warn) {
-            warn(absl::StrCat("shared memory region \"", name, "\" (", n,
-                              " bytes) is not pinned for cuda:", device,
-                              ", so its calls there are staged through pinned buffers: ",
-                              pinned.message()));
+            warn(absl::StrCat(
+                "shared memory region \"", name, "\" (", n,
+                " bytes) is not pinned for cuda:", device,
+                ", so its calls there are staged through pinned buffers: ", pinned.message()));
           }
           return pinned.ok();
         },

@@ -15,13 +15,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <set>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -79,8 +80,8 @@ ModelInferRequest RopeRequest(const std::string& query, int64_t in_offset, int64
 // CPU: in the message (in_region null) or at `in_offset` of `in_region`,
 // its output to `out_offset` of `out_region` (null: the answer).
 ModelInferRequest BigRopeRequest(int64_t tokens, const std::string& socket_bytes,
-                                 const char* in_region, int64_t in_offset,
-                                 const char* out_region, int64_t out_offset) {
+                                 const char* in_region, int64_t in_offset, const char* out_region,
+                                 int64_t out_offset) {
   const int64_t bytes = tokens * kHeads * kDim * 4;
   ModelInferRequest req;
   req.set_model_name("rope");
@@ -111,6 +112,32 @@ std::unique_ptr<Engine> CpuEngine() {
   return made.ok() ? std::move(*made) : nullptr;
 }
 
+// A /dev/shm object of `bytes` registered as `name` (its key unlinked at
+// once: the registry holds its own reference), and its descriptor, for
+// the test to write, read and truncate; -1, the failure reported, when it
+// could not be made. `before` runs just before the registration.
+int RegisteredObject(Engine& engine, const std::string& name, int64_t bytes,
+                     const std::function<void()>& before = nullptr) {
+  const std::string key = absl::StrCat("/posenc-kserve-", name, "-", ::getpid());
+  const int fd = ::open(("/dev/shm" + key).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) {
+    ADD_FAILURE() << "cannot create " << key;
+    return -1;
+  }
+  absl::Status s = absl::InternalError("ftruncate failed");
+  if (::ftruncate(fd, bytes) == 0) {
+    if (before) before();
+    s = engine.shared_memory().Register(name, key, 0, bytes);
+  }
+  ::unlink(("/dev/shm" + key).c_str());
+  if (!s.ok()) {
+    ADD_FAILURE() << "registering \"" << name << "\": " << s;
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 absl::Status RunOn(Engine& engine, ModelInferRequest req, ModelInferResponse* resp,
                    std::string* backend) {
   auto admission = engine.Admit(0);
@@ -120,11 +147,13 @@ absl::Status RunOn(Engine& engine, ModelInferRequest req, ModelInferResponse* re
                   &engine.shared_memory());
 }
 
-// What the CPU backend makes of `query` sent in the message.
-std::string CpuResult(Engine& engine, const std::string& query) {
+// What the CPU backend makes of `query` (`tokens` tokens) sent in the
+// message.
+std::string CpuResult(Engine& engine, const std::string& query, int64_t tokens = kTokens) {
   ModelInferResponse resp;
   std::string backend;
-  EXPECT_TRUE(RunOn(engine, RopeRequest(query, -1, -1, "cpu"), &resp, &backend).ok());
+  EXPECT_TRUE(
+      RunOn(engine, BigRopeRequest(tokens, query, nullptr, 0, nullptr, 0), &resp, &backend).ok());
   EXPECT_EQ(backend, "cpu");
   EXPECT_NE(resp.raw_output_contents(0), query) << "rotated";
   return resp.raw_output_contents(0);
@@ -258,13 +287,8 @@ TEST(SystemSharedMemoryOnAFakeGpu, RopeIntoAnotherSliceGoesStraightThroughTheDev
   FakeDeviceRuntime& rt = gpu.runtime();
   const std::string query = RandomQuery();
   const std::string want = CpuResult(engine, query);
-  const std::string key = "/posenc-kserve-pinned-" + std::to_string(::getpid());
-  const int fd = ::open(("/dev/shm" + key).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  const int fd = RegisteredObject(engine, "sys", kRegionBytes);
   ASSERT_GE(fd, 0);
-  ASSERT_EQ(::ftruncate(fd, kRegionBytes), 0);
-  const absl::Status registered = engine.shared_memory().Register("sys", key, 0, kRegionBytes);
-  ::unlink(("/dev/shm" + key).c_str());
-  ASSERT_TRUE(registered.ok()) << registered;
   EXPECT_EQ(rt.registered_bytes(), kRegionBytes) << "pinned by the GPU at registration";
   ASSERT_EQ(::pwrite(fd, query.data(), kQueryBytes, 0), kQueryBytes);
   const std::string poison(kQueryBytes, '\x7f');
@@ -331,14 +355,10 @@ TEST(SystemSharedMemoryOnAFakeGpu, ARegionTheGpuWillNotPinIsStagedAndTheLogSaysW
   FakeDeviceRuntime& rt = gpu.runtime();
   const std::string query = RandomQuery();
   const std::string want = CpuResult(engine, query);
-  const std::string key = "/posenc-kserve-unpinned-" + std::to_string(::getpid());
-  const int fd = ::open(("/dev/shm" + key).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  const int fd = RegisteredObject(engine, "sys", kRegionBytes, [&] {
+    rt.FailNext(FakeDeviceRuntime::Op::kHostRegister, cudaErrorHostMemoryAlreadyRegistered);
+  });
   ASSERT_GE(fd, 0);
-  ASSERT_EQ(::ftruncate(fd, kRegionBytes), 0);
-  rt.FailNext(FakeDeviceRuntime::Op::kHostRegister, cudaErrorHostMemoryAlreadyRegistered);
-  const absl::Status registered = engine.shared_memory().Register("sys", key, 0, kRegionBytes);
-  ::unlink(("/dev/shm" + key).c_str());
-  ASSERT_TRUE(registered.ok()) << registered;
   EXPECT_EQ(rt.registered_bytes(), 0);
   ASSERT_EQ(warnings.size(), 1u);
   for (const char* said : {"\"sys\"", "not pinned for cuda:0", "cudaHostRegister"}) {
@@ -350,7 +370,8 @@ TEST(SystemSharedMemoryOnAFakeGpu, ARegionTheGpuWillNotPinIsStagedAndTheLogSaysW
   ModelInferResponse resp;
   std::string served;
   const int64_t direct = rt.bytes_copied_direct();
-  ASSERT_TRUE(RunOn(engine, RopeRequest(query, 0, 2 * kQueryBytes, "", "sys"), &resp, &served).ok());
+  ASSERT_TRUE(
+      RunOn(engine, RopeRequest(query, 0, 2 * kQueryBytes, "", "sys"), &resp, &served).ok());
   EXPECT_EQ(served, "cuda:0");
   EXPECT_EQ(rt.bytes_copied_direct(), direct) << "nothing straight from the unpinned region";
   std::string out(kQueryBytes, '\0');
@@ -371,16 +392,10 @@ TEST(SystemSharedMemoryOnAFakeGpu, AnInputTruncatedUnderTheCallWritesNothingToTh
   testing::FakeGpuEngine gpu;
   Engine& engine = gpu.engine();
   const std::string query = RandomQuery();
-  std::vector<std::string> keys;
   std::vector<int> fds;
   for (const char* name : {"in", "out"}) {
-    keys.push_back(absl::StrCat("/posenc-kserve-truncated-", name, "-", ::getpid()));
-    fds.push_back(::open(("/dev/shm" + keys.back()).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600));
+    fds.push_back(RegisteredObject(engine, name, kQueryBytes));
     ASSERT_GE(fds.back(), 0);
-    ASSERT_EQ(::ftruncate(fds.back(), kQueryBytes), 0);
-    const absl::Status s = engine.shared_memory().Register(name, keys.back(), 0, kQueryBytes);
-    ::unlink(("/dev/shm" + keys.back()).c_str());
-    ASSERT_TRUE(s.ok()) << s;
   }
   ASSERT_EQ(::pwrite(fds[0], query.data(), kQueryBytes, 0), kQueryBytes);
   const std::string poison(kQueryBytes, '\x7f');
@@ -412,32 +427,18 @@ TEST(SystemSharedMemoryOnTheCpu, AnInputTruncatedMidCallLeavesOnlyFinishedTokens
   constexpr int64_t kBigTokens = 16384, kRow = kHeads * kDim * 4, kBig = kBigTokens * kRow;
   const std::string query = RandomQuery(kBig);
   std::mt19937 rng(std::random_device{}());  // when to truncate
-  ModelInferResponse socket;
-  std::string served;
-  ASSERT_TRUE(
-      RunOn(engine, BigRopeRequest(kBigTokens, query, nullptr, 0, nullptr, 0), &socket, &served)
-          .ok());
-  const std::string want = socket.raw_output_contents(0);
+  const std::string want = CpuResult(engine, query, kBigTokens);
   const std::string poison(kBig, '\xff');
+  std::string served;
 
-  const auto object = [](const std::string& key) {
-    const int fd = ::open(("/dev/shm" + key).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
-    EXPECT_GE(fd, 0);
-    EXPECT_EQ(::ftruncate(fd, kBig), 0);
-    return fd;
-  };
-  const std::string out_key = absl::StrCat("/posenc-through-out-", ::getpid());
-  const int out_fd = object(out_key);
-  ASSERT_TRUE(engine.shared_memory().Register("out", out_key, 0, kBig).ok());
-  ::unlink(("/dev/shm" + out_key).c_str());
+  const int out_fd = RegisteredObject(engine, "out", kBig);
+  ASSERT_GE(out_fd, 0);
   int failed_midway = 0;
   for (int round = 0; round < 12; ++round) {
-    const std::string in_key = absl::StrCat("/posenc-through-in-", ::getpid(), "-", round);
-    const int in_fd = object(in_key);
-    ASSERT_EQ(::pwrite(in_fd, query.data(), kBig, 0), kBig);
     const std::string name = absl::StrCat("in", round);
-    ASSERT_TRUE(engine.shared_memory().Register(name, in_key, 0, kBig).ok());
-    ::unlink(("/dev/shm" + in_key).c_str());
+    const int in_fd = RegisteredObject(engine, name, kBig);
+    ASSERT_GE(in_fd, 0);
+    ASSERT_EQ(::pwrite(in_fd, query.data(), kBig, 0), kBig);
     std::atomic<bool> truncated{false};
     std::thread vandal([&, delay = std::uniform_int_distribution<int>(0, 20000)(rng)] {
       std::this_thread::sleep_for(std::chrono::microseconds(delay));
@@ -490,20 +491,12 @@ TEST(SystemSharedMemoryOnTheCpu, AnOutputOverlappingItsInputGetsTheWholeInputsRe
   Engine& engine = *made;
   constexpr int64_t kTokens4k = 4096, kBytes = kTokens4k * kHeads * kDim * 4;  // 21 blocks
   const std::string query = RandomQuery(kBytes);
-  ModelInferResponse resp;
+  const std::string want = CpuResult(engine, query, kTokens4k);
   std::string served;
-  ASSERT_TRUE(RunOn(engine, BigRopeRequest(kTokens4k, query, nullptr, 0, nullptr, 0), &resp,
-                    &served)
-                  .ok());
-  const std::string want = resp.raw_output_contents(0);
-  const std::string key = absl::StrCat("/posenc-through-overlap-", ::getpid());
-  const int fd = ::open(("/dev/shm" + key).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  const int fd = RegisteredObject(engine, "r", kBytes * 3 / 2);
   ASSERT_GE(fd, 0);
-  ASSERT_EQ(::ftruncate(fd, kBytes * 3 / 2), 0);
-  ASSERT_TRUE(engine.shared_memory().Register("r", key, 0, kBytes * 3 / 2).ok());
-  ::unlink(("/dev/shm" + key).c_str());
-  for (const auto& [in_at, out_at] : {std::pair<int64_t, int64_t>{0, kBytes / 2},
-                                      std::pair<int64_t, int64_t>{kBytes / 2, 0}}) {
+  for (const auto& [in_at, out_at] :
+       {std::pair<int64_t, int64_t>{0, kBytes / 2}, std::pair<int64_t, int64_t>{kBytes / 2, 0}}) {
     ASSERT_EQ(::pwrite(fd, query.data(), kBytes, in_at), kBytes);
     ModelInferResponse r;
     ASSERT_TRUE(

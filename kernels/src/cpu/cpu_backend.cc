@@ -74,8 +74,9 @@ class CpuBackend final : public Backend {
     }
     const std::shared_ptr<internal::RowTable> rotations =
         plan.empty() ? nullptr : rotations_.For(plan);
-    // The first before_write error stops every thread at its next block,
-    // and is the call's.
+    // The first before_write error is the call's, and stops every thread
+    // at its next block: set where the error is seen, so the others stop
+    // asking at once.
     std::mutex mu;
     absl::Status failed;
     std::atomic<bool> stop{false};
@@ -83,20 +84,22 @@ class CpuBackend final : public Backend {
     if (t.before_write) {
       checked.before_write = [&]() -> absl::Status {
         if (stop.load(std::memory_order_relaxed)) return absl::AbortedError("stopped");
-        return t.before_write();
+        absl::Status s = t.before_write();
+        if (!s.ok()) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (failed.ok()) failed = s;
+          stop = true;
+        }
+        return s;
       };
     }
     const absl::Status ran =
         Run(plan.num_tokens, Grain(per_token), MaxChunk(per_token), ctx, [&](int64_t b, int64_t e) {
           if (stop.load(std::memory_order_relaxed)) return;
-          absl::Status s = internal::RopeThroughTokensCpu(plan, rotations.get(), checked, b, e);
-          if (!s.ok()) {
-            std::lock_guard<std::mutex> lock(mu);
-            if (!stop.exchange(true)) failed = std::move(s);
-          }
+          // Its only error is before_write's, kept in `failed`.
+          internal::RopeThroughTokensCpu(plan, rotations.get(), checked, b, e).IgnoreError();
         });
-    if (!failed.ok()) return failed;
-    return ran;
+    return failed.ok() ? ran : failed;
   }
 
   absl::Status ApplyAbsolute(const AbsolutePlan& plan, void* x, const RunContext& ctx) override {

@@ -32,7 +32,8 @@ void CopyBytes(char* to, const char* from, size_t n) {
     return;
   }
   constexpr size_t kPiece = 2048;
-  for (size_t at = 0; at < n; at += kPiece) std::memcpy(to + at, from + at, std::min(kPiece, n - at));
+  for (size_t at = 0; at < n; at += kPiece)
+    std::memcpy(to + at, from + at, std::min(kPiece, n - at));
 }
 
 // Calls fn(element offset, elements) for each contiguous stretch that the

@@ -19,8 +19,7 @@ using testing::Bytes;
 // A RoPE case with fresh random query and key: their plan, and the result
 // ApplyRope gives in place (what going through must give, bit for bit).
 struct Case {
-  Case(RopeLayout layout, DType dtype, RopeStyle style, int64_t batch, int64_t seq,
-       bool with_key)
+  Case(RopeLayout layout, DType dtype, RopeStyle style, int64_t batch, int64_t seq, bool with_key)
       : dtype(dtype), batch(batch), seq(seq) {
     options.layout = layout;
     options.style = style;
@@ -72,6 +71,22 @@ struct Case {
   int64_t batch, seq;
   Bytes q, k;
   std::vector<int64_t> cu, offsets;
+};
+
+// Case c's query (no key) through work memory into a poisoned output.
+struct QueryThrough {
+  explicit QueryThrough(const Case& c)
+      : in(c.q),
+        work(c.q.size()),
+        out(testing::Poisoned(c.dtype, static_cast<int64_t>(c.q.size() / SizeOf(c.dtype)))),
+        poison(out) {
+    t.query = in.data();
+    t.query_work = work.data();
+    t.query_out = out.data();
+  }
+  Bytes in, work, out;
+  const Bytes poison;
+  RopeThrough t;
 };
 
 std::string Name(const Case& c) {
@@ -163,12 +178,8 @@ TEST(RopeThrough, AnErrorOnOneThreadStopsBoth) {
   Bytes want_q, want_k;
   c.Expected(*cpu, &want_q, &want_k);
   const RopePlan plan = c.Plan();
-  Bytes q_in = c.q, q_work(c.q.size()), q_out = testing::Poisoned(c.dtype, c.q.size() / 4);
-  const Bytes poison = q_out;
-  RopeThrough t;
-  t.query = q_in.data();
-  t.query_work = q_work.data();
-  t.query_out = q_out.data();
+  QueryThrough x(c);
+  RopeThrough& t = x.t;
   std::atomic<int> asked{0};
   t.before_write = [&] {
     return ++asked == 5 ? absl::FailedPreconditionError("input \"query\": truncated")
@@ -181,15 +192,15 @@ TEST(RopeThrough, AnErrorOnOneThreadStopsBoth) {
   const size_t row = Case::kQueryHeads * Case::kHead * 4;
   int64_t finished = 0;
   for (int64_t tok = 0; tok < plan.num_tokens; ++tok) {
-    const auto at = q_out.begin() + tok * row;
+    const auto at = x.out.begin() + tok * row;
     if (std::equal(at, at + row, want_q.begin() + tok * row)) {
       ++finished;
     } else {
-      ASSERT_TRUE(std::equal(at, at + row, poison.begin())) << "token " << tok;
+      ASSERT_TRUE(std::equal(at, at + row, x.poison.begin())) << "token " << tok;
     }
   }
   EXPECT_GT(finished, 0);
-  EXPECT_TRUE(q_in == c.q);
+  EXPECT_TRUE(x.in == c.q);
 }
 
 // A token larger than a block (1024 heads of 64 float32: 256 KiB) goes
@@ -234,12 +245,8 @@ TEST(RopeThrough, AnErrorBeforeAWriteStopsTheCallThere) {
   const RopePlan plan = c.Plan();
   const int64_t block = internal::RopeThroughBlockTokens(plan);
   ASSERT_LT(3 * block, plan.num_tokens);
-  Bytes q_in = c.q, q_work(c.q.size()), q_out = testing::Poisoned(c.dtype, c.q.size() / 4);
-  const Bytes poison = q_out;
-  RopeThrough t;
-  t.query = q_in.data();
-  t.query_work = q_work.data();
-  t.query_out = q_out.data();
+  QueryThrough x(c);
+  RopeThrough& t = x.t;
   int asked = 0;
   t.before_write = [&] {
     return ++asked == 3 ? absl::FailedPreconditionError("input \"query\": truncated")
@@ -250,16 +257,16 @@ TEST(RopeThrough, AnErrorBeforeAWriteStopsTheCallThere) {
   EXPECT_EQ(s.message(), "input \"query\": truncated");
   EXPECT_EQ(asked, 3);
   const size_t written = static_cast<size_t>(2 * block * Case::kQueryHeads * Case::kHead * 4);
-  EXPECT_TRUE(std::equal(q_out.begin(), q_out.begin() + written, want_q.begin()));
-  EXPECT_TRUE(std::equal(q_out.begin() + written, q_out.end(), poison.begin() + written));
-  EXPECT_TRUE(q_in == c.q);
+  EXPECT_TRUE(std::equal(x.out.begin(), x.out.begin() + written, want_q.begin()));
+  EXPECT_TRUE(std::equal(x.out.begin() + written, x.out.end(), x.poison.begin() + written));
+  EXPECT_TRUE(x.in == c.q);
   // A caller who left: CANCELLED, nothing written.
-  q_out = poison;
+  x.out = x.poison;
   t.before_write = nullptr;
   RunContext gone;
   gone.cancelled = [] { return true; };
   EXPECT_EQ(cpu->ApplyRopeThrough(plan, t, gone).code(), absl::StatusCode::kCancelled);
-  EXPECT_TRUE(q_out == poison);
+  EXPECT_TRUE(x.out == x.poison);
 }
 
 }  // namespace

@@ -634,8 +634,8 @@ TEST(CudaBackendOnFakeRuntime, CallsOnPinnedMemoryDoNotWaitBehindAnotherPinning)
   bool call_finished_first = false;
   rt.set_before_host_register([&] {
     registering.set_value();
-    call_finished_first = call_done.get_future().wait_for(std::chrono::seconds(20)) ==
-                          std::future_status::ready;
+    call_finished_first =
+        call_done.get_future().wait_for(std::chrono::seconds(20)) == std::future_status::ready;
   });
   std::thread pin([&] { EXPECT_TRUE(b->PinHostMemory(second.data(), second.size() * 8).ok()); });
   registering.get_future().wait();
