@@ -536,18 +536,14 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
     MutableTensor tensor;
     char* out;
     ScratchPool::Buffer copy;
+    bool aside() const { return tensor.present() && out != tensor.data; }
   };
   Work q{t.query, q_out, {}}, k{t.key, k_out, {}};
-  AlignedWork aligned(env.admission);
-  for (Work* w : {&q, &k}) {
-    if (!w->tensor.present()) continue;
-    if (w->out == w->tensor.data) {
-      POSENC_RETURN_IF_ERROR(aligned.Align(w->tensor));
-      continue;
-    }
-    const auto bytes = static_cast<int64_t>(w->tensor.nbytes);
-    POSENC_ASSIGN_OR_RETURN(w->copy, scratch_.Lend(std::max<int64_t>(1, bytes), env.admission));
-  }
+  const auto lend = [&](Work& w) -> absl::Status {
+    const auto bytes = static_cast<int64_t>(w.tensor.nbytes);
+    POSENC_ASSIGN_OR_RETURN(w.copy, scratch_.Lend(std::max<int64_t>(1, bytes), env.admission));
+    return absl::OkStatus();
+  };
   // The CPU goes block by block, each block copied in, rotated and copied
   // out while in cache (RopeThrough), every block's input checked intact
   // before it goes out. Only where every tensor has an output of its own
@@ -559,17 +555,23 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
     return an == 0 || bn == 0 || x + an <= y || y + bn <= x;
   };
   const bool through_fits =
-      q.copy && (!has_key || k.copy) &&
+      q.aside() && (!has_key || k.aside()) &&
       apart(q.out, t.query.nbytes, t.query.data, t.query.nbytes) &&
       (!has_key || (apart(k.out, t.key.nbytes, t.key.data, t.key.nbytes) &&
                     apart(q.out, t.query.nbytes, t.key.data, t.key.nbytes) &&
                     apart(k.out, t.key.nbytes, t.query.data, t.query.nbytes) &&
                     apart(q.out, t.query.nbytes, k.out, t.key.nbytes)));
   if (backend->kind() == BackendKind::kCpu && through_fits) {
+    // Token-major blocks go through the threads' own buffers: no scratch
+    // is lent (nor admitted) for them.
+    if (backend->RopeThroughNeedsWork(plan)) {
+      POSENC_RETURN_IF_ERROR(lend(q));
+      if (has_key) POSENC_RETURN_IF_ERROR(lend(k));
+    }
     RopeThrough through;
     const auto set = [](const Work& w, const void** in, void** work, void** out) {
       *in = w.tensor.data;
-      *work = w.copy.data();
+      *work = w.copy ? w.copy.data() : nullptr;
       *out = w.out;
     };
     set(q, &through.query, &through.query_work, &through.query_out);
@@ -578,6 +580,14 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
     POSENC_RETURN_IF_ERROR(backend->ApplyRopeThrough(plan, through, env.ctx));
     *served = BackendName(backend);
     return absl::OkStatus();
+  }
+  AlignedWork aligned(env.admission);
+  for (Work* w : {&q, &k}) {
+    if (w->aside()) {
+      POSENC_RETURN_IF_ERROR(lend(*w));
+    } else if (w->tensor.present()) {
+      POSENC_RETURN_IF_ERROR(aligned.Align(w->tensor));
+    }
   }
   for (Work* w : {&q, &k}) {
     if (!w->copy) continue;

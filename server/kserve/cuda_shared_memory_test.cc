@@ -279,8 +279,9 @@ TEST_F(CudaSharedMemoryOnFakeRuntime, ToAnotherDeviceSliceOnTheDevice) {
 // slice and comes back rotated straight into the output slice: no scratch
 // buffer, no host copy, each byte over the bus once each way. Calls the
 // CPU serves (asked for, or left to it by a GPU that gave up under AUTO)
-// rotate a private copy instead. Either way the input stays as it was and
-// the output receives the finished result only.
+// go block by block through its threads' own buffers instead, also with no
+// scratch buffer. Either way the input stays as it was and the output
+// receives the finished result only.
 TEST(SystemSharedMemoryOnAFakeGpu, RopeIntoAnotherSliceGoesStraightThroughTheDevice) {
   testing::FakeGpuEngine gpu(BackendChoice::kAuto, /*auto_gpu_min_bytes=*/0);
   Engine& engine = gpu.engine();
@@ -324,14 +325,14 @@ TEST(SystemSharedMemoryOnAFakeGpu, RopeIntoAnotherSliceGoesStraightThroughTheDev
   EXPECT_EQ(served, "cpu");
   EXPECT_EQ(read(2 * kQueryBytes), want);
   EXPECT_EQ(read(0), query);
-  EXPECT_EQ(engine.scratch().idle_buffers(), 1) << "the private copy's buffer, back in the pool";
+  EXPECT_EQ(engine.scratch().idle_buffers(), 0) << "block by block, through the CPU's own buffers";
 
-  // The CPU asked for: aside, reusing that buffer.
+  // The CPU asked for: the same.
   ASSERT_TRUE(run("cpu", &served).ok());
   EXPECT_EQ(served, "cpu");
   EXPECT_EQ(read(2 * kQueryBytes), want);
   EXPECT_EQ(read(0), query);
-  EXPECT_EQ(engine.scratch().idle_buffers(), 1);
+  EXPECT_EQ(engine.scratch().idle_buffers(), 0);
 
   // CUDA asked for and the launch failing: the failure, the output as it was.
   rt.FailNext(FakeDeviceRuntime::Op::kLaunch, cudaErrorInvalidValue);
@@ -505,6 +506,67 @@ TEST(SystemSharedMemoryOnTheCpu, AnOutputOverlappingItsInputGetsTheWholeInputsRe
     ASSERT_EQ(::pread(fd, out.data(), kBytes, out_at), kBytes);
     EXPECT_TRUE(out == want) << "input at " << in_at << ", output at " << out_at;
   }
+  ASSERT_TRUE(engine.shared_memory().Unregister("r").ok());
+  ::close(fd);
+}
+
+// Token-major tensors go from slice to slice through each CPU thread's own
+// block buffer: the call is lent no scratch buffer of the tensor's size,
+// and so is not refused for lack of budget for one. BHSD blocks are one
+// stretch a head, rotated in a scratch buffer: that call needs the budget.
+TEST(SystemSharedMemoryOnTheCpu, TokenMajorCallsIntoAnotherSliceNeedNoScratchBudget) {
+  EngineOptions o;
+  o.enable_cuda = false;
+  o.cpu_threads = 2;
+  o.shared_memory.enabled = true;
+  o.max_request_tensor_bytes = 16 << 20;
+  o.max_inflight_bytes = 128 << 20;  // the region (32 MiB) is held in it
+  auto made = Engine::Create(o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  Engine& engine = **made;
+  constexpr int64_t kBigTokens = 16384, kBig = kBigTokens * kHeads * kDim * 4;  // 16 MiB
+  const std::string query = RandomQuery(kBig);
+  const std::string want = CpuResult(engine, query, kBigTokens);
+  ASSERT_EQ(engine.scratch().idle_buffers(), 0);
+  const int fd = RegisteredObject(engine, "r", 2 * kBig);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, query.data(), kBig, 0), kBig);
+  const std::string poison(kBig, '\xff');
+  const auto call = [&](ModelInferRequest req) {
+    EXPECT_EQ(::pwrite(fd, poison.data(), kBig, kBig), kBig);
+    ModelInferResponse resp;
+    std::string served;
+    return RunOn(engine, std::move(req), &resp, &served);
+  };
+  const auto out = [&] {
+    std::string s(kBig, '\0');
+    EXPECT_EQ(::pread(fd, s.data(), kBig, kBig), kBig);
+    return s;
+  };
+  // Other calls hold all but 8 MiB of the budget: less than the tensor.
+  auto others = engine.Admit(0);
+  ASSERT_TRUE(others.ok()) << others.status();
+  AdmissionControl& budget = engine.admission();
+  ASSERT_TRUE(others->TryGrow(budget.options().max_bytes - budget.bytes() - (8 << 20)).ok());
+
+  ASSERT_TRUE(call(BigRopeRequest(kBigTokens, "", "r", 0, "r", kBig)).ok());
+  EXPECT_TRUE(out() == want);
+  EXPECT_EQ(engine.scratch().idle_buffers(), 0) << "no scratch buffer was lent";
+
+  // The same bytes as a BHSD tensor of one head, [1, 1, tokens, heads x
+  // dim]: its blocks go through a scratch buffer, which the budget lacks.
+  ModelInferRequest bhsd = BigRopeRequest(kBigTokens, "", "r", 0, "r", kBig);
+  auto* shape = bhsd.mutable_inputs(0)->mutable_shape();
+  shape->Clear();
+  for (int64_t d : {int64_t{1}, int64_t{1}, kBigTokens, kHeads * kDim}) shape->Add(d);
+  (*bhsd.mutable_parameters())["layout"].set_string_param("bhsd");
+  const absl::Status refused = call(bhsd);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_TRUE(out() == poison) << "a refused call wrote its output";
+  others->Reset();
+  ASSERT_TRUE(call(bhsd).ok());
+  EXPECT_EQ(engine.scratch().idle_buffers(), 1) << "its scratch buffer, back in the pool";
+  EXPECT_TRUE(out() != poison);
   ASSERT_TRUE(engine.shared_memory().Unregister("r").ok());
   ::close(fd);
 }

@@ -57,6 +57,9 @@ struct RunContext {
 struct RopeThrough {
   const void* query = nullptr;
   const void* key = nullptr;  // null when the plan has no key
+  // Null where Backend::RopeThroughNeedsWork(plan) is false: the memory is
+  // then not touched, so a caller need not set any aside (nor count it
+  // against its memory budget).
   void* query_work = nullptr;
   void* key_work = nullptr;
   void* query_out = nullptr;
@@ -152,6 +155,10 @@ class Backend {
                                                       const RunContext& /*ctx*/) {
     return absl::UnimplementedError("this backend does not rotate through work memory");
   }
+  // Whether ApplyRopeThrough(plan, ...) uses the work memories. The CPU
+  // backend's does only in BHSD and for tokens larger than its block; a
+  // backend that does not override this needs them.
+  virtual bool RopeThroughNeedsWork(const RopePlan& /*plan*/) const { return true; }
   // Copies `bytes` between host memory and memory from
   // OpenSharedDeviceMemory (either way, or within it) and returns once they
   // have landed. Default: host memory on both sides.

@@ -72,6 +72,12 @@ class CpuBackend final : public Backend {
       return absl::InvalidArgumentError(
           "ApplyRopeThrough: a work memory that is its input needs its output there too");
     }
+    if (internal::RopeThroughNeedsWork(plan) &&
+        (t.query_work == nullptr ||
+         (plan.has_key && plan.key_heads > 0 && t.key_work == nullptr))) {
+      return absl::InvalidArgumentError(
+          "ApplyRopeThrough: this plan (BHSD, or tokens larger than a block) needs work memory");
+    }
     const std::shared_ptr<internal::RowTable> rotations =
         plan.empty() ? nullptr : rotations_.For(plan);
     // The first before_write error is the call's, and stops every thread
@@ -100,6 +106,10 @@ class CpuBackend final : public Backend {
           internal::RopeThroughTokensCpu(plan, rotations.get(), checked, b, e).IgnoreError();
         });
     return failed.ok() ? ran : failed;
+  }
+
+  bool RopeThroughNeedsWork(const RopePlan& plan) const override {
+    return internal::RopeThroughNeedsWork(plan);
   }
 
   absl::Status ApplyAbsolute(const AbsolutePlan& plan, void* x, const RunContext& ctx) override {

@@ -90,12 +90,20 @@ class BlockBuffer {
   int64_t size_ = 0;
 };
 
+// Query and key bytes of one token.
+int64_t TokenBytes(const RopePlan& plan) {
+  return (plan.query_heads + (plan.has_key ? plan.key_heads : 0)) * plan.head_dim *
+         static_cast<int64_t>(SizeOf(plan.dtype));
+}
+
 }  // namespace
 
 int64_t RopeThroughBlockTokens(const RopePlan& plan) {
-  const int64_t token_bytes = (plan.query_heads + (plan.has_key ? plan.key_heads : 0)) *
-                              plan.head_dim * static_cast<int64_t>(SizeOf(plan.dtype));
-  return std::max<int64_t>(1, kRopeThroughBlockBytes / std::max<int64_t>(1, token_bytes));
+  return std::max<int64_t>(1, kRopeThroughBlockBytes / std::max<int64_t>(1, TokenBytes(plan)));
+}
+
+bool RopeThroughNeedsWork(const RopePlan& plan) {
+  return plan.layout == RopeLayout::kBHSD || TokenBytes(plan) > kRopeThroughBlockBytes;
 }
 
 absl::Status RopeThroughTokensCpu(const RopePlan& plan, RowTable* rotations, const RopeThrough& t,
@@ -108,7 +116,7 @@ absl::Status RopeThroughTokensCpu(const RopePlan& plan, RowTable* rotations, con
   };
   const int64_t q_row = plan.query_heads * plan.head_dim * static_cast<int64_t>(elem);
   const int64_t k_row = key_heads * plan.head_dim * static_cast<int64_t>(elem);
-  if (plan.layout == RopeLayout::kBHSD || q_row + k_row > kRopeThroughBlockBytes) {
+  if (RopeThroughNeedsWork(plan)) {
     // A block's rows are one stretch a head (BHSD), or a token is larger
     // than a block (which the thread's own buffer would then have to hold,
     // for the thread's life): rotated in the work memory at their own

@@ -19,6 +19,11 @@ class RowTable;
 // and copied out. At least 1.
 int64_t RopeThroughBlockTokens(const RopePlan& plan);
 
+// Whether RopeThroughTokensCpu(plan, ...) uses t.query_work and t.key_work:
+// in BHSD, whose blocks are one stretch a head, and for tokens larger than
+// a block. Otherwise it goes through the thread's own block buffer.
+bool RopeThroughNeedsWork(const RopePlan& plan);
+
 // Tokens [begin, end) of `t` (RopeThrough), block by block: each block of
 // each tensor copied aside (token-major: into this thread's block buffer;
 // BHSD, or tokens larger than a block: into the work memory, unless that

@@ -126,13 +126,17 @@ TEST(RopeThrough, GivesApplyRopesResultAndLeavesTheInputs) {
     Bytes q_work = testing::Poisoned(c.dtype, c.q.size() / SizeOf(c.dtype));
     Bytes k_work = testing::Poisoned(c.dtype, c.k.size() / SizeOf(c.dtype));
     Bytes q_out = q_work, k_out = k_work;
+    // Token-major blocks go through the thread's own buffer: no work
+    // memory is given them, so a use of it would crash.
+    const bool needs_work = c.options.layout == RopeLayout::kBHSD;
+    EXPECT_EQ(cpu->RopeThroughNeedsWork(plan), needs_work);
     RopeThrough t;
     t.query = q_in.data();
-    t.query_work = q_work.data();
+    t.query_work = needs_work ? q_work.data() : nullptr;
     t.query_out = q_out.data();
     if (!c.k.empty()) {
       t.key = k_in.data();
-      t.key_work = k_work.data();
+      t.key_work = needs_work ? k_work.data() : nullptr;
       t.key_out = k_out.data();
     }
     std::atomic<int> asked{0};
@@ -232,6 +236,37 @@ TEST(RopeThrough, TokensLargerThanABlockGoThroughTheWorkMemory) {
   through.query_work = q.data();
   EXPECT_EQ(cpu->ApplyRopeThrough(*plan, through, {}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(q == in && out == untouched);
+  // So would none at all, where the plan needs it.
+  EXPECT_TRUE(cpu->RopeThroughNeedsWork(*plan));
+  through.query_work = nullptr;
+  EXPECT_EQ(cpu->ApplyRopeThrough(*plan, through, {}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(q == in && out == untouched);
+}
+
+// BHSD blocks are one stretch a head, rotated in the work memory: a call
+// without one is refused before anything is written, in either tensor.
+TEST(RopeThrough, BhsdWithoutWorkMemoryIsRefused) {
+  auto cpu = CreateCpuBackend(2);
+  const Case c(RopeLayout::kBHSD, DType::kFloat32, RopeStyle::kNeox, 2, 50, true);
+  const RopePlan plan = c.Plan();
+  ASSERT_TRUE(cpu->RopeThroughNeedsWork(plan));
+  Bytes q_in = c.q, k_in = c.k, q_work(c.q.size()), k_work(c.k.size());
+  const Bytes poison = testing::Poisoned(c.dtype, c.q.size() / 4);
+  const Bytes k_poison = testing::Poisoned(c.dtype, c.k.size() / 4);
+  Bytes q_out = poison, k_out = k_poison;
+  for (int missing = 0; missing < 2; ++missing) {
+    SCOPED_TRACE(missing == 0 ? "no query work" : "no key work");
+    RopeThrough t;
+    t.query = q_in.data();
+    t.key = k_in.data();
+    t.query_work = missing == 0 ? nullptr : q_work.data();
+    t.key_work = missing == 1 ? nullptr : k_work.data();
+    t.query_out = q_out.data();
+    t.key_out = k_out.data();
+    const absl::Status s = cpu->ApplyRopeThrough(plan, t, {});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_TRUE(q_out == poison && k_out == k_poison) << "an output was written";
+  }
 }
 
 // before_write's error stops the call with it: the blocks before it went
