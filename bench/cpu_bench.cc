@@ -15,6 +15,10 @@
 // and the way it went before (a whole copy in, ApplyRope there, a whole copy
 // out, on one thread as the engine made them); "vs copy" is the figure
 // there, since one copy is the least such a call can move.
+// --only=copy, also left out by default, times one thread's memcpy against
+// posenc::CopyHostBytes (posenc/host_copy.h) at destinations 0, 16 and 100
+// bytes past the source modulo a page, between buffers in cache ("hot":
+// the same bytes again) and from memory ("cold": along 256 MiB).
 // --positions=one|cycle16 gives the sinusoidal cases' tokens one position, or
 // positions 0-15 over and over, instead of 0-4095: tables that stay in L1,
 // or all 16 offset rows with one anchor row, to tell what the add's tables
@@ -22,6 +26,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -33,6 +38,7 @@
 
 #include "cpu/thread_pool.h"
 #include "posenc/backend.h"
+#include "posenc/host_copy.h"
 
 namespace {
 
@@ -141,6 +147,52 @@ std::function<void()> RopeKernel(posenc::Backend& cpu, posenc::DType dtype, pose
   }
   *plan = *std::move(p);
   return [&cpu, plan, &q, &k] { (void)cpu.ApplyRope(*plan, q.data(), k.data(), {}); };
+}
+
+// --only=copy: GB/s of memcpy and CopyHostBytes on one thread, medians of
+// `reps` interleaved runs, by size, distance and whether the bytes are in
+// cache.
+void CopyTable(int reps) {
+  constexpr size_t kSpan = size_t{256} << 20, kPage = 4096;
+  char* from = static_cast<char*>(std::aligned_alloc(kPage, kSpan + kPage));
+  char* to = static_cast<char*>(std::aligned_alloc(kPage, kSpan + kPage));
+  std::memset(from, 1, kSpan + kPage);
+  std::memset(to, 2, kSpan + kPage);
+  std::printf("posenc-bench-cpu --only=copy: 1 thread, median GB/s of %d interleaved runs\n", reps);
+  std::printf("%9s %9s %5s %10s %14s\n", "size", "distance", "", "memcpy", "CopyHostBytes");
+  for (size_t n : {size_t{4} << 10, size_t{64} << 10, size_t{256} << 10, size_t{1} << 20}) {
+    for (size_t distance : {size_t{0}, size_t{16}, size_t{100}}) {
+      for (bool hot : {true, false}) {
+        // Hot: the same n bytes again (repeated to 64 MiB); cold: along the
+        // span, each copy reading and writing bytes not touched since.
+        const size_t count = hot ? std::max<size_t>(1, (size_t{64} << 20) / n) : kSpan / n;
+        const auto run = [&](bool ours) {
+          const auto t0 = std::chrono::steady_clock::now();
+          for (size_t i = 0; i < count; ++i) {
+            const size_t at = hot ? 0 : i * n;
+            if (ours) {
+              posenc::CopyHostBytes(to + at + distance, from + at, n);
+            } else {
+              std::memcpy(to + at + distance, from + at, n);
+            }
+            asm volatile("" ::: "memory");
+          }
+          const double s =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          return static_cast<double>(n * count) / s / 1e9;
+        };
+        std::vector<double> plain, ours;
+        for (int r = 0; r < reps; ++r) {
+          plain.push_back(run(false));
+          ours.push_back(run(true));
+        }
+        std::printf("%6zu KiB %9zu %5s %10.1f %14.1f\n", n >> 10, distance, hot ? "hot" : "cold",
+                    Median(plain), Median(ours));
+      }
+    }
+  }
+  std::free(from);
+  std::free(to);
 }
 
 }  // namespace
@@ -261,6 +313,10 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (only == "copy") {
+    CopyTable(reps);
+    return 0;
+  }
   std::printf("posenc-bench-cpu: %d threads, median of %d interleaved runs\n", threads, reps);
   std::printf("%-44s %9s %8s %10s %10s %8s %8s\n", "operation", "MB moved", "GB/s", "memcpy",
               "in-place", "vs copy", "vs rmw");

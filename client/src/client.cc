@@ -13,6 +13,7 @@
 #include "device_memory.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "posenc/host_copy.h"
 #include "posenc/status_macros.h"
 #include "posenc/wire/enums.h"
 #include "posenc/wire/requests.h"
@@ -108,7 +109,7 @@ v1::AbsoluteEncodingRequest AbsoluteRequestOf(const AbsoluteOptions& options,
 }
 
 void PutBytes(const MutableTensor& t, std::string* data) {
-  data->assign(static_cast<const char*>(t.data), t.nbytes);
+  AssignHostBytes(data, static_cast<const char*>(t.data), t.nbytes);
 }
 
 // Tensors of one call laid out in a leased region, back to back, each at a
@@ -129,14 +130,14 @@ class Placement {
   // Copies `t` in; fills `slice`.
   void Put(const MutableTensor& t, v1::SharedMemorySlice* slice) {
     char* at = Reserve(static_cast<int64_t>(t.nbytes), slice);
-    if (t.nbytes > 0) std::memcpy(at, t.data, t.nbytes);
+    CopyHostBytes(at, t.data, t.nbytes);
   }
   const char* At(const v1::SharedMemorySlice& slice) const {
     return lease_.region().data() + slice.offset();
   }
   // Copies a slice's bytes (the server's result) back into `t`.
   void Get(const v1::SharedMemorySlice& slice, MutableTensor& t) const {
-    if (t.nbytes > 0) std::memcpy(t.data, At(slice), t.nbytes);
+    CopyHostBytes(t.data, At(slice), t.nbytes);
   }
 
  private:

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <new>
 
+#include "posenc/host_copy.h"
 #include "posenc/status_macros.h"
 
 namespace posenc::server {
@@ -21,7 +22,7 @@ absl::StatusOr<char*> AlignedWork::Set(char* home, int64_t bytes, bool copy_in) 
     return absl::ResourceExhaustedError("out of memory for an aligned copy of a tensor");
   }
   char* at = reinterpret_cast<char*>(buffer.get());
-  if (copy_in && bytes > 0) std::memcpy(at, home, static_cast<size_t>(bytes));
+  if (copy_in) CopyHostBytes(at, home, static_cast<size_t>(bytes));
   aside_.push_back(Aside{home, bytes, std::move(buffer)});
   return at;
 }
@@ -41,7 +42,7 @@ absl::StatusOr<char*> AlignedWork::Output(char* at, int64_t bytes, DType dtype) 
 
 void AlignedWork::CopyBack() {
   for (const Aside& a : aside_) {
-    if (a.bytes > 0) std::memcpy(a.home, a.buffer.get(), static_cast<size_t>(a.bytes));
+    CopyHostBytes(a.home, a.buffer.get(), static_cast<size_t>(a.bytes));
   }
   aside_.clear();
 }

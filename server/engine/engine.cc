@@ -9,6 +9,7 @@
 #include "engine/aligned_work.h"
 #include "engine/backend_cost.h"
 #include "engine/no_throw.h"
+#include "posenc/host_copy.h"
 #include "posenc/limits.h"
 #include "posenc/status_macros.h"
 
@@ -591,7 +592,7 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
   }
   for (Work* w : {&q, &k}) {
     if (!w->copy) continue;
-    if (w->tensor.nbytes > 0) std::memcpy(w->copy.data(), w->tensor.data, w->tensor.nbytes);
+    CopyHostBytes(w->copy.data(), w->tensor.data, w->tensor.nbytes);
     w->tensor.data = w->copy.data();
   }
   // The copies must be of the caller's bytes before anything is written.
@@ -600,7 +601,7 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
     return b->ApplyRope(plan, q.tensor.data, has_key ? k.tensor.data : nullptr, env.ctx);
   }));
   for (Work* w : {&q, &k}) {
-    if (w->copy && w->tensor.nbytes > 0) std::memcpy(w->out, w->copy.data(), w->tensor.nbytes);
+    if (w->copy) CopyHostBytes(w->out, w->copy.data(), w->tensor.nbytes);
   }
   aligned.CopyBack();
   *served = BackendName(backend);

@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "posenc/host_copy.h"
 #include "posenc/status_macros.h"
 
 namespace posenc::server {
@@ -147,7 +148,7 @@ absl::Status SharedMemoryRegion::Read(absl::string_view field, int64_t offset, i
     out->resize(static_cast<size_t>(size));
     return size > 0 ? device_.copy(out->data(), At(offset), out->size()) : absl::OkStatus();
   }
-  out->assign(At(offset), static_cast<size_t>(size));
+  AssignHostBytes(out, At(offset), static_cast<size_t>(size));
   // A truncation during the copy left zeros in it.
   if (absl::Status s = CheckIntact(field); !s.ok()) {
     out->clear();
@@ -163,7 +164,7 @@ absl::Status SharedMemoryRegion::ReadInto(absl::string_view field, int64_t offse
   if (on_device()) {
     return size > 0 ? device_.copy(to, At(offset), static_cast<size_t>(size)) : absl::OkStatus();
   }
-  if (size > 0) std::memcpy(to, At(offset), static_cast<size_t>(size));
+  CopyHostBytes(to, At(offset), static_cast<size_t>(size));
   // A truncation during the copy left zeros in it.
   return CheckIntact(field);
 }
@@ -176,7 +177,7 @@ absl::Status SharedMemoryRegion::Write(absl::string_view field, int64_t offset,
   if (on_device()) {
     return size > 0 ? device_.copy(At(offset), data.data(), data.size()) : absl::OkStatus();
   }
-  if (size > 0) std::memcpy(At(offset), data.data(), data.size());
+  CopyHostBytes(At(offset), data.data(), data.size());
   return CheckIntact(field);
 }
 

@@ -8,6 +8,7 @@
 #include "engine/utf8.h"
 #include "kserve/parameters.h"
 #include "kserve/tensors.h"
+#include "posenc/host_copy.h"
 #include "posenc/status_macros.h"
 
 namespace posenc::server::kserve {
@@ -128,7 +129,7 @@ class OutputSet {
                    const char* computed = nullptr) {
     const Wanted* w = Find(name);
     if (w == nullptr || !w->shm.has_value()) {
-      if (computed != nullptr) data->assign(computed, static_cast<size_t>(size));
+      if (computed != nullptr) AssignHostBytes(data, computed, static_cast<size_t>(size));
       inference::ModelInferResponse::InferOutputTensor* out = resp->add_outputs();
       Describe(name, datatype, shape, out);
       resp->add_raw_output_contents()->swap(*data);

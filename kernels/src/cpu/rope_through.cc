@@ -8,6 +8,7 @@
 #include "cpu_kernels.h"
 #include "math/rope_math.h"
 #include "posenc/dtype.h"
+#include "posenc/host_copy.h"
 #include "posenc/status_macros.h"
 
 namespace posenc::internal {
@@ -17,24 +18,6 @@ namespace {
 // while in L2 (512 KiB a core on Zen 3, 1-2 MiB on the Xeons and Zen 5),
 // with room for the rotations and the kernels' prefetches.
 constexpr int64_t kRopeThroughBlockBytes = int64_t{192} << 10;
-
-// Copies n bytes. glibc's memcpy moves blocks of these sizes (4 KiB to a
-// few hundred KiB) with `rep movsb`, which on the Zen 3 ran 8 times slower
-// between addresses 16 bytes apart modulo 32 than between equally aligned
-// ones (372 against 44 us a MiB in and out of a block buffer): with the
-// block buffer malloc'd (16 bytes past a 32-byte boundary) and the slices
-// page-aligned, 1 MiB KServe calls took 0.9-1.2 ms of server CPU against
-// 0.44-0.52 ms before. Pieces of 2 KiB stay below its `rep movsb`
-// threshold and take its vector loop, as fast whatever the alignment.
-void CopyBytes(char* to, const char* from, size_t n) {
-  if (((reinterpret_cast<uintptr_t>(to) - reinterpret_cast<uintptr_t>(from)) & 63) == 0) {
-    std::memcpy(to, from, n);
-    return;
-  }
-  constexpr size_t kPiece = 2048;
-  for (size_t at = 0; at < n; at += kPiece)
-    std::memcpy(to + at, from + at, std::min(kPiece, n - at));
-}
 
 // Calls fn(element offset, elements) for each contiguous stretch that the
 // rows of tokens [t0, t1) of a tensor of `heads` heads occupy: one stretch
@@ -62,12 +45,15 @@ void CopyTokens(const RopePlan& p, int64_t heads, size_t elem, const void* from,
   const auto* src = static_cast<const char*>(from);
   auto* dst = static_cast<char*>(to);
   ForEachStretch(p, heads, t0, t1, [&](int64_t at, int64_t n) {
-    CopyBytes(dst + at * static_cast<int64_t>(elem), src + at * static_cast<int64_t>(elem),
-              static_cast<size_t>(n) * elem);
+    CopyHostBytes(dst + at * static_cast<int64_t>(elem), src + at * static_cast<int64_t>(elem),
+                  static_cast<size_t>(n) * elem);
   });
 }
 
-// A thread's block buffer, page-aligned (see CopyBytes).
+// A thread's block buffer, page-aligned. (Malloc'd, 16 bytes past a
+// page, it put 1 MiB KServe calls at 0.9-1.2 ms of server CPU
+// against 0.44-0.52: the copies into it from page-aligned slices hit
+// glibc's slow `rep movsb` case, posenc/host_copy.h.)
 class BlockBuffer {
  public:
   BlockBuffer() = default;
@@ -149,14 +135,14 @@ absl::Status RopeThroughTokensCpu(const RopePlan& plan, RowTable* rotations, con
     const int64_t e = std::min(end, b + block);
     const auto q_bytes = static_cast<size_t>((e - b) * q_row);
     const auto k_bytes = static_cast<size_t>((e - b) * k_row);
-    CopyBytes(q_block, q_in + b * q_row, q_bytes);
-    if (k_bytes > 0) CopyBytes(k_block, k_in + b * k_row, k_bytes);
+    CopyHostBytes(q_block, q_in + b * q_row, q_bytes);
+    if (k_bytes > 0) CopyHostBytes(k_block, k_in + b * k_row, k_bytes);
     if (!plan.empty()) {
       RopeTokensCpu(plan, rotations, q_block, k_bytes > 0 ? k_block : nullptr, b, e, b);
     }
     POSENC_RETURN_IF_ERROR(check());
-    CopyBytes(q_out + b * q_row, q_block, q_bytes);
-    if (k_bytes > 0) CopyBytes(k_out + b * k_row, k_block, k_bytes);
+    CopyHostBytes(q_out + b * q_row, q_block, q_bytes);
+    if (k_bytes > 0) CopyHostBytes(k_out + b * k_row, k_block, k_bytes);
   }
   return absl::OkStatus();
 }

@@ -57,6 +57,7 @@
 #include "device_runtime.h"
 #include "params_from_plan.h"
 #include "posenc/backend.h"
+#include "posenc/host_copy.h"
 #include "posenc/status_macros.h"
 
 namespace posenc {
@@ -260,8 +261,8 @@ class CudaBackend final : public Backend {
     return WithWorker(l.size(), st.host_bytes, [&](Worker& w) -> absl::Status {
       char* h = w.pinned;
       if (staged) {
-        std::memcpy(h + q_at, query, q_bytes);
-        if (k_bytes) std::memcpy(h + k_at, key, k_bytes);
+        CopyHostBytes(h + q_at, query, q_bytes);
+        CopyHostBytes(h + k_at, key, k_bytes);
       }
       std::memcpy(h + pos_at, plan.positions.values.data(), plan.positions.values.size() * 8);
       if (per_token_sets) std::memcpy(h + set_at, token_set.data(), token_set.size() * 4);
@@ -344,8 +345,8 @@ class CudaBackend final : public Backend {
             rt_.MemcpyAsync(h + k_at, w.device + k_at, k_bytes, cudaMemcpyDeviceToHost, w.stream));
       }
       POSENC_CUDA(rt_.StreamSynchronize(w.stream));
-      std::memcpy(query, h + q_at, q_bytes);
-      if (k_bytes) std::memcpy(key, h + k_at, k_bytes);
+      CopyHostBytes(query, h + q_at, q_bytes);
+      CopyHostBytes(key, h + k_at, k_bytes);
       return absl::OkStatus();
     });
   }
@@ -378,7 +379,7 @@ class CudaBackend final : public Backend {
         POSENC_ASSIGN_OR_RETURN(table, DeviceTable(plan.options.table, w));
       }
       char* h = w.pinned;
-      if (plan.has_input && staged) std::memcpy(h + x_at, x, x_bytes);
+      if (plan.has_input && staged) CopyHostBytes(h + x_at, x, x_bytes);
       std::memcpy(h + pos_at, plan.positions.values.data(), plan.positions.values.size() * 8);
       std::memcpy(h + omega_at, plan.omega.data(), plan.omega.size() * 8);
       std::memcpy(h + step_at, plan.phase_step.data(), plan.phase_step.size() * 8);
@@ -423,7 +424,7 @@ class CudaBackend final : public Backend {
       POSENC_CUDA(
           rt_.MemcpyAsync(h + x_at, w.device + x_at, x_bytes, cudaMemcpyDeviceToHost, w.stream));
       POSENC_CUDA(rt_.StreamSynchronize(w.stream));
-      std::memcpy(x, h + x_at, x_bytes);
+      CopyHostBytes(x, h + x_at, x_bytes);
       return absl::OkStatus();
     });
   }
@@ -448,7 +449,7 @@ class CudaBackend final : public Backend {
     const int64_t per_chunk = st.per_chunk;
     return WithWorker(l.size(), st.host_bytes, [&](Worker& w) -> absl::Status {
       char* h = w.pinned;
-      if (plan.add_to_logits && staged) std::memcpy(h + out_at, out, out_bytes);
+      if (plan.add_to_logits && staged) CopyHostBytes(h + out_at, out, out_bytes);
       std::memcpy(h + slopes_at, plan.slopes.data(), plan.slopes.size() * 8);
       std::memcpy(h + klens_at, plan.k_lens.data(), plan.k_lens.size() * 8);
       std::memcpy(h + kstarts_at, plan.k_starts.data(), plan.k_starts.size() * 8);
@@ -488,7 +489,7 @@ class CudaBackend final : public Backend {
       POSENC_CUDA(rt_.MemcpyAsync(h + out_at, w.device + out_at, out_bytes, cudaMemcpyDeviceToHost,
                                   w.stream));
       POSENC_CUDA(rt_.StreamSynchronize(w.stream));
-      std::memcpy(out, h + out_at, out_bytes);
+      CopyHostBytes(out, h + out_at, out_bytes);
       return absl::OkStatus();
     });
   }
@@ -556,7 +557,7 @@ class CudaBackend final : public Backend {
     if (bytes == 0) return absl::OkStatus();
     const bool to_device = InShared(to, bytes), from_device = InShared(from, bytes);
     if (!to_device && !from_device) {
-      std::memcpy(to, from, bytes);
+      CopyHostBytes(to, from, bytes);
       return absl::OkStatus();
     }
     const cudaMemcpyKind kind = to_device && from_device ? cudaMemcpyDeviceToDevice
@@ -652,7 +653,7 @@ class CudaBackend final : public Backend {
     const size_t bytes = c.rows * t.row_bytes;
     if (t.heads == 0) {
       char* host = t.host + c.first * t.row_bytes;
-      std::memcpy(to_slot ? slot : host, to_slot ? host : slot, bytes);
+      CopyHostBytes(to_slot ? slot : host, to_slot ? host : slot, bytes);
       return;
     }
     const size_t piece = t.row_bytes / t.heads;
@@ -660,7 +661,7 @@ class CudaBackend final : public Backend {
     for (int64_t h = 0; h < t.heads; ++h) {
       char* host = t.host + ((b * t.heads + h) * t.seq_len + s) * piece;
       char* at = slot + h * c.rows * piece;
-      std::memcpy(to_slot ? at : host, to_slot ? host : at, c.rows * piece);
+      CopyHostBytes(to_slot ? at : host, to_slot ? host : at, c.rows * piece);
     }
   }
 
