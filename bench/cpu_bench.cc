@@ -9,10 +9,11 @@
 // Prints a table, and JSON with --json=PATH. --only=rope|sinusoidal|alibi|small
 // runs one section (the others are skipped); --filter=TEXT runs only the
 // cases whose name contains TEXT (for profiling one of them).
-// --only=through runs a section the default run leaves out: RoPE from one
-// buffer into another, as a KServe call from one shared-memory slice into
-// another, through work memory block by block (Backend::ApplyRopeThrough)
-// and the way it went before (a whole copy in, ApplyRope there, a whole copy
+// --only=through runs a section the default run leaves out: RoPE and the
+// sinusoidal add from one buffer into another, as a KServe call from one
+// shared-memory slice into another, block by block through a buffer in
+// cache (Backend::ApplyRopeThrough, ApplyAbsoluteThrough) and the way it
+// went before (a whole copy in, the in-place kernel there, a whole copy
 // out, on one thread as the engine made them); "vs copy" is the figure
 // there, since one copy is the least such a call can move.
 // --only=copy, also left out by default, times one thread's memcpy against
@@ -310,6 +311,34 @@ int main(int argc, char** argv) {
         }
         results.push_back(bench.Measure(name, q.size() + k.size(), kernel));
       }
+    }
+  }
+  // The sinusoidal add from one buffer into another the same two ways.
+  for (posenc::DType dtype : {posenc::DType::kFloat32, posenc::DType::kBFloat16}) {
+    if (only != "through") break;
+    for (bool through : {true, false}) {
+      const int64_t T = 4096, d = 4096;
+      const std::string name = std::string(through ? "sinusoidal through " : "sinusoidal aside ") +
+                               posenc::DTypeName(dtype) + " [4096, 4096]";
+      if (!bench.Wanted(name)) continue;
+      auto x = Random(T * d * posenc::SizeOf(dtype), dtype);
+      std::vector<uint8_t> work(x.size()), y(x.size());
+      posenc::AbsoluteTensors t;
+      t.x = {dtype, {1, T, d}, x.data(), x.size()};
+      auto plan = posenc::PlanAbsolute(posenc::AbsoluteOptions{}, t);
+      if (!plan.ok()) return 1;
+      posenc::AbsoluteThrough at;
+      at.x = x.data();
+      at.y = y.data();
+      std::function<void()> kernel = [&] { (void)cpu->ApplyAbsoluteThrough(*plan, at, {}); };
+      if (!through) {
+        kernel = [&] {
+          std::memcpy(work.data(), x.data(), x.size());
+          (void)cpu->ApplyAbsolute(*plan, work.data(), {});
+          std::memcpy(y.data(), work.data(), x.size());
+        };
+      }
+      results.push_back(bench.Measure(name, x.size(), kernel));
     }
   }
 

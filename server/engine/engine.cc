@@ -628,6 +628,9 @@ absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTenso
       served = BackendName(gpu);
       return absl::OkStatus();
     }
+    if (env.x_out != nullptr && env.x_out != t.x.data) {
+      return AbsoluteIntoHost(plan, t.x, env, &served);
+    }
     POSENC_ASSIGN_OR_RETURN(Backend * backend, ChooseStaged(env, tensor_bytes));
     AlignedWork aligned(env.admission);
     MutableTensor x = t.x;
@@ -640,6 +643,41 @@ absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTenso
     return absl::OkStatus();
   }));
   return served;
+}
+
+// A host x whose result y goes to other host memory that others may read
+// meanwhile (another slice of system shared memory), as RopeIntoHost's
+// outputs: y receives finished values only and x stays as it was. The CPU
+// goes block by block (AbsoluteThrough: each block of x copied into a
+// thread's buffer, encoded there while in cache, checked intact, copied to
+// y), where y overlaps no part of x. Otherwise (a GPU, or an overlap) x is
+// copied into a scratch buffer, encoded there and copied to y.
+absl::Status Engine::AbsoluteIntoHost(const AbsolutePlan& plan, const MutableTensor& x,
+                                      const CallEnv& env, std::string* served) {
+  const auto bytes = static_cast<int64_t>(x.nbytes);
+  POSENC_ASSIGN_OR_RETURN(Backend * backend, ChooseStaged(env, bytes));
+  const auto at = reinterpret_cast<uintptr_t>(x.data), out = reinterpret_cast<uintptr_t>(env.x_out);
+  const bool apart = bytes == 0 || at + x.nbytes <= out || out + x.nbytes <= at;
+  if (backend->kind() == BackendKind::kCpu && apart && plan.has_input) {
+    AbsoluteThrough through;
+    through.x = x.data;
+    through.y = env.x_out;
+    if (env.inputs_intact) through.before_write = env.inputs_intact;
+    POSENC_RETURN_IF_ERROR(backend->ApplyAbsoluteThrough(plan, through, env.ctx));
+    *served = BackendName(backend);
+    return absl::OkStatus();
+  }
+  POSENC_ASSIGN_OR_RETURN(ScratchPool::Buffer copy,
+                          scratch_.Lend(std::max<int64_t>(1, bytes), env.admission));
+  CopyHostBytes(copy.data(), x.data, x.nbytes);
+  // The copy must be of the caller's bytes before anything is written.
+  if (env.inputs_intact) POSENC_RETURN_IF_ERROR(env.inputs_intact());
+  POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
+    return b->ApplyAbsolute(plan, copy.data(), env.ctx);
+  }));
+  CopyHostBytes(env.x_out, copy.data(), x.nbytes);
+  *served = BackendName(backend);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Produced> Engine::EncodingTable(AbsoluteOptions o, int64_t dim, int64_t count,

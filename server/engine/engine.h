@@ -112,7 +112,12 @@ struct CallEnv {
   // finished values only (Engine::RopeIntoHost).
   char* query_out = nullptr;
   char* key_out = nullptr;
-  // Host inputs RoPE copies before it writes query_out / key_out: whether
+  // Absolute encodings only: where y goes instead of in place over x (null:
+  // in place): another slice of system shared memory, which receives
+  // finished values only (Engine::AbsoluteIntoHost). Host tensors only.
+  char* x_out = nullptr;
+  // Host inputs RoPE (or an absolute encoding) copies before it writes
+  // query_out / key_out (x_out): whether
   // their memory is still the caller's (a truncated shared-memory object
   // reads as zeros, see GuardedMapping), so that a call whose inputs were
   // lost writes nothing there. Null: nothing to check.
@@ -244,6 +249,10 @@ class Engine {
   // (env.query_out / key_out): see engine.cc. Sets *served.
   [[nodiscard]] absl::Status RopeIntoHost(const RopePlan& plan, const RopeTensors& t,
                                           const CallEnv& env, std::string* served);
+  // AddAbsolute's work for a host x whose result goes to other host memory
+  // (env.x_out): see engine.cc. Sets *served.
+  [[nodiscard]] absl::Status AbsoluteIntoHost(const AbsolutePlan& plan, const MutableTensor& x,
+                                              const CallEnv& env, std::string* served);
   // Runs `run` on *backend; under AUTO, retries on the CPU (updating
   // *backend) when the GPU does not cover the request or has failed.
   [[nodiscard]] absl::Status RunWithFallback(BackendChoice requested, Backend** backend,

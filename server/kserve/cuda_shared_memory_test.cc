@@ -22,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -139,12 +140,37 @@ int RegisteredObject(Engine& engine, const std::string& name, int64_t bytes,
 }
 
 absl::Status RunOn(Engine& engine, ModelInferRequest req, ModelInferResponse* resp,
-                   std::string* backend) {
+                   std::string* backend, ModelKind model = ModelKind::kRope) {
   auto admission = engine.Admit(0);
   if (!admission.ok()) return admission.status();
   RunContext ctx;
-  return RunInfer(engine, BuiltInModel(ModelKind::kRope), &req, resp, ctx, *admission, backend,
+  return RunInfer(engine, BuiltInModel(model), &req, resp, ctx, *admission, backend,
                   &engine.shared_memory());
+}
+
+// A sinusoidal request for x [1, tokens, dim] FP32 on the CPU: in the
+// message (in_region null) or at `in_offset` of `in_region`, y to
+// `out_offset` of `out_region` (null: the answer).
+ModelInferRequest SinusoidalRequest(int64_t tokens, int64_t dim, const std::string& socket_bytes,
+                                    const char* in_region, int64_t in_offset,
+                                    const char* out_region, int64_t out_offset) {
+  const int64_t bytes = tokens * dim * 4;
+  ModelInferRequest req;
+  req.set_model_name("sinusoidal");
+  auto* in = req.add_inputs();
+  in->set_name("x");
+  in->set_datatype("FP32");
+  for (int64_t d : {int64_t{1}, tokens, dim}) in->add_shape(d);
+  auto* out = req.add_outputs();
+  out->set_name("y");
+  if (in_region == nullptr) {
+    req.add_raw_input_contents(socket_bytes);
+  } else {
+    Slice(in->mutable_parameters(), bytes, in_offset, in_region);
+  }
+  if (out_region != nullptr) Slice(out->mutable_parameters(), bytes, out_offset, out_region);
+  (*req.mutable_parameters())["backend"].set_string_param("cpu");
+  return req;
 }
 
 // What the CPU backend makes of `query` (`tokens` tokens) sent in the
@@ -420,28 +446,30 @@ TEST(SystemSharedMemoryOnAFakeGpu, AnInputTruncatedUnderTheCallWritesNothingToTh
 // whole result, or fails as truncated with every token of the output
 // slice either as it was or finished, never the rotation of the zero pages
 // that stand in for the truncated ones. Rounds truncate at random moments.
-TEST(SystemSharedMemoryOnTheCpu, AnInputTruncatedMidCallLeavesOnlyFinishedTokensInTheOutput) {
-  std::unique_ptr<Engine> made = CpuEngine();
-  ASSERT_NE(made, nullptr);
-  Engine& engine = *made;
-  // 16384 tokens x 4 x 64 FP32 (16 MiB): both threads, 85 blocks.
-  constexpr int64_t kBigTokens = 16384, kRow = kHeads * kDim * 4, kBig = kBigTokens * kRow;
-  const std::string query = RandomQuery(kBig);
+// Calls from a 16 MiB input slice into an output slice while another
+// thread truncates the input's object at a random moment, round after
+// round (a fresh input region each): a call either succeeds with `want`
+// or fails with FAILED_PRECONDITION, every `row`-byte token of the output
+// then either finished or as it was (poisoned). `request(in_region)`
+// makes the call, its output to offset 0 of region "out". At least 12
+// rounds, and more (up to 40) until one has failed midway, which it
+// asserts: about a third do (1-5 of 12 in a run here).
+void TruncatedMidCall(Engine& engine, const std::string& input, const std::string& want,
+                      int64_t row, ModelKind model,
+                      const std::function<ModelInferRequest(const char*)>& request) {
+  const auto bytes = static_cast<int64_t>(input.size());
+  const int64_t tokens = bytes / row;
   std::mt19937 rng(std::random_device{}());  // when to truncate
-  const std::string want = CpuResult(engine, query, kBigTokens);
-  const std::string poison(kBig, '\xff');
+  const std::string poison(bytes, '\xff');
   std::string served;
-
-  const int out_fd = RegisteredObject(engine, "out", kBig);
+  const int out_fd = RegisteredObject(engine, "out", bytes);
   ASSERT_GE(out_fd, 0);
-  // At least 12 rounds, and more (up to 40) until one has failed midway:
-  // about a third do (4 or 5 of 12 in a run here).
   int failed_midway = 0, rounds = 0;
   for (int round = 0; round < 40 && (round < 12 || failed_midway == 0); ++round, ++rounds) {
     const std::string name = absl::StrCat("in", round);
-    const int in_fd = RegisteredObject(engine, name, kBig);
+    const int in_fd = RegisteredObject(engine, name, bytes);
     ASSERT_GE(in_fd, 0);
-    ASSERT_EQ(::pwrite(in_fd, query.data(), kBig, 0), kBig);
+    ASSERT_EQ(::pwrite(in_fd, input.data(), bytes, 0), bytes);
     std::atomic<bool> truncated{false};
     std::thread vandal([&, delay = std::uniform_int_distribution<int>(0, 20000)(rng)] {
       std::this_thread::sleep_for(std::chrono::microseconds(delay));
@@ -449,12 +477,11 @@ TEST(SystemSharedMemoryOnTheCpu, AnInputTruncatedMidCallLeavesOnlyFinishedTokens
       truncated = true;
     });
     for (int call = 0; call < 200; ++call) {
-      ASSERT_EQ(::pwrite(out_fd, poison.data(), kBig, 0), kBig);
+      ASSERT_EQ(::pwrite(out_fd, poison.data(), bytes, 0), bytes);
       ModelInferResponse resp;
-      const absl::Status s =
-          RunOn(engine, BigRopeRequest(kBigTokens, "", name.c_str(), 0, "out", 0), &resp, &served);
-      std::string out(kBig, '\0');
-      ASSERT_EQ(::pread(out_fd, out.data(), kBig, 0), kBig);
+      const absl::Status s = RunOn(engine, request(name.c_str()), &resp, &served, model);
+      std::string out(bytes, '\0');
+      ASSERT_EQ(::pread(out_fd, out.data(), bytes, 0), bytes);
       if (s.ok()) {
         ASSERT_TRUE(out == want) << "round " << round << " call " << call;
         continue;
@@ -462,12 +489,12 @@ TEST(SystemSharedMemoryOnTheCpu, AnInputTruncatedMidCallLeavesOnlyFinishedTokens
       ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
       ASSERT_NE(s.message().find("truncated"), std::string::npos) << s;
       int64_t finished = 0;
-      for (int64_t t = 0; t < kBigTokens; ++t) {
-        const std::string_view row(out.data() + t * kRow, kRow);
-        if (row == std::string_view(want.data() + t * kRow, kRow)) {
+      for (int64_t t = 0; t < tokens; ++t) {
+        const std::string_view at(out.data() + t * row, row);
+        if (at == std::string_view(want.data() + t * row, row)) {
           ++finished;
         } else {
-          ASSERT_TRUE(row == std::string_view(poison.data(), kRow))
+          ASSERT_TRUE(at == std::string_view(poison.data(), row))
               << "round " << round << ": token " << t << " is neither finished nor untouched";
         }
       }
@@ -479,11 +506,88 @@ TEST(SystemSharedMemoryOnTheCpu, AnInputTruncatedMidCallLeavesOnlyFinishedTokens
     ASSERT_TRUE(engine.shared_memory().Unregister(name).ok());
     ::close(in_fd);
   }
-  std::printf("%d of %d rounds failed after writing some finished tokens\n", failed_midway,
-              rounds);
+  std::printf("%d of %d rounds failed after writing some finished tokens\n", failed_midway, rounds);
   EXPECT_GT(failed_midway, 0) << "no truncation landed mid-call: the check went untested";
   ASSERT_TRUE(engine.shared_memory().Unregister("out").ok());
   ::close(out_fd);
+}
+
+TEST(SystemSharedMemoryOnTheCpu, AnInputTruncatedMidCallLeavesOnlyFinishedTokensInTheOutput) {
+  std::unique_ptr<Engine> made = CpuEngine();
+  ASSERT_NE(made, nullptr);
+  // 16384 tokens x 4 x 64 FP32 (16 MiB): both threads, 85 blocks.
+  constexpr int64_t kBigTokens = 16384, kRow = kHeads * kDim * 4;
+  const std::string query = RandomQuery(kBigTokens * kRow);
+  const std::string want = CpuResult(*made, query, kBigTokens);
+  TruncatedMidCall(*made, query, want, kRow, ModelKind::kRope, [](const char* in_region) {
+    return BigRopeRequest(kBigTokens, "", in_region, 0, "out", 0);
+  });
+}
+
+// The same for the sinusoidal encoding, x from one slice into y in another.
+TEST(SystemSharedMemoryOnTheCpu, AnXTruncatedMidCallLeavesOnlyFinishedTokensInY) {
+  std::unique_ptr<Engine> made = CpuEngine();
+  ASSERT_NE(made, nullptr);
+  constexpr int64_t kTokens4k = 4096, kDim1k = 1024, kRow = kDim1k * 4;  // 16 MiB, 86 blocks
+  const std::string x = RandomQuery(kTokens4k * kRow);
+  ModelInferResponse resp;
+  std::string served;
+  ASSERT_TRUE(RunOn(*made, SinusoidalRequest(kTokens4k, kDim1k, x, nullptr, 0, nullptr, 0), &resp,
+                    &served, ModelKind::kSinusoidal)
+                  .ok());
+  const std::string want = resp.raw_output_contents(0);
+  ASSERT_NE(want, x);
+  TruncatedMidCall(*made, x, want, kRow, ModelKind::kSinusoidal, [](const char* in_region) {
+    return SinusoidalRequest(kTokens4k, kDim1k, "", in_region, 0, "out", 0);
+  });
+}
+
+// The sinusoidal encoding from one slice into another: the answer's
+// result, x as it was; block by block through the CPU threads' own
+// buffers (no scratch buffer lent) where y lies apart from x, and through a
+// scratch buffer where it overlaps x (then the result of the whole x as
+// it was, as if it were all read first).
+TEST(SystemSharedMemoryOnTheCpu, SinusoidalIntoAnotherSliceIsTheAnswersResult) {
+  std::unique_ptr<Engine> made = CpuEngine();
+  ASSERT_NE(made, nullptr);
+  Engine& engine = *made;
+  constexpr int64_t kT = 3000, kD = 768, kBytes = kT * kD * 4;  // 9 MiB
+  const std::string x = RandomQuery(kBytes);
+  ModelInferResponse resp;
+  std::string served;
+  ASSERT_TRUE(RunOn(engine, SinusoidalRequest(kT, kD, x, nullptr, 0, nullptr, 0), &resp, &served,
+                    ModelKind::kSinusoidal)
+                  .ok());
+  const std::string want = resp.raw_output_contents(0);
+  ASSERT_EQ(engine.scratch().idle_buffers(), 0);
+  const int fd = RegisteredObject(engine, "r", 3 * kBytes);
+  ASSERT_GE(fd, 0);
+  const std::string poison(kBytes, '\xff');
+  const auto read = [&](int64_t at) {
+    std::string s(kBytes, '\0');
+    EXPECT_EQ(::pread(fd, s.data(), kBytes, at), kBytes);
+    return s;
+  };
+  for (const auto& [x_at, y_at, lent] : {std::tuple<int64_t, int64_t, int>{0, 2 * kBytes, 0},
+                                         {kBytes, 0, 0},
+                                         {0, kBytes / 2, 1},
+                                         {kBytes / 2, 0, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "x at " << x_at << ", y at " << y_at);
+    ASSERT_EQ(::pwrite(fd, poison.data(), kBytes, y_at), kBytes);
+    ASSERT_EQ(::pwrite(fd, x.data(), kBytes, x_at), kBytes);
+    ModelInferResponse r;
+    ASSERT_TRUE(RunOn(engine, SinusoidalRequest(kT, kD, "", "r", x_at, "r", y_at), &r, &served,
+                      ModelKind::kSinusoidal)
+                    .ok());
+    EXPECT_EQ(served, "cpu");
+    EXPECT_EQ(r.outputs(0).parameters().at(kShmOffset).int64_param(), y_at);
+    EXPECT_TRUE(r.raw_output_contents().empty() || r.raw_output_contents(0).empty());
+    EXPECT_TRUE(read(y_at) == want);
+    if (lent == 0) EXPECT_TRUE(read(x_at) == x) << "x changed";
+    EXPECT_EQ(engine.scratch().idle_buffers(), lent);
+  }
+  ASSERT_TRUE(engine.shared_memory().Unregister("r").ok());
+  ::close(fd);
 }
 
 // An output slice overlapping the input slice (perf_analyzer never names

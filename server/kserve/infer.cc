@@ -215,8 +215,11 @@ absl::Status CheckHeadDim(const Model& model, InputSet& in) {
 //  - RoPE, output to another slice of the same kind (system, or CUDA
 //    shared memory on the same GPU): from one into the other by the engine
 //    (Engine::ApplyRope's query_out / key_out): on the device (CUDA shared
-//    memory, or system shared memory the GPU pinned), else in the engine's
-//    scratch buffers;
+//    memory, or system shared memory the GPU pinned), on the CPU block by
+//    block, else in the engine's scratch buffers;
+//  - an absolute encoding, from system shared memory into another slice of
+//    it: likewise by the engine (Engine::AddAbsolute's x_out), on the CPU
+//    block by block, else in a scratch buffer;
 //  - otherwise in shared memory, output to another slice (other
 //    operations, or slices of different kinds): in a scratch buffer (reused
 //    across calls, so no fresh pages), the result then copied there;
@@ -230,8 +233,15 @@ absl::Status CheckHeadDim(const Model& model, InputSet& in) {
 // so a reader sees one call's result or another's. Copying the input there
 // and rotating it in place would let one call rotate what another had
 // already rotated, and show a reader raw input meanwhile.
+// Which slice-to-slice calls the engine makes itself (see above).
+enum class EngineInto {
+  kNone,
+  kSameKind,    // RoPE: system to system, CUDA to CUDA on one GPU
+  kSystemOnly,  // absolute encodings: system to system
+};
+
 absl::Status Place(Input* t, absl::string_view output, OutputSet& want, Engine& engine,
-                   Engine::Admission& admission, bool rope_into = false) {
+                   Engine::Admission& admission, EngineInto into = EngineInto::kNone) {
   if (t == nullptr || !t->shm.has_value()) return absl::OkStatus();
   const std::string field = absl::StrCat("input \"", t->name, "\"");
   const ShmRef* out = want.ShmOf(output);
@@ -249,15 +259,17 @@ absl::Status Place(Input* t, absl::string_view output, OutputSet& want, Engine& 
         absl::StrCat("requested output \"", output, "\" has ", t->size(),
                      " bytes; its shared_memory_byte_size is ", out->byte_size));
   }
-  // RoPE from one slice into another: the engine rotates aside and writes
+  // From one slice into another: the engine works aside and writes
   // finished results only (from CUDA shared memory, a copy in the
   // backend's device buffer; from system shared memory, the same where the
-  // GPU pinned both slices, else a scratch buffer).
+  // GPU pinned both slices, block by block on the CPU, else a scratch
+  // buffer).
   const bool same_kind =
       in.region->on_device()
           ? out->region->on_device() && out->region->device_id() == in.region->device_id()
           : !out->region->on_device();
-  if (rope_into && same_kind) {
+  const bool system = !in.region->on_device() && !out->region->on_device();
+  if ((into == EngineInto::kSameKind && same_kind) || (into == EngineInto::kSystemOnly && system)) {
     t->out = out->region->At(out->offset);
     want.MarkInPlace(output);
     return absl::OkStatus();
@@ -302,10 +314,10 @@ absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params
                       query != nullptr && !query->shape.empty() ? query->shape.back() : 0));
   POSENC_RETURN_IF_ERROR(params.Finish(model.name));
   POSENC_RETURN_IF_ERROR(CheckHeadDim(model, in));
-  POSENC_RETURN_IF_ERROR(Place(in.Find("query"), "query_out", want, engine, env.admission,
-                               /*rope_into=*/true));
-  POSENC_RETURN_IF_ERROR(Place(in.Find("key"), "key_out", want, engine, env.admission,
-                               /*rope_into=*/true));
+  POSENC_RETURN_IF_ERROR(
+      Place(in.Find("query"), "query_out", want, engine, env.admission, EngineInto::kSameKind));
+  POSENC_RETURN_IF_ERROR(
+      Place(in.Find("key"), "key_out", want, engine, env.admission, EngineInto::kSameKind));
   env.tensors_on_device = OnDevice(in.Find("query")) || OnDevice(in.Find("key"));
   env.device = DeviceOf({in.Find("query"), in.Find("key")});
   if (const Input* q = in.Find("query"); q != nullptr) env.query_out = q->out;
@@ -338,9 +350,13 @@ absl::Status RunAbsolute(Engine& engine, const Model& model, ParameterReader& pa
   POSENC_RETURN_IF_ERROR(
       ReadAbsoluteOptions(params, model.kind == ModelKind::kLearned, &options, &env.backend));
   POSENC_RETURN_IF_ERROR(params.Finish(model.name));
-  POSENC_RETURN_IF_ERROR(Place(in.Find("x"), "y", want, engine, env.admission));
+  POSENC_RETURN_IF_ERROR(
+      Place(in.Find("x"), "y", want, engine, env.admission, EngineInto::kSystemOnly));
   env.tensors_on_device = OnDevice(in.Find("x"));
   env.device = DeviceOf({in.Find("x")});
+  if (const Input* x = in.Find("x"); x != nullptr) env.x_out = x->out;
+  // As RoPE's: a region truncated while x is read must not reach y's slice.
+  env.inputs_intact = [&in] { return InputsIntact(in); };
   AbsoluteTensors t;
   t.x = in.Mutable("x");
   t.positions.position_ids = in.View("position_ids");

@@ -37,8 +37,9 @@ struct Input {
   // A private copy of a shared-memory input worked on aside (MakeScratch);
   // its first `size()` bytes are the tensor's.
   ScratchPool::Buffer scratch;
-  // Where RoPE writes this tensor's result instead of in place: another
-  // slice of shared memory of the same kind (kserve/infer.cc's Place).
+  // Where the engine writes this tensor's result instead of in place
+  // (RoPE, absolute encodings): another slice of shared memory
+  // (kserve/infer.cc's Place).
   char* out = nullptr;
 
   char* bytes() {

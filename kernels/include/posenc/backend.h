@@ -70,6 +70,19 @@ struct RopeThrough {
   std::function<absl::Status()> before_write;
 };
 
+// The tensors of Backend::ApplyAbsoluteThrough: x in host memory, left as
+// it was, and y, other host memory of x's size that receives finished
+// values only (another caller may read it meanwhile), as RopeThrough's
+// outputs. Block by block, each block of x is copied into a buffer of the
+// thread's own, encoded there and copied to y. y may not overlap x
+// (INVALID_ARGUMENT before anything is written).
+struct AbsoluteThrough {
+  const void* x = nullptr;
+  void* y = nullptr;
+  // As RopeThrough's.
+  std::function<absl::Status()> before_write;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -154,6 +167,15 @@ class Backend {
                                                       const RopeThrough& /*t*/,
                                                       const RunContext& /*ctx*/) {
     return absl::UnimplementedError("this backend does not rotate through work memory");
+  }
+  // y = x * x_scale + PE from host memory into other host memory that
+  // others may read meanwhile: see AbsoluteThrough. REQUIRES: the plan has
+  // an input (plan.has_input). Default: UNIMPLEMENTED (the caller then
+  // copies x aside, applies ApplyAbsolute there, and copies it out).
+  [[nodiscard]] virtual absl::Status ApplyAbsoluteThrough(const AbsolutePlan& /*plan*/,
+                                                          const AbsoluteThrough& /*t*/,
+                                                          const RunContext& /*ctx*/) {
+    return absl::UnimplementedError("this backend does not encode through a block buffer");
   }
   // Whether ApplyRopeThrough(plan, ...) uses the work memories. The CPU
   // backend's does only in BHSD and for tokens larger than its block; a

@@ -181,6 +181,9 @@ struct Scratch {
   // The backend's kept anchor rows for this call's plan, in this Scratch's
   // layout (AbsoluteTokensCpu; null where it keeps none).
   RowTable* anchors = nullptr;
+  // The token whose row x starts with (AbsoluteTokensCpu's `origin`; 0 but
+  // for a block copied aside).
+  int64_t origin = 0;
   // The anchor of the tokens being processed (where `anchors` has no row),
   // and the one 16 positions on, of which frequencies [0, next_done) are
   // computed so far.
@@ -642,7 +645,7 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
     for (int64_t block = 0; block < vector_end; block += kNextEvery) {
       for (int64_t g = 0; g < group; ++g) {
         const int64_t first = s.pending;
-        FusedRange<T, kScaled>(source[g], interleaved, half, x + (t + g) * dim, block,
+        FusedRange<T, kScaled>(source[g], interleaved, half, x + (t - s.origin + g) * dim, block,
                                std::min(vector_end, block + kNextEvery), xs, ahead, s);
         for (int64_t k = first; k < s.pending; ++k) {
           s.pending_at[k] += static_cast<int32_t>(g * dim);
@@ -650,7 +653,7 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
       }
       if (advance) AdvanceNext(group * kNextEvery / kPhaseAnchorStride, s);
     }
-    T* __restrict y0 = x + t * dim;
+    T* __restrict y0 = x + (t - s.origin) * dim;
     FinishPending(p, pos + t, y0, s);
     for (int64_t g = 0; g < group; ++g) {
       const RowSource& r = source[g];
@@ -702,7 +705,7 @@ POSENC_ALWAYS_INLINE void AbsoluteTokens(const AbsolutePlan& p, T* __restrict x,
   for (int64_t t = begin; t < end; ++t) {
     const int64_t pos = p.positions.values[t];
     EncodingRow(p, pos, s);
-    T* __restrict y = x + t * dim;
+    T* __restrict y = x + (t - s.origin) * dim;
     auto precise = [&](int64_t i) { return PreciseEncoding(p, pos, i); };
     if (!p.has_input) {
       for (int64_t i = 0; i < dim; ++i) {
@@ -756,14 +759,16 @@ POSENC_CPU_CLONES void AbsoluteDispatch(const AbsolutePlan& p, void* x, int64_t 
 }  // namespace
 
 void AbsoluteTokensCpu(const AbsolutePlan& plan, RowTable* anchors, void* x, int64_t begin,
-                       int64_t end) {
+                       int64_t end, int64_t origin) {
   if (anchors != nullptr && !AnchorCache::Serves(*anchors, plan)) {
     std::abort();  // AnchorCache::For gives only the plan's own table
   }
   WithThreadScratch<Scratch>(plan, [&](Scratch& s) {
     s.anchors = anchors;
+    s.origin = origin;
     AbsoluteDispatch(plan, x, begin, end, s);
     s.anchors = nullptr;  // the call's to hold, not the kept Scratch's
+    s.origin = 0;
   });
 }
 

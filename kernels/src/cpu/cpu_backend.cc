@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
@@ -10,12 +11,14 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "cpu/absolute_through.h"
 #include "cpu/anchor_cache.h"
 #include "cpu/rope_through.h"
 #include "cpu/rotation_cache.h"
 #include "cpu/thread_pool.h"
 #include "cpu_kernels.h"
 #include "posenc/backend.h"
+#include "posenc/dtype.h"
 
 namespace posenc {
 namespace {
@@ -80,32 +83,30 @@ class CpuBackend final : public Backend {
     }
     const std::shared_ptr<internal::RowTable> rotations =
         plan.empty() ? nullptr : rotations_.For(plan);
-    // The first before_write error is the call's, and stops every thread
-    // at its next block: set where the error is seen, so the others stop
-    // asking at once.
-    std::mutex mu;
-    absl::Status failed;
-    std::atomic<bool> stop{false};
     RopeThrough checked = t;
-    if (t.before_write) {
-      checked.before_write = [&]() -> absl::Status {
-        if (stop.load(std::memory_order_relaxed)) return absl::AbortedError("stopped");
-        absl::Status s = t.before_write();
-        if (!s.ok()) {
-          std::lock_guard<std::mutex> lock(mu);
-          if (failed.ok()) failed = s;
-          stop = true;
-        }
-        return s;
-      };
+    return RunThrough(plan.num_tokens, per_token, ctx, &checked.before_write,
+                      [&](int64_t b, int64_t e) {
+                        return internal::RopeThroughTokensCpu(plan, rotations.get(), checked, b, e);
+                      });
+  }
+
+  absl::Status ApplyAbsoluteThrough(const AbsolutePlan& plan, const AbsoluteThrough& t,
+                                    const RunContext& ctx) override {
+    if (!plan.has_input) {
+      return absl::InvalidArgumentError("ApplyAbsoluteThrough: the plan has no input");
     }
-    const absl::Status ran =
-        Run(plan.num_tokens, Grain(per_token), MaxChunk(per_token), ctx, [&](int64_t b, int64_t e) {
-          if (stop.load(std::memory_order_relaxed)) return;
-          // Its only error is before_write's, kept in `failed`.
-          internal::RopeThroughTokensCpu(plan, rotations.get(), checked, b, e).IgnoreError();
+    if (plan.empty()) return absl::OkStatus();
+    const int64_t bytes = plan.num_tokens * plan.dim * static_cast<int64_t>(SizeOf(plan.dtype));
+    const auto x = reinterpret_cast<uintptr_t>(t.x), y = reinterpret_cast<uintptr_t>(t.y);
+    if (x < y + static_cast<uintptr_t>(bytes) && y < x + static_cast<uintptr_t>(bytes)) {
+      return absl::InvalidArgumentError("ApplyAbsoluteThrough: y overlaps x");
+    }
+    const std::shared_ptr<internal::RowTable> anchors = anchors_.For(plan);
+    AbsoluteThrough checked = t;
+    return RunThrough(
+        plan.num_tokens, plan.dim, ctx, &checked.before_write, [&](int64_t b, int64_t e) {
+          return internal::AbsoluteThroughTokensCpu(plan, anchors.get(), checked, b, e);
         });
-    return failed.ok() ? ran : failed;
   }
 
   bool RopeThroughNeedsWork(const RopePlan& plan) const override {
@@ -128,6 +129,39 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // Runs fn(b, e) (a through operation's tokens [b, e), returning only
+  // *before_write's errors) over `tokens` tokens of `per_token` elements on
+  // the pool. The first before_write error is the call's, and stops every
+  // thread at its next block: *before_write is wrapped so that it is kept,
+  // and the stop set, where the error is seen, and the others stop asking
+  // at once.
+  template <typename Fn>
+  absl::Status RunThrough(int64_t tokens, int64_t per_token, const RunContext& ctx,
+                          std::function<absl::Status()>* before_write, Fn fn) {
+    std::mutex mu;
+    absl::Status failed;
+    std::atomic<bool> stop{false};
+    if (*before_write) {
+      *before_write = [&, asked = *before_write]() -> absl::Status {
+        if (stop.load(std::memory_order_relaxed)) return absl::AbortedError("stopped");
+        absl::Status s = asked();
+        if (!s.ok()) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (failed.ok()) failed = s;
+          stop = true;
+        }
+        return s;
+      };
+    }
+    const absl::Status ran =
+        Run(tokens, Grain(per_token), MaxChunk(per_token), ctx, [&](int64_t b, int64_t e) {
+          if (stop.load(std::memory_order_relaxed)) return;
+          // Its only error is before_write's, kept in `failed`.
+          fn(b, e).IgnoreError();
+        });
+    return failed.ok() ? ran : failed;
+  }
+
   // Runs fn over [0, n) in parallel; chunks that start after the caller left
   // are skipped, and the call reports CANCELLED.
   template <typename Fn>

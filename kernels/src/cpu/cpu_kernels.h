@@ -163,9 +163,11 @@ void FillAnchorRows(const uint64_t* step, int64_t frequencies, bool pairs, int64
 // Writes y = x * x_scale + PE for tokens [begin, end), with the sinusoidal
 // anchor rows `anchors` keeps. REQUIRES: anchors is null or
 // AnchorCache::For(plan)'s table (checked, cheaply: AnchorCache::Serves;
-// aborts otherwise).
+// aborts otherwise). `origin`: the token whose row x starts with, for a
+// block of tokens [origin, ...) copied to memory of its own
+// (absolute_through.h).
 void AbsoluteTokensCpu(const AbsolutePlan& plan, RowTable* anchors, void* x, int64_t begin,
-                       int64_t end);
+                       int64_t end, int64_t origin = 0);
 
 // Writes (or adds) the bias for rows [begin, end) of [batch * heads * q_len].
 void AttentionBiasRowsCpu(const BiasPlan& plan, void* out, int64_t begin, int64_t end);

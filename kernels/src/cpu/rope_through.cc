@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "cpu/block_buffer.h"
 #include "cpu_kernels.h"
 #include "math/rope_math.h"
 #include "posenc/dtype.h"
@@ -13,11 +14,6 @@
 
 namespace posenc::internal {
 namespace {
-
-// Query and key bytes a block holds: copied in, rotated and copied out
-// while in L2 (512 KiB a core on Zen 3, 1-2 MiB on the Xeons and Zen 5),
-// with room for the rotations and the kernels' prefetches.
-constexpr int64_t kRopeThroughBlockBytes = int64_t{192} << 10;
 
 // Calls fn(element offset, elements) for each contiguous stretch that the
 // rows of tokens [t0, t1) of a tensor of `heads` heads occupy: one stretch
@@ -50,32 +46,6 @@ void CopyTokens(const RopePlan& p, int64_t heads, size_t elem, const void* from,
   });
 }
 
-// A thread's block buffer, page-aligned. (Malloc'd, 16 bytes past a
-// page, it put 1 MiB KServe calls at 0.9-1.2 ms of server CPU
-// against 0.44-0.52: the copies into it from page-aligned slices hit
-// glibc's slow `rep movsb` case, posenc/host_copy.h.)
-class BlockBuffer {
- public:
-  BlockBuffer() = default;
-  BlockBuffer(const BlockBuffer&) = delete;
-  BlockBuffer& operator=(const BlockBuffer&) = delete;
-  ~BlockBuffer() { std::free(data_); }
-  // At least `bytes`, kept for the next call.
-  char* Reserve(int64_t bytes) {
-    if (bytes > size_) {
-      std::free(data_);
-      size_ = (bytes + 4095) / 4096 * 4096;
-      data_ = static_cast<char*>(std::aligned_alloc(4096, static_cast<size_t>(size_)));
-      if (data_ == nullptr) std::abort();  // a few hundred KiB a thread
-    }
-    return data_;
-  }
-
- private:
-  char* data_ = nullptr;
-  int64_t size_ = 0;
-};
-
 // Query and key bytes of one token.
 int64_t TokenBytes(const RopePlan& plan) {
   return (plan.query_heads + (plan.has_key ? plan.key_heads : 0)) * plan.head_dim *
@@ -85,11 +55,11 @@ int64_t TokenBytes(const RopePlan& plan) {
 }  // namespace
 
 int64_t RopeThroughBlockTokens(const RopePlan& plan) {
-  return std::max<int64_t>(1, kRopeThroughBlockBytes / std::max<int64_t>(1, TokenBytes(plan)));
+  return std::max<int64_t>(1, kThroughBlockBytes / std::max<int64_t>(1, TokenBytes(plan)));
 }
 
 bool RopeThroughNeedsWork(const RopePlan& plan) {
-  return plan.layout == RopeLayout::kBHSD || TokenBytes(plan) > kRopeThroughBlockBytes;
+  return plan.layout == RopeLayout::kBHSD || TokenBytes(plan) > kThroughBlockBytes;
 }
 
 absl::Status RopeThroughTokensCpu(const RopePlan& plan, RowTable* rotations, const RopeThrough& t,
@@ -121,11 +91,10 @@ absl::Status RopeThroughTokensCpu(const RopePlan& plan, RowTable* rotations, con
   // Token-major: a block's rows are one stretch a tensor, rotated in this
   // thread's own block buffer (kept across calls), which stays in cache:
   // memory sees the inputs read and the outputs written, as in one copy.
-  // The work memory is not touched. At most kRopeThroughBlockBytes (and
+  // The work memory is not touched. At most kThroughBlockBytes (and
   // a page) a thread.
-  thread_local BlockBuffer buffer;
   const int64_t q_at = (block * q_row + 4095) / 4096 * 4096;
-  char* q_block = buffer.Reserve(q_at + block * k_row);
+  char* q_block = ThisThreadsBlockBuffer().Reserve(q_at + block * k_row);
   char* k_block = q_block + q_at;
   const auto* q_in = static_cast<const char*>(t.query);
   const auto* k_in = static_cast<const char*>(t.key);

@@ -14,7 +14,7 @@ namespace posenc::internal {
 
 class RowTable;
 
-// Tokens per block for `plan`: about kRopeThroughBlockBytes of query and
+// Tokens per block for `plan`: about kThroughBlockBytes (block_buffer.h) of query and
 // key together, so that a block copied in stays in L2 while it is rotated
 // and copied out. At least 1.
 int64_t RopeThroughBlockTokens(const RopePlan& plan);
