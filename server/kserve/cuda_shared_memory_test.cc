@@ -153,7 +153,8 @@ absl::Status RunOn(Engine& engine, ModelInferRequest req, ModelInferResponse* re
 // `out_offset` of `out_region` (null: the answer).
 ModelInferRequest SinusoidalRequest(int64_t tokens, int64_t dim, const std::string& socket_bytes,
                                     const char* in_region, int64_t in_offset,
-                                    const char* out_region, int64_t out_offset) {
+                                    const char* out_region, int64_t out_offset,
+                                    const char* backend = "cpu") {
   const int64_t bytes = tokens * dim * 4;
   ModelInferRequest req;
   req.set_model_name("sinusoidal");
@@ -169,7 +170,7 @@ ModelInferRequest SinusoidalRequest(int64_t tokens, int64_t dim, const std::stri
     Slice(in->mutable_parameters(), bytes, in_offset, in_region);
   }
   if (out_region != nullptr) Slice(out->mutable_parameters(), bytes, out_offset, out_region);
-  (*req.mutable_parameters())["backend"].set_string_param("cpu");
+  if (*backend != '\0') (*req.mutable_parameters())["backend"].set_string_param(backend);
   return req;
 }
 
@@ -415,6 +416,48 @@ TEST(SystemSharedMemoryOnAFakeGpu, ARegionTheGpuWillNotPinIsStagedAndTheLogSaysW
 // region, before the server read it) reads as zeros: the call fails, and
 // the output slice, which other calls may share, is left as it was rather
 // than given the rotated zeros.
+// The sinusoidal encoding from one slice into another on a GPU (which has
+// no way from one host slice into another): x copied into a scratch
+// buffer, encoded there on the GPU, the result copied to y: the CPU's
+// result bit for bit, x as it was. A GPU that gives up under AUTO leaves
+// the call to the CPU, which then works in the same buffer.
+TEST(SystemSharedMemoryOnAFakeGpu, SinusoidalIntoAnotherSliceIsEncodedAside) {
+  testing::FakeGpuEngine gpu(BackendChoice::kAuto, /*auto_gpu_min_bytes=*/0);
+  Engine& engine = gpu.engine();
+  FakeDeviceRuntime& rt = gpu.runtime();
+  constexpr int64_t kT = 96, kD = 128, kBytes = kT * kD * 4;
+  const std::string x = RandomQuery(kBytes);
+  ModelInferResponse resp;
+  std::string served;
+  ASSERT_TRUE(RunOn(engine, SinusoidalRequest(kT, kD, x, nullptr, 0, nullptr, 0), &resp, &served,
+                    ModelKind::kSinusoidal)
+                  .ok());
+  ASSERT_EQ(served, "cpu");
+  const std::string want = resp.raw_output_contents(0);
+  const int fd = RegisteredObject(engine, "sys", 2 * kBytes);
+  ASSERT_GE(fd, 0);
+  const std::string poison(kBytes, '\x7f');
+  for (const char* backend : {"cuda", ""}) {
+    SCOPED_TRACE(*backend == '\0' ? "AUTO, the launch failing" : backend);
+    if (*backend == '\0') rt.FailNext(FakeDeviceRuntime::Op::kLaunch, cudaErrorInvalidValue);
+    ASSERT_EQ(::pwrite(fd, x.data(), kBytes, 0), kBytes);
+    ASSERT_EQ(::pwrite(fd, poison.data(), kBytes, kBytes), kBytes);
+    ModelInferResponse r;
+    ASSERT_TRUE(RunOn(engine, SinusoidalRequest(kT, kD, "", "sys", 0, "sys", kBytes, backend), &r,
+                      &served, ModelKind::kSinusoidal)
+                    .ok());
+    EXPECT_EQ(served, *backend == '\0' ? "cpu" : "cuda:0");
+    std::string y(kBytes, '\0'), x_now(kBytes, '\0');
+    ASSERT_EQ(::pread(fd, y.data(), kBytes, kBytes), kBytes);
+    ASSERT_EQ(::pread(fd, x_now.data(), kBytes, 0), kBytes);
+    EXPECT_TRUE(y == want);
+    EXPECT_TRUE(x_now == x);
+    EXPECT_EQ(engine.scratch().idle_buffers(), 1) << "its scratch buffer, back in the pool";
+  }
+  ASSERT_TRUE(engine.shared_memory().Unregister("sys").ok());
+  ::close(fd);
+}
+
 TEST(SystemSharedMemoryOnAFakeGpu, AnInputTruncatedUnderTheCallWritesNothingToTheOutputSlice) {
   testing::FakeGpuEngine gpu;
   Engine& engine = gpu.engine();
