@@ -17,8 +17,8 @@
 // out, on one thread as the engine made them); "vs copy" is the figure
 // there, since one copy is the least such a call can move.
 // --only=copy, also left out by default, times one thread's memcpy against
-// posenc::CopyHostBytes (posenc/host_copy.h) at destinations 0, 16 and 100
-// bytes past the source modulo a page, between buffers in cache ("hot":
+// posenc::CopyHostBytes (posenc/host_copy.h) at destinations 0, 16, 100 and
+// 4080 (16 before) bytes past the source modulo a page, between buffers in cache ("hot":
 // the same bytes again) and from memory ("cold": along 256 MiB).
 // --positions=one|cycle16 gives the sinusoidal cases' tokens one position, or
 // positions 0-15 over and over, instead of 0-4095: tables that stay in L1,
@@ -162,7 +162,7 @@ void CopyTable(int reps) {
   std::printf("posenc-bench-cpu --only=copy: 1 thread, median GB/s of %d interleaved runs\n", reps);
   std::printf("%9s %9s %5s %10s %14s\n", "size", "distance", "", "memcpy", "CopyHostBytes");
   for (size_t n : {size_t{4} << 10, size_t{64} << 10, size_t{256} << 10, size_t{1} << 20}) {
-    for (size_t distance : {size_t{0}, size_t{16}, size_t{100}}) {
+    for (size_t distance : {size_t{0}, size_t{16}, size_t{100}, size_t{4080}}) {
       for (bool hot : {true, false}) {
         // Hot: the same n bytes again (repeated to 64 MiB); cold: along the
         // span, each copy reading and writing bytes not touched since.

@@ -88,7 +88,8 @@ SharedMemoryRegion::SharedMemoryRegion(std::string name, std::string key, int64_
                                        int64_t byte_size, std::string client,
                                        std::unique_ptr<GuardedMapping> mapping,
                                        AdmissionControl::Ticket admitted,
-                                       std::function<void(char*)> unpin, int pinned_fd)
+                                       std::function<void(char*)> unpin, int pinned_fd,
+                                       ObjectId object)
     : name_(std::move(name)),
       key_(std::move(key)),
       offset_(offset),
@@ -97,7 +98,8 @@ SharedMemoryRegion::SharedMemoryRegion(std::string name, std::string key, int64_
       mapping_(std::move(mapping)),
       admitted_(std::move(admitted)),
       unpin_(std::move(unpin)),
-      pinned_fd_(pinned_fd) {}
+      pinned_fd_(pinned_fd),
+      object_(object) {}
 
 SharedMemoryRegion::SharedMemoryRegion(std::string name, int64_t byte_size, std::string client,
                                        DeviceMemory device)
@@ -138,6 +140,14 @@ absl::Status SharedMemoryRegion::CheckIntact(absl::string_view field) const {
   return absl::FailedPreconditionError(absl::StrCat(
       field, ": shared memory region \"", Shown(name_), "\" (key ", Shown(key_),
       ") was truncated while the server used it; unregister it and register the object again"));
+}
+
+bool SharedMemoryRegion::SharesBytes(int64_t offset, int64_t size, const SharedMemoryRegion& other,
+                                     int64_t other_offset, int64_t other_size) const {
+  if (on_device() || other.on_device() || !(object_ == other.object_)) return false;
+  // Within objects of at most 2^63 - 1 bytes: no sum overflows.
+  const int64_t a = offset_ + offset, b = other.offset_ + other_offset;
+  return size > 0 && other_size > 0 && a < b + other_size && b < a + size;
 }
 
 absl::Status SharedMemoryRegion::Read(absl::string_view field, int64_t offset, int64_t size,
@@ -334,7 +344,9 @@ absl::Status SharedMemoryRegistry::Register(absl::string_view name, absl::string
   auto region = std::make_shared<SharedMemoryRegion>(
       std::string(name), std::string(key), static_cast<int64_t>(offset),
       static_cast<int64_t>(byte_size), std::string(client), std::move(mapping), std::move(admitted),
-      unpin_, pinned ? fd : -1);
+      unpin_, pinned ? fd : -1,
+      SharedMemoryRegion::ObjectId{static_cast<uint64_t>(st.st_dev),
+                                   static_cast<uint64_t>(st.st_ino)});
   std::lock_guard<std::mutex> lock(mu_);
   POSENC_RETURN_IF_ERROR(taken_or_full());
   AddLocked(std::string(name), std::move(region));

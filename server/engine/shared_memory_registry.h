@@ -75,17 +75,27 @@ struct DeviceMemory {
   std::function<absl::Status(void* to, const void* from, size_t bytes)> copy;
 };
 
+// Which object a system region maps (its file's device and inode).
+struct SharedMemoryObjectId {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  bool operator==(const SharedMemoryObjectId& o) const {
+    return device == o.device && inode == o.inode;
+  }
+};
+
 // One registered region: the slice [offset, offset + byte_size) of a
 // shared-memory object, mapped into the server; or a CUDA allocation of
 // another process, opened by the backend of its device.
 class SharedMemoryRegion {
  public:
+  using ObjectId = SharedMemoryObjectId;
   // `pinned_fd`: the object's descriptor (owned) when the mapping is pinned
   // for a device, else -1 (see CheckIntact).
   SharedMemoryRegion(std::string name, std::string key, int64_t offset, int64_t byte_size,
                      std::string client, std::unique_ptr<GuardedMapping> mapping,
                      AdmissionControl::Ticket admitted, std::function<void(char*)> unpin = nullptr,
-                     int pinned_fd = -1);
+                     int pinned_fd = -1, ObjectId object = {});
   // A CUDA region.
   SharedMemoryRegion(std::string name, int64_t byte_size, std::string client, DeviceMemory device);
   // Unpins (see SharedMemoryRegistry::SetPinning), then unmaps; or closes
@@ -106,6 +116,14 @@ class SharedMemoryRegion {
   // Whether At() points to device memory (the host must not touch it).
   bool on_device() const { return kind() == MemoryKind::kCuda; }
   int device_id() const { return device_.device; }
+
+  // Whether bytes [offset, offset + size) of this region and [other_offset,
+  // other_offset + other_size) of `other` are partly the same bytes of one
+  // object. Two registrations of one object map it at two addresses, where
+  // such slices look apart. System regions only (false for CUDA ones).
+  // REQUIRES: both slices pass CheckSlice.
+  bool SharesBytes(int64_t offset, int64_t size, const SharedMemoryRegion& other,
+                   int64_t other_offset, int64_t other_size) const;
 
   // INVALID_ARGUMENT naming `field` unless [offset, offset + size) lies in
   // the region (overflow-safe).
@@ -148,6 +166,7 @@ class SharedMemoryRegion {
   const std::function<void(char*)> unpin_;   // or null
   const DeviceMemory device_;                // a CUDA region's (else data is null)
   const int pinned_fd_ = -1;                 // see the constructor
+  const ObjectId object_;                    // a system region's
   // Requests holding the region (see Find); Unregister waits for none.
   mutable std::mutex mu_;
   mutable std::condition_variable unused_;

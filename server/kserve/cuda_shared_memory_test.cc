@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "cuda_backend.h"
 #include "cuda_runtime.h"
@@ -412,10 +413,6 @@ TEST(SystemSharedMemoryOnAFakeGpu, ARegionTheGpuWillNotPinIsStagedAndTheLogSaysW
   ::close(fd);
 }
 
-// An input whose object the caller truncated (after the request found its
-// region, before the server read it) reads as zeros: the call fails, and
-// the output slice, which other calls may share, is left as it was rather
-// than given the rotated zeros.
 // The sinusoidal encoding from one slice into another on a GPU (which has
 // no way from one host slice into another): x copied into a scratch
 // buffer, encoded there on the GPU, the result copied to y: the CPU's
@@ -458,6 +455,10 @@ TEST(SystemSharedMemoryOnAFakeGpu, SinusoidalIntoAnotherSliceIsEncodedAside) {
   ::close(fd);
 }
 
+// An input whose object the caller truncated (after the request found its
+// region, before the server read it) reads as zeros: the call fails, and
+// the output slice, which other calls may share, is left as it was rather
+// than given the rotated zeros.
 TEST(SystemSharedMemoryOnAFakeGpu, AnInputTruncatedUnderTheCallWritesNothingToTheOutputSlice) {
   testing::FakeGpuEngine gpu;
   Engine& engine = gpu.engine();
@@ -519,6 +520,10 @@ void TruncatedMidCall(Engine& engine, const std::string& input, const std::strin
       EXPECT_EQ(::ftruncate(in_fd, 0), 0);
       truncated = true;
     });
+    // A failed ASSERT below returns: the thread must be joined first.
+    absl::Cleanup join = [&vandal] {
+      if (vandal.joinable()) vandal.join();
+    };
     for (int call = 0; call < 200; ++call) {
       ASSERT_EQ(::pwrite(out_fd, poison.data(), bytes, 0), bytes);
       ModelInferResponse resp;
@@ -583,6 +588,50 @@ TEST(SystemSharedMemoryOnTheCpu, AnXTruncatedMidCallLeavesOnlyFinishedTokensInY)
   TruncatedMidCall(*made, x, want, kRow, ModelKind::kSinusoidal, [](const char* in_region) {
     return SinusoidalRequest(kTokens4k, kDim1k, "", in_region, 0, "out", 0);
   });
+}
+
+// One object registered twice ("a" from its start, "b" from a quarter of
+// the input in): x in "a" and y in "b" are partly the same bytes, at two
+// addresses. Block by block, later blocks would read x the earlier ones had
+// overwritten; the call takes a scratch buffer instead and gives the whole
+// x's result, for RoPE and the sinusoidal encoding alike.
+TEST(SystemSharedMemoryOnTheCpu, SlicesOfOneObjectRegisteredTwiceAreSeenToOverlap) {
+  std::unique_ptr<Engine> made = CpuEngine();
+  ASSERT_NE(made, nullptr);
+  Engine& engine = *made;
+  constexpr int64_t kT = 4096, kBytes = kT * kHeads * kDim * 4;  // 4 MiB, 21 blocks
+  const std::string x = RandomQuery(kBytes);
+  ModelInferResponse resp;
+  std::string served;
+  const std::string rope_want = CpuResult(engine, x, kT);
+  ASSERT_TRUE(RunOn(engine, SinusoidalRequest(kT, kHeads * kDim, x, nullptr, 0, nullptr, 0), &resp,
+                    &served, ModelKind::kSinusoidal)
+                  .ok());
+  const std::string sinusoidal_want = resp.raw_output_contents(0);
+  const std::string key = absl::StrCat("/posenc-kserve-twice-", ::getpid());
+  const int fd = ::open(("/dev/shm" + key).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, 2 * kBytes), 0);
+  ASSERT_TRUE(engine.shared_memory().Register("a", key, 0, 2 * kBytes).ok());
+  ASSERT_TRUE(engine.shared_memory().Register("b", key, kBytes / 4, kBytes).ok());
+  ::unlink(("/dev/shm" + key).c_str());
+  for (ModelKind model : {ModelKind::kRope, ModelKind::kSinusoidal}) {
+    SCOPED_TRACE(KindName(model));
+    ASSERT_EQ(::pwrite(fd, x.data(), kBytes, 0), kBytes);
+    ModelInferResponse r;
+    ASSERT_TRUE((model == ModelKind::kRope
+                     ? RunOn(engine, BigRopeRequest(kT, "", "a", 0, "b", 0), &r, &served)
+                     : RunOn(engine, SinusoidalRequest(kT, kHeads * kDim, "", "a", 0, "b", 0), &r,
+                             &served, model))
+                    .ok());
+    std::string y(kBytes, '\0');
+    ASSERT_EQ(::pread(fd, y.data(), kBytes, kBytes / 4), kBytes);
+    EXPECT_TRUE(y == (model == ModelKind::kRope ? rope_want : sinusoidal_want));
+    EXPECT_EQ(engine.scratch().idle_buffers(), 1) << "through a scratch buffer";
+  }
+  ASSERT_TRUE(engine.shared_memory().Unregister("a").ok());
+  ASSERT_TRUE(engine.shared_memory().Unregister("b").ok());
+  ::close(fd);
 }
 
 // The sinusoidal encoding from one slice into another: the answer's

@@ -269,7 +269,15 @@ absl::Status Place(Input* t, absl::string_view output, OutputSet& want, Engine& 
           ? out->region->on_device() && out->region->device_id() == in.region->device_id()
           : !out->region->on_device();
   const bool system = !in.region->on_device() && !out->region->on_device();
-  if ((into == EngineInto::kSameKind && same_kind) || (into == EngineInto::kSystemOnly && system)) {
+  // Two registrations of one object map it at two addresses: slices that
+  // share bytes there look apart to the engine, which would then read
+  // input it had already overwritten. Such a call works in a scratch
+  // buffer, every input read before a result goes out.
+  const bool aliased =
+      in.region != out->region &&
+      in.region->SharesBytes(in.offset, t->size(), *out->region, out->offset, t->size());
+  if (!aliased && ((into == EngineInto::kSameKind && same_kind) ||
+                   (into == EngineInto::kSystemOnly && system))) {
     t->out = out->region->At(out->offset);
     want.MarkInPlace(output);
     return absl::OkStatus();

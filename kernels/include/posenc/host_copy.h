@@ -20,7 +20,7 @@ namespace posenc {
 // and n is in `rep movsb`'s range (below the L2 cache's size).
 void CopyHostBytes(void* to, const void* from, size_t n);
 
-// to->assign(from, n), through CopyHostBytes.
+// to->assign(from, n), through CopyHostBytes (`from` may lie in *to).
 void AssignHostBytes(std::string* to, const char* from, size_t n);
 
 }  // namespace posenc

@@ -48,6 +48,13 @@ void CopyHostBytes(void* to, const void* from, size_t n) {
 }
 
 void AssignHostBytes(std::string* to, const char* from, size_t n) {
+  // Bytes already in the string's buffer: clear() and resize() below would
+  // overwrite them before they are copied; assign handles that.
+  const auto at = reinterpret_cast<uintptr_t>(from), own = reinterpret_cast<uintptr_t>(to->data());
+  if (at >= own && at < own + to->capacity() + 1) {
+    to->assign(from, n);
+    return;
+  }
   // Where the buffer will be is known once it is reserved; assign then
   // copies into it without moving it.
   to->clear();
