@@ -14,8 +14,11 @@
 # Peers need Liger-Kernel as a wheel in .whl/ (carried, installed with
 # pip --target; see bench/RESULTS.md), or they run without it.
 # Steps: suites, memcheck, racecheck, synccheck, initcheck (sanitizers: all
-# four), bench, bench-base, serving, ncu, peers; none named: all but serving
-# and bench-base, in that order.
+# four), bench, bench-base, serving, ncu, peers, copy; none named: all but
+# serving, bench-base and copy, in that order. `copy` (about 40 s) times the
+# host CPU's memcpy against posenc::CopyHostBytes (posenc-bench-cpu
+# --only=copy, into summary.txt): whether this host has glibc's slow
+# `rep movsb` case that CopyHostBytes avoids (docs/shared-memory.md).
 #
 # Files under $OUT, 8 over all steps (the device tool takes back at most 8):
 #   summary.txt     device facts, one verdict line per step, the benchmark and
@@ -50,6 +53,7 @@ t_bench=${TIMEOUT_BENCH:-180}
 t_ncu=${TIMEOUT_NCU:-120}
 t_peers=${TIMEOUT_PEERS:-300}
 t_serving=${TIMEOUT_SERVING:-400}
+t_copy=${TIMEOUT_COPY:-120}
 
 say() { echo "$*" | tee -a "$summary"; }
 verdict() {  # verdict NAME OK DETAIL: one line per step; a failure fails the run
@@ -200,6 +204,18 @@ step_bench() {
   verdict "posenc-bench-gpu" "$ok" "exit $rc$(timed_out "$rc" && echo "; timed out after ${t_bench}s")"
 }
 
+step_copy() {
+  local rc
+  say "--- posenc-bench-cpu --only=copy (host CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2))"
+  timeout -k 10 "$t_copy" "$bundle/run" posenc-bench-cpu --only=copy --reps=5 \
+    > "$tmp/copy.log" 2>&1
+  rc=$?
+  tee -a "$summary" < "$tmp/copy.log"
+  local ok=0
+  [ "$rc" = 0 ] && grep -q CopyHostBytes "$tmp/copy.log" && ok=1
+  verdict "posenc-bench-cpu --only=copy" "$ok" "exit $rc$(timed_out "$rc" && echo "; timed out after ${t_copy}s")"
+}
+
 # The same benchmark built from another commit (scripts/gpu-pack.sh with
 # POSENC_BASE_BENCH), run right after `bench` on the same GPU: the A/B of a
 # kernel change. Skipped when the bundle has none.
@@ -315,7 +331,8 @@ for s in "${steps[@]}"; do
     serving) step_serving ;;
     ncu) step_ncu ;;
     peers) step_peers ;;
-    *) verdict "$s" 0 "unknown step (suites, sanitizers, memcheck, racecheck, synccheck, initcheck, bench, bench-base, serving, ncu, peers)" ;;
+    copy) step_copy ;;
+    *) verdict "$s" 0 "unknown step (suites, sanitizers, memcheck, racecheck, synccheck, initcheck, bench, bench-base, serving, ncu, peers, copy)" ;;
   esac
 done
 files=$(find "$out" -type f | wc -l)

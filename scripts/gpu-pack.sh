@@ -44,6 +44,7 @@ LD_LIBRARY_PATH=$(dirname "$cudart") ../shared/tools/gpu-bundle "$stage/bundle" 
   "$build/tests/system/e2e_test" \
   "$build/server/kserve/kserve_cuda_shared_memory_test" \
   "$build/bench/posenc-bench-gpu" \
+  "$build/bench/posenc-bench-cpu" \
   "$build/server/posenc-server" \
   "$venv/bin/perf_analyzer" "${base[@]}"
 cp "$cudart" "$stage/bundle/lib/"
