@@ -7,9 +7,11 @@
 // outputs and raw contents (those in shared memory empty), or admission
 // holding more than its budget.
 //
-// System shared memory is on, with one region "f" (4 KiB of a /dev/shm
-// object, unlinked at once: the registry holds its descriptor), so inputs
-// and outputs naming it go through the read and write paths. CUDA shared
+// System shared memory is on, with region "f" (4 KiB of a /dev/shm object,
+// unlinked at once: the registry holds its descriptor), so inputs and
+// outputs naming it go through the read and write paths, and region "h"
+// (bytes 1024-3071 of the same object, mapped again: slices of "f" and "h"
+// can be the same bytes at two addresses). CUDA shared
 // memory is on too, with region "g" (4 KiB of a stand-in device in host
 // memory, stand_in_device.h): references to it go through the device
 // placements and copies, and the engine, which has no GPU, refuses what
@@ -69,7 +71,10 @@ Harness& TheHarness() {
       std::abort();
     }
     ::close(fd);
-    const absl::Status registered = harness->service->shared_memory().Register("f", key, 0, 4096);
+    absl::Status registered = harness->service->shared_memory().Register("f", key, 0, 4096);
+    if (registered.ok()) {
+      registered = harness->service->shared_memory().Register("h", key, 1024, 2048);
+    }
     ::unlink(("/dev/shm" + key).c_str());
     static auto* device = new posenc::testing::StandInDevice(4096);
     harness->engine->shared_memory().SetDeviceOpener(device->Opener(), "");
