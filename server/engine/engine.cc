@@ -562,10 +562,10 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
                     apart(q.out, t.query.nbytes, t.key.data, t.key.nbytes) &&
                     apart(k.out, t.key.nbytes, t.query.data, t.query.nbytes) &&
                     apart(q.out, t.query.nbytes, k.out, t.key.nbytes)));
-  if (backend->kind() == BackendKind::kCpu && through_fits) {
+  const auto go_through = [&](Backend* cpu) -> absl::Status {
     // Token-major blocks go through the threads' own buffers: no scratch
     // is lent (nor admitted) for them.
-    if (backend->RopeThroughNeedsWork(plan)) {
+    if (cpu->RopeThroughNeedsWork(plan)) {
       POSENC_RETURN_IF_ERROR(lend(q));
       if (has_key) POSENC_RETURN_IF_ERROR(lend(k));
     }
@@ -578,14 +578,24 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
     set(q, &through.query, &through.query_work, &through.query_out);
     if (has_key) set(k, &through.key, &through.key_work, &through.key_out);
     if (env.inputs_intact) through.before_write = env.inputs_intact;
-    POSENC_RETURN_IF_ERROR(backend->ApplyRopeThrough(plan, through, env.ctx));
-    *served = BackendName(backend);
+    POSENC_RETURN_IF_ERROR(cpu->ApplyRopeThrough(plan, through, env.ctx));
+    *served = BackendName(cpu);
     return absl::OkStatus();
-  }
+  };
+  if (backend->kind() == BackendKind::kCpu && through_fits) return go_through(backend);
   AlignedWork aligned(env.admission);
   for (Work* w : {&q, &k}) {
     if (w->aside()) {
-      POSENC_RETURN_IF_ERROR(lend(*w));
+      const absl::Status lent = lend(*w);
+      // Under AUTO, a GPU whose scratch buffers do not fit the budget
+      // leaves the call to the CPU, where it needs none (token-major).
+      if (absl::IsResourceExhausted(lent) && through_fits &&
+          Resolve(env.backend) != BackendChoice::kCuda && !cpu_->RopeThroughNeedsWork(plan)) {
+        q.copy = {};
+        k.copy = {};
+        return go_through(cpu_.get());
+      }
+      POSENC_RETURN_IF_ERROR(lent);
     } else if (w->tensor.present()) {
       POSENC_RETURN_IF_ERROR(aligned.Align(w->tensor));
     }
@@ -658,17 +668,26 @@ absl::Status Engine::AbsoluteIntoHost(const AbsolutePlan& plan, const MutableTen
   POSENC_ASSIGN_OR_RETURN(Backend * backend, ChooseStaged(env, bytes));
   const auto at = reinterpret_cast<uintptr_t>(x.data), out = reinterpret_cast<uintptr_t>(env.x_out);
   const bool apart = bytes == 0 || at + x.nbytes <= out || out + x.nbytes <= at;
-  if (backend->kind() == BackendKind::kCpu && apart && plan.has_input) {
+  const auto go_through = [&](Backend* cpu) -> absl::Status {
     AbsoluteThrough through;
     through.x = x.data;
     through.y = env.x_out;
     if (env.inputs_intact) through.before_write = env.inputs_intact;
-    POSENC_RETURN_IF_ERROR(backend->ApplyAbsoluteThrough(plan, through, env.ctx));
-    *served = BackendName(backend);
+    POSENC_RETURN_IF_ERROR(cpu->ApplyAbsoluteThrough(plan, through, env.ctx));
+    *served = BackendName(cpu);
     return absl::OkStatus();
+  };
+  if (backend->kind() == BackendKind::kCpu && apart) return go_through(backend);
+  absl::StatusOr<ScratchPool::Buffer> lent =
+      scratch_.Lend(std::max<int64_t>(1, bytes), env.admission);
+  // Under AUTO, a GPU whose scratch buffer does not fit the budget leaves
+  // the call to the CPU, which needs none.
+  if (absl::IsResourceExhausted(lent.status()) && apart &&
+      Resolve(env.backend) != BackendChoice::kCuda) {
+    return go_through(cpu_.get());
   }
-  POSENC_ASSIGN_OR_RETURN(ScratchPool::Buffer copy,
-                          scratch_.Lend(std::max<int64_t>(1, bytes), env.admission));
+  POSENC_RETURN_IF_ERROR(lent.status());
+  ScratchPool::Buffer copy = *std::move(lent);
   CopyHostBytes(copy.data(), x.data, x.nbytes);
   // The copy must be of the caller's bytes before anything is written.
   if (env.inputs_intact) POSENC_RETURN_IF_ERROR(env.inputs_intact());

@@ -455,6 +455,88 @@ TEST(SystemSharedMemoryOnAFakeGpu, SinusoidalIntoAnotherSliceIsEncodedAside) {
   ::close(fd);
 }
 
+// A GPU chosen under AUTO for a call from one slice into another that
+// needs a scratch buffer (the sinusoidal encoding; RoPE from a region the
+// GPU did not pin) whose buffer does not fit the budget leaves the call to
+// the CPU, which goes block by block with none: the CPU's result, not
+// RESOURCE_EXHAUSTED. With the GPU asked for, the refusal stands and the
+// output is left as it was.
+TEST(SystemSharedMemoryOnAFakeGpu, AutoLeavesACallWhoseScratchDoesNotFitToTheCpu) {
+  testing::FakeGpuEngine gpu(BackendChoice::kAuto, /*auto_gpu_min_bytes=*/0);
+  Engine& engine = gpu.engine();
+  FakeDeviceRuntime& rt = gpu.runtime();
+  constexpr int64_t kT = 256, kD = 256, kBytes = kT * kD * 4;  // 256 KiB
+  const std::string x = RandomQuery(kBytes);
+  ModelInferResponse resp;
+  std::string served;
+  ASSERT_TRUE(RunOn(engine, SinusoidalRequest(kT, kD, x, nullptr, 0, nullptr, 0), &resp, &served,
+                    ModelKind::kSinusoidal)
+                  .ok());
+  const std::string sinusoidal_want = resp.raw_output_contents(0);
+  const std::string query = RandomQuery();
+  const std::string rope_want = CpuResult(engine, query);
+  const int fd = RegisteredObject(engine, "sys", 2 * kBytes, [&] {
+    rt.FailNext(FakeDeviceRuntime::Op::kHostRegister, cudaErrorHostMemoryAlreadyRegistered);
+  });
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(rt.registered_bytes(), 0) << "not pinned: RoPE cannot go straight through the GPU";
+  // Other calls hold all but 1.5 tensors of the budget: the GPU's staging
+  // (one tensor) fits, its scratch buffer (one more) does not.
+  auto others = engine.Admit(0);
+  ASSERT_TRUE(others.ok()) << others.status();
+  AdmissionControl& budget = engine.admission();
+  const auto hold = [&](int64_t tensor) {
+    others->Reset();
+    others = engine.Admit(0);
+    ASSERT_TRUE(others.ok());
+    ASSERT_TRUE(others->TryGrow(budget.options().max_bytes - budget.bytes() - tensor * 3 / 2).ok());
+  };
+  const std::string poison(kBytes, '\x7f');
+  const auto y = [&] {
+    std::string s(kBytes, '\0');
+    EXPECT_EQ(::pread(fd, s.data(), kBytes, kBytes), kBytes);
+    return s;
+  };
+  for (const char* backend : {"", "cuda"}) {
+    SCOPED_TRACE(*backend == '\0' ? "AUTO" : backend);
+    ASSERT_EQ(::pwrite(fd, x.data(), kBytes, 0), kBytes);
+    ASSERT_EQ(::pwrite(fd, poison.data(), kBytes, kBytes), kBytes);
+    hold(kBytes);
+    ModelInferResponse r;
+    const absl::Status s =
+        RunOn(engine, SinusoidalRequest(kT, kD, "", "sys", 0, "sys", kBytes, backend), &r, &served,
+              ModelKind::kSinusoidal);
+    if (*backend == '\0') {
+      ASSERT_TRUE(s.ok()) << s;
+      EXPECT_EQ(served, "cpu");
+      EXPECT_TRUE(y() == sinusoidal_want);
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+      EXPECT_TRUE(y() == poison);
+    }
+    // RoPE of kQueryBytes from the unpinned region into its second half.
+    ASSERT_EQ(::pwrite(fd, query.data(), kQueryBytes, 0), kQueryBytes);
+    ASSERT_EQ(::pwrite(fd, poison.data(), kQueryBytes, kBytes), kQueryBytes);
+    hold(kQueryBytes);
+    ModelInferResponse rr;
+    const absl::Status rs =
+        RunOn(engine, RopeRequest(query, 0, kBytes, backend, "sys"), &rr, &served);
+    std::string q_out(kQueryBytes, '\0');
+    ASSERT_EQ(::pread(fd, q_out.data(), kQueryBytes, kBytes), kQueryBytes);
+    if (*backend == '\0') {
+      ASSERT_TRUE(rs.ok()) << rs;
+      EXPECT_EQ(served, "cpu");
+      EXPECT_TRUE(q_out == rope_want);
+    } else {
+      EXPECT_EQ(rs.code(), absl::StatusCode::kResourceExhausted) << rs;
+      EXPECT_TRUE(q_out == poison.substr(0, kQueryBytes));
+    }
+  }
+  others->Reset();
+  ASSERT_TRUE(engine.shared_memory().Unregister("sys").ok());
+  ::close(fd);
+}
+
 // An input whose object the caller truncated (after the request found its
 // region, before the server read it) reads as zeros: the call fails, and
 // the output slice, which other calls may share, is left as it was rather
