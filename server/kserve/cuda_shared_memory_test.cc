@@ -175,6 +175,19 @@ ModelInferRequest SinusoidalRequest(int64_t tokens, int64_t dim, const std::stri
   return req;
 }
 
+// What the CPU backend makes of `x` ([1, tokens, dim] FP32) with the
+// sinusoidal encoding, sent in the message.
+std::string SinusoidalResult(Engine& engine, const std::string& x, int64_t tokens, int64_t dim) {
+  ModelInferResponse resp;
+  std::string backend;
+  EXPECT_TRUE(RunOn(engine, SinusoidalRequest(tokens, dim, x, nullptr, 0, nullptr, 0), &resp,
+                    &backend, ModelKind::kSinusoidal)
+                  .ok());
+  EXPECT_EQ(backend, "cpu");
+  EXPECT_NE(resp.raw_output_contents(0), x) << "encoded";
+  return resp.raw_output_contents(0);
+}
+
 // What the CPU backend makes of `query` (`tokens` tokens) sent in the
 // message.
 std::string CpuResult(Engine& engine, const std::string& query, int64_t tokens = kTokens) {
@@ -424,13 +437,8 @@ TEST(SystemSharedMemoryOnAFakeGpu, SinusoidalIntoAnotherSliceIsEncodedAside) {
   FakeDeviceRuntime& rt = gpu.runtime();
   constexpr int64_t kT = 96, kD = 128, kBytes = kT * kD * 4;
   const std::string x = RandomQuery(kBytes);
-  ModelInferResponse resp;
   std::string served;
-  ASSERT_TRUE(RunOn(engine, SinusoidalRequest(kT, kD, x, nullptr, 0, nullptr, 0), &resp, &served,
-                    ModelKind::kSinusoidal)
-                  .ok());
-  ASSERT_EQ(served, "cpu");
-  const std::string want = resp.raw_output_contents(0);
+  const std::string want = SinusoidalResult(engine, x, kT, kD);
   const int fd = RegisteredObject(engine, "sys", 2 * kBytes);
   ASSERT_GE(fd, 0);
   const std::string poison(kBytes, '\x7f');
@@ -467,12 +475,8 @@ TEST(SystemSharedMemoryOnAFakeGpu, AutoLeavesACallWhoseScratchDoesNotFitToTheCpu
   FakeDeviceRuntime& rt = gpu.runtime();
   constexpr int64_t kT = 256, kD = 256, kBytes = kT * kD * 4;  // 256 KiB
   const std::string x = RandomQuery(kBytes);
-  ModelInferResponse resp;
   std::string served;
-  ASSERT_TRUE(RunOn(engine, SinusoidalRequest(kT, kD, x, nullptr, 0, nullptr, 0), &resp, &served,
-                    ModelKind::kSinusoidal)
-                  .ok());
-  const std::string sinusoidal_want = resp.raw_output_contents(0);
+  const std::string sinusoidal_want = SinusoidalResult(engine, x, kT, kD);
   const std::string query = RandomQuery();
   const std::string rope_want = CpuResult(engine, query);
   const int fd = RegisteredObject(engine, "sys", 2 * kBytes, [&] {
@@ -660,13 +664,7 @@ TEST(SystemSharedMemoryOnTheCpu, AnXTruncatedMidCallLeavesOnlyFinishedTokensInY)
   ASSERT_NE(made, nullptr);
   constexpr int64_t kTokens4k = 4096, kDim1k = 1024, kRow = kDim1k * 4;  // 16 MiB, 86 blocks
   const std::string x = RandomQuery(kTokens4k * kRow);
-  ModelInferResponse resp;
-  std::string served;
-  ASSERT_TRUE(RunOn(*made, SinusoidalRequest(kTokens4k, kDim1k, x, nullptr, 0, nullptr, 0), &resp,
-                    &served, ModelKind::kSinusoidal)
-                  .ok());
-  const std::string want = resp.raw_output_contents(0);
-  ASSERT_NE(want, x);
+  const std::string want = SinusoidalResult(*made, x, kTokens4k, kDim1k);
   TruncatedMidCall(*made, x, want, kRow, ModelKind::kSinusoidal, [](const char* in_region) {
     return SinusoidalRequest(kTokens4k, kDim1k, "", in_region, 0, "out", 0);
   });
@@ -683,13 +681,9 @@ TEST(SystemSharedMemoryOnTheCpu, SlicesOfOneObjectRegisteredTwiceAreSeenToOverla
   Engine& engine = *made;
   constexpr int64_t kT = 4096, kBytes = kT * kHeads * kDim * 4;  // 4 MiB, 21 blocks
   const std::string x = RandomQuery(kBytes);
-  ModelInferResponse resp;
   std::string served;
   const std::string rope_want = CpuResult(engine, x, kT);
-  ASSERT_TRUE(RunOn(engine, SinusoidalRequest(kT, kHeads * kDim, x, nullptr, 0, nullptr, 0), &resp,
-                    &served, ModelKind::kSinusoidal)
-                  .ok());
-  const std::string sinusoidal_want = resp.raw_output_contents(0);
+  const std::string sinusoidal_want = SinusoidalResult(engine, x, kT, kHeads * kDim);
   const std::string key = absl::StrCat("/posenc-kserve-twice-", ::getpid());
   const int fd = ::open(("/dev/shm" + key).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
   ASSERT_GE(fd, 0);
@@ -727,12 +721,8 @@ TEST(SystemSharedMemoryOnTheCpu, SinusoidalIntoAnotherSliceIsTheAnswersResult) {
   Engine& engine = *made;
   constexpr int64_t kT = 3000, kD = 768, kBytes = kT * kD * 4;  // 9 MiB
   const std::string x = RandomQuery(kBytes);
-  ModelInferResponse resp;
   std::string served;
-  ASSERT_TRUE(RunOn(engine, SinusoidalRequest(kT, kD, x, nullptr, 0, nullptr, 0), &resp, &served,
-                    ModelKind::kSinusoidal)
-                  .ok());
-  const std::string want = resp.raw_output_contents(0);
+  const std::string want = SinusoidalResult(engine, x, kT, kD);
   ASSERT_EQ(engine.scratch().idle_buffers(), 0);
   const int fd = RegisteredObject(engine, "r", 3 * kBytes);
   ASSERT_GE(fd, 0);
