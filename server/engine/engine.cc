@@ -552,8 +552,7 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
   // a tensor rotated in place would be left half rotated by a call that
   // fails midway; the way below copies every input before it writes.
   const auto apart = [](const void* a, size_t an, const void* b, size_t bn) {
-    const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
-    return an == 0 || bn == 0 || x + an <= y || y + bn <= x;
+    return !HostBytesOverlap(a, an, b, bn);
   };
   const bool through_fits =
       q.aside() && (!has_key || k.aside()) &&
@@ -666,8 +665,7 @@ absl::Status Engine::AbsoluteIntoHost(const AbsolutePlan& plan, const MutableTen
                                       const CallEnv& env, std::string* served) {
   const auto bytes = static_cast<int64_t>(x.nbytes);
   POSENC_ASSIGN_OR_RETURN(Backend * backend, ChooseStaged(env, bytes));
-  const auto at = reinterpret_cast<uintptr_t>(x.data), out = reinterpret_cast<uintptr_t>(env.x_out);
-  const bool apart = bytes == 0 || at + x.nbytes <= out || out + x.nbytes <= at;
+  const bool apart = !HostBytesOverlap(x.data, x.nbytes, env.x_out, x.nbytes);
   const auto go_through = [&](Backend* cpu) -> absl::Status {
     AbsoluteThrough through;
     through.x = x.data;

@@ -23,6 +23,11 @@ void CopyHostBytes(void* to, const void* from, size_t n);
 // to->assign(from, n), through CopyHostBytes (`from` may lie in *to).
 void AssignHostBytes(std::string* to, const char* from, size_t n);
 
+// Whether [a, a + an) and [b, b + bn) share a byte (empty ranges share
+// none): what CopyHostBytes, and every "into other memory" path that reads
+// its input after writing part of its output, must rule out.
+bool HostBytesOverlap(const void* a, size_t an, const void* b, size_t bn);
+
 }  // namespace posenc
 
 #endif  // POSENC_HOST_COPY_H_

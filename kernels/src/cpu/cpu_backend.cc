@@ -19,6 +19,7 @@
 #include "cpu_kernels.h"
 #include "posenc/backend.h"
 #include "posenc/dtype.h"
+#include "posenc/host_copy.h"
 
 namespace posenc {
 namespace {
@@ -96,9 +97,8 @@ class CpuBackend final : public Backend {
       return absl::InvalidArgumentError("ApplyAbsoluteThrough: the plan has no input");
     }
     if (plan.empty()) return absl::OkStatus();
-    const int64_t bytes = plan.num_tokens * plan.dim * static_cast<int64_t>(SizeOf(plan.dtype));
-    const auto x = reinterpret_cast<uintptr_t>(t.x), y = reinterpret_cast<uintptr_t>(t.y);
-    if (x < y + static_cast<uintptr_t>(bytes) && y < x + static_cast<uintptr_t>(bytes)) {
+    const auto bytes = static_cast<size_t>(plan.num_tokens * plan.dim) * SizeOf(plan.dtype);
+    if (HostBytesOverlap(t.x, bytes, t.y, bytes)) {
       return absl::InvalidArgumentError("ApplyAbsoluteThrough: y overlaps x");
     }
     const std::shared_ptr<internal::RowTable> anchors = anchors_.For(plan);

@@ -30,11 +30,16 @@ size_t RepMovsbLimit() {
   return limit;
 }
 
+// Whether copying n bytes from `from` to `to` takes the 2 KiB pieces.
+bool InPieces(const void* to, const void* from, size_t n) {
+  return n < RepMovsbLimit() && Aliased(to, from);
+}
+
 }  // namespace
 
 void CopyHostBytes(void* to, const void* from, size_t n) {
   if (n == 0) return;
-  if (n >= RepMovsbLimit() || !Aliased(to, from)) {
+  if (!InPieces(to, from, n)) {
     std::memcpy(to, from, n);
     return;
   }
@@ -59,12 +64,17 @@ void AssignHostBytes(std::string* to, const char* from, size_t n) {
   // copies into it without moving it.
   to->clear();
   to->reserve(n);
-  if (n >= RepMovsbLimit() || !Aliased(to->data(), from)) {
+  if (!InPieces(to->data(), from, n)) {
     to->assign(from, n);
     return;
   }
   to->resize(n);
   CopyHostBytes(to->data(), from, n);
+}
+
+bool HostBytesOverlap(const void* a, size_t an, const void* b, size_t bn) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return an > 0 && bn > 0 && x < y + bn && y < x + an;
 }
 
 }  // namespace posenc

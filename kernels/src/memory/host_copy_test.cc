@@ -93,5 +93,19 @@ TEST(AssignHostBytes, TheStringBecomesTheBytes) {
   EXPECT_EQ(s, tail);
 }
 
+// Ranges share a byte or they do not: touching ends do not, empty ranges
+// never do, containment and partial overlap in either order do.
+TEST(HostBytesOverlap, OnlySharedBytesCount) {
+  char b[64];
+  EXPECT_FALSE(HostBytesOverlap(b, 16, b + 16, 16));
+  EXPECT_FALSE(HostBytesOverlap(b + 16, 16, b, 16));
+  EXPECT_FALSE(HostBytesOverlap(b, 0, b, 16));
+  EXPECT_FALSE(HostBytesOverlap(b, 16, b + 8, 0));
+  EXPECT_TRUE(HostBytesOverlap(b, 17, b + 16, 16));
+  EXPECT_TRUE(HostBytesOverlap(b + 16, 16, b, 17));
+  EXPECT_TRUE(HostBytesOverlap(b, 64, b + 10, 1));
+  EXPECT_TRUE(HostBytesOverlap(b + 10, 1, b, 64));
+}
+
 }  // namespace
 }  // namespace posenc
