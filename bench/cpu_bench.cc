@@ -9,10 +9,11 @@
 // Prints a table, and JSON with --json=PATH. --only=rope|sinusoidal|alibi|small
 // runs one section (the others are skipped); --filter=TEXT runs only the
 // cases whose name contains TEXT (for profiling one of them).
-// --only=through runs a section the default run leaves out: RoPE and the
-// sinusoidal add from one buffer into another, as a KServe call from one
-// shared-memory slice into another, block by block through a buffer in
-// cache (Backend::ApplyRopeThrough, ApplyAbsoluteThrough) and the way it
+// --only=through runs a section the default run leaves out: RoPE, the
+// sinusoidal add and the ALiBi bias added to logits from one buffer into
+// another, as a KServe call from one shared-memory slice into another,
+// block by block through a buffer in cache (Backend::ApplyRopeThrough,
+// ApplyAbsoluteThrough, ApplyAttentionBiasThrough) and the way it
 // went before (a whole copy in, the in-place kernel there, a whole copy
 // out, on one thread as the engine made them); "vs copy" is the figure
 // there, since one copy is the least such a call can move.
@@ -340,6 +341,37 @@ int main(int argc, char** argv) {
       }
       results.push_back(bench.Measure(name, x.size(), kernel));
     }
+  }
+
+  // ALiBi + causal added to bf16 logits from one buffer into another, the
+  // same two ways.
+  for (bool through : {true, false}) {
+    if (only != "through") break;
+    const int64_t B = 2, H = 16, L = 1024;
+    const std::string name =
+        std::string(through ? "alibi+causal through " : "alibi+causal aside ") +
+        "bf16 [2,16,1024,1024]";
+    if (!bench.Wanted(name)) continue;
+    auto logits = Random(B * H * L * L * 2, posenc::DType::kBFloat16);
+    std::vector<uint8_t> work(logits.size()), out(logits.size());
+    posenc::BiasOptions o;
+    o.causal = true;
+    const posenc::TensorView lv{
+        posenc::DType::kBFloat16, {B, H, L, L}, logits.data(), logits.size()};
+    auto plan = posenc::PlanAttentionBias(o, lv);
+    if (!plan.ok()) return 1;
+    posenc::BiasThrough bt;
+    bt.logits = logits.data();
+    bt.out = out.data();
+    std::function<void()> kernel = [&] { (void)cpu->ApplyAttentionBiasThrough(*plan, bt, {}); };
+    if (!through) {
+      kernel = [&] {
+        std::memcpy(work.data(), logits.data(), logits.size());
+        (void)cpu->ApplyAttentionBias(*plan, work.data(), {});
+        std::memcpy(out.data(), work.data(), logits.size());
+      };
+    }
+    results.push_back(bench.Measure(name, logits.size(), kernel));
   }
 
   if (only == "copy") {

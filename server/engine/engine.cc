@@ -638,7 +638,19 @@ absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTenso
       return absl::OkStatus();
     }
     if (env.x_out != nullptr && env.x_out != t.x.data) {
-      return AbsoluteIntoHost(plan, t.x, env, &served);
+      IntoHostCall call;
+      call.in = t.x.data;
+      call.out = env.x_out;
+      call.bytes = tensor_bytes;
+      call.through = [&](Backend* cpu, void* /*work*/) {
+        AbsoluteThrough through;
+        through.x = t.x.data;
+        through.y = env.x_out;
+        if (env.inputs_intact) through.before_write = env.inputs_intact;
+        return cpu->ApplyAbsoluteThrough(plan, through, env.ctx);
+      };
+      call.in_place = [&](Backend* b, void* x) { return b->ApplyAbsolute(plan, x, env.ctx); };
+      return IntoHost(call, env, &served);
     }
     POSENC_ASSIGN_OR_RETURN(Backend * backend, ChooseStaged(env, tensor_bytes));
     AlignedWork aligned(env.admission);
@@ -654,45 +666,44 @@ absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTenso
   return served;
 }
 
-// A host x whose result y goes to other host memory that others may read
-// meanwhile (another slice of system shared memory), as RopeIntoHost's
-// outputs: y receives finished values only and x stays as it was. The CPU
-// goes block by block (AbsoluteThrough: each block of x copied into a
-// thread's buffer, encoded there while in cache, checked intact, copied to
-// y), where y overlaps no part of x. Otherwise (a GPU, or an overlap) x is
-// copied into a scratch buffer, encoded there and copied to y.
-absl::Status Engine::AbsoluteIntoHost(const AbsolutePlan& plan, const MutableTensor& x,
-                                      const CallEnv& env, std::string* served) {
-  const auto bytes = static_cast<int64_t>(x.nbytes);
-  POSENC_ASSIGN_OR_RETURN(Backend * backend, ChooseStaged(env, bytes));
-  const bool apart = !HostBytesOverlap(x.data, x.nbytes, env.x_out, x.nbytes);
+// A host input whose result goes to other host memory that others may
+// read meanwhile (another slice of system shared memory), as RopeIntoHost's
+// outputs: the output receives finished values only and the input stays as
+// it was. The CPU goes block by block (its through operation: each block
+// copied into a thread's buffer, computed there while in cache, checked
+// intact, copied out), where the output overlaps no part of the input.
+// Otherwise (a GPU, or an overlap) the input is copied into a scratch
+// buffer, computed there and copied out.
+absl::Status Engine::IntoHost(const IntoHostCall& call, const CallEnv& env, std::string* served) {
+  POSENC_ASSIGN_OR_RETURN(Backend * backend, ChooseStaged(env, call.bytes));
+  const auto bytes = static_cast<size_t>(call.bytes);
+  const bool apart = !HostBytesOverlap(call.in, bytes, call.out, bytes);
   const auto go_through = [&](Backend* cpu) -> absl::Status {
-    AbsoluteThrough through;
-    through.x = x.data;
-    through.y = env.x_out;
-    if (env.inputs_intact) through.before_write = env.inputs_intact;
-    POSENC_RETURN_IF_ERROR(cpu->ApplyAbsoluteThrough(plan, through, env.ctx));
+    ScratchPool::Buffer work;
+    if (call.through_needs_work) {
+      POSENC_ASSIGN_OR_RETURN(work, scratch_.Lend(std::max<int64_t>(1, call.bytes), env.admission));
+    }
+    POSENC_RETURN_IF_ERROR(call.through(cpu, work ? work.data() : nullptr));
     *served = BackendName(cpu);
     return absl::OkStatus();
   };
   if (backend->kind() == BackendKind::kCpu && apart) return go_through(backend);
   absl::StatusOr<ScratchPool::Buffer> lent =
-      scratch_.Lend(std::max<int64_t>(1, bytes), env.admission);
+      scratch_.Lend(std::max<int64_t>(1, call.bytes), env.admission);
   // Under AUTO, a GPU whose scratch buffer does not fit the budget leaves
-  // the call to the CPU, which needs none.
-  if (absl::IsResourceExhausted(lent.status()) && apart &&
+  // the call to the CPU, where it needs none.
+  if (absl::IsResourceExhausted(lent.status()) && apart && !call.through_needs_work &&
       Resolve(env.backend) != BackendChoice::kCuda) {
     return go_through(cpu_.get());
   }
   POSENC_RETURN_IF_ERROR(lent.status());
   ScratchPool::Buffer copy = *std::move(lent);
-  CopyHostBytes(copy.data(), x.data, x.nbytes);
+  CopyHostBytes(copy.data(), call.in, bytes);
   // The copy must be of the caller's bytes before anything is written.
   if (env.inputs_intact) POSENC_RETURN_IF_ERROR(env.inputs_intact());
-  POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
-    return b->ApplyAbsolute(plan, copy.data(), env.ctx);
-  }));
-  CopyHostBytes(env.x_out, copy.data(), x.nbytes);
+  POSENC_RETURN_IF_ERROR(RunWithFallback(
+      env.backend, &backend, [&](Backend* b) { return call.in_place(b, copy.data()); }));
+  CopyHostBytes(call.out, copy.data(), bytes);
   *served = BackendName(backend);
   return absl::OkStatus();
 }
@@ -765,6 +776,25 @@ absl::StatusOr<Produced> Engine::AttentionBias(const BiasOptions& o, MutableTens
       POSENC_RETURN_IF_ERROR(gpu->ApplyAttentionBias(plan, logits.data, env.ctx));
       produced.backend = BackendName(gpu);
       return absl::OkStatus();
+    }
+    if (has_logits && env.bias_out != nullptr && env.bias_out != logits.data) {
+      IntoHostCall call;
+      call.in = logits.data;
+      call.out = env.bias_out;
+      call.bytes = static_cast<int64_t>(logits.nbytes);
+      call.through = [&](Backend* cpu, void* work) {
+        BiasThrough through;
+        through.logits = logits.data;
+        through.work = work;
+        through.out = env.bias_out;
+        if (env.inputs_intact) through.before_write = env.inputs_intact;
+        return cpu->ApplyAttentionBiasThrough(plan, through, env.ctx);
+      };
+      call.through_needs_work = cpu_->BiasThroughNeedsWork(plan);
+      call.in_place = [&](Backend* b, void* data) {
+        return b->ApplyAttentionBias(plan, data, env.ctx);
+      };
+      return IntoHost(call, env, &produced.backend);
     }
     AlignedWork aligned(env.admission);
     MutableTensor in_place = logits;

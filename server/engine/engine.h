@@ -114,10 +114,13 @@ struct CallEnv {
   char* key_out = nullptr;
   // Absolute encodings only: where y goes instead of in place over x (null:
   // in place): another slice of system shared memory, which receives
-  // finished values only (Engine::AbsoluteIntoHost). Host tensors only.
+  // finished values only (Engine::IntoHost). Host tensors only.
   char* x_out = nullptr;
-  // Host inputs RoPE (or an absolute encoding) copies before it writes
-  // query_out / key_out (x_out): whether
+  // Attention biases added to logits only: where the logits with the bias
+  // go instead of in place, as x_out.
+  char* bias_out = nullptr;
+  // Host inputs RoPE (or an absolute encoding, or a bias) copies before it
+  // writes query_out / key_out (x_out, bias_out): whether
   // their memory is still the caller's (a truncated shared-memory object
   // reads as zeros, see GuardedMapping), so that a call whose inputs were
   // lost writes nothing there. Null: nothing to check.
@@ -249,10 +252,22 @@ class Engine {
   // (env.query_out / key_out): see engine.cc. Sets *served.
   [[nodiscard]] absl::Status RopeIntoHost(const RopePlan& plan, const RopeTensors& t,
                                           const CallEnv& env, std::string* served);
-  // AddAbsolute's work for a host x whose result goes to other host memory
-  // (env.x_out): see engine.cc. Sets *served.
-  [[nodiscard]] absl::Status AbsoluteIntoHost(const AbsolutePlan& plan, const MutableTensor& x,
-                                              const CallEnv& env, std::string* served);
+  // A host input computed into other host memory (AddAbsolute's env.x_out,
+  // AttentionBias's env.bias_out): `bytes` at `in`, the result to `out`.
+  struct IntoHostCall {
+    const void* in = nullptr;
+    char* out = nullptr;
+    int64_t bytes = 0;
+    // The CPU backend's through operation on `cpu`; `work` is a scratch
+    // buffer of `bytes` where through_needs_work, else null.
+    std::function<absl::Status(Backend* cpu, void* work)> through;
+    bool through_needs_work = false;
+    // The operation in place on a private copy of the input at `data`.
+    std::function<absl::Status(Backend* backend, void* data)> in_place;
+  };
+  // Runs `call` (see engine.cc). Sets *served.
+  [[nodiscard]] absl::Status IntoHost(const IntoHostCall& call, const CallEnv& env,
+                                      std::string* served);
   // Runs `run` on *backend; under AUTO, retries on the CPU (updating
   // *backend) when the GPU does not cover the request or has failed.
   [[nodiscard]] absl::Status RunWithFallback(BackendChoice requested, Backend** backend,

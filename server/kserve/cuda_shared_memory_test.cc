@@ -188,6 +188,48 @@ std::string SinusoidalResult(Engine& engine, const std::string& x, int64_t token
   return resp.raw_output_contents(0);
 }
 
+// An attention bias request adding the causal ALiBi bias to logits of
+// `shape` ([batch, heads, q_len, k_len] FP32) on `backend`: in the message
+// (in_region null) or at `in_offset` of `in_region`, the bias to
+// `out_offset` of `out_region` (null: the answer).
+ModelInferRequest BiasRequest(const std::vector<int64_t>& shape, const std::string& socket_bytes,
+                              const char* in_region, int64_t in_offset, const char* out_region,
+                              int64_t out_offset, const char* backend = "cpu") {
+  int64_t bytes = 4;
+  for (int64_t d : shape) bytes *= d;
+  ModelInferRequest req;
+  req.set_model_name("attention_bias");
+  auto* in = req.add_inputs();
+  in->set_name("logits");
+  in->set_datatype("FP32");
+  for (int64_t d : shape) in->add_shape(d);
+  auto* out = req.add_outputs();
+  out->set_name("bias");
+  if (in_region == nullptr) {
+    req.add_raw_input_contents(socket_bytes);
+  } else {
+    Slice(in->mutable_parameters(), bytes, in_offset, in_region);
+  }
+  if (out_region != nullptr) Slice(out->mutable_parameters(), bytes, out_offset, out_region);
+  (*req.mutable_parameters())["causal"].set_bool_param(true);
+  if (*backend != '\0') (*req.mutable_parameters())["backend"].set_string_param(backend);
+  return req;
+}
+
+// What the CPU backend makes of `logits` of `shape` with BiasRequest's
+// bias, sent in the message.
+std::string BiasResult(Engine& engine, const std::string& logits,
+                       const std::vector<int64_t>& shape) {
+  ModelInferResponse resp;
+  std::string backend;
+  EXPECT_TRUE(RunOn(engine, BiasRequest(shape, logits, nullptr, 0, nullptr, 0), &resp, &backend,
+                    ModelKind::kAttentionBias)
+                  .ok());
+  EXPECT_EQ(backend, "cpu");
+  EXPECT_NE(resp.raw_output_contents(0), logits) << "biased";
+  return resp.raw_output_contents(0);
+}
+
 // What the CPU backend makes of `query` (`tokens` tokens) sent in the
 // message.
 std::string CpuResult(Engine& engine, const std::string& query, int64_t tokens = kTokens) {
@@ -426,38 +468,56 @@ TEST(SystemSharedMemoryOnAFakeGpu, ARegionTheGpuWillNotPinIsStagedAndTheLogSaysW
   ::close(fd);
 }
 
-// The sinusoidal encoding from one slice into another on a GPU (which has
-// no way from one host slice into another): x copied into a scratch
-// buffer, encoded there on the GPU, the result copied to y: the CPU's
-// result bit for bit, x as it was. A GPU that gives up under AUTO leaves
-// the call to the CPU, which then works in the same buffer.
-TEST(SystemSharedMemoryOnAFakeGpu, SinusoidalIntoAnotherSliceIsEncodedAside) {
+// The sinusoidal encoding and a bias added to logits, from one slice into
+// another on a GPU (which has no way from one host slice into another):
+// the input copied into a scratch buffer, computed there on the GPU, the
+// result copied out: the CPU's result bit for bit, the input as it was. A
+// GPU that gives up under AUTO leaves the call to the CPU, which then
+// works in the same buffer.
+TEST(SystemSharedMemoryOnAFakeGpu, SinusoidalAndBiasIntoAnotherSliceAreComputedAside) {
   testing::FakeGpuEngine gpu(BackendChoice::kAuto, /*auto_gpu_min_bytes=*/0);
   Engine& engine = gpu.engine();
   FakeDeviceRuntime& rt = gpu.runtime();
   constexpr int64_t kT = 96, kD = 128, kBytes = kT * kD * 4;
+  const std::vector<int64_t> logits_shape = {1, 2, 48, kD};  // kBytes too
   const std::string x = RandomQuery(kBytes);
   std::string served;
-  const std::string want = SinusoidalResult(engine, x, kT, kD);
+  struct Operation {
+    ModelKind model;
+    std::string want;
+    std::function<ModelInferRequest(const char* backend)> request;
+  };
+  const Operation operations[] = {
+      {ModelKind::kSinusoidal, SinusoidalResult(engine, x, kT, kD),
+       [&](const char* backend) {
+         return SinusoidalRequest(kT, kD, "", "sys", 0, "sys", kBytes, backend);
+       }},
+      {ModelKind::kAttentionBias, BiasResult(engine, x, logits_shape),
+       [&](const char* backend) {
+         return BiasRequest(logits_shape, "", "sys", 0, "sys", kBytes, backend);
+       }},
+  };
   const int fd = RegisteredObject(engine, "sys", 2 * kBytes);
   ASSERT_GE(fd, 0);
   const std::string poison(kBytes, '\x7f');
-  for (const char* backend : {"cuda", ""}) {
-    SCOPED_TRACE(*backend == '\0' ? "AUTO, the launch failing" : backend);
-    if (*backend == '\0') rt.FailNext(FakeDeviceRuntime::Op::kLaunch, cudaErrorInvalidValue);
-    ASSERT_EQ(::pwrite(fd, x.data(), kBytes, 0), kBytes);
-    ASSERT_EQ(::pwrite(fd, poison.data(), kBytes, kBytes), kBytes);
-    ModelInferResponse r;
-    ASSERT_TRUE(RunOn(engine, SinusoidalRequest(kT, kD, "", "sys", 0, "sys", kBytes, backend), &r,
-                      &served, ModelKind::kSinusoidal)
-                    .ok());
-    EXPECT_EQ(served, *backend == '\0' ? "cpu" : "cuda:0");
-    std::string y(kBytes, '\0'), x_now(kBytes, '\0');
-    ASSERT_EQ(::pread(fd, y.data(), kBytes, kBytes), kBytes);
-    ASSERT_EQ(::pread(fd, x_now.data(), kBytes, 0), kBytes);
-    EXPECT_TRUE(y == want);
-    EXPECT_TRUE(x_now == x);
-    EXPECT_EQ(engine.scratch().idle_buffers(), 1) << "its scratch buffer, back in the pool";
+  for (const Operation& op : operations) {
+    for (const char* backend : {"cuda", ""}) {
+      SCOPED_TRACE(::testing::Message()
+                   << KindName(op.model) << ", "
+                   << (*backend == '\0' ? "AUTO, the launch failing" : backend));
+      if (*backend == '\0') rt.FailNext(FakeDeviceRuntime::Op::kLaunch, cudaErrorInvalidValue);
+      ASSERT_EQ(::pwrite(fd, x.data(), kBytes, 0), kBytes);
+      ASSERT_EQ(::pwrite(fd, poison.data(), kBytes, kBytes), kBytes);
+      ModelInferResponse r;
+      ASSERT_TRUE(RunOn(engine, op.request(backend), &r, &served, op.model).ok());
+      EXPECT_EQ(served, *backend == '\0' ? "cpu" : "cuda:0");
+      std::string y(kBytes, '\0'), x_now(kBytes, '\0');
+      ASSERT_EQ(::pread(fd, y.data(), kBytes, kBytes), kBytes);
+      ASSERT_EQ(::pread(fd, x_now.data(), kBytes, 0), kBytes);
+      EXPECT_TRUE(y == op.want);
+      EXPECT_TRUE(x_now == x);
+      EXPECT_EQ(engine.scratch().idle_buffers(), 1) << "its scratch buffer, back in the pool";
+    }
   }
   ASSERT_TRUE(engine.shared_memory().Unregister("sys").ok());
   ::close(fd);
@@ -670,11 +730,23 @@ TEST(SystemSharedMemoryOnTheCpu, AnXTruncatedMidCallLeavesOnlyFinishedTokensInY)
   });
 }
 
+// The same for a bias added to logits in one slice, into another.
+TEST(SystemSharedMemoryOnTheCpu, LogitsTruncatedMidCallLeaveOnlyFinishedRowsInTheBias) {
+  std::unique_ptr<Engine> made = CpuEngine();
+  ASSERT_NE(made, nullptr);
+  const std::vector<int64_t> shape = {1, 16, 256, 1024};  // 16 MiB, 86 blocks
+  const std::string logits = RandomQuery(16 * 256 * 1024 * 4);
+  const std::string want = BiasResult(*made, logits, shape);
+  TruncatedMidCall(
+      *made, logits, want, 1024 * 4, ModelKind::kAttentionBias,
+      [&shape](const char* in_region) { return BiasRequest(shape, "", in_region, 0, "out", 0); });
+}
+
 // One object registered twice ("a" from its start, "b" from a quarter of
 // the input in): x in "a" and y in "b" are partly the same bytes, at two
 // addresses. Block by block, later blocks would read x the earlier ones had
 // overwritten; the call takes a scratch buffer instead and gives the whole
-// x's result, for RoPE and the sinusoidal encoding alike.
+// x's result, for RoPE, the sinusoidal encoding and the bias alike.
 TEST(SystemSharedMemoryOnTheCpu, SlicesOfOneObjectRegisteredTwiceAreSeenToOverlap) {
   std::unique_ptr<Engine> made = CpuEngine();
   ASSERT_NE(made, nullptr);
@@ -684,6 +756,8 @@ TEST(SystemSharedMemoryOnTheCpu, SlicesOfOneObjectRegisteredTwiceAreSeenToOverla
   std::string served;
   const std::string rope_want = CpuResult(engine, x, kT);
   const std::string sinusoidal_want = SinusoidalResult(engine, x, kT, kHeads * kDim);
+  const std::vector<int64_t> logits_shape = {1, 4, kT / 4, kHeads * kDim};  // kBytes too
+  const std::string bias_want = BiasResult(engine, x, logits_shape);
   const std::string key = absl::StrCat("/posenc-kserve-twice-", ::getpid());
   const int fd = ::open(("/dev/shm" + key).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
   ASSERT_GE(fd, 0);
@@ -691,18 +765,20 @@ TEST(SystemSharedMemoryOnTheCpu, SlicesOfOneObjectRegisteredTwiceAreSeenToOverla
   ASSERT_TRUE(engine.shared_memory().Register("a", key, 0, 2 * kBytes).ok());
   ASSERT_TRUE(engine.shared_memory().Register("b", key, kBytes / 4, kBytes).ok());
   ::unlink(("/dev/shm" + key).c_str());
-  for (ModelKind model : {ModelKind::kRope, ModelKind::kSinusoidal}) {
+  for (ModelKind model : {ModelKind::kRope, ModelKind::kSinusoidal, ModelKind::kAttentionBias}) {
     SCOPED_TRACE(KindName(model));
     ASSERT_EQ(::pwrite(fd, x.data(), kBytes, 0), kBytes);
+    ModelInferRequest req = model == ModelKind::kRope ? BigRopeRequest(kT, "", "a", 0, "b", 0)
+                            : model == ModelKind::kSinusoidal
+                                ? SinusoidalRequest(kT, kHeads * kDim, "", "a", 0, "b", 0)
+                                : BiasRequest(logits_shape, "", "a", 0, "b", 0);
     ModelInferResponse r;
-    ASSERT_TRUE((model == ModelKind::kRope
-                     ? RunOn(engine, BigRopeRequest(kT, "", "a", 0, "b", 0), &r, &served)
-                     : RunOn(engine, SinusoidalRequest(kT, kHeads * kDim, "", "a", 0, "b", 0), &r,
-                             &served, model))
-                    .ok());
+    ASSERT_TRUE(RunOn(engine, std::move(req), &r, &served, model).ok());
     std::string y(kBytes, '\0');
     ASSERT_EQ(::pread(fd, y.data(), kBytes, kBytes / 4), kBytes);
-    EXPECT_TRUE(y == (model == ModelKind::kRope ? rope_want : sinusoidal_want));
+    EXPECT_TRUE(y == (model == ModelKind::kRope         ? rope_want
+                      : model == ModelKind::kSinusoidal ? sinusoidal_want
+                                                        : bias_want));
     EXPECT_EQ(engine.scratch().idle_buffers(), 1) << "through a scratch buffer";
   }
   ASSERT_TRUE(engine.shared_memory().Unregister("a").ok());
@@ -710,48 +786,79 @@ TEST(SystemSharedMemoryOnTheCpu, SlicesOfOneObjectRegisteredTwiceAreSeenToOverla
   ::close(fd);
 }
 
-// The sinusoidal encoding from one slice into another: the answer's
-// result, x as it was; block by block through the CPU threads' own
-// buffers (no scratch buffer lent) where y lies apart from x, and through a
-// scratch buffer where it overlaps x (then the result of the whole x as
-// it was, as if it were all read first).
-TEST(SystemSharedMemoryOnTheCpu, SinusoidalIntoAnotherSliceIsTheAnswersResult) {
+// `input` from one slice of a region into another: the result `want` of a
+// fresh CPU engine (want_of; sent in the message), the input as it was;
+// block by block through the CPU threads' own buffers where the output
+// lies apart from the input, so that no scratch buffer is lent unless
+// `apart_lends` (rows larger than a block), and through a scratch buffer
+// where it overlaps the input (then the result of the whole input as it
+// was, as if it were all read first). `request(in_at, out_at)` makes the
+// call, region "r".
+void IntoAnotherSliceIsTheAnswersResult(
+    ModelKind model, const std::string& input, int apart_lends,
+    const std::function<std::string(Engine&)>& want_of,
+    const std::function<ModelInferRequest(int64_t, int64_t)>& request) {
   std::unique_ptr<Engine> made = CpuEngine();
   ASSERT_NE(made, nullptr);
   Engine& engine = *made;
-  constexpr int64_t kT = 3000, kD = 768, kBytes = kT * kD * 4;  // 9 MiB
-  const std::string x = RandomQuery(kBytes);
+  const auto bytes = static_cast<int64_t>(input.size());
   std::string served;
-  const std::string want = SinusoidalResult(engine, x, kT, kD);
+  const std::string want = want_of(engine);
   ASSERT_EQ(engine.scratch().idle_buffers(), 0);
-  const int fd = RegisteredObject(engine, "r", 3 * kBytes);
+  const int fd = RegisteredObject(engine, "r", 3 * bytes);
   ASSERT_GE(fd, 0);
-  const std::string poison(kBytes, '\xff');
+  const std::string poison(bytes, '\xff');
   const auto read = [&](int64_t at) {
-    std::string s(kBytes, '\0');
-    EXPECT_EQ(::pread(fd, s.data(), kBytes, at), kBytes);
+    std::string s(bytes, '\0');
+    EXPECT_EQ(::pread(fd, s.data(), bytes, at), bytes);
     return s;
   };
-  for (const auto& [x_at, y_at, lent] : {std::tuple<int64_t, int64_t, int>{0, 2 * kBytes, 0},
-                                         {kBytes, 0, 0},
-                                         {0, kBytes / 2, 1},
-                                         {kBytes / 2, 0, 1}}) {
-    SCOPED_TRACE(::testing::Message() << "x at " << x_at << ", y at " << y_at);
-    ASSERT_EQ(::pwrite(fd, poison.data(), kBytes, y_at), kBytes);
-    ASSERT_EQ(::pwrite(fd, x.data(), kBytes, x_at), kBytes);
+  for (const auto& [in_at, out_at, lent] :
+       {std::tuple<int64_t, int64_t, int>{0, 2 * bytes, apart_lends},
+        {bytes, 0, apart_lends},
+        {0, bytes / 2, 1},
+        {bytes / 2, 0, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "input at " << in_at << ", output at " << out_at);
+    ASSERT_EQ(::pwrite(fd, poison.data(), bytes, out_at), bytes);
+    ASSERT_EQ(::pwrite(fd, input.data(), bytes, in_at), bytes);
     ModelInferResponse r;
-    ASSERT_TRUE(RunOn(engine, SinusoidalRequest(kT, kD, "", "r", x_at, "r", y_at), &r, &served,
-                      ModelKind::kSinusoidal)
-                    .ok());
+    ASSERT_TRUE(RunOn(engine, request(in_at, out_at), &r, &served, model).ok());
     EXPECT_EQ(served, "cpu");
-    EXPECT_EQ(r.outputs(0).parameters().at(kShmOffset).int64_param(), y_at);
+    EXPECT_EQ(r.outputs(0).parameters().at(kShmOffset).int64_param(), out_at);
     EXPECT_TRUE(r.raw_output_contents().empty() || r.raw_output_contents(0).empty());
-    EXPECT_TRUE(read(y_at) == want);
-    if (lent == 0) EXPECT_TRUE(read(x_at) == x) << "x changed";
+    EXPECT_TRUE(read(out_at) == want);
+    if (lent == 0) EXPECT_TRUE(read(in_at) == input) << "the input changed";
     EXPECT_EQ(engine.scratch().idle_buffers(), lent);
   }
   ASSERT_TRUE(engine.shared_memory().Unregister("r").ok());
   ::close(fd);
+}
+
+TEST(SystemSharedMemoryOnTheCpu, SinusoidalIntoAnotherSliceIsTheAnswersResult) {
+  constexpr int64_t kT = 3000, kD = 768;  // 9 MiB
+  const std::string x = RandomQuery(kT * kD * 4);
+  IntoAnotherSliceIsTheAnswersResult(
+      ModelKind::kSinusoidal, x, 0,
+      [&](Engine& engine) { return SinusoidalResult(engine, x, kT, kD); },
+      [](int64_t in_at, int64_t out_at) {
+        return SinusoidalRequest(kT, kD, "", "r", in_at, "r", out_at);
+      });
+}
+
+// The same for a bias added to logits; rows larger than a block (70000
+// keys, 273 KiB) go through a scratch buffer wherever the output is.
+TEST(SystemSharedMemoryOnTheCpu, BiasIntoAnotherSliceIsTheAnswersResult) {
+  for (const auto& [shape, apart_lends] :
+       {std::pair<std::vector<int64_t>, int>{{1, 3, 1000, 768}, 0}, {{1, 2, 4, 70000}, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "k_len " << shape[3]);
+    const std::string logits = RandomQuery(shape[0] * shape[1] * shape[2] * shape[3] * 4);
+    IntoAnotherSliceIsTheAnswersResult(
+        ModelKind::kAttentionBias, logits, apart_lends,
+        [&](Engine& engine) { return BiasResult(engine, logits, shape); },
+        [&shape = shape](int64_t in_at, int64_t out_at) {
+          return BiasRequest(shape, "", "r", in_at, "r", out_at);
+        });
+  }
 }
 
 // An output slice overlapping the input slice (perf_analyzer never names

@@ -217,11 +217,12 @@ absl::Status CheckHeadDim(const Model& model, InputSet& in) {
 //    (Engine::ApplyRope's query_out / key_out): on the device (CUDA shared
 //    memory, or system shared memory the GPU pinned), on the CPU block by
 //    block, else in the engine's scratch buffers;
-//  - an absolute encoding, from system shared memory into another slice of
-//    it: likewise by the engine (Engine::AddAbsolute's x_out), on the CPU
-//    block by block, else in a scratch buffer;
-//  - otherwise in shared memory, output to another slice (other
-//    operations, or slices of different kinds): in a scratch buffer (reused
+//  - an absolute encoding or a bias added to logits, from system shared
+//    memory into another slice of it: likewise by the engine
+//    (Engine::AddAbsolute's x_out, Engine::AttentionBias's bias_out), on
+//    the CPU block by block, else in a scratch buffer;
+//  - otherwise in shared memory, output to another slice (slices of
+//    different kinds): in a scratch buffer (reused
 //    across calls, so no fresh pages), the result then copied there;
 //  - in shared memory, output to the answer (or not asked for): a private
 //    copy, admitted first, that moves into the answer.
@@ -237,7 +238,7 @@ absl::Status CheckHeadDim(const Model& model, InputSet& in) {
 enum class EngineInto {
   kNone,
   kSameKind,    // RoPE: system to system, CUDA to CUDA on one GPU
-  kSystemOnly,  // absolute encodings: system to system
+  kSystemOnly,  // absolute encodings and biases added to logits: system to system
 };
 
 absl::Status Place(Input* t, absl::string_view output, OutputSet& want, Engine& engine,
@@ -385,9 +386,13 @@ absl::Status RunBias(Engine& engine, const Model& model, ParameterReader& params
   options.k_lens = in.View("k_lens");
   options.k_starts = in.View("k_starts");
   Input* l = in.Find("logits");
-  POSENC_RETURN_IF_ERROR(Place(l, "bias", want, engine, env.admission));
+  POSENC_RETURN_IF_ERROR(Place(l, "bias", want, engine, env.admission, EngineInto::kSystemOnly));
   env.tensors_on_device = OnDevice(l);
   env.device = DeviceOf({l});
+  if (l != nullptr) env.bias_out = l->out;
+  // As RoPE's: a region truncated while the logits are read must not reach
+  // the bias's slice.
+  env.inputs_intact = [&in] { return InputsIntact(in); };
   MutableTensor logits = in.Mutable("logits");
   // A bias built (no logits) into a slice of system shared memory is
   // written there directly; one for CUDA shared memory is built here and

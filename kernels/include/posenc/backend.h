@@ -83,6 +83,25 @@ struct AbsoluteThrough {
   std::function<absl::Status()> before_write;
 };
 
+// The tensors of Backend::ApplyAttentionBiasThrough: logits in host
+// memory, left as they were, and out, other host memory of their size that
+// receives the logits with the bias added, finished values only (another
+// caller may read it meanwhile), as RopeThrough's outputs. Block by block
+// (rows of about L2's size), each block of logits is copied into a buffer
+// of the thread's own, the bias added there and the block copied to out.
+// Rows larger than a block go through `work` instead, at their own
+// offsets. Neither out nor work may overlap the logits, nor each other
+// (INVALID_ARGUMENT before anything is written).
+struct BiasThrough {
+  const void* logits = nullptr;
+  // Null where Backend::BiasThroughNeedsWork(plan) is false, as
+  // RopeThrough's work memories.
+  void* work = nullptr;
+  void* out = nullptr;
+  // As RopeThrough's.
+  std::function<absl::Status()> before_write;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -177,6 +196,18 @@ class Backend {
                                                           const RunContext& /*ctx*/) {
     return absl::UnimplementedError("this backend does not encode through a block buffer");
   }
+  // The bias added to logits in host memory, into other host memory that
+  // others may read meanwhile: see BiasThrough. REQUIRES:
+  // plan.add_to_logits. Default: UNIMPLEMENTED (the caller then copies the
+  // logits aside, applies ApplyAttentionBias there, and copies them out).
+  [[nodiscard]] virtual absl::Status ApplyAttentionBiasThrough(const BiasPlan& /*plan*/,
+                                                               const BiasThrough& /*t*/,
+                                                               const RunContext& /*ctx*/) {
+    return absl::UnimplementedError("this backend does not add a bias through a block buffer");
+  }
+  // Whether ApplyAttentionBiasThrough(plan, ...) uses the work memory. The
+  // CPU backend's does for rows larger than its block only. Default: true.
+  virtual bool BiasThroughNeedsWork(const BiasPlan& /*plan*/) const { return true; }
   // Whether ApplyRopeThrough(plan, ...) uses the work memories. The CPU
   // backend's does only in BHSD and for tokens larger than its block; a
   // backend that does not override this needs them.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "cpu/absolute_through.h"
 #include "cpu/anchor_cache.h"
+#include "cpu/bias_through.h"
 #include "cpu/rope_through.h"
 #include "cpu/rotation_cache.h"
 #include "cpu/thread_pool.h"
@@ -107,6 +108,37 @@ class CpuBackend final : public Backend {
         plan.num_tokens, plan.dim, ctx, &checked.before_write, [&](int64_t b, int64_t e) {
           return internal::AbsoluteThroughTokensCpu(plan, anchors.get(), checked, b, e);
         });
+  }
+
+  absl::Status ApplyAttentionBiasThrough(const BiasPlan& plan, const BiasThrough& t,
+                                         const RunContext& ctx) override {
+    if (!plan.add_to_logits) {
+      return absl::InvalidArgumentError("ApplyAttentionBiasThrough: the plan has no logits");
+    }
+    if (plan.empty()) return absl::OkStatus();
+    const auto bytes = static_cast<size_t>(plan.NumElements()) * SizeOf(plan.dtype);
+    if (HostBytesOverlap(t.logits, bytes, t.out, bytes)) {
+      return absl::InvalidArgumentError("ApplyAttentionBiasThrough: out overlaps the logits");
+    }
+    if (internal::BiasThroughNeedsWork(plan)) {
+      if (t.work == nullptr) {
+        return absl::InvalidArgumentError(
+            "ApplyAttentionBiasThrough: rows larger than a block need work memory");
+      }
+      if (HostBytesOverlap(t.work, bytes, t.logits, bytes) ||
+          HostBytesOverlap(t.work, bytes, t.out, bytes)) {
+        return absl::InvalidArgumentError(
+            "ApplyAttentionBiasThrough: the work memory overlaps the logits or out");
+      }
+    }
+    BiasThrough checked = t;
+    return RunThrough(
+        plan.batch * plan.num_heads * plan.q_len, plan.k_len, ctx, &checked.before_write,
+        [&](int64_t b, int64_t e) { return internal::BiasThroughRowsCpu(plan, checked, b, e); });
+  }
+
+  bool BiasThroughNeedsWork(const BiasPlan& plan) const override {
+    return internal::BiasThroughNeedsWork(plan);
   }
 
   bool RopeThroughNeedsWork(const RopePlan& plan) const override {

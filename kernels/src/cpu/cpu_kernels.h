@@ -170,7 +170,10 @@ void AbsoluteTokensCpu(const AbsolutePlan& plan, RowTable* anchors, void* x, int
                        int64_t end, int64_t origin = 0);
 
 // Writes (or adds) the bias for rows [begin, end) of [batch * heads * q_len].
-void AttentionBiasRowsCpu(const BiasPlan& plan, void* out, int64_t begin, int64_t end);
+// `origin`: the row `out` starts with, for a block of rows [origin, ...)
+// copied to memory of its own (bias_through.h).
+void AttentionBiasRowsCpu(const BiasPlan& plan, void* out, int64_t begin, int64_t end,
+                          int64_t origin = 0);
 
 }  // namespace posenc::internal
 
