@@ -4,11 +4,14 @@ one caller, serial calls), against one or more posenc-server binaries in
 alternating rounds: p50 and p99 latency and the server's CPU time a call
 (user + system from /proc over the timed calls). perf_analyzer cannot drive
 this (the sinusoidal model has optional inputs, which it refuses with
---shared-memory=system), so this stands in for it.
+--shared-memory=system), so this stands in for it. The attention_bias
+model (causal ALiBi added to logits in one slice, the bias asked for in
+another) likewise, with --model=attention_bias.
 
-    build/kserve-venv/bin/python bench/kserve_absolute_shm.py ROUNDS NAME=SERVER [NAME=SERVER...]
-(after scripts/install-kserve-tools.sh). Prints CSV: server,workload,round,
-p50_us,p99_us,server_cpu_us_per_call."""
+    build/kserve-venv/bin/python bench/kserve_absolute_shm.py [--model=M] ROUNDS NAME=SERVER...
+(after scripts/install-kserve-tools.sh; M: sinusoidal, the default, or
+attention_bias). Prints CSV: server,workload,round,p50_us,p99_us,
+server_cpu_us_per_call."""
 
 from __future__ import annotations
 
@@ -23,10 +26,17 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
 
-WORKLOADS = [  # name, [batch, tokens, dim], calls
-    ("1 MiB [1,256,1024] fp32", (1, 256, 1024), 400),
-    ("64 MiB [1,4096,4096] fp32", (1, 4096, 4096), 30),
-]
+# model: (input, output, parameters, [(name, shape, calls)])
+MODELS = {
+    "sinusoidal": ("x", "y", {}, [
+        ("1 MiB [1,256,1024] fp32", (1, 256, 1024), 400),
+        ("64 MiB [1,4096,4096] fp32", (1, 4096, 4096), 30),
+    ]),
+    "attention_bias": ("logits", "bias", {"causal": True}, [
+        ("1 MiB [1,4,256,256] fp32", (1, 4, 256, 256), 400),
+        ("64 MiB [1,16,1024,1024] fp32", (1, 16, 1024, 1024), 30),
+    ]),
+}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -47,7 +57,8 @@ def start(binary: str, work: str) -> tuple[subprocess.Popen, str]:
     return proc, "127.0.0.1:" + pathlib.Path(port_file).read_text().strip()
 
 
-def run(target: str, pid: int, shape, calls: int, seed: int):
+def run(target: str, pid: int, model: str, shape, calls: int, seed: int):
+    in_name, out_name, parameters, _ = MODELS[model]
     client = grpcclient.InferenceServerClient(target)
     x = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
     nbytes = x.nbytes
@@ -57,17 +68,17 @@ def run(target: str, pid: int, shape, calls: int, seed: int):
         shm.set_shared_memory_region(handle, [x])
         client.unregister_system_shared_memory("r")
         client.register_system_shared_memory("r", key, 2 * nbytes)
-        inp = grpcclient.InferInput("x", list(shape), "FP32")
+        inp = grpcclient.InferInput(in_name, list(shape), "FP32")
         inp.set_shared_memory("r", nbytes, offset=0)
-        out = grpcclient.InferRequestedOutput("y")
+        out = grpcclient.InferRequestedOutput(out_name)
         out.set_shared_memory("r", nbytes, offset=nbytes)
         for _ in range(3):  # warm-up: the connection, the server's buffers
-            client.infer("sinusoidal", [inp], outputs=[out])
+            client.infer(model, [inp], outputs=[out], parameters=parameters)
         times = []
         cpu0 = cpu_seconds(pid)
         for _ in range(calls):
             start_s = time.perf_counter()
-            client.infer("sinusoidal", [inp], outputs=[out])
+            client.infer(model, [inp], outputs=[out], parameters=parameters)
             times.append(time.perf_counter() - start_s)
         cpu = cpu_seconds(pid) - cpu0
         y = shm.get_contents_as_numpy(handle, np.float32, list(shape), offset=nbytes)
@@ -80,16 +91,20 @@ def run(target: str, pid: int, shape, calls: int, seed: int):
 
 
 def main() -> None:
-    rounds = int(sys.argv[1])
-    servers = [arg.split("=", 1) for arg in sys.argv[2:]]
+    args = sys.argv[1:]
+    model = "sinusoidal"
+    if args and args[0].startswith("--model="):
+        model = args.pop(0).split("=", 1)[1]
+    rounds = int(args[0])
+    servers = [arg.split("=", 1) for arg in args[1:]]
     print("server,workload,round,p50_us,p99_us,server_cpu_us_per_call", flush=True)
-    for name, shape, calls in WORKLOADS:
+    for name, shape, calls in MODELS[model][3]:
         for r in range(1, rounds + 1):
             for label, binary in servers:
                 with tempfile.TemporaryDirectory() as work:
                     proc, target = start(binary, work)
                     try:
-                        p50, p99, cpu = run(target, proc.pid, shape, calls, seed=r)
+                        p50, p99, cpu = run(target, proc.pid, model, shape, calls, seed=r)
                     finally:
                         proc.terminate()
                         proc.wait()
