@@ -36,8 +36,8 @@ export LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressi
 tsan=${POSENC_TSAN_DIR:-build-tsan}
 cmake -S . -B "$tsan" "${common[@]}" -DPOSENC_SANITIZE=thread
 cmake --build "$tsan" -j "$jobs" --target thread_pool_test row_cache_test rotation_cache_test \
-  anchor_cache_test rope_through_test absolute_through_test admission_test model_registry_test \
-  operations_test scratch_pool_test reload_gate_test table_repository_test
+  anchor_cache_test rope_through_test absolute_through_test bias_through_test admission_test \
+  model_registry_test operations_test scratch_pool_test reload_gate_test table_repository_test
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 "$tsan"/kernels/thread_pool_test
 "$tsan"/kernels/row_cache_test
@@ -45,6 +45,7 @@ export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 "$tsan"/kernels/anchor_cache_test
 "$tsan"/kernels/rope_through_test
 "$tsan"/kernels/absolute_through_test
+"$tsan"/kernels/bias_through_test
 "$tsan"/server/engine/admission_test
 "$tsan"/server/engine/scratch_pool_test
 "$tsan"/server/engine/reload_gate_test

@@ -827,7 +827,8 @@ void IntoAnotherSliceIsTheAnswersResult(
     EXPECT_EQ(r.outputs(0).parameters().at(kShmOffset).int64_param(), out_at);
     EXPECT_TRUE(r.raw_output_contents().empty() || r.raw_output_contents(0).empty());
     EXPECT_TRUE(read(out_at) == want);
-    if (lent == 0) EXPECT_TRUE(read(in_at) == input) << "the input changed";
+    const bool apart = in_at + bytes <= out_at || out_at + bytes <= in_at;
+    if (apart) EXPECT_TRUE(read(in_at) == input) << "the input changed";
     EXPECT_EQ(engine.scratch().idle_buffers(), lent);
   }
   ASSERT_TRUE(engine.shared_memory().Unregister("r").ok());

@@ -125,7 +125,8 @@ TEST(AbsoluteThrough, GivesApplyAbsolutesResultAndLeavesX) {
 
 // before_write's error stops the call with it: on one thread the blocks
 // before it went out whole and finished, nothing after; on two, every
-// token of y is finished or as it was, and at most one more check follows.
+// token of y is finished or as it was, and the other thread asks a few
+// more times at most (while the error is being recorded), not to the end.
 TEST(AbsoluteThrough, AnErrorBeforeAWriteStopsTheCallThere) {
   for (int threads : {1, 2}) {
     SCOPED_TRACE(::testing::Message() << threads << " threads");
@@ -148,7 +149,7 @@ TEST(AbsoluteThrough, AnErrorBeforeAWriteStopsTheCallThere) {
     };
     const absl::Status s = cpu->ApplyAbsoluteThrough(plan, t, {});
     EXPECT_EQ(s.message(), "input \"x\": truncated") << s;
-    EXPECT_LE(asked.load(), threads == 1 ? 3 : 4) << "a thread went on after the error";
+    EXPECT_LE(asked.load(), threads == 1 ? 3 : 6) << "a thread went on after the error";
     const size_t row = 1024 * 4;
     int64_t finished = 0;
     for (int64_t tok = 0; tok < plan.num_tokens; ++tok) {

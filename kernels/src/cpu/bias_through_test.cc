@@ -96,7 +96,8 @@ TEST(BiasThrough, GivesApplyAttentionBiasesResultAndLeavesTheLogits) {
       BiasOptions o = Options(form, form != BiasForm::kSymmetric, 0);
       o.k_lens = testing::IntView(k_lens, {3});
       o.k_starts = testing::IntView(k_starts, {3});
-      const Case padded(o, dtype, 3, 4, 67, 1500);
+      // 2400 rows: both threads, each chunk several blocks.
+      const Case padded(o, dtype, 3, 4, 200, 1500);
       EXPECT_LT(internal::BiasThroughBlockRows(padded.Plan()), padded.Rows()) << "several blocks";
       ExpectThroughGivesTheInPlaceResult(*cpu, padded);
     }
@@ -115,6 +116,11 @@ TEST(BiasThrough, GivesApplyAttentionBiasesResultAndLeavesTheLogits) {
 // offsets: the same result, refused without one.
 TEST(BiasThrough, RowsLargerThanABlockGoThroughTheWorkMemory) {
   auto cpu = CreateCpuBackend(2);
+  // bfloat16 rows of 100000 keys (195 KiB) take the vector loops.
+  Bytes wide_work = testing::Poisoned(DType::kBFloat16, 2 * 3 * 100000);
+  ExpectThroughGivesTheInPlaceResult(
+      *cpu, Case(Options(BiasForm::kCausal, true, 0), DType::kBFloat16, 1, 2, 3, 100000),
+      &wide_work);
   const Case c(Options(BiasForm::kCausal, true, 0), DType::kFloat32, 1, 2, 5, 70000);
   const BiasPlan plan = c.Plan();
   ASSERT_TRUE(cpu->BiasThroughNeedsWork(plan));
@@ -133,7 +139,8 @@ TEST(BiasThrough, RowsLargerThanABlockGoThroughTheWorkMemory) {
 
 // before_write's error stops the call with it: on one thread the blocks
 // before it went out whole and finished, nothing after; on two, every row
-// of out is finished or as it was, and at most one more check follows.
+// of out is finished or as it was, and the other thread asks a few more
+// times at most (while the error is being recorded), not to the end.
 TEST(BiasThrough, AnErrorBeforeAWriteStopsTheCallThere) {
   for (int threads : {1, 2}) {
     SCOPED_TRACE(::testing::Message() << threads << " threads");
@@ -156,7 +163,7 @@ TEST(BiasThrough, AnErrorBeforeAWriteStopsTheCallThere) {
     };
     const absl::Status s = cpu->ApplyAttentionBiasThrough(plan, t, {});
     EXPECT_EQ(s.message(), "input \"logits\": truncated") << s;
-    EXPECT_LE(asked.load(), threads == 1 ? 3 : 4) << "a thread went on after the error";
+    EXPECT_LE(asked.load(), threads == 1 ? 3 : 6) << "a thread went on after the error";
     const size_t row = 1024 * 2;
     int64_t finished = 0;
     for (int64_t r = 0; r < c.Rows(); ++r) {

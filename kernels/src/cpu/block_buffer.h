@@ -1,6 +1,7 @@
 // The per-thread block buffer the CPU backend's "through" operations
-// (rope_through.h, absolute_through.h) copy a block of tokens into, compute
-// on while it is in L2, and copy out of.
+// (rope_through.h, absolute_through.h, bias_through.h) copy a block of
+// tokens (or bias rows) into, compute on while it is in L2, and copy out
+// of.
 #ifndef POSENC_KERNELS_CPU_BLOCK_BUFFER_H_
 #define POSENC_KERNELS_CPU_BLOCK_BUFFER_H_
 
