@@ -27,8 +27,8 @@ namespace {
 using google::protobuf::Struct;
 using google::protobuf::Value;
 
-constexpr absl::string_view kTopKeys[] = {"operation", "description", "head_dim", "parameters",
-                                          "hf_config"};
+constexpr absl::string_view kTopKeys[] = {"operation",  "description", "head_dim",
+                                          "parameters", "hf_config",   "inputs"};
 // Parameters whose values are lists (sent by requests as "0.5,1,2").
 constexpr absl::string_view kListParameters[] = {"short_factor", "long_factor", "slopes",
                                                  "axis_dims", "sections"};
@@ -302,6 +302,64 @@ absl::Status CheckParameters(const Model& model) {
   return absl::OkStatus();
 }
 
+// "inputs": which of the operation's inputs the model takes, each of them
+// then required, for clients that send every input a model announces (as
+// perf_analyzer must with --shared-memory=system, which refuses models with
+// optional inputs). The operation's own required inputs must be among
+// them. RoPE's key_out goes with key: required with it, gone without it.
+absl::Status RestrictInputs(const Value& v, Model* model) {
+  std::vector<std::string> names;
+  for (const TensorSpec& t : model->inputs) names.push_back(t.name);
+  const std::string want = absl::StrCat("a list of distinct inputs of ", KindName(model->kind),
+                                        " (", absl::StrJoin(names, ", "), ")");
+  if (v.kind_case() != Value::kListValue) return Invalid("inputs", want, KindOf(v));
+  const auto& items = v.list_value().values();
+  if (static_cast<size_t>(items.size()) > names.size()) {
+    return Invalid("inputs", want, absl::StrCat("a list of ", items.size(), " items"));
+  }
+  std::vector<bool> listed(names.size(), false);
+  for (int i = 0; i < items.size(); ++i) {
+    const std::string field = absl::StrCat("inputs[", i, "]");
+    const Value& item = items[i];
+    const auto it = item.kind_case() == Value::kStringValue
+                        ? std::find(names.begin(), names.end(), item.string_value())
+                        : names.end();
+    if (it == names.end()) {
+      return Invalid(field, absl::StrCat("one of ", absl::StrJoin(names, ", ")), KindOf(item));
+    }
+    const auto at = static_cast<size_t>(it - names.begin());
+    if (listed[at]) return Invalid(field, "an input not listed before", KindOf(item));
+    listed[at] = true;
+  }
+  std::vector<TensorSpec> inputs;
+  bool has_key = false;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (!listed[i]) {
+      if (!model->inputs[i].optional) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "\"inputs\" must list \"", names[i], "\", which ", KindName(model->kind), " requires"));
+      }
+      continue;
+    }
+    has_key = has_key || names[i] == "key";
+    inputs.push_back(model->inputs[i]);
+    inputs.back().optional = false;
+  }
+  model->inputs = std::move(inputs);
+  if (model->kind == ModelKind::kRope) {
+    std::vector<TensorSpec> outputs;
+    for (TensorSpec t : model->outputs) {
+      if (absl::string_view(t.name) == "key_out") {
+        if (!has_key) continue;
+        t.optional = false;
+      }
+      outputs.push_back(t);
+    }
+    model->outputs = std::move(outputs);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseInto(const Struct& top, Model* model) {
   for (const auto& [key, value] : top.fields()) {
     if (std::find(std::begin(kTopKeys), std::end(kTopKeys), key) == std::end(kTopKeys)) {
@@ -364,6 +422,9 @@ absl::Status ParseInto(const Struct& top, Model* model) {
     POSENC_RETURN_IF_ERROR(ApplyHfConfig(h->second, model));
   }
   POSENC_RETURN_IF_ERROR(CheckParameters(*model));
+  if (auto in = top.fields().find("inputs"); in != top.fields().end()) {
+    POSENC_RETURN_IF_ERROR(RestrictInputs(in->second, model));
+  }
   // Several position axes (M-RoPE sections, axial dims): padded
   // position_ids are [batch, seq, axes]; the metadata says so.
   for (const char* list : {"sections", "axis_dims"}) {

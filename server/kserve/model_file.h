@@ -10,7 +10,10 @@
 // model of that operation (kserve/parameters.h; docs/kserve.md "Triton / KServe v2
 // clients"), with JSON values: numbers, strings, booleans, and arrays of
 // numbers for the list parameters (short_factor, sections, slopes, ...).
-// The model's name is the file's name without ".json".
+// The model's name is the file's name without ".json". `inputs`, when
+// given, lists the operation's inputs the model takes, each then required
+// (perf_analyzer with --shared-memory=system refuses models with optional
+// inputs): {"operation": "sinusoidal", "inputs": ["x"]}.
 //
 // Files come from a volume replicas share, so they are hostile input: the
 // parser bounds the size, refuses unknown keys by name, wrong types,

@@ -341,6 +341,54 @@ TEST(ModelFileTest, NamesAreRestricted) {
   }
 }
 
+std::vector<std::string> NamesOf(const std::vector<TensorSpec>& specs) {
+  std::vector<std::string> names;
+  for (const TensorSpec& t : specs) names.push_back(std::string(t.name) + (t.optional ? "?" : ""));
+  return names;
+}
+
+// "inputs" keeps the operation's inputs it lists, in the operation's
+// order, each required (for perf_analyzer over shared memory, which
+// refuses models with optional inputs); RoPE's key_out goes with key.
+TEST(ModelFileTest, InputsListTheOnesTheModelTakesEachRequired) {
+  using Names = std::vector<std::string>;
+  absl::StatusOr<Model> m = ParseModelFile("m", R"({"operation": "sinusoidal"})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(NamesOf(m->inputs), (Names{"x", "position_ids?", "offsets?", "cu_seqlens?"}));
+  m = ParseModelFile("m", R"({"operation": "sinusoidal", "inputs": ["x"]})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(NamesOf(m->inputs), (Names{"x"}));
+  EXPECT_EQ(NamesOf(m->outputs), (Names{"y"}));
+  m = ParseModelFile("m", R"({"operation": "attention_bias", "inputs": ["logits"],
+                              "parameters": {"causal": true}})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(NamesOf(m->inputs), (Names{"logits"}));
+  EXPECT_EQ(NamesOf(m->outputs), (Names{"bias", "slopes"}));
+  m = ParseModelFile("m", R"({"operation": "attention_bias", "inputs": []})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->inputs.empty());
+  m = ParseModelFile("m", R"({"operation": "rope", "inputs": ["offsets", "key", "query"]})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(NamesOf(m->inputs), (Names{"query", "key", "offsets"}));
+  EXPECT_EQ(NamesOf(m->outputs), (Names{"query_out", "key_out"}));
+  m = ParseModelFile("m", R"({"operation": "rope", "inputs": ["query"]})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(NamesOf(m->outputs), (Names{"query_out"})) << "no key, no key_out";
+
+  ExpectRefused(R"({"operation": "rope", "inputs": "query"})",
+                "\"inputs\" must be a list of distinct inputs of rope (query, key, position_ids, "
+                "offsets, cu_seqlens), got the string \"query\"");
+  ExpectRefused(R"({"operation": "rope", "inputs": ["key"]})",
+                "\"inputs\" must list \"query\", which rope requires");
+  ExpectRefused(R"({"operation": "rope", "inputs": ["query", "query"]})",
+                "\"inputs[1]\" must be an input not listed before, got the string \"query\"");
+  ExpectRefused(R"({"operation": "sinusoidal", "inputs": ["x", "logits"]})",
+                "\"inputs[1]\" must be one of x, position_ids, offsets, cu_seqlens");
+  ExpectRefused(R"({"operation": "sinusoidal", "inputs": ["x", 3]})", "got the number 3");
+  ExpectRefused(R"({"operation": "sinusoidal", "inputs": ["x", "x", "x", "x", "x"]})",
+                "got a list of 5 items");
+}
+
 TEST(ModelFileTest, LearnedMayLeaveTheTableToRequests) {
   EXPECT_EQ(ErrorOf(R"({"operation": "learned"})"), "loaded");
   EXPECT_EQ(ErrorOf(R"({"operation": "learned", "parameters": {"table": "gpt2/wpe"}})"), "loaded");

@@ -1,7 +1,8 @@
 """The system shared-memory extension driven by the real Triton client
 (tritonclient 2.40.0 and its tritonclient.utils.shared_memory) and by
 perf_analyzer --shared-memory=system, against a posenc-server started with
---enable_system_shared_memory: tensors in and out of /dev/shm checked
+--enable_system_shared_memory (and two repository models perf_analyzer can
+drive): tensors in and out of /dev/shm checked
 against the float64 reference, mixed with the socket, the registry's
 status, hostile registrations and references, a caller truncating its
 object after registering it, and unregistering while requests use a region.
@@ -11,6 +12,7 @@ Environment: as test_kserve_clients.py (run_kserve_tests.sh sets it).
 """
 
 import base64
+import json
 import os
 import re
 import subprocess
@@ -30,16 +32,31 @@ from test_kserve_clients import SEED, assert_close, input_of, quantize, rope_ref
 PREFIX = f"posenc_shm_{os.getpid()}"
 
 
+# Repository models taking only the tensor worked on, each required, so
+# that perf_analyzer (which refuses optional inputs with shared memory) can
+# drive the sinusoidal encoding and the bias too.
+MODEL_FILES = {
+    "sinusoidal-x": {"operation": "sinusoidal", "inputs": ["x"]},
+    "alibi-add": {"operation": "attention_bias", "inputs": ["logits"],
+                  "parameters": {"causal": True}},
+}
+
+
 @pytest.fixture(scope="module")
 def shm_server():
     work = tempfile.mkdtemp(prefix="posenc-kserve-shm-")
+    models = os.path.join(work, "models")
+    os.mkdir(models)
+    for name, model in MODEL_FILES.items():
+        with open(os.path.join(models, name + ".json"), "w") as f:
+            json.dump(model, f)
     port_file = os.path.join(work, "port")
     log = open(os.path.join(work, "server.log"), "w+")
     proc = subprocess.Popen(
         [os.environ["POSENC_SERVER"], "--listen=127.0.0.1:0", f"--port_file={port_file}",
          "--metrics_listen=127.0.0.1:0", "--log_level=info", "--threads=2",
          "--enable_system_shared_memory", "--enable_cuda_shared_memory",
-         "--max_shared_memory_regions=16"],
+         "--max_shared_memory_regions=16", f"--model_dir={models}"],
         stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 30
     while not (os.path.exists(port_file) and open(port_file).read().strip()):
@@ -208,6 +225,35 @@ def test_shared_memory_mixed_with_the_socket(client, regions):
                  rope_reference(k.astype(np.float64), p, 500.0, 16, "neox"), "FP32", "key_out")
     assert_close(out.get(np.float32, q.shape).astype(np.float64),
                  rope_reference(q.astype(np.float64), p, 500.0, 16, "neox"), "FP32", "query_out")
+
+
+def test_bias_from_one_slice_into_another(client, regions):
+    # Logits in one region, the bias asked for in another (the CPU adds it
+    # block by block): the answer the same logits get over the socket, bit
+    # for bit, and the logits as they were. Also through a repository model
+    # taking only logits, which refuses the inputs it leaves out.
+    rng = np.random.default_rng([SEED, 22])
+    logits = rng.standard_normal((2, 4, 33, 40)).astype(np.float32)
+    want = client.infer("attention_bias", [input_of("logits", logits, "FP32")],
+                        parameters={"causal": True}).as_numpy("bias")
+    inp = regions("lin", logits.nbytes)
+    inp.put([logits])
+    out = regions("lout", logits.nbytes)
+    client.register_system_shared_memory("lin", inp.key, inp.size)
+    client.register_system_shared_memory("lout", out.key, out.size)
+    for model, parameters in (("attention_bias", {"causal": True}), ("alibi-add", {})):
+        out.put([np.full(logits.size, np.nan, np.float32)])
+        r = client.infer(model, [shm_input("logits", logits, "FP32", "lin")],
+                         outputs=[shm_output("bias", "lout", logits.nbytes)],
+                         parameters=parameters)
+        assert r.get_response().raw_output_contents[0] == b""
+        np.testing.assert_array_equal(out.get(np.float32, logits.shape), want, err_msg=model)
+        np.testing.assert_array_equal(inp.get(np.float32, logits.shape), logits)
+    k_lens = np.array([40, 30], dtype=np.int64)
+    status, message = infer_error(
+        client, "alibi-add",
+        [shm_input("logits", logits, "FP32", "lin"), input_of("k_lens", k_lens, "INT64")])
+    assert status == "StatusCode.INVALID_ARGUMENT" and "k_lens" in message, message
 
 
 def test_status_and_unregister(client, regions):
@@ -401,14 +447,20 @@ def test_metrics_count_shared_memory_bytes(client, regions, shm_server):
     assert bytes_in() - before >= q.nbytes
 
 
-def test_perf_analyzer_with_system_shared_memory(shm_server, client):
+@pytest.mark.parametrize("model,shapes", [
+    ("rope_qk", {"query": [1, 128, 8, 64], "key": [1, 128, 2, 64]}),
+    ("sinusoidal-x", {"x": [1, 128, 512]}),
+    ("alibi-add", {"logits": [1, 8, 128, 128]}),
+])
+def test_perf_analyzer_with_system_shared_memory(shm_server, client, model, shapes):
     # perf_analyzer refuses shared memory for models with optional inputs,
-    # so it drives rope_qk (query and key, both required; random data).
-    q_shape, k_shape = [1, 128, 8, 64], [1, 128, 2, 64]
-    cmd = [os.environ["PERF_ANALYZER"], "-m", "rope_qk", "-i", "grpc", "-u", shm_server["url"],
-           "--shape", "query:" + ",".join(map(str, q_shape)),
-           "--shape", "key:" + ",".join(map(str, k_shape)),
-           "--shared-memory=system", f"--output-shared-memory-size={int(np.prod(q_shape)) * 4}",
+    # so it drives rope_qk (query and key, both required) and repository
+    # models that take only their tensor (MODEL_FILES); random data.
+    largest = max(int(np.prod(shape)) * 4 for shape in shapes.values())
+    cmd = [os.environ["PERF_ANALYZER"], "-m", model, "-i", "grpc", "-u", shm_server["url"]]
+    for name, shape in shapes.items():
+        cmd += ["--shape", f"{name}:" + ",".join(map(str, shape))]
+    cmd += ["--shared-memory=system", f"--output-shared-memory-size={largest}",
            "--concurrency-range=1:2", "--measurement-interval=1000",
            "--stability-percentage=999", "--max-trials=3"]
     print(" ".join(cmd))
