@@ -4,12 +4,14 @@
 // breaks what the registry relies on: a fixed parameter the readers do not
 // take (an embedded hf_config resolves into fixed parameters, so this
 // checks that round trip too), a parameter its hf_config determines that a
-// request could still give, or tensors unlike its operation's built-in
-// model.
+// request could still give, or tensors that are not its operation's
+// built-in model's (less only the optional ones its "inputs" leaves out).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "kserve/infer.h"
 #include "kserve/model_file.h"
@@ -20,6 +22,24 @@ namespace {
 void Fail(const char* what) {
   std::fprintf(stderr, "kserve_model_file_fuzz: %s\n", what);
   std::abort();
+}
+
+// Whether `mine` are tensors of `all` (same names and datatypes), in
+// their order, leaving out none that `all` requires.
+bool InOrderWithEveryRequired(const std::vector<posenc::server::kserve::TensorSpec>& mine,
+                              const std::vector<posenc::server::kserve::TensorSpec>& all) {
+  size_t j = 0;
+  for (const auto& t : mine) {
+    for (; j < all.size() && std::string_view(all[j].name) != t.name; ++j) {
+      if (!all[j].optional) return false;
+    }
+    if (j == all.size() || std::string_view(all[j].datatype) != t.datatype) return false;
+    ++j;
+  }
+  for (; j < all.size(); ++j) {
+    if (!all[j].optional) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -35,9 +55,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     return 0;
   }
+  // Its tensors are its operation's, in that order: every required one,
+  // optional ones only where its "inputs" kept them; RoPE's key_out with
+  // key.
   const k::Model& base = k::BuiltInModel(m->kind);
-  if (m->inputs.size() != base.inputs.size() || m->outputs.size() != base.outputs.size()) {
-    Fail("a loaded model's tensors differ from its operation's");
+  if (!InOrderWithEveryRequired(m->inputs, base.inputs) ||
+      !InOrderWithEveryRequired(m->outputs, base.outputs)) {
+    Fail("a loaded model's tensors are not its operation's");
+  }
+  if (m->kind == k::ModelKind::kRope &&
+      (k::FindInput(*m, "key") != nullptr) != (k::FindOutput(*m, "key_out") != nullptr)) {
+    Fail("a rope model with key but no key_out, or key_out but no key");
   }
   // A request giving nothing reads exactly the fixed parameters; giving one
   // of them again is refused.
