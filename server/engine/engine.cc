@@ -301,6 +301,10 @@ absl::StatusOr<Backend*> Engine::ChargeStaging(const CallEnv& env, Backend* back
   return cpu_.get();
 }
 
+void Engine::ReleaseStaging(const CallEnv& env, const Backend& backend, int64_t bytes) {
+  if (backend.StagesHostCopy()) env.admission.Shrink(bytes);
+}
+
 Backend* Engine::GpuOf(int device) const {
   for (const Gpu& g : gpus_) {
     if (g.device == device) return g.backend.get();
@@ -592,6 +596,7 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
           Resolve(env.backend) != BackendChoice::kCuda && !cpu_->RopeThroughNeedsWork(plan)) {
         q.copy = {};
         k.copy = {};
+        ReleaseStaging(env, *backend, tensor_bytes);
         return go_through(cpu_.get());
       }
       POSENC_RETURN_IF_ERROR(lent);
@@ -694,6 +699,7 @@ absl::Status Engine::IntoHost(const IntoHostCall& call, const CallEnv& env, std:
   // the call to the CPU, where it needs none.
   if (absl::IsResourceExhausted(lent.status()) && apart && !call.through_needs_work &&
       Resolve(env.backend) != BackendChoice::kCuda) {
+    ReleaseStaging(env, *backend, call.bytes);
     return go_through(cpu_.get());
   }
   POSENC_RETURN_IF_ERROR(lent.status());

@@ -248,6 +248,9 @@ class Engine {
   // ChooseStaged's charge for a backend already chosen.
   [[nodiscard]] absl::StatusOr<Backend*> ChargeStaging(const CallEnv& env, Backend* backend,
                                                        int64_t bytes);
+  // Gives ChargeStaging's charge on `backend` back: the call leaves it for
+  // the CPU before anything was staged.
+  void ReleaseStaging(const CallEnv& env, const Backend& backend, int64_t bytes);
   // ApplyRope's work for host tensors whose results go to other host memory
   // (env.query_out / key_out): see engine.cc. Sets *served.
   [[nodiscard]] absl::Status RopeIntoHost(const RopePlan& plan, const RopeTensors& t,

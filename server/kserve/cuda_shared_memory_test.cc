@@ -601,6 +601,50 @@ TEST(SystemSharedMemoryOnAFakeGpu, AutoLeavesACallWhoseScratchDoesNotFitToTheCpu
   ::close(fd);
 }
 
+// Such a call gives the GPU's staging charge back before the CPU runs it:
+// while the CPU computes, the call holds less than a tensor (its plan),
+// where it held the staging (a whole tensor) before. For the sinusoidal
+// encoding and RoPE, through the engine, with host buffers apart.
+TEST(SystemSharedMemoryOnAFakeGpu, LeavingForTheCpuGivesTheStagingChargeBack) {
+  testing::FakeGpuEngine gpu(BackendChoice::kAuto, /*auto_gpu_min_bytes=*/0);
+  Engine& engine = gpu.engine();
+  constexpr int64_t kT = 256, kD = 256, kBytes = kT * kD * 4;  // 256 KiB
+  std::string x = RandomQuery(kBytes), out(kBytes, '\0');
+  for (bool rope : {false, true}) {
+    SCOPED_TRACE(rope ? "rope" : "sinusoidal");
+    auto call = engine.Admit(0);
+    ASSERT_TRUE(call.ok()) << call.status();
+    // Other calls hold all but 1.5 tensors: staging fits, scratch does not.
+    auto others = engine.Admit(0);
+    ASSERT_TRUE(others.ok()) << others.status();
+    AdmissionControl& budget = engine.admission();
+    ASSERT_TRUE(others->TryGrow(budget.options().max_bytes - budget.bytes() - kBytes * 3 / 2).ok());
+    RunContext ctx;
+    CallEnv env{ctx, *call};
+    int64_t held_while_computing = -1;
+    env.inputs_intact = [&] {
+      held_while_computing = call->bytes();
+      return absl::OkStatus();
+    };
+    absl::StatusOr<std::string> served;
+    if (rope) {
+      RopeTensors t;
+      t.query = MutableTensor{DType::kFloat32, {1, kT, 4, kD / 4}, x.data(), kBytes};
+      env.query_out = out.data();
+      served = engine.ApplyRope(RopeOptions{}, t, env);
+    } else {
+      AbsoluteTensors t;
+      t.x = MutableTensor{DType::kFloat32, {1, kT, kD}, x.data(), kBytes};
+      env.x_out = out.data();
+      served = engine.AddAbsolute(AbsoluteOptions{}, t, env);
+    }
+    ASSERT_TRUE(served.ok()) << served.status();
+    EXPECT_EQ(*served, "cpu");
+    ASSERT_GE(held_while_computing, 0) << "the inputs were never checked";
+    EXPECT_LT(held_while_computing, kBytes) << "the GPU's staging charge was still held";
+  }
+}
+
 // An input whose object the caller truncated (after the request found its
 // region, before the server read it) reads as zeros: the call fails, and
 // the output slice, which other calls may share, is left as it was rather
