@@ -78,29 +78,42 @@ ModelInferRequest RopeRequest(const std::string& query, int64_t in_offset, int64
   return req;
 }
 
-// A rope request for `tokens` tokens of query (kHeads x kDim FP32) on the
-// CPU: in the message (in_region null) or at `in_offset` of `in_region`,
-// its output to `out_offset` of `out_region` (null: the answer).
-ModelInferRequest BigRopeRequest(int64_t tokens, const std::string& socket_bytes,
-                                 const char* in_region, int64_t in_offset, const char* out_region,
-                                 int64_t out_offset) {
-  const int64_t bytes = tokens * kHeads * kDim * 4;
+// A request to `model` whose one tensor worked on, `input` (FP32 of
+// `shape`), is in the message (`socket_bytes`; in_region null) or at
+// `in_offset` of `in_region`, its result `output` going to `out_offset` of
+// `out_region` (null: the answer); `backend` as a parameter unless empty.
+ModelInferRequest OneTensorRequest(const char* model, const char* input, const char* output,
+                                   const std::vector<int64_t>& shape,
+                                   const std::string& socket_bytes, const char* in_region,
+                                   int64_t in_offset, const char* out_region, int64_t out_offset,
+                                   const char* backend) {
+  int64_t bytes = 4;
+  for (int64_t d : shape) bytes *= d;
   ModelInferRequest req;
-  req.set_model_name("rope");
+  req.set_model_name(model);
   auto* in = req.add_inputs();
-  in->set_name("query");
+  in->set_name(input);
   in->set_datatype("FP32");
-  for (int64_t d : {int64_t{1}, tokens, kHeads, kDim}) in->add_shape(d);
+  for (int64_t d : shape) in->add_shape(d);
   auto* out = req.add_outputs();
-  out->set_name("query_out");
+  out->set_name(output);
   if (in_region == nullptr) {
     req.add_raw_input_contents(socket_bytes);
   } else {
     Slice(in->mutable_parameters(), bytes, in_offset, in_region);
   }
   if (out_region != nullptr) Slice(out->mutable_parameters(), bytes, out_offset, out_region);
-  (*req.mutable_parameters())["backend"].set_string_param("cpu");
+  if (*backend != '\0') (*req.mutable_parameters())["backend"].set_string_param(backend);
   return req;
+}
+
+// A rope request for `tokens` tokens of query (kHeads x kDim FP32) on the
+// CPU, as OneTensorRequest.
+ModelInferRequest BigRopeRequest(int64_t tokens, const std::string& socket_bytes,
+                                 const char* in_region, int64_t in_offset, const char* out_region,
+                                 int64_t out_offset) {
+  return OneTensorRequest("rope", "query", "query_out", {1, tokens, kHeads, kDim}, socket_bytes,
+                          in_region, in_offset, out_region, out_offset, "cpu");
 }
 
 // An engine on two CPU threads with system shared memory on.
@@ -149,70 +162,42 @@ absl::Status RunOn(Engine& engine, ModelInferRequest req, ModelInferResponse* re
                   &engine.shared_memory());
 }
 
-// A sinusoidal request for x [1, tokens, dim] FP32 on the CPU: in the
-// message (in_region null) or at `in_offset` of `in_region`, y to
-// `out_offset` of `out_region` (null: the answer).
+// A sinusoidal request for x [1, tokens, dim] FP32, as OneTensorRequest.
 ModelInferRequest SinusoidalRequest(int64_t tokens, int64_t dim, const std::string& socket_bytes,
                                     const char* in_region, int64_t in_offset,
                                     const char* out_region, int64_t out_offset,
                                     const char* backend = "cpu") {
-  const int64_t bytes = tokens * dim * 4;
-  ModelInferRequest req;
-  req.set_model_name("sinusoidal");
-  auto* in = req.add_inputs();
-  in->set_name("x");
-  in->set_datatype("FP32");
-  for (int64_t d : {int64_t{1}, tokens, dim}) in->add_shape(d);
-  auto* out = req.add_outputs();
-  out->set_name("y");
-  if (in_region == nullptr) {
-    req.add_raw_input_contents(socket_bytes);
-  } else {
-    Slice(in->mutable_parameters(), bytes, in_offset, in_region);
-  }
-  if (out_region != nullptr) Slice(out->mutable_parameters(), bytes, out_offset, out_region);
-  if (*backend != '\0') (*req.mutable_parameters())["backend"].set_string_param(backend);
-  return req;
+  return OneTensorRequest("sinusoidal", "x", "y", {1, tokens, dim}, socket_bytes, in_region,
+                          in_offset, out_region, out_offset, backend);
+}
+
+// What the CPU backend answers to `req`, whose input `input` is in the
+// message: the one output's bytes, checked to differ from the input.
+std::string CpuAnswer(Engine& engine, ModelInferRequest req, ModelKind model,
+                      const std::string& input) {
+  ModelInferResponse resp;
+  std::string backend;
+  EXPECT_TRUE(RunOn(engine, std::move(req), &resp, &backend, model).ok());
+  EXPECT_EQ(backend, "cpu");
+  EXPECT_NE(resp.raw_output_contents(0), input) << "computed";
+  return resp.raw_output_contents(0);
 }
 
 // What the CPU backend makes of `x` ([1, tokens, dim] FP32) with the
 // sinusoidal encoding, sent in the message.
 std::string SinusoidalResult(Engine& engine, const std::string& x, int64_t tokens, int64_t dim) {
-  ModelInferResponse resp;
-  std::string backend;
-  EXPECT_TRUE(RunOn(engine, SinusoidalRequest(tokens, dim, x, nullptr, 0, nullptr, 0), &resp,
-                    &backend, ModelKind::kSinusoidal)
-                  .ok());
-  EXPECT_EQ(backend, "cpu");
-  EXPECT_NE(resp.raw_output_contents(0), x) << "encoded";
-  return resp.raw_output_contents(0);
+  return CpuAnswer(engine, SinusoidalRequest(tokens, dim, x, nullptr, 0, nullptr, 0),
+                   ModelKind::kSinusoidal, x);
 }
 
 // An attention bias request adding the causal ALiBi bias to logits of
-// `shape` ([batch, heads, q_len, k_len] FP32) on `backend`: in the message
-// (in_region null) or at `in_offset` of `in_region`, the bias to
-// `out_offset` of `out_region` (null: the answer).
+// `shape` ([batch, heads, q_len, k_len] FP32), as OneTensorRequest.
 ModelInferRequest BiasRequest(const std::vector<int64_t>& shape, const std::string& socket_bytes,
                               const char* in_region, int64_t in_offset, const char* out_region,
                               int64_t out_offset, const char* backend = "cpu") {
-  int64_t bytes = 4;
-  for (int64_t d : shape) bytes *= d;
-  ModelInferRequest req;
-  req.set_model_name("attention_bias");
-  auto* in = req.add_inputs();
-  in->set_name("logits");
-  in->set_datatype("FP32");
-  for (int64_t d : shape) in->add_shape(d);
-  auto* out = req.add_outputs();
-  out->set_name("bias");
-  if (in_region == nullptr) {
-    req.add_raw_input_contents(socket_bytes);
-  } else {
-    Slice(in->mutable_parameters(), bytes, in_offset, in_region);
-  }
-  if (out_region != nullptr) Slice(out->mutable_parameters(), bytes, out_offset, out_region);
+  ModelInferRequest req = OneTensorRequest("attention_bias", "logits", "bias", shape, socket_bytes,
+                                           in_region, in_offset, out_region, out_offset, backend);
   (*req.mutable_parameters())["causal"].set_bool_param(true);
-  if (*backend != '\0') (*req.mutable_parameters())["backend"].set_string_param(backend);
   return req;
 }
 
@@ -220,26 +205,15 @@ ModelInferRequest BiasRequest(const std::vector<int64_t>& shape, const std::stri
 // bias, sent in the message.
 std::string BiasResult(Engine& engine, const std::string& logits,
                        const std::vector<int64_t>& shape) {
-  ModelInferResponse resp;
-  std::string backend;
-  EXPECT_TRUE(RunOn(engine, BiasRequest(shape, logits, nullptr, 0, nullptr, 0), &resp, &backend,
-                    ModelKind::kAttentionBias)
-                  .ok());
-  EXPECT_EQ(backend, "cpu");
-  EXPECT_NE(resp.raw_output_contents(0), logits) << "biased";
-  return resp.raw_output_contents(0);
+  return CpuAnswer(engine, BiasRequest(shape, logits, nullptr, 0, nullptr, 0),
+                   ModelKind::kAttentionBias, logits);
 }
 
 // What the CPU backend makes of `query` (`tokens` tokens) sent in the
 // message.
 std::string CpuResult(Engine& engine, const std::string& query, int64_t tokens = kTokens) {
-  ModelInferResponse resp;
-  std::string backend;
-  EXPECT_TRUE(
-      RunOn(engine, BigRopeRequest(tokens, query, nullptr, 0, nullptr, 0), &resp, &backend).ok());
-  EXPECT_EQ(backend, "cpu");
-  EXPECT_NE(resp.raw_output_contents(0), query) << "rotated";
-  return resp.raw_output_contents(0);
+  return CpuAnswer(engine, BigRopeRequest(tokens, query, nullptr, 0, nullptr, 0), ModelKind::kRope,
+                   query);
 }
 
 // Seeded uniform FP32 values in [-2, 2), the seed printed.
