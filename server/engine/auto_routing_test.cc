@@ -3,6 +3,7 @@
 // "GPU" here is a stand-in that computes on the CPU after a fixed wait
 // (what staging and a launch cost), so small requests belong to the CPU and
 // large ones to it.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <string>
@@ -154,6 +155,81 @@ TEST(AutoRouting, AFailedGpuLeavesTheCallToTheCpuUnlessItPartlyWroteIt) {
       ASSERT_TRUE(served.ok()) << served.status();
       EXPECT_EQ(*served, "cpu");
     }
+  }
+}
+
+// kCuda in name only: stages host copies, as a GPU does (the engine
+// charges them to the call), and covers no operation (UNIMPLEMENTED), so
+// under AUTO every call it is given goes on to the CPU.
+class StagingGpuThatCoversNothing final : public Backend {
+ public:
+  BackendKind kind() const override { return BackendKind::kCuda; }
+  DeviceInfo device() const override { return DeviceInfo{}; }
+  bool StagesHostCopy() const override { return true; }
+  absl::Status ApplyRope(const RopePlan&, void*, void*, const RunContext&) override {
+    return absl::UnimplementedError("the stand-in covers nothing");
+  }
+  absl::Status ApplyAbsolute(const AbsolutePlan&, void*, const RunContext&) override {
+    return absl::UnimplementedError("the stand-in covers nothing");
+  }
+  absl::Status ApplyAttentionBias(const BiasPlan&, void*, const RunContext&) override {
+    return absl::UnimplementedError("the stand-in covers nothing");
+  }
+};
+
+// A call the GPU gave up on gives its staging charge (a whole tensor) back
+// before the CPU retries it: while the CPU computes (its cancellation
+// checks read the call's ticket), the call holds less than what it needs
+// there: nothing (in place) or its scratch copy (into another buffer).
+// RoPE, the sinusoidal encoding and the bias added to logits, in place,
+// and the sinusoidal encoding into another buffer (Engine::IntoHost).
+TEST(AutoRouting, ACallTheGpuGaveUpOnGivesTheStagingChargeBackToTheCpu) {
+  EngineOptions o = Options();
+  o.auto_by_measured_cost = false;
+  auto engine = Engine::CreateWith(o, CreateCpuBackend(1),
+                                   std::make_unique<StagingGpuThatCoversNothing>(), "");
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  Engine& e = **engine;
+  constexpr int64_t kTokens = 512, kDim = 256, kBytes = kTokens * kDim * 4;  // 512 KiB
+  std::vector<float> data(static_cast<size_t>(kTokens * kDim), 0.5f);
+  std::vector<float> out(data.size());
+  for (const char* op : {"rope", "sinusoidal", "bias", "sinusoidal into another buffer"}) {
+    SCOPED_TRACE(op);
+    auto ticket = e.admission().Enter();
+    ASSERT_TRUE(ticket.ok());
+    int64_t most_held_while_computing = -1;
+    RunContext ctx;
+    ctx.cancelled = [&] {
+      most_held_while_computing = std::max(most_held_while_computing, ticket->bytes());
+      return false;
+    };
+    CallEnv env{ctx, *ticket};
+    env.backend = BackendChoice::kAuto;
+    absl::StatusOr<std::string> served;
+    const std::string op_name = op;
+    if (op_name == "rope") {
+      RopeTensors t;
+      t.query = {DType::kFloat32, {1, kTokens, 4, kDim / 4}, data.data(), kBytes};
+      served = e.ApplyRope(RopeOptions{}, t, env);
+    } else if (op_name.rfind("sinusoidal", 0) == 0) {
+      AbsoluteTensors t;
+      t.x = {DType::kFloat32, {1, kTokens, kDim}, data.data(), kBytes};
+      if (op_name != "sinusoidal") env.x_out = reinterpret_cast<char*>(out.data());
+      served = e.AddAbsolute(AbsoluteOptions{}, t, env);
+    } else {
+      MutableTensor logits{DType::kFloat32, {1, 4, kTokens / 4, kDim}, data.data(), kBytes};
+      BiasOptions b;
+      b.form = BiasForm::kCausal;
+      std::string unused;
+      auto produced = e.AttentionBias(b, logits, &unused, env);
+      served = produced.ok() ? absl::StatusOr<std::string>(produced->backend) : produced.status();
+    }
+    ASSERT_TRUE(served.ok()) << served.status();
+    EXPECT_EQ(*served, "cpu");
+    ASSERT_GE(most_held_while_computing, 0) << "the CPU never checked for cancellation";
+    const int64_t needed = env.x_out != nullptr ? kBytes : 0;
+    EXPECT_LT(most_held_while_computing, needed + kBytes)
+        << "the GPU's staging charge was still held";
   }
 }
 

@@ -360,10 +360,13 @@ absl::Status CheckDeviceAligned(const MutableTensor& t, absl::string_view what) 
 
 }  // namespace
 
-absl::Status Engine::RunWithFallback(BackendChoice requested, Backend** backend,
+absl::Status Engine::RunWithFallback(const CallEnv& env, int64_t staged_bytes, Backend** backend,
                                      const std::function<absl::Status(Backend*)>& run) {
   absl::Status s = run(*backend);
-  if (!s.ok() && LeavesToTheCpu(requested, **backend, s)) {
+  if (!s.ok() && LeavesToTheCpu(env.backend, **backend, s)) {
+    // The GPU's staging is done with: the CPU's retry needs none, and other
+    // calls may use the budget it held.
+    ReleaseStaging(env, **backend, staged_bytes);
     *backend = cpu_.get();
     s = run(*backend);
   }
@@ -476,7 +479,7 @@ absl::StatusOr<std::string> Engine::ApplyRope(const RopeOptions& options, RopeTe
     MutableTensor query = t.query, key = t.key;
     POSENC_RETURN_IF_ERROR(aligned.Align(query));
     POSENC_RETURN_IF_ERROR(aligned.Align(key));
-    POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
+    POSENC_RETURN_IF_ERROR(RunWithFallback(env, tensor_bytes, &backend, [&](Backend* b) {
       return b->ApplyRope(plan, query.data, has_key ? key.data : nullptr, env.ctx);
     }));
     aligned.CopyBack();
@@ -611,7 +614,7 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
   }
   // The copies must be of the caller's bytes before anything is written.
   if (env.inputs_intact) POSENC_RETURN_IF_ERROR(env.inputs_intact());
-  POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
+  POSENC_RETURN_IF_ERROR(RunWithFallback(env, tensor_bytes, &backend, [&](Backend* b) {
     return b->ApplyRope(plan, q.tensor.data, has_key ? k.tensor.data : nullptr, env.ctx);
   }));
   for (Work* w : {&q, &k}) {
@@ -661,7 +664,7 @@ absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTenso
     AlignedWork aligned(env.admission);
     MutableTensor x = t.x;
     POSENC_RETURN_IF_ERROR(aligned.Align(x));
-    POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
+    POSENC_RETURN_IF_ERROR(RunWithFallback(env, tensor_bytes, &backend, [&](Backend* b) {
       return b->ApplyAbsolute(plan, x.data, env.ctx);
     }));
     aligned.CopyBack();
@@ -708,7 +711,7 @@ absl::Status Engine::IntoHost(const IntoHostCall& call, const CallEnv& env, std:
   // The copy must be of the caller's bytes before anything is written.
   if (env.inputs_intact) POSENC_RETURN_IF_ERROR(env.inputs_intact());
   POSENC_RETURN_IF_ERROR(RunWithFallback(
-      env.backend, &backend, [&](Backend* b) { return call.in_place(b, copy.data()); }));
+      env, call.bytes, &backend, [&](Backend* b) { return call.in_place(b, copy.data()); }));
   CopyHostBytes(call.out, copy.data(), bytes);
   *served = BackendName(backend);
   return absl::OkStatus();
@@ -740,7 +743,7 @@ absl::StatusOr<Produced> Engine::EncodingTable(AbsoluteOptions o, int64_t dim, i
     POSENC_ASSIGN_OR_RETURN(char* const prepared, Prepare(out, out_bytes, env.ctx));
     AlignedWork aligned(env.admission);
     POSENC_ASSIGN_OR_RETURN(char* const target, aligned.Output(prepared, out_bytes, dtype));
-    POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
+    POSENC_RETURN_IF_ERROR(RunWithFallback(env, out_bytes, &backend, [&](Backend* b) {
       return b->ApplyAbsolute(plan, target, env.ctx);
     }));
     aligned.CopyBack();
@@ -813,7 +816,7 @@ absl::StatusOr<Produced> Engine::AttentionBias(const BiasOptions& o, MutableTens
       POSENC_ASSIGN_OR_RETURN(target, aligned.Output(prepared, out_bytes, plan.dtype));
     }
     POSENC_ASSIGN_OR_RETURN(Backend * backend, ChooseStaged(env, out_bytes));
-    POSENC_RETURN_IF_ERROR(RunWithFallback(env.backend, &backend, [&](Backend* b) {
+    POSENC_RETURN_IF_ERROR(RunWithFallback(env, out_bytes, &backend, [&](Backend* b) {
       return b->ApplyAttentionBias(plan, target, env.ctx);
     }));
     aligned.CopyBack();

@@ -272,8 +272,11 @@ class Engine {
   [[nodiscard]] absl::Status IntoHost(const IntoHostCall& call, const CallEnv& env,
                                       std::string* served);
   // Runs `run` on *backend; under AUTO, retries on the CPU (updating
-  // *backend) when the GPU does not cover the request or has failed.
-  [[nodiscard]] absl::Status RunWithFallback(BackendChoice requested, Backend** backend,
+  // *backend) when the GPU does not cover the request or has failed,
+  // giving the call's staging charge (`staged_bytes`, ChargeStaging's)
+  // back first.
+  [[nodiscard]] absl::Status RunWithFallback(const CallEnv& env, int64_t staged_bytes,
+                                             Backend** backend,
                                              const std::function<absl::Status(Backend*)>& run);
   // Whether a call that failed with `s` on `backend` is retried on the CPU
   // (RunWithFallback's rule): under AUTO, a GPU that gave up.
