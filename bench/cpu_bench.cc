@@ -344,34 +344,38 @@ int main(int argc, char** argv) {
   }
 
   // ALiBi + causal added to bf16 logits from one buffer into another, the
-  // same two ways.
-  for (bool through : {true, false}) {
-    if (only != "through") break;
-    const int64_t B = 2, H = 16, L = 1024;
-    const std::string name =
-        std::string(through ? "alibi+causal through " : "alibi+causal aside ") +
-        "bf16 [2,16,1024,1024]";
-    if (!bench.Wanted(name)) continue;
-    auto logits = Random(B * H * L * L * 2, posenc::DType::kBFloat16);
-    std::vector<uint8_t> work(logits.size()), out(logits.size());
-    posenc::BiasOptions o;
-    o.causal = true;
-    const posenc::TensorView lv{
-        posenc::DType::kBFloat16, {B, H, L, L}, logits.data(), logits.size()};
-    auto plan = posenc::PlanAttentionBias(o, lv);
-    if (!plan.ok()) return 1;
-    posenc::BiasThrough bt;
-    bt.logits = logits.data();
-    bt.out = out.data();
-    std::function<void()> kernel = [&] { (void)cpu->ApplyAttentionBiasThrough(*plan, bt, {}); };
-    if (!through) {
-      kernel = [&] {
-        std::memcpy(work.data(), logits.data(), logits.size());
-        (void)cpu->ApplyAttentionBias(*plan, work.data(), {});
-        std::memcpy(out.data(), work.data(), logits.size());
-      };
+  // same two ways: a prefill's square rows, and a long context's decode
+  // (one query a head, rows of 256 KiB: larger than a block, so they go
+  // through in pieces).
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{2, 16, 1024, 1024}, std::vector<int64_t>{8, 32, 1, 131072}}) {
+    for (bool through : {true, false}) {
+      if (only != "through") break;
+      const std::string name =
+          std::string(through ? "alibi+causal through " : "alibi+causal aside ") + "bf16 [" +
+          std::to_string(shape[0]) + "," + std::to_string(shape[1]) + "," +
+          std::to_string(shape[2]) + "," + std::to_string(shape[3]) + "]";
+      if (!bench.Wanted(name)) continue;
+      auto logits = Random(shape[0] * shape[1] * shape[2] * shape[3] * 2, posenc::DType::kBFloat16);
+      std::vector<uint8_t> work(logits.size()), out(logits.size());
+      posenc::BiasOptions o;
+      o.causal = true;
+      const posenc::TensorView lv{posenc::DType::kBFloat16, shape, logits.data(), logits.size()};
+      auto plan = posenc::PlanAttentionBias(o, lv);
+      if (!plan.ok()) return 1;
+      posenc::BiasThrough bt;
+      bt.logits = logits.data();
+      bt.out = out.data();
+      std::function<void()> kernel = [&] { (void)cpu->ApplyAttentionBiasThrough(*plan, bt, {}); };
+      if (!through) {
+        kernel = [&] {
+          std::memcpy(work.data(), logits.data(), logits.size());
+          (void)cpu->ApplyAttentionBias(*plan, work.data(), {});
+          std::memcpy(out.data(), work.data(), logits.size());
+        };
+      }
+      results.push_back(bench.Measure(name, logits.size(), kernel));
     }
-    results.push_back(bench.Measure(name, logits.size(), kernel));
   }
 
   if (only == "copy") {

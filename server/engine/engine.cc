@@ -650,7 +650,7 @@ absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTenso
       call.in = t.x.data;
       call.out = env.x_out;
       call.bytes = tensor_bytes;
-      call.through = [&](Backend* cpu, void* /*work*/) {
+      call.through = [&](Backend* cpu) {
         AbsoluteThrough through;
         through.x = t.x.data;
         through.y = env.x_out;
@@ -687,11 +687,7 @@ absl::Status Engine::IntoHost(const IntoHostCall& call, const CallEnv& env, std:
   const auto bytes = static_cast<size_t>(call.bytes);
   const bool apart = !HostBytesOverlap(call.in, bytes, call.out, bytes);
   const auto go_through = [&](Backend* cpu) -> absl::Status {
-    ScratchPool::Buffer work;
-    if (call.through_needs_work) {
-      POSENC_ASSIGN_OR_RETURN(work, scratch_.Lend(std::max<int64_t>(1, call.bytes), env.admission));
-    }
-    POSENC_RETURN_IF_ERROR(call.through(cpu, work ? work.data() : nullptr));
+    POSENC_RETURN_IF_ERROR(call.through(cpu));
     *served = BackendName(cpu);
     return absl::OkStatus();
   };
@@ -700,7 +696,7 @@ absl::Status Engine::IntoHost(const IntoHostCall& call, const CallEnv& env, std:
       scratch_.Lend(std::max<int64_t>(1, call.bytes), env.admission);
   // Under AUTO, a GPU whose scratch buffer does not fit the budget leaves
   // the call to the CPU, where it needs none.
-  if (absl::IsResourceExhausted(lent.status()) && apart && !call.through_needs_work &&
+  if (absl::IsResourceExhausted(lent.status()) && apart &&
       Resolve(env.backend) != BackendChoice::kCuda) {
     ReleaseStaging(env, *backend, call.bytes);
     return go_through(cpu_.get());
@@ -791,15 +787,13 @@ absl::StatusOr<Produced> Engine::AttentionBias(const BiasOptions& o, MutableTens
       call.in = logits.data;
       call.out = env.bias_out;
       call.bytes = static_cast<int64_t>(logits.nbytes);
-      call.through = [&](Backend* cpu, void* work) {
+      call.through = [&](Backend* cpu) {
         BiasThrough through;
         through.logits = logits.data;
-        through.work = work;
         through.out = env.bias_out;
         if (env.inputs_intact) through.before_write = env.inputs_intact;
         return cpu->ApplyAttentionBiasThrough(plan, through, env.ctx);
       };
-      call.through_needs_work = cpu_->BiasThroughNeedsWork(plan);
       call.in_place = [&](Backend* b, void* data) {
         return b->ApplyAttentionBias(plan, data, env.ctx);
       };

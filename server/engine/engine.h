@@ -261,10 +261,8 @@ class Engine {
     const void* in = nullptr;
     char* out = nullptr;
     int64_t bytes = 0;
-    // The CPU backend's through operation on `cpu`; `work` is a scratch
-    // buffer of `bytes` where through_needs_work, else null.
-    std::function<absl::Status(Backend* cpu, void* work)> through;
-    bool through_needs_work = false;
+    // The CPU backend's through operation on `cpu`.
+    std::function<absl::Status(Backend* cpu)> through;
     // The operation in place on a private copy of the input at `data`.
     std::function<absl::Status(Backend* backend, void* data)> in_place;
   };

@@ -807,14 +807,12 @@ TEST(SystemSharedMemoryOnTheCpu, SlicesOfOneObjectRegisteredTwiceAreSeenToOverla
 // `input` from one slice of a region into another: the result `want` of a
 // fresh CPU engine (want_of; sent in the message), the input as it was;
 // block by block through the CPU threads' own buffers where the output
-// lies apart from the input, so that no scratch buffer is lent unless
-// `apart_lends` (rows larger than a block), and through a scratch buffer
-// where it overlaps the input (then the result of the whole input as it
-// was, as if it were all read first). `request(in_at, out_at)` makes the
+// lies apart from the input, so that no scratch buffer is lent, and
+// through a scratch buffer where it overlaps the input (then the result of
+// the whole input as it was, as if it were all read first). `request(in_at, out_at)` makes the
 // call, region "r".
 void IntoAnotherSliceIsTheAnswersResult(
-    ModelKind model, const std::string& input, int apart_lends,
-    const std::function<std::string(Engine&)>& want_of,
+    ModelKind model, const std::string& input, const std::function<std::string(Engine&)>& want_of,
     const std::function<ModelInferRequest(int64_t, int64_t)>& request) {
   std::unique_ptr<Engine> made = CpuEngine();
   ASSERT_NE(made, nullptr);
@@ -831,11 +829,10 @@ void IntoAnotherSliceIsTheAnswersResult(
     EXPECT_EQ(::pread(fd, s.data(), bytes, at), bytes);
     return s;
   };
-  for (const auto& [in_at, out_at, lent] :
-       {std::tuple<int64_t, int64_t, int>{0, 2 * bytes, apart_lends},
-        {bytes, 0, apart_lends},
-        {0, bytes / 2, 1},
-        {bytes / 2, 0, 1}}) {
+  for (const auto& [in_at, out_at, lent] : {std::tuple<int64_t, int64_t, int>{0, 2 * bytes, 0},
+                                            {bytes, 0, 0},
+                                            {0, bytes / 2, 1},
+                                            {bytes / 2, 0, 1}}) {
     SCOPED_TRACE(::testing::Message() << "input at " << in_at << ", output at " << out_at);
     ASSERT_EQ(::pwrite(fd, poison.data(), bytes, out_at), bytes);
     ASSERT_EQ(::pwrite(fd, input.data(), bytes, in_at), bytes);
@@ -857,7 +854,7 @@ TEST(SystemSharedMemoryOnTheCpu, SinusoidalIntoAnotherSliceIsTheAnswersResult) {
   constexpr int64_t kT = 3000, kD = 768;  // 9 MiB
   const std::string x = RandomQuery(kT * kD * 4);
   IntoAnotherSliceIsTheAnswersResult(
-      ModelKind::kSinusoidal, x, 0,
+      ModelKind::kSinusoidal, x,
       [&](Engine& engine) { return SinusoidalResult(engine, x, kT, kD); },
       [](int64_t in_at, int64_t out_at) {
         return SinusoidalRequest(kT, kD, "", "r", in_at, "r", out_at);
@@ -865,16 +862,17 @@ TEST(SystemSharedMemoryOnTheCpu, SinusoidalIntoAnotherSliceIsTheAnswersResult) {
 }
 
 // The same for a bias added to logits; rows larger than a block (70000
-// keys, 273 KiB) go through a scratch buffer wherever the output is.
+// keys, 273 KiB, a long context's decode) go in pieces through the
+// threads' buffers too: no scratch buffer where the output lies apart.
 TEST(SystemSharedMemoryOnTheCpu, BiasIntoAnotherSliceIsTheAnswersResult) {
-  for (const auto& [shape, apart_lends] :
-       {std::pair<std::vector<int64_t>, int>{{1, 3, 1000, 768}, 0}, {{1, 2, 4, 70000}, 1}}) {
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{1, 3, 1000, 768}, std::vector<int64_t>{1, 2, 4, 70000}}) {
     SCOPED_TRACE(::testing::Message() << "k_len " << shape[3]);
     const std::string logits = RandomQuery(shape[0] * shape[1] * shape[2] * shape[3] * 4);
     IntoAnotherSliceIsTheAnswersResult(
-        ModelKind::kAttentionBias, logits, apart_lends,
+        ModelKind::kAttentionBias, logits,
         [&](Engine& engine) { return BiasResult(engine, logits, shape); },
-        [&shape = shape](int64_t in_at, int64_t out_at) {
+        [&shape](int64_t in_at, int64_t out_at) {
           return BiasRequest(shape, "", "r", in_at, "r", out_at);
         });
   }

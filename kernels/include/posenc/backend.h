@@ -87,16 +87,13 @@ struct AbsoluteThrough {
 // memory, left as they were, and out, other host memory of their size that
 // receives the logits with the bias added, finished values only (another
 // caller may read it meanwhile), as RopeThrough's outputs. Block by block
-// (rows of about L2's size), each block of logits is copied into a buffer
-// of the thread's own, the bias added there and the block copied to out.
-// Rows larger than a block go through `work` instead, at their own
-// offsets. Neither out nor work may overlap the logits, nor each other
+// (rows of about L2's size, or pieces of a row larger than that), each
+// block of logits is copied into a buffer of the thread's own, the bias
+// added there and the block copied to out: no memory of the caller's is
+// needed aside, whatever the shape. Out may not overlap the logits
 // (INVALID_ARGUMENT before anything is written).
 struct BiasThrough {
   const void* logits = nullptr;
-  // Null where Backend::BiasThroughNeedsWork(plan) is false, as
-  // RopeThrough's work memories.
-  void* work = nullptr;
   void* out = nullptr;
   // As RopeThrough's.
   std::function<absl::Status()> before_write;
@@ -205,9 +202,6 @@ class Backend {
                                                                const RunContext& /*ctx*/) {
     return absl::UnimplementedError("this backend does not add a bias through a block buffer");
   }
-  // Whether ApplyAttentionBiasThrough(plan, ...) uses the work memory. The
-  // CPU backend's does for rows larger than its block only. Default: true.
-  virtual bool BiasThroughNeedsWork(const BiasPlan& /*plan*/) const { return true; }
   // Whether ApplyRopeThrough(plan, ...) uses the work memories. The CPU
   // backend's does only in BHSD and for tokens larger than its block; a
   // backend that does not override this needs them.

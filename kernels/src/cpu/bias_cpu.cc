@@ -55,7 +55,7 @@ POSENC_ALWAYS_INLINE void VisibleInDouble(T* y, int32_t n, double d0, double neg
 
 template <typename T, BiasForm kForm, bool kAdd>
 POSENC_ALWAYS_INLINE void BiasRows(const BiasPlan& p, T* out, int64_t begin, int64_t end,
-                                   int64_t origin) {
+                                   int64_t origin, KeyWindow keys) {
 #ifdef POSENC_CPU_BF16_WIDE
   if constexpr (std::is_same_v<T, BFloat16>) {
     // AVX-512 CPUs without BF16 (Intel's, up to Ice Lake) take the AVX2
@@ -63,16 +63,19 @@ POSENC_ALWAYS_INLINE void BiasRows(const BiasPlan& p, T* out, int64_t begin, int
     // the 512-bit loop came to 13 cycles per 32 keys on llvm-mca's Ice
     // Lake server against the AVX2 loop's 10 (its shuffles and 512-bit
     // integer operations share two ports; bench/RESULTS.md).
-    if (CpuHasAvx512Bf16()) return BiasRowsBF16Wide<kForm, kAdd>(p, out, begin, end, origin);
-    if (CpuHasAvx2()) return BiasRowsBF16Avx2<kForm, kAdd>(p, out, begin, end, origin);
+    if (CpuHasAvx512Bf16()) return BiasRowsBF16Wide<kForm, kAdd>(p, out, begin, end, origin, keys);
+    if (CpuHasAvx2()) return BiasRowsBF16Avx2<kForm, kAdd>(p, out, begin, end, origin, keys);
   }
 #endif
   const BiasShape shape{kForm, p.causal, p.window};
+  const int64_t k_len = keys.count;
+  const bool in_pieces = k_len != p.k_len;  // else whole rows: no need to move r
   for (int64_t row = begin; row < end; ++row) {
     const BiasRow where = BiasRowOf(row, p.num_heads, p.q_len);
-    const BiasRowPlan r = PlanBiasRow(shape, p.slopes[where.h], p.q_offset + where.i,
-                                      KeyRange{p.k_starts[where.b], p.k_lens[where.b]});
-    T* y = out + (row - origin) * p.k_len;
+    BiasRowPlan r = PlanBiasRow(shape, p.slopes[where.h], p.q_offset + where.i,
+                                KeyRange{p.k_starts[where.b], p.k_lens[where.b]});
+    if (in_pieces) r = KeysOfRow(r, keys.first, k_len);
+    T* y = out + (row - origin) * k_len;
     // In address order: the masked head, the visible range, the masked
     // tail (the tail first made each row two streams out of order, which
     // the prefetcher follows less well).
@@ -86,41 +89,52 @@ POSENC_ALWAYS_INLINE void BiasRows(const BiasPlan& p, T* out, int64_t begin, int
         VisibleInDouble<T, kForm, kAdd>(y + c, n, static_cast<double>(r.qpos - c), r.neg_slope);
       }
     }
-    FillMasked<T, kAdd>(y + r.hi, p.k_len - r.hi);
+    FillMasked<T, kAdd>(y + r.hi, k_len - r.hi);
   }
 }
 
 template <typename T>
 POSENC_ALWAYS_INLINE void BiasRowsOfType(const BiasPlan& p, T* out, int64_t begin, int64_t end,
-                                         int64_t origin) {
+                                         int64_t origin, KeyWindow k) {
   switch (p.form) {
     case BiasForm::kNone:
-      return p.add_to_logits ? BiasRows<T, BiasForm::kNone, true>(p, out, begin, end, origin)
-                             : BiasRows<T, BiasForm::kNone, false>(p, out, begin, end, origin);
+      return p.add_to_logits ? BiasRows<T, BiasForm::kNone, true>(p, out, begin, end, origin, k)
+                             : BiasRows<T, BiasForm::kNone, false>(p, out, begin, end, origin, k);
     case BiasForm::kCausal:
-      return p.add_to_logits ? BiasRows<T, BiasForm::kCausal, true>(p, out, begin, end, origin)
-                             : BiasRows<T, BiasForm::kCausal, false>(p, out, begin, end, origin);
+      return p.add_to_logits ? BiasRows<T, BiasForm::kCausal, true>(p, out, begin, end, origin, k)
+                             : BiasRows<T, BiasForm::kCausal, false>(p, out, begin, end, origin, k);
     case BiasForm::kSymmetric:
-      return p.add_to_logits ? BiasRows<T, BiasForm::kSymmetric, true>(p, out, begin, end, origin)
-                             : BiasRows<T, BiasForm::kSymmetric, false>(p, out, begin, end, origin);
+      return p.add_to_logits
+                 ? BiasRows<T, BiasForm::kSymmetric, true>(p, out, begin, end, origin, k)
+                 : BiasRows<T, BiasForm::kSymmetric, false>(p, out, begin, end, origin, k);
   }
   std::abort();  // planning admits these forms only
+}
+
+POSENC_ALWAYS_INLINE void BiasRowsOfDType(const BiasPlan& p, void* out, int64_t begin, int64_t end,
+                                          int64_t origin, KeyWindow k) {
+  switch (p.dtype) {
+    case DType::kFloat32:
+      return BiasRowsOfType(p, static_cast<float*>(out), begin, end, origin, k);
+    case DType::kFloat16:
+      return BiasRowsOfType(p, static_cast<Half*>(out), begin, end, origin, k);
+    case DType::kBFloat16:
+      return BiasRowsOfType(p, static_cast<BFloat16*>(out), begin, end, origin, k);
+    default:
+      std::abort();  // planning admits floating dtypes only
+  }
 }
 
 }  // namespace
 
 POSENC_CPU_CLONES void AttentionBiasRowsCpu(const BiasPlan& p, void* out, int64_t begin,
                                             int64_t end, int64_t origin) {
-  switch (p.dtype) {
-    case DType::kFloat32:
-      return BiasRowsOfType(p, static_cast<float*>(out), begin, end, origin);
-    case DType::kFloat16:
-      return BiasRowsOfType(p, static_cast<Half*>(out), begin, end, origin);
-    case DType::kBFloat16:
-      return BiasRowsOfType(p, static_cast<BFloat16*>(out), begin, end, origin);
-    default:
-      std::abort();  // planning admits floating dtypes only
-  }
+  BiasRowsOfDType(p, out, begin, end, origin, KeyWindow{0, p.k_len});
+}
+
+POSENC_CPU_CLONES void AttentionBiasKeysCpu(const BiasPlan& p, void* out, int64_t row,
+                                            int64_t k_begin, int64_t k_end) {
+  BiasRowsOfDType(p, out, row, row + 1, row, KeyWindow{k_begin, k_end - k_begin});
 }
 
 }  // namespace posenc::internal

@@ -14,17 +14,16 @@
 namespace posenc::internal {
 
 // Rows per block for `plan`: about kThroughBlockBytes (block_buffer.h) of
-// logits. At least 1.
+// logits, or 1 where a row is larger than that (it then goes in pieces).
 int64_t BiasThroughBlockRows(const BiasPlan& plan);
 
-// Whether BiasThroughRowsCpu(plan, ...) uses t.work: for rows larger than
-// a block (k_len up to 2^31 keys), which the thread's own buffer would
-// otherwise have to hold for the thread's life.
-bool BiasThroughNeedsWork(const BiasPlan& plan);
+// Keys per piece of a row larger than a block: about kThroughBlockBytes
+// of them; k_len where a row fits a block.
+int64_t BiasThroughPieceKeys(const BiasPlan& plan);
 
-// Rows [begin, end) of `t`, block by block: each block of t.logits copied
-// into this thread's block buffer (or t.work at the block's own offset,
-// where BiasThroughNeedsWork), the bias added there (as
+// Rows [begin, end) of `t`, block by block: each block of t.logits (a
+// whole number of rows, or a piece of one row larger than a block) copied
+// into this thread's block buffer, the bias added there (as
 // AttentionBiasRowsCpu), t.before_write asked, then copied to t.out.
 // Returns before_write's first error, with the blocks before it written.
 // REQUIRES: !plan.empty(), plan.add_to_logits.

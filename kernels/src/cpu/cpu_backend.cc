@@ -120,25 +120,10 @@ class CpuBackend final : public Backend {
     if (HostBytesOverlap(t.logits, bytes, t.out, bytes)) {
       return absl::InvalidArgumentError("ApplyAttentionBiasThrough: out overlaps the logits");
     }
-    if (internal::BiasThroughNeedsWork(plan)) {
-      if (t.work == nullptr) {
-        return absl::InvalidArgumentError(
-            "ApplyAttentionBiasThrough: rows larger than a block need work memory");
-      }
-      if (HostBytesOverlap(t.work, bytes, t.logits, bytes) ||
-          HostBytesOverlap(t.work, bytes, t.out, bytes)) {
-        return absl::InvalidArgumentError(
-            "ApplyAttentionBiasThrough: the work memory overlaps the logits or out");
-      }
-    }
     BiasThrough checked = t;
     return RunThrough(
         plan.batch * plan.num_heads * plan.q_len, plan.k_len, ctx, &checked.before_write,
         [&](int64_t b, int64_t e) { return internal::BiasThroughRowsCpu(plan, checked, b, e); });
-  }
-
-  bool BiasThroughNeedsWork(const BiasPlan& plan) const override {
-    return internal::BiasThroughNeedsWork(plan);
   }
 
   bool RopeThroughNeedsWork(const RopePlan& plan) const override {

@@ -175,6 +175,18 @@ void AbsoluteTokensCpu(const AbsolutePlan& plan, RowTable* anchors, void* x, int
 void AttentionBiasRowsCpu(const BiasPlan& plan, void* out, int64_t begin, int64_t end,
                           int64_t origin = 0);
 
+// The same for keys [k_begin, k_end) of row `row` only, `out` holding
+// them (key k_begin first): a row too large for a block, in pieces
+// (bias_through.h). Bit for bit the row's values.
+void AttentionBiasKeysCpu(const BiasPlan& plan, void* out, int64_t row, int64_t k_begin,
+                          int64_t k_end);
+
+// The keys of each row a bias loop computes: [first, first + count) of
+// the row's k_len, `count` of them a row in its output.
+struct KeyWindow {
+  int64_t first, count;
+};
+
 }  // namespace posenc::internal
 
 #endif  // POSENC_KERNELS_CPU_CPU_KERNELS_H_

@@ -79,6 +79,17 @@ POSENC_HOST_DEVICE BiasRowPlan PlanBiasRow(BiasShape shape, double slope, int64_
   return r;
 }
 
+// Row r's keys [k0, k0 + n) as a row of n keys of their own (key k0 + j of
+// r at j): the same distances, hence the same values bit for bit, by the
+// formulas r chose for the whole row (in_float). For a row computed in
+// pieces (bias_through.h).
+POSENC_HOST_DEVICE BiasRowPlan KeysOfRow(BiasRowPlan r, int64_t k0, int64_t n) {
+  r.lo = r.lo - k0 < 0 ? 0 : (r.lo - k0 > n ? n : r.lo - k0);
+  r.hi = r.hi - k0 < r.lo ? r.lo : (r.hi - k0 > n ? n : r.hi - k0);
+  r.qpos -= k0;
+  return r;
+}
+
 // The per-element formulas. `d` is the distance (or |distance|) exactly.
 //
 // Writing the bias: float(-slope * d). In double it is exact for a float
