@@ -569,8 +569,9 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
                     apart(k.out, t.key.nbytes, t.query.data, t.query.nbytes) &&
                     apart(q.out, t.query.nbytes, k.out, t.key.nbytes)));
   const auto go_through = [&](Backend* cpu) -> absl::Status {
-    // Token-major blocks go through the threads' own buffers: no scratch
-    // is lent (nor admitted) for them.
+    // Blocks go through the threads' own buffers, in every layout: no
+    // scratch is lent (nor admitted) for them, but for tokens larger than
+    // a block.
     if (cpu->RopeThroughNeedsWork(plan)) {
       POSENC_RETURN_IF_ERROR(lend(q));
       if (has_key) POSENC_RETURN_IF_ERROR(lend(k));
@@ -594,7 +595,7 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
     if (w->aside()) {
       const absl::Status lent = lend(*w);
       // Under AUTO, a GPU whose scratch buffers do not fit the budget
-      // leaves the call to the CPU, where it needs none (token-major).
+      // leaves the call to the CPU, where it needs none.
       if (absl::IsResourceExhausted(lent) && through_fits &&
           Resolve(env.backend) != BackendChoice::kCuda && !cpu_->RopeThroughNeedsWork(plan)) {
         q.copy = {};

@@ -49,9 +49,9 @@ struct RunContext {
 // there while it is in cache, and copied to the output: the bytes cross
 // memory about as often as in one copy, where a whole copy in, a rotation
 // and a whole copy out cross it three times. Aside is the thread's own
-// block buffer in token-major layouts, and the work memory (at the
-// block's own offsets) in BHSD, whose blocks are one stretch a head, and
-// for tokens larger than a block. An output may be its input (rotated in
+// block buffer (BHSD's blocks, one stretch a head, gathered into it head
+// after head), and the work memory (at the block's own offsets) for
+// tokens larger than a block. An output may be its input (rotated in
 // place, through the block the same way); a work memory may be its input
 // only then. INVALID_ARGUMENT otherwise, before anything is written.
 struct RopeThrough {
@@ -203,7 +203,7 @@ class Backend {
     return absl::UnimplementedError("this backend does not add a bias through a block buffer");
   }
   // Whether ApplyRopeThrough(plan, ...) uses the work memories. The CPU
-  // backend's does only in BHSD and for tokens larger than its block; a
+  // backend's does only for tokens larger than its block; a
   // backend that does not override this needs them.
   virtual bool RopeThroughNeedsWork(const RopePlan& /*plan*/) const { return true; }
   // Copies `bytes` between host memory and memory from

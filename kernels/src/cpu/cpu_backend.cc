@@ -81,7 +81,7 @@ class CpuBackend final : public Backend {
         (t.query_work == nullptr ||
          (plan.has_key && plan.key_heads > 0 && t.key_work == nullptr))) {
       return absl::InvalidArgumentError(
-          "ApplyRopeThrough: this plan (BHSD, or tokens larger than a block) needs work memory");
+          "ApplyRopeThrough: tokens larger than a block need work memory");
     }
     const std::shared_ptr<internal::RowTable> rotations =
         plan.empty() ? nullptr : rotations_.For(plan);

@@ -138,9 +138,12 @@ class RowTable;
 // RotationCache::For(plan)'s table (checked, cheaply: RotationCache::Serves;
 // aborts otherwise). `origin`: the token whose rows query and key start
 // with, for a block of tokens [origin, ...) copied to memory of its own
-// (rope_through.h); token-major layouts only (BSHD, THD), 0 otherwise.
+// (rope_through.h). In BHSD such a block is head-major, `block_tokens`
+// tokens a head: head h's row of token t at (h * block_tokens + t -
+// origin) * head_dim; block_tokens 0 (BHSD's whole tensors) needs origin
+// 0. Token-major layouts ignore block_tokens.
 void RopeTokensCpu(const RopePlan& plan, RowTable* rotations, void* query, void* key, int64_t begin,
-                   int64_t end, int64_t origin = 0);
+                   int64_t end, int64_t origin = 0, int64_t block_tokens = 0);
 
 // Whether AbsoluteTokensCpu reads kept anchor rows for plan at all: its
 // fused pass does; the two-pass path (learned tables, float16, PE only, an

@@ -107,9 +107,11 @@ struct Scratch {
   int64_t Bytes() const { return (24 * kTokenBlock + 12 * kMaxRowsPerCall + 24) * half; }
 
   const int64_t half;
-  // Token-major layouts: the token whose rows lie at the tensors' first
-  // element (RopeTokensCpu's `origin`; 0 but for a block copied aside).
+  // The token whose rows lie at the tensors' first element, and in BHSD
+  // the tokens a head of such a block holds (RopeTokensCpu's `origin` and
+  // `block_tokens`; 0 but for a block copied aside).
   int64_t origin = 0;
+  int64_t block_tokens = 0;
   std::vector<float> c, n;  // [kTokenBlock, half] s cos, +-s sin
   // bfloat16 on a CPU with RotateBF16Wide (AVX-512) or RotateBF16Avx2.
   const bool wide;
@@ -559,7 +561,11 @@ POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, RowTable* table, T* q, T*
       // end of their sequence.
       for (int64_t run = t0; run < t1;) {
         const int64_t run_end = std::min(t1, (run / p.seq_len + 1) * p.seq_len);
-        const HeadSpan span = HeadsOfToken(p.layout, run, p.seq_len, heads, D);
+        // In a block copied aside, head h's rows of the block's tokens
+        // follow each other (block_tokens a head).
+        const HeadSpan span = s.block_tokens == 0
+                                  ? HeadsOfToken(p.layout, run, p.seq_len, heads, D)
+                                  : HeadSpan{(run - s.origin) * D, s.block_tokens * D};
         const int64_t cn = (run - t0) * half;
         for (int64_t h = 0; h < heads; ++h) {
           // The next head's run is far away (1 MiB for a 4096-token
@@ -644,14 +650,19 @@ POSENC_CPU_CLONES void RopeTokensDispatch(const RopePlan& p, RowTable* table, vo
 }  // namespace
 
 void RopeTokensCpu(const RopePlan& plan, RowTable* rotations, void* query, void* key, int64_t begin,
-                   int64_t end, int64_t origin) {
+                   int64_t end, int64_t origin, int64_t block_tokens) {
   if (!KnownStyle(plan.style) || !KnownLayout(plan.layout)) std::abort();  // planning checks
   if (rotations != nullptr && !RotationCache::Serves(*rotations, plan)) {
     std::abort();  // RotationCache::For gives only the plan's own table
   }
-  if (origin != 0 && plan.layout == RopeLayout::kBHSD) std::abort();  // token-major only
+  const bool bhsd = plan.layout == RopeLayout::kBHSD;
+  if (bhsd && block_tokens == 0 && origin != 0) std::abort();  // a whole tensor starts at 0
+  if (bhsd && block_tokens != 0 && (begin < origin || end > origin + block_tokens)) {
+    std::abort();  // the tokens are in the block
+  }
   WithThreadScratch<Scratch>(plan, [&](Scratch& s) {
     s.origin = origin;
+    s.block_tokens = bhsd ? block_tokens : 0;
     RopeTokensDispatch(plan, rotations, query, key, begin, end, s.wide || s.wide_f32, s);
   });
 }

@@ -46,6 +46,29 @@ void CopyTokens(const RopePlan& p, int64_t heads, size_t elem, const void* from,
   });
 }
 
+// Calls fn(tensor offset, block offset, elements) for each contiguous
+// stretch of tokens [t0, t1) of a tensor of `heads` heads, and where it
+// goes in a block of those tokens copied aside: one stretch, in order, in
+// token-major layouts; in BHSD one a head and sequence, the block
+// head-major (head h's tokens at h * (t1 - t0) * head_dim, RopeTokensCpu's
+// block_tokens).
+template <typename Fn>
+void ForEachStretchOfBlock(const RopePlan& p, int64_t heads, int64_t t0, int64_t t1, Fn fn) {
+  const int64_t D = p.head_dim;
+  if (p.layout != RopeLayout::kBHSD) {
+    fn(t0 * heads * D, int64_t{0}, (t1 - t0) * heads * D);
+    return;
+  }
+  for (int64_t run = t0; run < t1;) {
+    const int64_t run_end = std::min(t1, (run / p.seq_len + 1) * p.seq_len);
+    const HeadSpan span = HeadsOfToken(p.layout, run, p.seq_len, heads, D);
+    for (int64_t h = 0; h < heads; ++h) {
+      fn(span.first + h * span.stride, (h * (t1 - t0) + run - t0) * D, (run_end - run) * D);
+    }
+    run = run_end;
+  }
+}
+
 // Query and key bytes of one token.
 int64_t TokenBytes(const RopePlan& plan) {
   return (plan.query_heads + (plan.has_key ? plan.key_heads : 0)) * plan.head_dim *
@@ -58,9 +81,7 @@ int64_t RopeThroughBlockTokens(const RopePlan& plan) {
   return std::max<int64_t>(1, kThroughBlockBytes / std::max<int64_t>(1, TokenBytes(plan)));
 }
 
-bool RopeThroughNeedsWork(const RopePlan& plan) {
-  return plan.layout == RopeLayout::kBHSD || TokenBytes(plan) > kThroughBlockBytes;
-}
+bool RopeThroughNeedsWork(const RopePlan& plan) { return TokenBytes(plan) > kThroughBlockBytes; }
 
 absl::Status RopeThroughTokensCpu(const RopePlan& plan, RowTable* rotations, const RopeThrough& t,
                                   int64_t begin, int64_t end) {
@@ -73,10 +94,9 @@ absl::Status RopeThroughTokensCpu(const RopePlan& plan, RowTable* rotations, con
   const int64_t q_row = plan.query_heads * plan.head_dim * static_cast<int64_t>(elem);
   const int64_t k_row = key_heads * plan.head_dim * static_cast<int64_t>(elem);
   if (RopeThroughNeedsWork(plan)) {
-    // A block's rows are one stretch a head (BHSD), or a token is larger
-    // than a block (which the thread's own buffer would then have to hold,
-    // for the thread's life): rotated in the work memory at their own
-    // offsets.
+    // A token is larger than a block (which the thread's own buffer would
+    // then have to hold, for the thread's life): rotated in the work
+    // memory at its own offsets.
     for (int64_t b = begin; b < end; b += block) {
       const int64_t e = std::min(end, b + block);
       CopyTokens(plan, plan.query_heads, elem, t.query, t.query_work, b, e);
@@ -88,30 +108,42 @@ absl::Status RopeThroughTokensCpu(const RopePlan& plan, RowTable* rotations, con
     }
     return absl::OkStatus();
   }
-  // Token-major: a block's rows are one stretch a tensor, rotated in this
-  // thread's own block buffer (kept across calls), which stays in cache:
-  // memory sees the inputs read and the outputs written, as in one copy.
-  // The work memory is not touched. At most kThroughBlockBytes (and
-  // a page) a thread.
+  // A block of each tensor is rotated in this thread's own block buffer
+  // (kept across calls), which stays in cache: memory sees the inputs read
+  // and the outputs written, as in one copy. Token-major, a block is one
+  // stretch a tensor; in BHSD one a head (and sequence), gathered into the
+  // buffer head after head. The work memory is not touched. At most
+  // kThroughBlockBytes (and a page) a thread.
   const int64_t q_at = (block * q_row + 4095) / 4096 * 4096;
   char* q_block = ThisThreadsBlockBuffer().Reserve(q_at + block * k_row);
   char* k_block = q_block + q_at;
-  const auto* q_in = static_cast<const char*>(t.query);
-  const auto* k_in = static_cast<const char*>(t.key);
-  auto* q_out = static_cast<char*>(t.query_out);
-  auto* k_out = static_cast<char*>(t.key_out);
+  const auto e_bytes = static_cast<int64_t>(elem);
+  // Copies tokens [b, e) of one tensor between it and its block.
+  const auto gather = [&](int64_t heads, const void* tensor, char* in_block, int64_t b, int64_t e) {
+    const auto* from = static_cast<const char*>(tensor);
+    ForEachStretchOfBlock(plan, heads, b, e, [&](int64_t at, int64_t block_at, int64_t n) {
+      CopyHostBytes(in_block + block_at * e_bytes, from + at * e_bytes,
+                    static_cast<size_t>(n * e_bytes));
+    });
+  };
+  const auto scatter = [&](int64_t heads, const char* in_block, void* tensor, int64_t b,
+                           int64_t e) {
+    auto* to = static_cast<char*>(tensor);
+    ForEachStretchOfBlock(plan, heads, b, e, [&](int64_t at, int64_t block_at, int64_t n) {
+      CopyHostBytes(to + at * e_bytes, in_block + block_at * e_bytes,
+                    static_cast<size_t>(n * e_bytes));
+    });
+  };
   for (int64_t b = begin; b < end; b += block) {
     const int64_t e = std::min(end, b + block);
-    const auto q_bytes = static_cast<size_t>((e - b) * q_row);
-    const auto k_bytes = static_cast<size_t>((e - b) * k_row);
-    CopyHostBytes(q_block, q_in + b * q_row, q_bytes);
-    if (k_bytes > 0) CopyHostBytes(k_block, k_in + b * k_row, k_bytes);
+    gather(plan.query_heads, t.query, q_block, b, e);
+    if (key_heads > 0) gather(key_heads, t.key, k_block, b, e);
     if (!plan.empty()) {
-      RopeTokensCpu(plan, rotations, q_block, k_bytes > 0 ? k_block : nullptr, b, e, b);
+      RopeTokensCpu(plan, rotations, q_block, key_heads > 0 ? k_block : nullptr, b, e, b, e - b);
     }
     POSENC_RETURN_IF_ERROR(check());
-    CopyHostBytes(q_out + b * q_row, q_block, q_bytes);
-    if (k_bytes > 0) CopyHostBytes(k_out + b * k_row, k_block, k_bytes);
+    scatter(plan.query_heads, q_block, t.query_out, b, e);
+    if (key_heads > 0) scatter(key_heads, k_block, t.key_out, b, e);
   }
   return absl::OkStatus();
 }

@@ -20,17 +20,17 @@ class RowTable;
 int64_t RopeThroughBlockTokens(const RopePlan& plan);
 
 // Whether RopeThroughTokensCpu(plan, ...) uses t.query_work and t.key_work:
-// in BHSD, whose blocks are one stretch a head, and for tokens larger than
-// a block. Otherwise it goes through the thread's own block buffer.
+// for tokens larger than a block only. Otherwise it goes through the
+// thread's own block buffer, in every layout.
 bool RopeThroughNeedsWork(const RopePlan& plan);
 
 // Tokens [begin, end) of `t` (RopeThrough), block by block: each block of
-// each tensor copied aside (token-major: into this thread's block buffer;
-// BHSD, or tokens larger than a block: into the work memory, unless that
-// is the input), rotated there
-// with `rotations` (as RopeTokensCpu), t.before_write asked, then copied
-// to the output (unless that is the work memory). Returns before_write's
-// first error, with the blocks before it written.
+// each tensor copied aside (into this thread's block buffer, BHSD's one
+// stretch a head gathered head after head; tokens larger than a block:
+// into the work memory, unless that is the input), rotated there with
+// `rotations` (as RopeTokensCpu), t.before_write asked, then copied to the
+// output (unless that is the work memory). Returns before_write's first
+// error, with the blocks before it written.
 // REQUIRES: plan.num_tokens > 0; rotations as RopeTokensCpu's (null when
 // plan.empty()).
 absl::Status RopeThroughTokensCpu(const RopePlan& plan, RowTable* rotations, const RopeThrough& t,

@@ -112,6 +112,7 @@ TEST(RopeThrough, GivesApplyRopesResultAndLeavesTheInputs) {
   }
   // 8192 tokens: ParallelFor splits them between the threads.
   cases.emplace_back(RopeLayout::kBHSD, DType::kFloat32, RopeStyle::kNeox, 2, 4096, true);
+  cases.emplace_back(RopeLayout::kBHSD, DType::kBFloat16, RopeStyle::kGptj, 2, 4096, true);
   cases.emplace_back(RopeLayout::kBSHD, DType::kBFloat16, RopeStyle::kNeox, 2, 4096, true);
   for (const Case& c : cases) {
     SCOPED_TRACE(Name(c));
@@ -123,20 +124,17 @@ TEST(RopeThrough, GivesApplyRopesResultAndLeavesTheInputs) {
       EXPECT_LT(internal::RopeThroughBlockTokens(plan), plan.num_tokens) << "several blocks";
     }
     Bytes q_in = c.q, k_in = c.k;
-    Bytes q_work = testing::Poisoned(c.dtype, c.q.size() / SizeOf(c.dtype));
-    Bytes k_work = testing::Poisoned(c.dtype, c.k.size() / SizeOf(c.dtype));
-    Bytes q_out = q_work, k_out = k_work;
-    // Token-major blocks go through the thread's own buffer: no work
-    // memory is given them, so a use of it would crash.
-    const bool needs_work = c.options.layout == RopeLayout::kBHSD;
-    EXPECT_EQ(cpu->RopeThroughNeedsWork(plan), needs_work);
+    Bytes q_out = testing::Poisoned(c.dtype, c.q.size() / SizeOf(c.dtype));
+    Bytes k_out = testing::Poisoned(c.dtype, c.k.size() / SizeOf(c.dtype));
+    // Blocks go through the thread's own buffer, BHSD's (one stretch a
+    // head) gathered head after head: no work memory is given them, so a
+    // use of it would crash.
+    EXPECT_FALSE(cpu->RopeThroughNeedsWork(plan));
     RopeThrough t;
     t.query = q_in.data();
-    t.query_work = needs_work ? q_work.data() : nullptr;
     t.query_out = q_out.data();
     if (!c.k.empty()) {
       t.key = k_in.data();
-      t.key_work = needs_work ? k_work.data() : nullptr;
       t.key_out = k_out.data();
     }
     std::atomic<int> asked{0};
@@ -157,20 +155,23 @@ TEST(RopeThrough, GivesApplyRopesResultAndLeavesTheInputs) {
 // there, beside one that goes through (KServe: key_out not asked for).
 TEST(RopeThrough, ATensorWithoutAnOutputOfItsOwnIsRotatedInPlace) {
   auto cpu = CreateCpuBackend(2);
-  const Case c(RopeLayout::kBSHD, DType::kBFloat16, RopeStyle::kNeox, 2, 700, true);
-  Bytes want_q, want_k;
-  c.Expected(*cpu, &want_q, &want_k);
-  Bytes q_in = c.q, key = c.k;
-  Bytes q_work = testing::Poisoned(c.dtype, c.q.size() / 2), q_out = q_work;
-  RopeThrough t;
-  t.query = q_in.data();
-  t.query_work = q_work.data();
-  t.query_out = q_out.data();
-  t.key = t.key_work = t.key_out = key.data();
-  ASSERT_TRUE(cpu->ApplyRopeThrough(c.Plan(), t, {}).ok());
-  EXPECT_TRUE(q_out == want_q);
-  EXPECT_TRUE(key == want_k);
-  EXPECT_TRUE(q_in == c.q);
+  for (RopeLayout layout : {RopeLayout::kBSHD, RopeLayout::kBHSD}) {
+    const Case c(layout, DType::kBFloat16, RopeStyle::kNeox, 2, 700, true);
+    SCOPED_TRACE(Name(c));
+    Bytes want_q, want_k;
+    c.Expected(*cpu, &want_q, &want_k);
+    Bytes q_in = c.q, key = c.k;
+    Bytes q_work = testing::Poisoned(c.dtype, c.q.size() / 2), q_out = q_work;
+    RopeThrough t;
+    t.query = q_in.data();
+    t.query_work = q_work.data();
+    t.query_out = q_out.data();
+    t.key = t.key_work = t.key_out = key.data();
+    ASSERT_TRUE(cpu->ApplyRopeThrough(c.Plan(), t, {}).ok());
+    EXPECT_TRUE(q_out == want_q);
+    EXPECT_TRUE(key == want_k);
+    EXPECT_TRUE(q_in == c.q);
+  }
 }
 
 // The same on two threads, each with chunks of its own: the first error is
@@ -209,99 +210,95 @@ TEST(RopeThrough, AnErrorOnOneThreadStopsBoth) {
 
 // A token larger than a block (1024 heads of 64 float32: 256 KiB) goes
 // through the work memory at its own offsets, not a thread buffer that
-// size: the same result, the input as it was.
+// size: the same result, the input as it was, in either layout.
 TEST(RopeThrough, TokensLargerThanABlockGoThroughTheWorkMemory) {
   auto cpu = CreateCpuBackend(2);
-  Bytes q = testing::RandomTensor(DType::kFloat32, 3 * 1024 * 64);
-  RopeTensors t;
-  t.query = testing::Mutable(DType::kFloat32, {1, 3, 1024, 64}, q);
-  auto plan = PlanRope(RopeOptions{}, t);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  ASSERT_EQ(internal::RopeThroughBlockTokens(*plan), 1);
-  Bytes want = q;
-  ASSERT_TRUE(cpu->ApplyRope(*plan, want.data(), nullptr, {}).ok());
-  const Bytes in = q;
-  Bytes work = testing::Poisoned(DType::kFloat32, q.size() / 4), out = work;
-  RopeThrough through;
-  through.query = q.data();
-  through.query_work = work.data();
-  through.query_out = out.data();
-  ASSERT_TRUE(cpu->ApplyRopeThrough(*plan, through, {}).ok());
-  EXPECT_TRUE(out == want);
-  EXPECT_TRUE(q == in);
-  EXPECT_TRUE(work == want) << "rotated in the work memory";
-  // A work memory that is its input, with an output elsewhere, would
-  // rotate the input: refused before anything is written.
-  const Bytes untouched = out;
-  through.query_work = q.data();
-  EXPECT_EQ(cpu->ApplyRopeThrough(*plan, through, {}).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(q == in && out == untouched);
-  // So would none at all, where the plan needs it.
-  EXPECT_TRUE(cpu->RopeThroughNeedsWork(*plan));
-  through.query_work = nullptr;
-  EXPECT_EQ(cpu->ApplyRopeThrough(*plan, through, {}).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(q == in && out == untouched);
-}
-
-// BHSD blocks are one stretch a head, rotated in the work memory: a call
-// without one is refused before anything is written, in either tensor.
-TEST(RopeThrough, BhsdWithoutWorkMemoryIsRefused) {
-  auto cpu = CreateCpuBackend(2);
-  const Case c(RopeLayout::kBHSD, DType::kFloat32, RopeStyle::kNeox, 2, 50, true);
-  const RopePlan plan = c.Plan();
-  ASSERT_TRUE(cpu->RopeThroughNeedsWork(plan));
-  Bytes q_in = c.q, k_in = c.k, q_work(c.q.size()), k_work(c.k.size());
-  const Bytes poison = testing::Poisoned(c.dtype, c.q.size() / 4);
-  const Bytes k_poison = testing::Poisoned(c.dtype, c.k.size() / 4);
-  Bytes q_out = poison, k_out = k_poison;
-  for (int missing = 0; missing < 2; ++missing) {
-    SCOPED_TRACE(missing == 0 ? "no query work" : "no key work");
-    RopeThrough t;
-    t.query = q_in.data();
-    t.key = k_in.data();
-    t.query_work = missing == 0 ? nullptr : q_work.data();
-    t.key_work = missing == 1 ? nullptr : k_work.data();
-    t.query_out = q_out.data();
-    t.key_out = k_out.data();
-    const absl::Status s = cpu->ApplyRopeThrough(plan, t, {});
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_TRUE(q_out == poison && k_out == k_poison) << "an output was written";
+  for (RopeLayout layout : {RopeLayout::kBSHD, RopeLayout::kBHSD}) {
+    SCOPED_TRACE(layout == RopeLayout::kBHSD ? "BHSD" : "BSHD");
+    Bytes q = testing::RandomTensor(DType::kFloat32, 3 * 1024 * 64);
+    RopeTensors t;
+    t.query = testing::Mutable(DType::kFloat32,
+                               layout == RopeLayout::kBHSD ? std::vector<int64_t>{1, 1024, 3, 64}
+                                                           : std::vector<int64_t>{1, 3, 1024, 64},
+                               q);
+    RopeOptions o;
+    o.layout = layout;
+    auto plan = PlanRope(o, t);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_EQ(internal::RopeThroughBlockTokens(*plan), 1);
+    Bytes want = q;
+    ASSERT_TRUE(cpu->ApplyRope(*plan, want.data(), nullptr, {}).ok());
+    const Bytes in = q;
+    Bytes work = testing::Poisoned(DType::kFloat32, q.size() / 4), out = work;
+    RopeThrough through;
+    through.query = q.data();
+    through.query_work = work.data();
+    through.query_out = out.data();
+    ASSERT_TRUE(cpu->ApplyRopeThrough(*plan, through, {}).ok());
+    EXPECT_TRUE(out == want);
+    EXPECT_TRUE(q == in);
+    EXPECT_TRUE(work == want) << "rotated in the work memory";
+    // A work memory that is its input, with an output elsewhere, would
+    // rotate the input: refused before anything is written.
+    const Bytes untouched = out;
+    through.query_work = q.data();
+    EXPECT_EQ(cpu->ApplyRopeThrough(*plan, through, {}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(q == in && out == untouched);
+    // So would none at all, where the plan needs it.
+    EXPECT_TRUE(cpu->RopeThroughNeedsWork(*plan));
+    through.query_work = nullptr;
+    EXPECT_EQ(cpu->ApplyRopeThrough(*plan, through, {}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(q == in && out == untouched);
   }
 }
 
 // before_write's error stops the call with it: the blocks before it went
 // out whole and finished, nothing after it did (one thread: blocks in
-// order).
+// order). In BHSD a block's tokens are written in every head.
 TEST(RopeThrough, AnErrorBeforeAWriteStopsTheCallThere) {
   auto cpu = CreateCpuBackend(1);
-  const Case c(RopeLayout::kBSHD, DType::kFloat32, RopeStyle::kNeox, 1, 1000, false);
-  Bytes want_q, want_k;
-  c.Expected(*cpu, &want_q, &want_k);
-  const RopePlan plan = c.Plan();
-  const int64_t block = internal::RopeThroughBlockTokens(plan);
-  ASSERT_LT(3 * block, plan.num_tokens);
-  QueryThrough x(c);
-  RopeThrough& t = x.t;
-  int asked = 0;
-  t.before_write = [&] {
-    return ++asked == 3 ? absl::FailedPreconditionError("input \"query\": truncated")
-                        : absl::OkStatus();
-  };
-  const absl::Status s = cpu->ApplyRopeThrough(plan, t, {});
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
-  EXPECT_EQ(s.message(), "input \"query\": truncated");
-  EXPECT_EQ(asked, 3);
-  const size_t written = static_cast<size_t>(2 * block * Case::kQueryHeads * Case::kHead * 4);
-  EXPECT_TRUE(std::equal(x.out.begin(), x.out.begin() + written, want_q.begin()));
-  EXPECT_TRUE(std::equal(x.out.begin() + written, x.out.end(), x.poison.begin() + written));
-  EXPECT_TRUE(x.in == c.q);
-  // A caller who left: CANCELLED, nothing written.
-  x.out = x.poison;
-  t.before_write = nullptr;
-  RunContext gone;
-  gone.cancelled = [] { return true; };
-  EXPECT_EQ(cpu->ApplyRopeThrough(plan, t, gone).code(), absl::StatusCode::kCancelled);
-  EXPECT_TRUE(x.out == x.poison);
+  for (RopeLayout layout : {RopeLayout::kBHSD, RopeLayout::kBSHD}) {
+    const Case c(layout, DType::kFloat32, RopeStyle::kNeox, 1, 1000, false);
+    SCOPED_TRACE(Name(c));
+    Bytes want_q, want_k;
+    c.Expected(*cpu, &want_q, &want_k);
+    const RopePlan plan = c.Plan();
+    const int64_t block = internal::RopeThroughBlockTokens(plan);
+    ASSERT_LT(3 * block, plan.num_tokens);
+    QueryThrough x(c);
+    RopeThrough& t = x.t;
+    t.query_work = nullptr;
+    int asked = 0;
+    t.before_write = [&] {
+      return ++asked == 3 ? absl::FailedPreconditionError("input \"query\": truncated")
+                          : absl::OkStatus();
+    };
+    const absl::Status s = cpu->ApplyRopeThrough(plan, t, {});
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_EQ(s.message(), "input \"query\": truncated");
+    EXPECT_EQ(asked, 3);
+    // Each head's rows of the first two blocks' tokens: finished; the
+    // rest as it was.
+    const size_t row = Case::kHead * 4;
+    for (int64_t h = 0; h < Case::kQueryHeads; ++h) {
+      for (int64_t tok = 0; tok < plan.num_tokens; ++tok) {
+        const size_t at = layout == RopeLayout::kBHSD
+                              ? static_cast<size_t>(h * plan.num_tokens + tok) * row
+                              : static_cast<size_t>(tok * Case::kQueryHeads + h) * row;
+        const Bytes& expected = tok < 2 * block ? want_q : x.poison;
+        ASSERT_TRUE(std::equal(x.out.begin() + at, x.out.begin() + at + row, expected.begin() + at))
+            << "head " << h << ", token " << tok;
+      }
+    }
+    EXPECT_TRUE(x.in == c.q);
+    // A caller who left: CANCELLED, nothing written.
+    x.out = x.poison;
+    t.before_write = nullptr;
+    RunContext gone;
+    gone.cancelled = [] { return true; };
+    EXPECT_EQ(cpu->ApplyRopeThrough(plan, t, gone).code(), absl::StatusCode::kCancelled);
+    EXPECT_TRUE(x.out == x.poison);
+  }
 }
 
 }  // namespace
