@@ -175,14 +175,14 @@ class Backend {
     return absl::UnimplementedError("this backend computes in host memory only");
   }
   // RoPE from host memory into other host memory that others may read
-  // meanwhile (another slice of system shared memory), through private
-  // memory of the tensors' sizes: see RopeThrough. Default: UNIMPLEMENTED
-  // (the caller then copies the inputs into the work memory, rotates it
-  // with ApplyRope, and copies it out).
+  // meanwhile (another slice of system shared memory), block by block
+  // through memory aside: see RopeThrough. Default: UNIMPLEMENTED (the
+  // caller then copies the inputs into memory of its own, rotates it with
+  // ApplyRope, and copies it out).
   [[nodiscard]] virtual absl::Status ApplyRopeThrough(const RopePlan& /*plan*/,
                                                       const RopeThrough& /*t*/,
                                                       const RunContext& /*ctx*/) {
-    return absl::UnimplementedError("this backend does not rotate through work memory");
+    return absl::UnimplementedError("this backend does not rotate through a block buffer");
   }
   // y = x * x_scale + PE from host memory into other host memory that
   // others may read meanwhile: see AbsoluteThrough. REQUIRES: the plan has

@@ -180,7 +180,8 @@ void AttentionBiasRowsCpu(const BiasPlan& plan, void* out, int64_t begin, int64_
 
 // The same for keys [k_begin, k_end) of row `row` only, `out` holding
 // them (key k_begin first): a row too large for a block, in pieces
-// (bias_through.h). Bit for bit the row's values.
+// (bias_through.h). Bit for bit the row's values. REQUIRES: 0 <= k_begin
+// < k_end <= plan.k_len.
 void AttentionBiasKeysCpu(const BiasPlan& plan, void* out, int64_t row, int64_t k_begin,
                           int64_t k_end);
 
