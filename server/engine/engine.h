@@ -249,7 +249,7 @@ class Engine {
   [[nodiscard]] absl::StatusOr<Backend*> ChargeStaging(const CallEnv& env, Backend* backend,
                                                        int64_t bytes);
   // Gives ChargeStaging's charge on `backend` back: the call leaves it for
-  // the CPU before anything was staged.
+  // the CPU, before anything was staged or after the GPU gave up.
   void ReleaseStaging(const CallEnv& env, const Backend& backend, int64_t bytes);
   // ApplyRope's work for host tensors whose results go to other host memory
   // (env.query_out / key_out): see engine.cc. Sets *served.

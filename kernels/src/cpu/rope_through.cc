@@ -15,37 +15,6 @@
 namespace posenc::internal {
 namespace {
 
-// Calls fn(element offset, elements) for each contiguous stretch that the
-// rows of tokens [t0, t1) of a tensor of `heads` heads occupy: one stretch
-// in token-major layouts; one a head and sequence in BHSD.
-template <typename Fn>
-void ForEachStretch(const RopePlan& p, int64_t heads, int64_t t0, int64_t t1, Fn fn) {
-  const int64_t D = p.head_dim;
-  if (p.layout != RopeLayout::kBHSD) {
-    fn(t0 * heads * D, (t1 - t0) * heads * D);
-    return;
-  }
-  for (int64_t run = t0; run < t1;) {
-    const int64_t run_end = std::min(t1, (run / p.seq_len + 1) * p.seq_len);
-    const HeadSpan span = HeadsOfToken(p.layout, run, p.seq_len, heads, D);
-    for (int64_t h = 0; h < heads; ++h) fn(span.first + h * span.stride, (run_end - run) * D);
-    run = run_end;
-  }
-}
-
-// Copies the stretches of tokens [t0, t1) from `from` to `to` (tensors of
-// `heads` heads and `elem` bytes an element); nothing when they are one.
-void CopyTokens(const RopePlan& p, int64_t heads, size_t elem, const void* from, void* to,
-                int64_t t0, int64_t t1) {
-  if (from == to || heads == 0) return;
-  const auto* src = static_cast<const char*>(from);
-  auto* dst = static_cast<char*>(to);
-  ForEachStretch(p, heads, t0, t1, [&](int64_t at, int64_t n) {
-    CopyHostBytes(dst + at * static_cast<int64_t>(elem), src + at * static_cast<int64_t>(elem),
-                  static_cast<size_t>(n) * elem);
-  });
-}
-
 // Calls fn(tensor offset, block offset, elements) for each contiguous
 // stretch of tokens [t0, t1) of a tensor of `heads` heads, and where it
 // goes in a block of those tokens copied aside: one stretch, in order, in
@@ -53,7 +22,7 @@ void CopyTokens(const RopePlan& p, int64_t heads, size_t elem, const void* from,
 // head-major (head h's tokens at h * (t1 - t0) * head_dim, RopeTokensCpu's
 // block_tokens).
 template <typename Fn>
-void ForEachStretchOfBlock(const RopePlan& p, int64_t heads, int64_t t0, int64_t t1, Fn fn) {
+void ForEachStretch(const RopePlan& p, int64_t heads, int64_t t0, int64_t t1, Fn fn) {
   const int64_t D = p.head_dim;
   if (p.layout != RopeLayout::kBHSD) {
     fn(t0 * heads * D, int64_t{0}, (t1 - t0) * heads * D);
@@ -67,6 +36,27 @@ void ForEachStretchOfBlock(const RopePlan& p, int64_t heads, int64_t t0, int64_t
     }
     run = run_end;
   }
+}
+
+// Where tokens [t0, t1) of a tensor lie in some memory: at their own
+// offsets (a whole tensor's memory), or packed as a block of them
+// (ForEachStretch's block offsets).
+enum class Placed { kAtOwnOffsets, kAsBlock };
+
+// Copies the stretches of tokens [t0, t1) of a tensor of `heads` heads and
+// `elem` bytes an element from `from` to `to`, each placed as said;
+// nothing when they are the same memory placed the same way.
+void CopyTokens(const RopePlan& p, int64_t heads, size_t elem, const void* from, Placed from_as,
+                void* to, Placed to_as, int64_t t0, int64_t t1) {
+  if ((from == to && from_as == to_as) || heads == 0) return;
+  const auto* src = static_cast<const char*>(from);
+  auto* dst = static_cast<char*>(to);
+  const auto e = static_cast<int64_t>(elem);
+  ForEachStretch(p, heads, t0, t1, [&](int64_t at, int64_t block_at, int64_t n) {
+    const int64_t src_at = from_as == Placed::kAsBlock ? block_at : at;
+    const int64_t dst_at = to_as == Placed::kAsBlock ? block_at : at;
+    CopyHostBytes(dst + dst_at * e, src + src_at * e, static_cast<size_t>(n * e));
+  });
 }
 
 // Query and key bytes of one token.
@@ -88,6 +78,7 @@ absl::Status RopeThroughTokensCpu(const RopePlan& plan, RowTable* rotations, con
   const size_t elem = SizeOf(plan.dtype);
   const int64_t key_heads = plan.has_key ? plan.key_heads : 0;
   const int64_t block = RopeThroughBlockTokens(plan);
+  constexpr Placed kOwn = Placed::kAtOwnOffsets, kBlock = Placed::kAsBlock;
   const auto check = [&]() -> absl::Status {
     return t.before_write ? t.before_write() : absl::OkStatus();
   };
@@ -99,12 +90,12 @@ absl::Status RopeThroughTokensCpu(const RopePlan& plan, RowTable* rotations, con
     // memory at its own offsets.
     for (int64_t b = begin; b < end; b += block) {
       const int64_t e = std::min(end, b + block);
-      CopyTokens(plan, plan.query_heads, elem, t.query, t.query_work, b, e);
-      CopyTokens(plan, key_heads, elem, t.key, t.key_work, b, e);
+      CopyTokens(plan, plan.query_heads, elem, t.query, kOwn, t.query_work, kOwn, b, e);
+      CopyTokens(plan, key_heads, elem, t.key, kOwn, t.key_work, kOwn, b, e);
       if (!plan.empty()) RopeTokensCpu(plan, rotations, t.query_work, t.key_work, b, e);
       POSENC_RETURN_IF_ERROR(check());
-      CopyTokens(plan, plan.query_heads, elem, t.query_work, t.query_out, b, e);
-      CopyTokens(plan, key_heads, elem, t.key_work, t.key_out, b, e);
+      CopyTokens(plan, plan.query_heads, elem, t.query_work, kOwn, t.query_out, kOwn, b, e);
+      CopyTokens(plan, key_heads, elem, t.key_work, kOwn, t.key_out, kOwn, b, e);
     }
     return absl::OkStatus();
   }
@@ -117,33 +108,16 @@ absl::Status RopeThroughTokensCpu(const RopePlan& plan, RowTable* rotations, con
   const int64_t q_at = (block * q_row + 4095) / 4096 * 4096;
   char* q_block = ThisThreadsBlockBuffer().Reserve(q_at + block * k_row);
   char* k_block = q_block + q_at;
-  const auto e_bytes = static_cast<int64_t>(elem);
-  // Copies tokens [b, e) of one tensor between it and its block.
-  const auto gather = [&](int64_t heads, const void* tensor, char* in_block, int64_t b, int64_t e) {
-    const auto* from = static_cast<const char*>(tensor);
-    ForEachStretchOfBlock(plan, heads, b, e, [&](int64_t at, int64_t block_at, int64_t n) {
-      CopyHostBytes(in_block + block_at * e_bytes, from + at * e_bytes,
-                    static_cast<size_t>(n * e_bytes));
-    });
-  };
-  const auto scatter = [&](int64_t heads, const char* in_block, void* tensor, int64_t b,
-                           int64_t e) {
-    auto* to = static_cast<char*>(tensor);
-    ForEachStretchOfBlock(plan, heads, b, e, [&](int64_t at, int64_t block_at, int64_t n) {
-      CopyHostBytes(to + at * e_bytes, in_block + block_at * e_bytes,
-                    static_cast<size_t>(n * e_bytes));
-    });
-  };
   for (int64_t b = begin; b < end; b += block) {
     const int64_t e = std::min(end, b + block);
-    gather(plan.query_heads, t.query, q_block, b, e);
-    if (key_heads > 0) gather(key_heads, t.key, k_block, b, e);
+    CopyTokens(plan, plan.query_heads, elem, t.query, kOwn, q_block, kBlock, b, e);
+    CopyTokens(plan, key_heads, elem, t.key, kOwn, k_block, kBlock, b, e);
     if (!plan.empty()) {
       RopeTokensCpu(plan, rotations, q_block, key_heads > 0 ? k_block : nullptr, b, e, b, e - b);
     }
     POSENC_RETURN_IF_ERROR(check());
-    scatter(plan.query_heads, q_block, t.query_out, b, e);
-    if (key_heads > 0) scatter(key_heads, k_block, t.key_out, b, e);
+    CopyTokens(plan, plan.query_heads, elem, q_block, kBlock, t.query_out, kOwn, b, e);
+    CopyTokens(plan, key_heads, elem, k_block, kBlock, t.key_out, kOwn, b, e);
   }
   return absl::OkStatus();
 }
