@@ -493,12 +493,15 @@ absl::StatusOr<std::string> Engine::ApplyRope(const RopeOptions& options, RopeTe
 // memory: the outputs may be read, or written by other calls, while this
 // one runs (KServe clients share output slices between concurrent
 // requests), so they must receive finished values only, and the inputs
-// must stay as they were. A GPU that pinned all of them (the primary, for
-// registered regions) rotates the inputs in its own device buffer and
-// writes the results straight into the outputs: no host copy at all, where
-// the way aside costs four (into a private buffer and out, and the GPU's
-// staging of that buffer both ways). Any other backend works on private
-// copies (the engine's scratch buffers), which then go to the outputs.
+// must stay as they were. Each backend has a through operation for this
+// that needs no copy of the caller's aside: a GPU takes the inputs up and
+// brings the results down into the outputs (straight from and to memory
+// it pinned; else through its staging), the CPU goes block by block
+// through its threads' own buffers. The CPU's needs every output apart
+// from every input (blocks go out before later ones are read, and a
+// tensor rotated in place would be left half rotated by a call that fails
+// midway); otherwise it works on private copies (the engine's scratch
+// buffers), which then go to the outputs.
 absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, const CallEnv& env,
                                   std::string* served) {
   const bool has_key = t.key.present();
@@ -508,35 +511,11 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
   // A tensor without an output of its own is rotated in place.
   char* q_out = env.query_out != nullptr ? env.query_out : q_in;
   char* k_out = !has_key ? nullptr : env.key_out != nullptr ? env.key_out : k_in;
-  const auto pinned_on = [&](const Backend* b) {
-    const auto pinned = [b](const void* p, size_t n) { return n == 0 || b->HostPinned(p, n); };
+  const auto pinned_on = [&](const Backend& b) {
+    const auto pinned = [&b](const void* p, size_t n) { return n == 0 || b.HostPinned(p, n); };
     return pinned(q_in, t.query.nbytes) && pinned(k_in, t.key.nbytes) &&
            pinned(q_out, t.query.nbytes) && pinned(k_out, t.key.nbytes);
   };
-  POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, tensor_bytes));
-  // The GPU that rotates them with no host copy: the one chosen, or, since
-  // only the primary pins regions, the primary for a call sent to another.
-  Backend* direct = nullptr;
-  if (backend->kind() == BackendKind::kCuda) {
-    if (pinned_on(backend)) {
-      direct = backend;
-    } else if (primary()->health().ok() && pinned_on(primary())) {
-      direct = primary();
-    }
-  }
-  if (direct != nullptr) {
-    backend = direct;
-    const absl::Status s = backend->ApplyRopeInto(plan, q_in, k_in, q_out, k_out, env.ctx);
-    if (s.ok()) {
-      *served = BackendName(backend);
-      return s;
-    }
-    // A GPU that gave up leaves the outputs untouched, as RunWithFallback's.
-    if (!LeavesToTheCpu(env.backend, *backend, s)) return s;
-    backend = cpu_.get();
-  } else {
-    POSENC_ASSIGN_OR_RETURN(backend, ChargeStaging(env, backend, tensor_bytes));
-  }
   // Aside: a tensor with an output of its own is rotated in a private copy
   // (an engine scratch buffer), then copied there; one rotated in place
   // only needs to be aligned.
@@ -552,27 +531,9 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
     POSENC_ASSIGN_OR_RETURN(w.copy, scratch_.Lend(std::max<int64_t>(1, bytes), env.admission));
     return absl::OkStatus();
   };
-  // The CPU goes block by block, each block copied in, rotated and copied
-  // out while in cache (RopeThrough), every block's input checked intact
-  // before it goes out. Only where every tensor has an output of its own
-  // that overlaps no input: blocks go out before later ones are read, and
-  // a tensor rotated in place would be left half rotated by a call that
-  // fails midway; the way below copies every input before it writes.
-  const auto apart = [](const void* a, size_t an, const void* b, size_t bn) {
-    return !HostBytesOverlap(a, an, b, bn);
-  };
-  const bool through_fits =
-      q.aside() && (!has_key || k.aside()) &&
-      apart(q.out, t.query.nbytes, t.query.data, t.query.nbytes) &&
-      (!has_key || (apart(k.out, t.key.nbytes, t.key.data, t.key.nbytes) &&
-                    apart(q.out, t.query.nbytes, t.key.data, t.key.nbytes) &&
-                    apart(k.out, t.key.nbytes, t.query.data, t.query.nbytes) &&
-                    apart(q.out, t.query.nbytes, k.out, t.key.nbytes)));
-  const auto go_through = [&](Backend* cpu) -> absl::Status {
-    // Blocks go through the threads' own buffers, in every layout: no
-    // scratch is lent (nor admitted) for them, but for tokens larger than
-    // a block.
-    if (cpu->RopeThroughNeedsWork(plan)) {
+  // Work memory is lent only to a CPU whose blocks cannot hold a token.
+  const auto through = [&](Backend* b) -> absl::Status {
+    if (b->RopeThroughNeedsWork(plan)) {
       POSENC_RETURN_IF_ERROR(lend(q));
       if (has_key) POSENC_RETURN_IF_ERROR(lend(k));
     }
@@ -585,25 +546,37 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
     set(q, &through.query, &through.query_work, &through.query_out);
     if (has_key) set(k, &through.key, &through.key_work, &through.key_out);
     if (env.inputs_intact) through.before_write = env.inputs_intact;
-    POSENC_RETURN_IF_ERROR(cpu->ApplyRopeThrough(plan, through, env.ctx));
+    return b->ApplyRopeThrough(plan, through, env.ctx);
+  };
+  POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, tensor_bytes));
+  if (backend->kind() == BackendKind::kCuda) {
+    POSENC_ASSIGN_OR_RETURN(const bool done,
+                            ThroughGpu(env, backend, tensor_bytes, pinned_on, through, served));
+    if (done) return absl::OkStatus();
+  }
+  // The CPU, through its blocks where every tensor has an output of its
+  // own that overlaps no input.
+  const auto apart = [](const void* a, size_t an, const void* b, size_t bn) {
+    return !HostBytesOverlap(a, an, b, bn);
+  };
+  const bool through_fits =
+      q.aside() && (!has_key || k.aside()) &&
+      apart(q.out, t.query.nbytes, t.query.data, t.query.nbytes) &&
+      (!has_key || (apart(k.out, t.key.nbytes, t.key.data, t.key.nbytes) &&
+                    apart(q.out, t.query.nbytes, t.key.data, t.key.nbytes) &&
+                    apart(k.out, t.key.nbytes, t.query.data, t.query.nbytes) &&
+                    apart(q.out, t.query.nbytes, k.out, t.key.nbytes)));
+  Backend* const cpu = cpu_.get();
+  if (through_fits) {
+    POSENC_RETURN_IF_ERROR(through(cpu));
     *served = BackendName(cpu);
     return absl::OkStatus();
-  };
-  if (backend->kind() == BackendKind::kCpu && through_fits) return go_through(backend);
+  }
+  // Otherwise every input is copied (or aligned) before anything is written.
   AlignedWork aligned(env.admission);
   for (Work* w : {&q, &k}) {
     if (w->aside()) {
-      const absl::Status lent = lend(*w);
-      // Under AUTO, a GPU whose scratch buffers do not fit the budget
-      // leaves the call to the CPU, where it needs none.
-      if (absl::IsResourceExhausted(lent) && through_fits &&
-          Resolve(env.backend) != BackendChoice::kCuda && !cpu_->RopeThroughNeedsWork(plan)) {
-        q.copy = {};
-        k.copy = {};
-        ReleaseStaging(env, *backend, tensor_bytes);
-        return go_through(cpu_.get());
-      }
-      POSENC_RETURN_IF_ERROR(lent);
+      POSENC_RETURN_IF_ERROR(lend(*w));
     } else if (w->tensor.present()) {
       POSENC_RETURN_IF_ERROR(aligned.Align(w->tensor));
     }
@@ -615,15 +588,35 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
   }
   // The copies must be of the caller's bytes before anything is written.
   if (env.inputs_intact) POSENC_RETURN_IF_ERROR(env.inputs_intact());
-  POSENC_RETURN_IF_ERROR(RunWithFallback(env, tensor_bytes, &backend, [&](Backend* b) {
-    return b->ApplyRope(plan, q.tensor.data, has_key ? k.tensor.data : nullptr, env.ctx);
-  }));
+  POSENC_RETURN_IF_ERROR(
+      cpu->ApplyRope(plan, q.tensor.data, has_key ? k.tensor.data : nullptr, env.ctx));
   for (Work* w : {&q, &k}) {
     if (w->copy) CopyHostBytes(w->out, w->copy.data(), w->tensor.nbytes);
   }
   aligned.CopyBack();
-  *served = BackendName(backend);
+  *served = BackendName(cpu);
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Engine::ThroughGpu(const CallEnv& env, Backend* gpu, int64_t bytes,
+                                        const std::function<bool(const Backend&)>& pinned_on,
+                                        const std::function<absl::Status(Backend*)>& through,
+                                        std::string* served) {
+  // Only the primary pins regions: a call sent to another GPU whose
+  // tensors the primary pinned goes there, with no host copy at all.
+  if (!pinned_on(*gpu) && primary()->health().ok() && pinned_on(*primary())) gpu = primary();
+  const int64_t staged = pinned_on(*gpu) ? 0 : bytes;
+  POSENC_ASSIGN_OR_RETURN(Backend * chosen, ChargeStaging(env, gpu, staged));
+  if (chosen != gpu) return false;  // AUTO, and the budget holds no staging
+  const absl::Status s = through(gpu);
+  if (s.ok()) {
+    *served = BackendName(gpu);
+    return true;
+  }
+  // A GPU that gave up left the outputs as they were, as RunWithFallback's.
+  if (!LeavesToTheCpu(env.backend, *gpu, s)) return s;
+  ReleaseStaging(env, *gpu, staged);
+  return false;
 }
 
 absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTensors& t,
@@ -651,12 +644,12 @@ absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTenso
       call.in = t.x.data;
       call.out = env.x_out;
       call.bytes = tensor_bytes;
-      call.through = [&](Backend* cpu) {
+      call.through = [&](Backend* b) {
         AbsoluteThrough through;
         through.x = t.x.data;
         through.y = env.x_out;
         if (env.inputs_intact) through.before_write = env.inputs_intact;
-        return cpu->ApplyAbsoluteThrough(plan, through, env.ctx);
+        return b->ApplyAbsoluteThrough(plan, through, env.ctx);
       };
       call.in_place = [&](Backend* b, void* x) { return b->ApplyAbsolute(plan, x, env.ctx); };
       return IntoHost(call, env, &served);
@@ -678,39 +671,35 @@ absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTenso
 // A host input whose result goes to other host memory that others may
 // read meanwhile (another slice of system shared memory), as RopeIntoHost's
 // outputs: the output receives finished values only and the input stays as
-// it was. The CPU goes block by block (its through operation: each block
-// copied into a thread's buffer, computed there while in cache, checked
-// intact, copied out), where the output overlaps no part of the input.
-// Otherwise (a GPU, or an overlap) the input is copied into a scratch
-// buffer, computed there and copied out.
+// it was. A GPU, or the CPU where the output overlaps no part of the input,
+// takes its through operation (see RopeIntoHost). Otherwise (the CPU and an
+// overlap) the input is copied into a scratch buffer, computed there and
+// copied out.
 absl::Status Engine::IntoHost(const IntoHostCall& call, const CallEnv& env, std::string* served) {
-  POSENC_ASSIGN_OR_RETURN(Backend * backend, ChooseStaged(env, call.bytes));
   const auto bytes = static_cast<size_t>(call.bytes);
-  const bool apart = !HostBytesOverlap(call.in, bytes, call.out, bytes);
-  const auto go_through = [&](Backend* cpu) -> absl::Status {
+  POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, call.bytes));
+  if (backend->kind() == BackendKind::kCuda) {
+    const auto pinned_on = [&](const Backend& b) {
+      return b.HostPinned(call.in, bytes) && b.HostPinned(call.out, bytes);
+    };
+    POSENC_ASSIGN_OR_RETURN(const bool done,
+                            ThroughGpu(env, backend, call.bytes, pinned_on, call.through, served));
+    if (done) return absl::OkStatus();
+  }
+  Backend* const cpu = cpu_.get();
+  if (!HostBytesOverlap(call.in, bytes, call.out, bytes)) {
     POSENC_RETURN_IF_ERROR(call.through(cpu));
     *served = BackendName(cpu);
     return absl::OkStatus();
-  };
-  if (backend->kind() == BackendKind::kCpu && apart) return go_through(backend);
-  absl::StatusOr<ScratchPool::Buffer> lent =
-      scratch_.Lend(std::max<int64_t>(1, call.bytes), env.admission);
-  // Under AUTO, a GPU whose scratch buffer does not fit the budget leaves
-  // the call to the CPU, where it needs none.
-  if (absl::IsResourceExhausted(lent.status()) && apart &&
-      Resolve(env.backend) != BackendChoice::kCuda) {
-    ReleaseStaging(env, *backend, call.bytes);
-    return go_through(cpu_.get());
   }
-  POSENC_RETURN_IF_ERROR(lent.status());
-  ScratchPool::Buffer copy = *std::move(lent);
+  POSENC_ASSIGN_OR_RETURN(ScratchPool::Buffer copy,
+                          scratch_.Lend(std::max<int64_t>(1, call.bytes), env.admission));
   CopyHostBytes(copy.data(), call.in, bytes);
   // The copy must be of the caller's bytes before anything is written.
   if (env.inputs_intact) POSENC_RETURN_IF_ERROR(env.inputs_intact());
-  POSENC_RETURN_IF_ERROR(RunWithFallback(
-      env, call.bytes, &backend, [&](Backend* b) { return call.in_place(b, copy.data()); }));
+  POSENC_RETURN_IF_ERROR(call.in_place(cpu, copy.data()));
   CopyHostBytes(call.out, copy.data(), bytes);
-  *served = BackendName(backend);
+  *served = BackendName(cpu);
   return absl::OkStatus();
 }
 
@@ -788,12 +777,12 @@ absl::StatusOr<Produced> Engine::AttentionBias(const BiasOptions& o, MutableTens
       call.in = logits.data;
       call.out = env.bias_out;
       call.bytes = static_cast<int64_t>(logits.nbytes);
-      call.through = [&](Backend* cpu) {
+      call.through = [&](Backend* b) {
         BiasThrough through;
         through.logits = logits.data;
         through.out = env.bias_out;
         if (env.inputs_intact) through.before_write = env.inputs_intact;
-        return cpu->ApplyAttentionBiasThrough(plan, through, env.ctx);
+        return b->ApplyAttentionBiasThrough(plan, through, env.ctx);
       };
       call.in_place = [&](Backend* b, void* data) {
         return b->ApplyAttentionBias(plan, data, env.ctx);

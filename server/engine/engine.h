@@ -255,14 +255,26 @@ class Engine {
   // (env.query_out / key_out): see engine.cc. Sets *served.
   [[nodiscard]] absl::Status RopeIntoHost(const RopePlan& plan, const RopeTensors& t,
                                           const CallEnv& env, std::string* served);
+  // A call from host memory into other host memory on `gpu` (a GPU
+  // Choose picked): its `through` operation there, or, where
+  // `pinned_on(primary)` and not `pinned_on(gpu)`, on the primary, which
+  // then moves the tensors with no host copy. The GPU's staging of
+  // `bytes` (none where it pinned them) is charged to the call. True once
+  // the GPU has served it (*served set); false when the call is left to
+  // the CPU: under AUTO, a budget that holds no staging, or a GPU that
+  // gave up (its charge given back, the outputs as they were).
+  [[nodiscard]] absl::StatusOr<bool> ThroughGpu(
+      const CallEnv& env, Backend* gpu, int64_t bytes,
+      const std::function<bool(const Backend&)>& pinned_on,
+      const std::function<absl::Status(Backend*)>& through, std::string* served);
   // A host input computed into other host memory (AddAbsolute's env.x_out,
   // AttentionBias's env.bias_out): `bytes` at `in`, the result to `out`.
   struct IntoHostCall {
     const void* in = nullptr;
     char* out = nullptr;
     int64_t bytes = 0;
-    // The CPU backend's through operation on `cpu`.
-    std::function<absl::Status(Backend* cpu)> through;
+    // The backend's through operation.
+    std::function<absl::Status(Backend* backend)> through;
     // The operation in place on a private copy of the input at `data`.
     std::function<absl::Status(Backend* backend, void* data)> in_place;
   };

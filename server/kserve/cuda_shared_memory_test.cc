@@ -432,6 +432,7 @@ TEST(SystemSharedMemoryOnAFakeGpu, ARegionTheGpuWillNotPinIsStagedAndTheLogSaysW
       RunOn(engine, RopeRequest(query, 0, 2 * kQueryBytes, "", "sys"), &resp, &served).ok());
   EXPECT_EQ(served, "cuda:0");
   EXPECT_EQ(rt.bytes_copied_direct(), direct) << "nothing straight from the unpinned region";
+  EXPECT_EQ(engine.scratch().idle_buffers(), 0) << "through the GPU's staging, no scratch buffer";
   std::string out(kQueryBytes, '\0');
   ASSERT_EQ(::pread(fd, out.data(), kQueryBytes, 2 * kQueryBytes), kQueryBytes);
   EXPECT_EQ(out, want);
@@ -443,12 +444,12 @@ TEST(SystemSharedMemoryOnAFakeGpu, ARegionTheGpuWillNotPinIsStagedAndTheLogSaysW
 }
 
 // The sinusoidal encoding and a bias added to logits, from one slice into
-// another on a GPU (which has no way from one host slice into another):
-// the input copied into a scratch buffer, computed there on the GPU, the
-// result copied out: the CPU's result bit for bit, the input as it was. A
-// GPU that gives up under AUTO leaves the call to the CPU, which then
-// works in the same buffer.
-TEST(SystemSharedMemoryOnAFakeGpu, SinusoidalAndBiasIntoAnotherSliceAreComputedAside) {
+// another on a GPU, which pinned the region: the input goes up from its
+// slice and the result comes down straight into the other, as RoPE's (no
+// scratch buffer, no host copy): the CPU's result bit for bit, the input
+// as it was. A GPU that gives up under AUTO leaves the call to the CPU,
+// which goes block by block through its own buffers.
+TEST(SystemSharedMemoryOnAFakeGpu, SinusoidalAndBiasIntoAnotherSliceGoStraightThroughTheDevice) {
   testing::FakeGpuEngine gpu(BackendChoice::kAuto, /*auto_gpu_min_bytes=*/0);
   Engine& engine = gpu.engine();
   FakeDeviceRuntime& rt = gpu.runtime();
@@ -473,6 +474,7 @@ TEST(SystemSharedMemoryOnAFakeGpu, SinusoidalAndBiasIntoAnotherSliceAreComputedA
   };
   const int fd = RegisteredObject(engine, "sys", 2 * kBytes);
   ASSERT_GE(fd, 0);
+  ASSERT_EQ(rt.registered_bytes(), 2 * kBytes) << "pinned by the GPU at registration";
   const std::string poison(kBytes, '\x7f');
   for (const Operation& op : operations) {
     for (const char* backend : {"cuda", ""}) {
@@ -482,28 +484,33 @@ TEST(SystemSharedMemoryOnAFakeGpu, SinusoidalAndBiasIntoAnotherSliceAreComputedA
       if (*backend == '\0') rt.FailNext(FakeDeviceRuntime::Op::kLaunch, cudaErrorInvalidValue);
       ASSERT_EQ(::pwrite(fd, x.data(), kBytes, 0), kBytes);
       ASSERT_EQ(::pwrite(fd, poison.data(), kBytes, kBytes), kBytes);
+      const int64_t direct = rt.bytes_copied_direct();
       ModelInferResponse r;
       ASSERT_TRUE(RunOn(engine, op.request(backend), &r, &served, op.model).ok());
       EXPECT_EQ(served, *backend == '\0' ? "cpu" : "cuda:0");
+      if (*backend != '\0') {
+        EXPECT_EQ(rt.bytes_copied_direct() - direct, 2 * kBytes) << "up once, down once";
+      }
       std::string y(kBytes, '\0'), x_now(kBytes, '\0');
       ASSERT_EQ(::pread(fd, y.data(), kBytes, kBytes), kBytes);
       ASSERT_EQ(::pread(fd, x_now.data(), kBytes, 0), kBytes);
       EXPECT_TRUE(y == op.want);
       EXPECT_TRUE(x_now == x);
-      EXPECT_EQ(engine.scratch().idle_buffers(), 1) << "its scratch buffer, back in the pool";
+      EXPECT_EQ(engine.scratch().idle_buffers(), 0) << "no scratch buffer was lent";
     }
   }
   ASSERT_TRUE(engine.shared_memory().Unregister("sys").ok());
   ::close(fd);
 }
 
-// A GPU chosen under AUTO for a call from one slice into another that
-// needs a scratch buffer (the sinusoidal encoding; RoPE from a region the
-// GPU did not pin) whose buffer does not fit the budget leaves the call to
-// the CPU, which goes block by block with none: the CPU's result, not
-// RESOURCE_EXHAUSTED. With the GPU asked for, the refusal stands and the
-// output is left as it was.
-TEST(SystemSharedMemoryOnAFakeGpu, AutoLeavesACallWhoseScratchDoesNotFitToTheCpu) {
+// From a region the GPU did not pin, a GPU's call from one slice into
+// another goes through its pinned staging (the input into it, up, down,
+// out of it into the output slice): its staging charged to the call, and
+// no scratch buffer. So a budget that holds the staging serves it on the
+// GPU, AUTO or asked for; one that does not sends it, under AUTO, to the
+// CPU, which needs neither, and refuses it with the GPU asked for, the
+// output left as it was. The sinusoidal encoding and RoPE.
+TEST(SystemSharedMemoryOnAFakeGpu, CallsIntoAnotherSliceNeedOnlyTheGpusStaging) {
   testing::FakeGpuEngine gpu(BackendChoice::kAuto, /*auto_gpu_min_bytes=*/0);
   Engine& engine = gpu.engine();
   FakeDeviceRuntime& rt = gpu.runtime();
@@ -517,57 +524,62 @@ TEST(SystemSharedMemoryOnAFakeGpu, AutoLeavesACallWhoseScratchDoesNotFitToTheCpu
     rt.FailNext(FakeDeviceRuntime::Op::kHostRegister, cudaErrorHostMemoryAlreadyRegistered);
   });
   ASSERT_GE(fd, 0);
-  ASSERT_EQ(rt.registered_bytes(), 0) << "not pinned: RoPE cannot go straight through the GPU";
-  // Other calls hold all but 1.5 tensors of the budget: the GPU's staging
-  // (one tensor) fits, its scratch buffer (one more) does not.
+  ASSERT_EQ(rt.registered_bytes(), 0) << "not pinned: staged";
+  // Other calls hold all of the budget but `free_tensors` of a tensor.
   auto others = engine.Admit(0);
   ASSERT_TRUE(others.ok()) << others.status();
   AdmissionControl& budget = engine.admission();
-  const auto hold = [&](int64_t tensor) {
+  const auto hold = [&](int64_t tensor, double free_tensors) {
     others->Reset();
     others = engine.Admit(0);
     ASSERT_TRUE(others.ok());
-    ASSERT_TRUE(others->TryGrow(budget.options().max_bytes - budget.bytes() - tensor * 3 / 2).ok());
+    ASSERT_TRUE(others
+                    ->TryGrow(budget.options().max_bytes - budget.bytes() -
+                              static_cast<int64_t>(free_tensors * static_cast<double>(tensor)))
+                    .ok());
   };
   const std::string poison(kBytes, '\x7f');
-  const auto y = [&] {
-    std::string s(kBytes, '\0');
-    EXPECT_EQ(::pread(fd, s.data(), kBytes, kBytes), kBytes);
+  const auto output = [&](int64_t bytes) {
+    std::string s(bytes, '\0');
+    EXPECT_EQ(::pread(fd, s.data(), bytes, kBytes), bytes);
     return s;
   };
-  for (const char* backend : {"", "cuda"}) {
-    SCOPED_TRACE(*backend == '\0' ? "AUTO" : backend);
-    ASSERT_EQ(::pwrite(fd, x.data(), kBytes, 0), kBytes);
-    ASSERT_EQ(::pwrite(fd, poison.data(), kBytes, kBytes), kBytes);
-    hold(kBytes);
-    ModelInferResponse r;
-    const absl::Status s =
-        RunOn(engine, SinusoidalRequest(kT, kD, "", "sys", 0, "sys", kBytes, backend), &r, &served,
-              ModelKind::kSinusoidal);
-    if (*backend == '\0') {
-      ASSERT_TRUE(s.ok()) << s;
-      EXPECT_EQ(served, "cpu");
-      EXPECT_TRUE(y() == sinusoidal_want);
-    } else {
-      EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
-      EXPECT_TRUE(y() == poison);
-    }
-    // RoPE of kQueryBytes from the unpinned region into its second half.
-    ASSERT_EQ(::pwrite(fd, query.data(), kQueryBytes, 0), kQueryBytes);
-    ASSERT_EQ(::pwrite(fd, poison.data(), kQueryBytes, kBytes), kQueryBytes);
-    hold(kQueryBytes);
-    ModelInferResponse rr;
-    const absl::Status rs =
-        RunOn(engine, RopeRequest(query, 0, kBytes, backend, "sys"), &rr, &served);
-    std::string q_out(kQueryBytes, '\0');
-    ASSERT_EQ(::pread(fd, q_out.data(), kQueryBytes, kBytes), kQueryBytes);
-    if (*backend == '\0') {
-      ASSERT_TRUE(rs.ok()) << rs;
-      EXPECT_EQ(served, "cpu");
-      EXPECT_TRUE(q_out == rope_want);
-    } else {
-      EXPECT_EQ(rs.code(), absl::StatusCode::kResourceExhausted) << rs;
-      EXPECT_TRUE(q_out == poison.substr(0, kQueryBytes));
+  for (double free_tensors : {1.5, 0.5}) {
+    for (const char* backend : {"", "cuda"}) {
+      SCOPED_TRACE(::testing::Message() << (*backend == '\0' ? "AUTO" : backend) << ", "
+                                        << free_tensors << " tensors of the budget free");
+      const bool staging_fits = free_tensors > 1;
+      ASSERT_EQ(::pwrite(fd, x.data(), kBytes, 0), kBytes);
+      ASSERT_EQ(::pwrite(fd, poison.data(), kBytes, kBytes), kBytes);
+      hold(kBytes, free_tensors);
+      ModelInferResponse r;
+      const absl::Status s =
+          RunOn(engine, SinusoidalRequest(kT, kD, "", "sys", 0, "sys", kBytes, backend), &r,
+                &served, ModelKind::kSinusoidal);
+      if (staging_fits || *backend == '\0') {
+        ASSERT_TRUE(s.ok()) << s;
+        EXPECT_EQ(served, staging_fits ? "cuda:0" : "cpu");
+        EXPECT_TRUE(output(kBytes) == sinusoidal_want);
+      } else {
+        EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+        EXPECT_TRUE(output(kBytes) == poison);
+      }
+      // RoPE of kQueryBytes from the region into its second half.
+      ASSERT_EQ(::pwrite(fd, query.data(), kQueryBytes, 0), kQueryBytes);
+      ASSERT_EQ(::pwrite(fd, poison.data(), kQueryBytes, kBytes), kQueryBytes);
+      hold(kQueryBytes, free_tensors);
+      ModelInferResponse rr;
+      const absl::Status rs =
+          RunOn(engine, RopeRequest(query, 0, kBytes, backend, "sys"), &rr, &served);
+      if (staging_fits || *backend == '\0') {
+        ASSERT_TRUE(rs.ok()) << rs;
+        EXPECT_EQ(served, staging_fits ? "cuda:0" : "cpu");
+        EXPECT_TRUE(output(kQueryBytes) == rope_want);
+      } else {
+        EXPECT_EQ(rs.code(), absl::StatusCode::kResourceExhausted) << rs;
+        EXPECT_TRUE(output(kQueryBytes) == poison.substr(0, kQueryBytes));
+      }
+      EXPECT_EQ(engine.scratch().idle_buffers(), 0) << "no scratch buffer was lent";
     }
   }
   others->Reset();
@@ -575,11 +587,12 @@ TEST(SystemSharedMemoryOnAFakeGpu, AutoLeavesACallWhoseScratchDoesNotFitToTheCpu
   ::close(fd);
 }
 
-// Such a call gives the GPU's staging charge back before the CPU runs it:
-// while the CPU computes, the call holds less than a tensor (its plan),
-// where it held the staging (a whole tensor) before. For the sinusoidal
-// encoding and RoPE, through the engine, with host buffers apart.
-TEST(SystemSharedMemoryOnAFakeGpu, LeavingForTheCpuGivesTheStagingChargeBack) {
+// A GPU that gives up on such a call (under AUTO) gives its staging
+// charge back before the CPU runs it: while the CPU computes, the call
+// holds less than a tensor (its plan), where the staging was a whole
+// tensor. For the sinusoidal encoding and RoPE, through the engine, with
+// host buffers the GPU did not pin.
+TEST(SystemSharedMemoryOnAFakeGpu, AGpuThatGivesUpGivesTheStagingChargeBack) {
   testing::FakeGpuEngine gpu(BackendChoice::kAuto, /*auto_gpu_min_bytes=*/0);
   Engine& engine = gpu.engine();
   constexpr int64_t kT = 256, kD = 256, kBytes = kT * kD * 4;  // 256 KiB
@@ -588,11 +601,6 @@ TEST(SystemSharedMemoryOnAFakeGpu, LeavingForTheCpuGivesTheStagingChargeBack) {
     SCOPED_TRACE(rope ? "rope" : "sinusoidal");
     auto call = engine.Admit(0);
     ASSERT_TRUE(call.ok()) << call.status();
-    // Other calls hold all but 1.5 tensors: staging fits, scratch does not.
-    auto others = engine.Admit(0);
-    ASSERT_TRUE(others.ok()) << others.status();
-    AdmissionControl& budget = engine.admission();
-    ASSERT_TRUE(others->TryGrow(budget.options().max_bytes - budget.bytes() - kBytes * 3 / 2).ok());
     RunContext ctx;
     CallEnv env{ctx, *call};
     int64_t held_while_computing = -1;
@@ -600,6 +608,7 @@ TEST(SystemSharedMemoryOnAFakeGpu, LeavingForTheCpuGivesTheStagingChargeBack) {
       held_while_computing = call->bytes();
       return absl::OkStatus();
     };
+    gpu.runtime().FailNext(FakeDeviceRuntime::Op::kLaunch, cudaErrorInvalidValue);
     absl::StatusOr<std::string> served;
     if (rope) {
       RopeTensors t;

@@ -26,6 +26,16 @@
 // Tensors inside host memory registered with PinHostMemory (shared-memory
 // regions) skip staging altogether: their bytes go straight from the caller's
 // memory to the device and, once the kernel has succeeded, straight back.
+// A call from host tensors into other host memory (the through calls:
+// ApplyRopeThrough, ApplyAbsoluteThrough, ApplyAttentionBiasThrough; KServe
+// outputs in slices of their own) goes the same ways, taking its inputs
+// from one place and putting its results in another: each input up
+// (straight from pinned memory, or through the staging), computed in the
+// device buffer, and only once every kernel has succeeded and the caller's
+// check (before_write) has passed, each result down into its output. Every
+// input is read before any output is written, so outputs may overlap
+// inputs, and the caller needs no copy of its own aside.
+//
 // Tensors inside device memory another process shared (CUDA IPC handles,
 // OpenSharedDeviceMemory) are not moved at all: the kernels run on them
 // where they are, and only the small side tables (positions, frequencies)
@@ -47,6 +57,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -65,6 +76,14 @@ namespace {
 
 using cuda::CudaCall;
 using cuda::DeviceRuntime;
+
+// Asked once before a call's results first reach the caller's memory (the
+// through calls' before_write); may be empty.
+using BeforeWrite = std::function<absl::Status()>;
+
+absl::Status Ask(const BeforeWrite& before_write) {
+  return before_write ? before_write() : absl::OkStatus();
+}
 
 // Concurrent GPU calls; more wait for a worker.
 constexpr int kWorkers = 4;
@@ -214,16 +233,57 @@ class CudaBackend final : public Backend {
     return Rope(plan, const_cast<void*>(query), const_cast<void*>(key), query_out, key_out, ctx);
   }
 
+  // Any host memory, pinned or not: see the file comment. The work
+  // memories are not used.
+  absl::Status ApplyRopeThrough(const RopePlan& plan, const RopeThrough& t,
+                                const RunContext& ctx) override {
+    const size_t esize = SizeOf(plan.dtype);
+    const size_t q_bytes = plan.num_tokens * plan.query_heads * plan.head_dim * esize;
+    const size_t k_bytes =
+        plan.has_key ? plan.num_tokens * plan.key_heads * plan.head_dim * esize : 0;
+    if (!plan.empty() && (t.query_out == nullptr || (k_bytes > 0 && t.key_out == nullptr))) {
+      return absl::InvalidArgumentError("ApplyRopeThrough needs an output for every tensor");
+    }
+    POSENC_RETURN_IF_ERROR(InHostMemory(
+        {{t.query, q_bytes}, {t.key, k_bytes}, {t.query_out, q_bytes}, {t.key_out, k_bytes}},
+        "ApplyRopeThrough"));
+    return Rope(plan, const_cast<void*>(t.query), k_bytes > 0 ? const_cast<void*>(t.key) : nullptr,
+                t.query_out, k_bytes > 0 ? t.key_out : nullptr, ctx, t.before_write);
+  }
+  bool RopeThroughNeedsWork(const RopePlan& /*plan*/) const override { return false; }
+
+  absl::Status ApplyAbsoluteThrough(const AbsolutePlan& plan, const AbsoluteThrough& t,
+                                    const RunContext& ctx) override {
+    if (!plan.has_input) {
+      return absl::InvalidArgumentError("ApplyAbsoluteThrough needs a plan with an input x");
+    }
+    const size_t bytes = plan.num_tokens * plan.dim * SizeOf(plan.dtype);
+    POSENC_RETURN_IF_ERROR(InHostMemory({{t.x, bytes}, {t.y, bytes}}, "ApplyAbsoluteThrough"));
+    return Absolute(plan, t.x, t.y, ctx, t.before_write);
+  }
+
+  absl::Status ApplyAttentionBiasThrough(const BiasPlan& plan, const BiasThrough& t,
+                                         const RunContext& ctx) override {
+    if (!plan.add_to_logits) {
+      return absl::InvalidArgumentError("ApplyAttentionBiasThrough needs a plan adding to logits");
+    }
+    const size_t bytes = plan.NumElements() * SizeOf(plan.dtype);
+    POSENC_RETURN_IF_ERROR(
+        InHostMemory({{t.logits, bytes}, {t.out, bytes}}, "ApplyAttentionBiasThrough"));
+    return Bias(plan, t.logits, t.out, ctx, t.before_write);
+  }
+
   bool HostPinned(const void* p, size_t bytes) const override { return InPinned(p, bytes); }
 
  private:
   // RoPE in place (`query_out` null), or from query / key into query_out /
-  // key_out, all in shared device memory or all in pinned host memory:
-  // copied into the worker's device buffer, rotated there, and copied out,
-  // so the outputs receive finished values only and the inputs stay as
-  // they were.
+  // key_out, all in shared device memory or all in host memory: copied
+  // into the worker's device buffer, rotated there, and copied out, so the
+  // outputs receive finished values only and the inputs stay as they were.
+  // Host outputs may overlap host inputs (every input goes up before any
+  // result comes down); `before_write` is asked before the first does.
   absl::Status Rope(const RopePlan& plan, void* query, void* key, void* query_out, void* key_out,
-                    const RunContext& ctx) {
+                    const RunContext& ctx, const BeforeWrite& before_write = {}) {
     POSENC_RETURN_IF_ERROR(health());
     if (plan.empty()) return absl::OkStatus();
     if (ctx.IsCancelled()) return absl::CancelledError("the call was cancelled");
@@ -232,8 +292,11 @@ class CudaBackend final : public Backend {
     const size_t k_bytes =
         plan.has_key ? plan.num_tokens * plan.key_heads * plan.head_dim * esize : 0;
     POSENC_ASSIGN_OR_RETURN(const bool resident, Resident({{query, q_bytes}, {key, k_bytes}}));
-    // REQUIRES: every tensor resident, or pinned (ApplyRopeInto).
+    // REQUIRES: the outputs resident where the inputs are (ApplyRopeInto),
+    // in host memory where they are not (ApplyRopeThrough).
     const bool into = query_out != nullptr;
+    char* const q_dst = static_cast<char*>(into ? query_out : query);
+    char* const k_dst = static_cast<char*>(into ? key_out : key);
     const std::vector<int32_t> token_set = cuda::TokenFreqSets(plan);
     const bool per_token_sets = !token_set.empty();
     Layout l;
@@ -246,14 +309,9 @@ class CudaBackend final : public Backend {
     const bool in_buffer = !resident || into;
     const size_t q_at = l.Add(in_buffer ? q_bytes : 0), k_at = l.Add(in_buffer ? k_bytes : 0);
     const size_t q_token = q_bytes / plan.num_tokens, k_token = k_bytes / plan.num_tokens;
-    const bool direct =
-        !resident && InPinned(query, q_bytes) && (k_bytes == 0 || InPinned(key, k_bytes));
-    if (into && !resident && !direct) {
-      // ApplyRopeInto found them pinned; a region is unpinned only once no
-      // call uses it, so this is a caller's broken promise, not a race.
-      return absl::FailedPreconditionError(
-          "RoPE into other host memory: the inputs are not pinned");
-    }
+    const auto pinned = [&](const void* p, size_t n) { return n == 0 || InPinned(p, n); };
+    const bool direct = !resident && pinned(query, q_bytes) && pinned(key, k_bytes) &&
+                        pinned(q_dst, q_bytes) && pinned(k_dst, k_bytes);
     const Staging st =
         StagingOf(resident, direct, q_bytes + k_bytes, q_token + k_token, side_bytes, l.size());
     const bool chunked = st.chunked, staged = st.staged;
@@ -294,13 +352,14 @@ class CudaBackend final : public Backend {
         // first kernel: a short wait, once.
         POSENC_CUDA(rt_.StreamSynchronize(w.stream));
         const bool bhsd = plan.layout == RopeLayout::kBHSD;
-        const ChunkedTensor tensors[] = {{static_cast<char*>(query), w.device + q_at, q_token,
-                                          bhsd ? plan.query_heads : 0, plan.seq_len},
-                                         {static_cast<char*>(key), w.device + k_at, k_token,
+        const ChunkedTensor tensors[] = {{static_cast<char*>(query), q_dst, w.device + q_at,
+                                          q_token, bhsd ? plan.query_heads : 0, plan.seq_len},
+                                         {static_cast<char*>(key), k_dst, w.device + k_at, k_token,
                                           bhsd ? plan.key_heads : 0, plan.seq_len}};
         return RunChunked(w, h + side_bytes,
                           ChunksOf(plan.num_tokens, per_chunk, bhsd ? plan.seq_len : 0), tensors,
-                          /*upload=*/true, [&](Chunk chunk, cudaStream_t s) -> absl::Status {
+                          /*upload=*/true, before_write,
+                          [&](Chunk chunk, cudaStream_t s) -> absl::Status {
                             const int64_t t0 = chunk.first;
                             cuda::RopeParams c = p;
                             c.query = w.device + q_at + t0 * q_token;
@@ -335,8 +394,9 @@ class CudaBackend final : public Backend {
       }
       if (resident) return Check(rt_.StreamSynchronize(w.stream), "waiting for the RoPE kernel");
       if (direct) {
-        return DownloadDirect(w, {{into ? query_out : query, w.device + q_at, q_bytes},
-                                  {into ? key_out : key, w.device + k_at, k_bytes}});
+        return DownloadDirect(
+            w, before_write,
+            {{q_dst, w.device + q_at, q_bytes}, {k_dst, w.device + k_at, k_bytes}});
       }
       POSENC_CUDA(
           rt_.MemcpyAsync(h + q_at, w.device + q_at, q_bytes, cudaMemcpyDeviceToHost, w.stream));
@@ -345,20 +405,35 @@ class CudaBackend final : public Backend {
             rt_.MemcpyAsync(h + k_at, w.device + k_at, k_bytes, cudaMemcpyDeviceToHost, w.stream));
       }
       POSENC_CUDA(rt_.StreamSynchronize(w.stream));
-      CopyHostBytes(query, h + q_at, q_bytes);
-      CopyHostBytes(key, h + k_at, k_bytes);
+      POSENC_RETURN_IF_ERROR(Ask(before_write));
+      CopyHostBytes(q_dst, h + q_at, q_bytes);
+      CopyHostBytes(k_dst, h + k_at, k_bytes);
       return absl::OkStatus();
     });
   }
 
  public:
   absl::Status ApplyAbsolute(const AbsolutePlan& plan, void* x, const RunContext& ctx) override {
+    return Absolute(plan, x, x, ctx);
+  }
+
+  absl::Status ApplyAttentionBias(const BiasPlan& plan, void* out, const RunContext& ctx) override {
+    return Bias(plan, out, out, ctx);
+  }
+
+ private:
+  // y = x * x_scale + PE, x read when plan.has_input. In place (y == x), or
+  // from host memory into other host memory (ApplyAbsoluteThrough), as
+  // Rope's.
+  absl::Status Absolute(const AbsolutePlan& plan, const void* x, void* y, const RunContext& ctx,
+                        const BeforeWrite& before_write = {}) {
     POSENC_RETURN_IF_ERROR(health());
     if (plan.empty()) return absl::OkStatus();
     if (ctx.IsCancelled()) return absl::CancelledError("the call was cancelled");
     const size_t x_bytes = plan.num_tokens * plan.dim * SizeOf(plan.dtype);
     const bool learned = plan.options.kind == AbsoluteOptions::Kind::kLearned;
-    POSENC_ASSIGN_OR_RETURN(const bool resident, Resident({{x, x_bytes}}));
+    // Resident only in place (ApplyAbsoluteThrough takes host memory).
+    POSENC_ASSIGN_OR_RETURN(const bool resident, Resident({{x, x_bytes}, {y, x_bytes}}));
     Layout l;
     const size_t pos_at = l.Add(plan.positions.values.size() * 8);
     const size_t omega_at = l.Add(plan.omega.size() * 8);
@@ -369,7 +444,7 @@ class CudaBackend final : public Backend {
     const size_t side_bytes = l.size();  // the side tables, first
     const size_t x_at = l.Add(resident ? 0 : x_bytes);
     const size_t row = x_bytes / plan.num_tokens;
-    const bool direct = !resident && InPinned(x, x_bytes);
+    const bool direct = !resident && InPinned(x, x_bytes) && InPinned(y, x_bytes);
     const Staging st = StagingOf(resident, direct, x_bytes, row, side_bytes, l.size());
     const bool chunked = st.chunked, staged = st.staged;
     const int64_t per_chunk = st.per_chunk;
@@ -397,22 +472,23 @@ class CudaBackend final : public Backend {
                                           reinterpret_cast<const float*>(w.device + offset_cos_at),
                                           static_cast<int64_t>(plan.omega.size())};
       const cuda::AbsoluteParams p = cuda::MakeAbsoluteParams(
-          plan, resident ? static_cast<char*>(x) : w.device + x_at,
+          plan, resident ? static_cast<char*>(y) : w.device + x_at,
           reinterpret_cast<const int64_t*>(w.device + pos_at), tables, table);
       if (chunked) {
         POSENC_CUDA(rt_.StreamSynchronize(w.stream));  // the side tables, before stream 2
-        const ChunkedTensor tensors[] = {{static_cast<char*>(x), w.device + x_at, row}};
-        return RunChunked(w, h + side_bytes, ChunksOf(plan.num_tokens, per_chunk), tensors,
-                          plan.has_input, [&](Chunk chunk, cudaStream_t s) -> absl::Status {
-                            cuda::AbsoluteParams c = p;
-                            c.x = w.device + x_at + chunk.first * row;
-                            c.positions = p.positions + chunk.first;
-                            c.num_tokens = chunk.rows;
-                            POSENC_RETURN_IF_ERROR(BeforeLaunch());
-                            return Check(rt_.LaunchAbsolute(c, s),
-                                         "launching the absolute encoding kernel",
-                                         CudaCall::kLaunch);
-                          });
+        const ChunkedTensor tensors[] = {
+            {static_cast<const char*>(x), static_cast<char*>(y), w.device + x_at, row}};
+        return RunChunked(
+            w, h + side_bytes, ChunksOf(plan.num_tokens, per_chunk), tensors, plan.has_input,
+            before_write, [&](Chunk chunk, cudaStream_t s) -> absl::Status {
+              cuda::AbsoluteParams c = p;
+              c.x = w.device + x_at + chunk.first * row;
+              c.positions = p.positions + chunk.first;
+              c.num_tokens = chunk.rows;
+              POSENC_RETURN_IF_ERROR(BeforeLaunch());
+              return Check(rt_.LaunchAbsolute(c, s), "launching the absolute encoding kernel",
+                           CudaCall::kLaunch);
+            });
       }
       POSENC_RETURN_IF_ERROR(BeforeLaunch());
       POSENC_RETURN_IF_ERROR(Check(rt_.LaunchAbsolute(p, w.stream),
@@ -420,21 +496,27 @@ class CudaBackend final : public Backend {
       if (resident) {
         return Check(rt_.StreamSynchronize(w.stream), "waiting for the absolute encoding kernel");
       }
-      if (direct) return DownloadDirect(w, {{x, w.device + x_at, x_bytes}});
+      if (direct) return DownloadDirect(w, before_write, {{y, w.device + x_at, x_bytes}});
       POSENC_CUDA(
           rt_.MemcpyAsync(h + x_at, w.device + x_at, x_bytes, cudaMemcpyDeviceToHost, w.stream));
       POSENC_CUDA(rt_.StreamSynchronize(w.stream));
-      CopyHostBytes(x, h + x_at, x_bytes);
+      POSENC_RETURN_IF_ERROR(Ask(before_write));
+      CopyHostBytes(y, h + x_at, x_bytes);
       return absl::OkStatus();
     });
   }
 
-  absl::Status ApplyAttentionBias(const BiasPlan& plan, void* out, const RunContext& ctx) override {
+  // The bias into `out`, added to the logits at `logits` when
+  // plan.add_to_logits: in place (out == logits), or from host memory into
+  // other host memory (ApplyAttentionBiasThrough), as Rope's.
+  absl::Status Bias(const BiasPlan& plan, const void* logits, void* out, const RunContext& ctx,
+                    const BeforeWrite& before_write = {}) {
     POSENC_RETURN_IF_ERROR(health());
     if (plan.empty()) return absl::OkStatus();
     if (ctx.IsCancelled()) return absl::CancelledError("the call was cancelled");
     const size_t out_bytes = plan.NumElements() * SizeOf(plan.dtype);
-    POSENC_ASSIGN_OR_RETURN(const bool resident, Resident({{out, out_bytes}}));
+    // Resident only in place (ApplyAttentionBiasThrough takes host memory).
+    POSENC_ASSIGN_OR_RETURN(const bool resident, Resident({{logits, out_bytes}, {out, out_bytes}}));
     Layout l;
     const size_t slopes_at = l.Add(plan.slopes.size() * 8);
     const size_t klens_at = l.Add(plan.k_lens.size() * 8);
@@ -443,13 +525,14 @@ class CudaBackend final : public Backend {
     const size_t out_at = l.Add(resident ? 0 : out_bytes);
     const int64_t rows = plan.batch * plan.num_heads * plan.q_len;
     const size_t row = out_bytes / rows;
-    const bool direct = !resident && InPinned(out, out_bytes);
+    const bool direct =
+        !resident && InPinned(out, out_bytes) && (logits == out || InPinned(logits, out_bytes));
     const Staging st = StagingOf(resident, direct, out_bytes, row, side_bytes, l.size());
     const bool chunked = st.chunked, staged = st.staged;
     const int64_t per_chunk = st.per_chunk;
     return WithWorker(l.size(), st.host_bytes, [&](Worker& w) -> absl::Status {
       char* h = w.pinned;
-      if (plan.add_to_logits && staged) CopyHostBytes(h + out_at, out, out_bytes);
+      if (plan.add_to_logits && staged) CopyHostBytes(h + out_at, logits, out_bytes);
       std::memcpy(h + slopes_at, plan.slopes.data(), plan.slopes.size() * 8);
       std::memcpy(h + klens_at, plan.k_lens.data(), plan.k_lens.size() * 8);
       std::memcpy(h + kstarts_at, plan.k_starts.data(), plan.k_starts.size() * 8);
@@ -457,8 +540,8 @@ class CudaBackend final : public Backend {
       POSENC_CUDA(rt_.MemcpyAsync(w.device, h, plan.add_to_logits && staged ? l.size() : side_bytes,
                                   cudaMemcpyHostToDevice, w.stream));
       if (direct && plan.add_to_logits) {
-        POSENC_CUDA(
-            rt_.MemcpyAsync(w.device + out_at, out, out_bytes, cudaMemcpyHostToDevice, w.stream));
+        POSENC_CUDA(rt_.MemcpyAsync(w.device + out_at, logits, out_bytes, cudaMemcpyHostToDevice,
+                                    w.stream));
       }
       const cuda::BiasParams p =
           cuda::MakeBiasParams(plan, resident ? static_cast<char*>(out) : w.device + out_at,
@@ -467,9 +550,10 @@ class CudaBackend final : public Backend {
                                reinterpret_cast<const int64_t*>(w.device + kstarts_at));
       if (chunked) {
         POSENC_CUDA(rt_.StreamSynchronize(w.stream));  // the side tables, before stream 2
-        const ChunkedTensor tensors[] = {{static_cast<char*>(out), w.device + out_at, row}};
+        const ChunkedTensor tensors[] = {
+            {static_cast<const char*>(logits), static_cast<char*>(out), w.device + out_at, row}};
         return RunChunked(w, h + side_bytes, ChunksOf(rows, per_chunk), tensors, plan.add_to_logits,
-                          [&](Chunk chunk, cudaStream_t s) -> absl::Status {
+                          before_write, [&](Chunk chunk, cudaStream_t s) -> absl::Status {
                             cuda::BiasParams c = p;
                             c.out = w.device + out_at + chunk.first * row;
                             c.row_begin = chunk.first;
@@ -485,15 +569,17 @@ class CudaBackend final : public Backend {
       if (resident) {
         return Check(rt_.StreamSynchronize(w.stream), "waiting for the attention bias kernel");
       }
-      if (direct) return DownloadDirect(w, {{out, w.device + out_at, out_bytes}});
+      if (direct) return DownloadDirect(w, before_write, {{out, w.device + out_at, out_bytes}});
       POSENC_CUDA(rt_.MemcpyAsync(h + out_at, w.device + out_at, out_bytes, cudaMemcpyDeviceToHost,
                                   w.stream));
       POSENC_CUDA(rt_.StreamSynchronize(w.stream));
+      POSENC_RETURN_IF_ERROR(Ask(before_write));
       CopyHostBytes(out, h + out_at, out_bytes);
       return absl::OkStatus();
     });
   }
 
+ public:
   absl::Status PinHostMemory(void* p, size_t bytes) override {
     POSENC_RETURN_IF_ERROR(health());
     // cudaHostRegister locks every page of the range, which takes a while
@@ -589,14 +675,16 @@ class CudaBackend final : public Backend {
  private:
   // A tensor a chunked call moves, by rows (tokens, or bias rows): `row_bytes`
   // each, row r at device + r * row_bytes in the worker's device buffer. In
-  // the caller's memory row r lies at host + r * row_bytes, or, for a
+  // the caller's memory, read from `in` and written to `out` (the same
+  // place for a call in place), row r lies at r * row_bytes, or, for a
   // head-major tensor (heads > 0: [batch, heads, seq_len, head], BHSD), in
   // `heads` pieces of row_bytes / heads, one per head, seq_len rows apart;
   // there a chunk lies within one sequence and its rows go to the device
   // head-major too ([heads, rows, head]), a BHSD tensor of its own. A tensor
   // of row_bytes 0 is absent.
   struct ChunkedTensor {
-    char* host;
+    const char* in;
+    char* out;
     char* device;
     size_t row_bytes;
     int64_t heads = 0, seq_len = 0;
@@ -648,20 +736,25 @@ class CudaBackend final : public Backend {
   }
 
   // Copies chunk c of t between the caller's memory and `slot`, where it
-  // lies as it will on the device (to_slot: caller to slot).
+  // lies as it will on the device (to_slot: from t.in into the slot; else
+  // from the slot to t.out).
   static void CopyChunk(const ChunkedTensor& t, Chunk c, char* slot, bool to_slot) {
-    const size_t bytes = c.rows * t.row_bytes;
+    // `bytes` at `offset` in the caller's tensor, at `at` in the slot.
+    const auto copy = [&](size_t offset, char* at, size_t bytes) {
+      if (to_slot) {
+        CopyHostBytes(at, t.in + offset, bytes);
+      } else {
+        CopyHostBytes(t.out + offset, at, bytes);
+      }
+    };
     if (t.heads == 0) {
-      char* host = t.host + c.first * t.row_bytes;
-      CopyHostBytes(to_slot ? slot : host, to_slot ? host : slot, bytes);
+      copy(c.first * t.row_bytes, slot, c.rows * t.row_bytes);
       return;
     }
     const size_t piece = t.row_bytes / t.heads;
     const int64_t b = c.first / t.seq_len, s = c.first % t.seq_len;
     for (int64_t h = 0; h < t.heads; ++h) {
-      char* host = t.host + ((b * t.heads + h) * t.seq_len + s) * piece;
-      char* at = slot + h * c.rows * piece;
-      CopyHostBytes(to_slot ? at : host, to_slot ? host : at, c.rows * piece);
+      copy(((b * t.heads + h) * t.seq_len + s) * piece, slot + h * c.rows * piece, c.rows * piece);
     }
   }
 
@@ -672,15 +765,17 @@ class CudaBackend final : public Backend {
   //    is done, uploaded (if `upload`) and computed by launch(chunk,
   //    stream), so the host's copy of one chunk overlaps the other stream's
   //    upload and kernel;
-  //  - down, once every kernel has succeeded: each chunk is downloaded into
-  //    its slot and copied to the caller while the next one downloads.
+  //  - down, once every kernel has succeeded and `before_write` has passed:
+  //    each chunk is downloaded into its slot and copied to the caller
+  //    while the next one downloads.
   // The caller's memory changes only in the second pass: a call that fails
   // before it leaves it as it was (the server may run it on the CPU). One
   // that fails during it, after part of it was written, is DATA_LOSS, which
   // the engine never retries elsewhere.
   template <typename Launch>
   absl::Status RunChunked(Worker& w, char* slots, const std::vector<Chunk>& chunks,
-                          absl::Span<const ChunkedTensor> tensors, bool upload, Launch launch) {
+                          absl::Span<const ChunkedTensor> tensors, bool upload,
+                          const BeforeWrite& before_write, Launch launch) {
     size_t row_bytes = 0;
     for (const ChunkedTensor& t : tensors) row_bytes += t.row_bytes;
     int64_t most = 0;
@@ -717,6 +812,7 @@ class CudaBackend final : public Backend {
     }
     POSENC_CUDA(rt_.StreamSynchronize(w.stream));
     POSENC_CUDA(rt_.StreamSynchronize(w.stream2));
+    POSENC_RETURN_IF_ERROR(Ask(before_write));
     bool written = false;
     const auto down = [&]() -> absl::Status {
       for (int64_t i = 0; i < std::min<int64_t>(2, n); ++i) {
@@ -746,11 +842,14 @@ class CudaBackend final : public Backend {
     size_t bytes;
   };
 
-  // Waits for the kernel, then copies each result into the caller's memory
-  // and waits for that: the caller's bytes change only after the kernel
-  // has succeeded. A failure once a copy is queued is PartlyWritten.
-  absl::Status DownloadDirect(Worker& w, std::initializer_list<Direct> results) {
+  // Waits for the kernel and asks `before_write`, then copies each result
+  // into the caller's memory and waits for that: the caller's bytes change
+  // only after the kernel has succeeded. A failure once a copy is queued
+  // is PartlyWritten.
+  absl::Status DownloadDirect(Worker& w, const BeforeWrite& before_write,
+                              std::initializer_list<Direct> results) {
     POSENC_CUDA(rt_.StreamSynchronize(w.stream));
+    POSENC_RETURN_IF_ERROR(Ask(before_write));
     bool queued = false;
     const auto copy_back = [&]() -> absl::Status {
       for (const Direct& d : results) {
@@ -789,6 +888,21 @@ class CudaBackend final : public Backend {
           "a call's tensors must all be in shared device memory or all in host memory");
     }
     return resident != 0;
+  }
+
+  // INVALID_ARGUMENT, naming `call`, when any of `tensors` (those of
+  // nonzero size) lies in shared device memory.
+  absl::Status InHostMemory(std::initializer_list<std::pair<const void*, size_t>> tensors,
+                            absl::string_view call) {
+    for (const auto& [p, bytes] : tensors) {
+      if (p != nullptr && bytes > 0 && InShared(p, bytes)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(call,
+                         " takes tensors and outputs in host memory; one of them lies in "
+                         "shared device memory"));
+      }
+    }
+    return absl::OkStatus();
   }
 
   // Whether [p, p + bytes) lies in one OpenSharedDeviceMemory mapping.
