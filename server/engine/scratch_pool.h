@@ -1,8 +1,9 @@
 // Buffers a call works in when it may not work where its tensor lies: a
 // KServe input in one shared-memory slice whose result goes to another is
-// computed in a private copy, so the output slice only ever receives
-// finished values (kserve/infer.cc says why), unless a GPU computes it in
-// its own buffer (Engine::RopeIntoHost). Allocating such a copy per
+// computed in a private copy where the output overlaps the input, so the
+// output slice only ever receives finished values (kserve/infer.cc says
+// why); a GPU computes in its own buffer, and the CPU otherwise block by
+// block (Engine::RopeIntoHost). Allocating such a copy per
 // call would cost fresh pages on every call (an 80 MiB prefill: ~20k page
 // faults, each zero-filled by the kernel), so finished calls give their
 // buffers back here and the next call of a like size reuses one.

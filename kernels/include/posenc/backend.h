@@ -54,6 +54,10 @@ struct RunContext {
 // tokens larger than a block. An output may be its input (rotated in
 // place, through the block the same way); a work memory may be its input
 // only then. INVALID_ARGUMENT otherwise, before anything is written.
+// That is the CPU backend's way; the CUDA backend's takes every input up
+// into its own device buffer before any result comes down (straight from
+// and to memory it pinned, else through its staging), so its outputs may
+// overlap any input, it uses no work memory, and it asks before_write once.
 struct RopeThrough {
   const void* query = nullptr;
   const void* key = nullptr;  // null when the plan has no key
@@ -64,9 +68,10 @@ struct RopeThrough {
   void* key_work = nullptr;
   void* query_out = nullptr;
   void* key_out = nullptr;
-  // Asked before each block goes out: an error (the inputs' memory was
-  // revoked under the call, say) stops the call with it. The blocks written
-  // before stay written; they hold finished values. May be empty.
+  // Asked before each block goes out (the CUDA backend: once, before the
+  // first): an error (the inputs' memory was revoked under the call, say)
+  // stops the call with it. The blocks written before stay written; they
+  // hold finished values. May be empty.
   std::function<absl::Status()> before_write;
 };
 
@@ -74,8 +79,9 @@ struct RopeThrough {
 // it was, and y, other host memory of x's size that receives finished
 // values only (another caller may read it meanwhile), as RopeThrough's
 // outputs. Block by block, each block of x is copied into a buffer of the
-// thread's own, encoded there and copied to y. y may not overlap x
-// (INVALID_ARGUMENT before anything is written).
+// thread's own, encoded there and copied to y. On the CPU y may not
+// overlap x (INVALID_ARGUMENT before anything is written); the CUDA
+// backend's y may (as RopeThrough's).
 struct AbsoluteThrough {
   const void* x = nullptr;
   void* y = nullptr;
@@ -90,8 +96,9 @@ struct AbsoluteThrough {
 // (rows of about L2's size, or pieces of a row larger than that), each
 // block of logits is copied into a buffer of the thread's own, the bias
 // added there and the block copied to out: no memory of the caller's is
-// needed aside, whatever the shape. Out may not overlap the logits
-// (INVALID_ARGUMENT before anything is written).
+// needed aside, whatever the shape. On the CPU out may not overlap the
+// logits (INVALID_ARGUMENT before anything is written); the CUDA backend's
+// out may (as RopeThrough's).
 struct BiasThrough {
   const void* logits = nullptr;
   void* out = nullptr;
@@ -162,12 +169,12 @@ class Backend {
   }
   virtual void CloseSharedDeviceMemory(void* /*p*/) {}
   // RoPE from query (and key) into query_out (and key_out), every one of
-  // them in memory from OpenSharedDeviceMemory, or every one in host memory
-  // this backend pinned (HostPinned): the outputs receive only finished
-  // values and the inputs stay as they were (another caller may be reading
-  // the outputs, or writing the same ones). An output may be its own input
-  // (rotated in place). INVALID_ARGUMENT, before anything runs, for
-  // tensors in neither. Default: UNIMPLEMENTED (a backend with no device
+  // them in memory from OpenSharedDeviceMemory: the outputs receive only
+  // finished values and the inputs stay as they were (another caller may
+  // be reading the outputs, or writing the same ones). An output may be
+  // its own input (rotated in place). INVALID_ARGUMENT, before anything
+  // runs, for tensors elsewhere (host memory goes through
+  // ApplyRopeThrough). Default: UNIMPLEMENTED (a backend with no device
   // memory).
   [[nodiscard]] virtual absl::Status ApplyRopeInto(const RopePlan& /*plan*/, const void* /*query*/,
                                                    const void* /*key*/, void* /*query_out*/,
@@ -175,10 +182,10 @@ class Backend {
     return absl::UnimplementedError("this backend computes in host memory only");
   }
   // RoPE from host memory into other host memory that others may read
-  // meanwhile (another slice of system shared memory), block by block
-  // through memory aside: see RopeThrough. Default: UNIMPLEMENTED (the
-  // caller then copies the inputs into memory of its own, rotates it with
-  // ApplyRope, and copies it out).
+  // meanwhile (another slice of system shared memory), through memory
+  // aside (the CPU's blocks, a GPU's device buffer): see RopeThrough.
+  // Default: UNIMPLEMENTED (the caller then copies the inputs into memory
+  // of its own, rotates it with ApplyRope, and copies it out).
   [[nodiscard]] virtual absl::Status ApplyRopeThrough(const RopePlan& /*plan*/,
                                                       const RopeThrough& /*t*/,
                                                       const RunContext& /*ctx*/) {

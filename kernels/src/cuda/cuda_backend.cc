@@ -219,16 +219,10 @@ class CudaBackend final : public Backend {
     POSENC_ASSIGN_OR_RETURN(
         const bool resident,
         Resident({{query, q_bytes}, {key, k_bytes}, {query_out, q_bytes}, {key_out, k_bytes}}));
-    // Host tensors and outputs must all be pinned: the call then moves them
-    // straight between host and device (Rope's direct path), and the
-    // device buffer is where the inputs are rotated aside.
-    const auto pinned = [&](const void* p, size_t n) { return n == 0 || InPinned(p, n); };
-    if (!resident && !plan.empty() &&
-        !(pinned(query, q_bytes) && pinned(key, k_bytes) && pinned(query_out, q_bytes) &&
-          pinned(key_out, k_bytes))) {
+    if (!resident && !plan.empty()) {
       return absl::InvalidArgumentError(
-          "ApplyRopeInto takes tensors and outputs in shared device memory, or all in host memory "
-          "pinned with this backend");
+          "ApplyRopeInto takes tensors and outputs in shared device memory (host memory goes "
+          "through ApplyRopeThrough)");
     }
     return Rope(plan, const_cast<void*>(query), const_cast<void*>(key), query_out, key_out, ctx);
   }
