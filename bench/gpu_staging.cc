@@ -12,6 +12,7 @@
 #include <random>
 
 #include "posenc/backend.h"
+#include "posenc/host_copy.h"
 #include "posenc/rope.h"
 
 namespace posenc::bench {
@@ -90,8 +91,9 @@ std::vector<StagingRow> MeasureStaging() {
     return PlanRope(o, t);
   };
   const double pcie = PcieRoundTripMs(bytes);
-  const auto add = [&](const char* name, Backend& b, char* at,
-                       RopeLayout layout = RopeLayout::kBSHD) {
+  // A row timing `call(plan)`, the plan over the tensors at `at`.
+  const auto time = [&](const char* name, char* at, RopeLayout layout,
+                        const std::function<absl::Status(const RopePlan&)>& call) {
     auto plan = plan_on(at, layout);
     if (!plan.ok()) {
       std::fprintf(stderr, "%s: %s\n", name, plan.status().ToString().c_str());
@@ -99,12 +101,41 @@ std::vector<StagingRow> MeasureStaging() {
     }
     const double ms = MedianWallMs(
         [&] {
-          const absl::Status s = b.ApplyRope(*plan, at, at + q_bytes, {});
+          const absl::Status s = call(*plan);
           if (!s.ok()) std::fprintf(stderr, "%s: %s\n", name, s.ToString().c_str());
           return s.ok();
         },
         10);
     if (ms >= 0) rows.push_back({name, static_cast<double>(bytes), ms, pcie});
+  };
+  // In place.
+  const auto add = [&](const char* name, Backend& b, char* at,
+                       RopeLayout layout = RopeLayout::kBSHD) {
+    time(name, at, layout,
+         [&](const RopePlan& plan) { return b.ApplyRope(plan, at, at + q_bytes, {}); });
+  };
+  // From `in` into `out` (a KServe output in a slice of its own), as the
+  // server makes such calls: through the backend (ApplyRopeThrough), or,
+  // as before 5bcc38a, aside (copied into a scratch buffer, rotated there,
+  // copied out).
+  const auto through = [&](const char* name, Backend& b, char* in, char* out) {
+    time(name, in, RopeLayout::kBSHD, [&](const RopePlan& plan) {
+      RopeThrough t;
+      t.query = in;
+      t.key = in + q_bytes;
+      t.query_out = out;
+      t.key_out = out + q_bytes;
+      return b.ApplyRopeThrough(plan, t, {});
+    });
+  };
+  std::vector<char> scratch(bytes);
+  const auto aside = [&](const char* name, Backend& b, char* in, char* out) {
+    time(name, in, RopeLayout::kBSHD, [&](const RopePlan& plan) {
+      CopyHostBytes(scratch.data(), in, bytes);
+      const absl::Status s = b.ApplyRope(plan, scratch.data(), scratch.data() + q_bytes, {});
+      if (s.ok()) CopyHostBytes(out, scratch.data(), bytes);
+      return s;
+    });
   };
   char* host = reinterpret_cast<char*>(pageable.data());
   add("rope f32 4096x(32+8)x128, cuda, pageable (chunked staging)", **gpu, host);
@@ -116,6 +147,24 @@ std::vector<StagingRow> MeasureStaging() {
     (*gpu)->UnpinHostMemory(region);
   }
   add("rope f32 4096x(32+8)x128, cpu backend, all threads", *cpu, host);
+  std::vector<char> elsewhere(bytes);
+  through("rope f32 4096x(32+8)x128 into other memory, cuda, pageable (through: staged)", **gpu,
+          host, elsewhere.data());
+  aside("rope f32 4096x(32+8)x128 into other memory, cuda, pageable (aside: scratch copies)", **gpu,
+        host, elsewhere.data());
+  void* both = std::aligned_alloc(4096, (2 * bytes + 4095) / 4096 * 4096);
+  std::memcpy(both, pageable.data(), bytes);
+  if ((*gpu)->PinHostMemory(both, 2 * bytes).ok()) {
+    char* in = static_cast<char*>(both);
+    through("rope f32 4096x(32+8)x128 into other memory, cuda, pinned region (through: direct)",
+            **gpu, in, in + bytes);
+    aside("rope f32 4096x(32+8)x128 into other memory, cuda, pinned region (aside: scratch copies)",
+          **gpu, in, in + bytes);
+    (*gpu)->UnpinHostMemory(both);
+  }
+  through("rope f32 4096x(32+8)x128 into other memory, cpu backend (through: blocks)", *cpu, host,
+          elsewhere.data());
+  std::free(both);
   std::free(region);
   return rows;
 }
