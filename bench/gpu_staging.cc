@@ -116,7 +116,7 @@ std::vector<StagingRow> MeasureStaging() {
   };
   // From `in` into `out` (a KServe output in a slice of its own), as the
   // server makes such calls: through the backend (ApplyRopeThrough), or,
-  // as before 5bcc38a, aside (copied into a scratch buffer, rotated there,
+  // as before 504ee47, aside (copied into a scratch buffer, rotated there,
   // copied out).
   const auto through = [&](const char* name, Backend& b, char* in, char* out) {
     time(name, in, RopeLayout::kBSHD, [&](const RopePlan& plan) {

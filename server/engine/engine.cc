@@ -516,9 +516,10 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
     return pinned(q_in, t.query.nbytes) && pinned(k_in, t.key.nbytes) &&
            pinned(q_out, t.query.nbytes) && pinned(k_out, t.key.nbytes);
   };
-  // Aside: a tensor with an output of its own is rotated in a private copy
-  // (an engine scratch buffer), then copied there; one rotated in place
-  // only needs to be aligned.
+  // The CPU's way where outputs overlap inputs: a tensor with an output of
+  // its own is rotated in a private copy (an engine scratch buffer), then
+  // copied there; one rotated in place only needs to be aligned. The
+  // copies are also the work memory of a through that needs any.
   struct Work {
     MutableTensor tensor;
     char* out;
@@ -553,6 +554,9 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
     POSENC_ASSIGN_OR_RETURN(const bool done,
                             ThroughGpu(env, backend, tensor_bytes, pinned_on, through, served));
     if (done) return absl::OkStatus();
+    // Work memory lent to a GPU that gave up (one that asks for any).
+    q.copy = {};
+    k.copy = {};
   }
   // The CPU, through its blocks where every tensor has an output of its
   // own that overlaps no input.

@@ -214,13 +214,14 @@ absl::Status CheckHeadDim(const Model& model, InputSet& in) {
 //    shared memory: on the device, by the CUDA backend, with no copy);
 //  - RoPE, output to another slice of the same kind (system, or CUDA
 //    shared memory on the same GPU): from one into the other by the engine
-//    (Engine::ApplyRope's query_out / key_out): on the device (CUDA shared
-//    memory, or system shared memory the GPU pinned), on the CPU block by
-//    block, else in the engine's scratch buffers;
+//    (Engine::ApplyRope's query_out / key_out): on a GPU in its device
+//    buffer (system shared memory goes up and comes down straight where
+//    the GPU pinned it, else through its staging), on the CPU block by
+//    block, or, where the CPU's slices overlap, in the engine's scratch
+//    buffers;
 //  - an absolute encoding or a bias added to logits, from system shared
 //    memory into another slice of it: likewise by the engine
-//    (Engine::AddAbsolute's x_out, Engine::AttentionBias's bias_out), on
-//    the CPU block by block, else in a scratch buffer;
+//    (Engine::AddAbsolute's x_out, Engine::AttentionBias's bias_out);
 //  - otherwise in shared memory, output to another slice (slices of
 //    different kinds): in a scratch buffer (reused
 //    across calls, so no fresh pages), the result then copied there;
@@ -261,10 +262,8 @@ absl::Status Place(Input* t, absl::string_view output, OutputSet& want, Engine& 
                      " bytes; its shared_memory_byte_size is ", out->byte_size));
   }
   // From one slice into another: the engine works aside and writes
-  // finished results only (from CUDA shared memory, a copy in the
-  // backend's device buffer; from system shared memory, the same where the
-  // GPU pinned both slices, block by block on the CPU, else a scratch
-  // buffer).
+  // finished results only (in a GPU's device buffer, block by block on the
+  // CPU, or in a scratch buffer where the CPU's slices overlap).
   const bool same_kind =
       in.region->on_device()
           ? out->region->on_device() && out->region->device_id() == in.region->device_id()

@@ -235,8 +235,9 @@ class CudaBackend final : public Backend {
     const size_t q_bytes = plan.num_tokens * plan.query_heads * plan.head_dim * esize;
     const size_t k_bytes =
         plan.has_key ? plan.num_tokens * plan.key_heads * plan.head_dim * esize : 0;
-    if (!plan.empty() && (t.query_out == nullptr || (k_bytes > 0 && t.key_out == nullptr))) {
-      return absl::InvalidArgumentError("ApplyRopeThrough needs an output for every tensor");
+    if (!plan.empty() && (t.query == nullptr || t.query_out == nullptr ||
+                          (k_bytes > 0 && (t.key == nullptr || t.key_out == nullptr)))) {
+      return absl::InvalidArgumentError("ApplyRopeThrough needs every tensor and its output");
     }
     POSENC_RETURN_IF_ERROR(InHostMemory(
         {{t.query, q_bytes}, {t.key, k_bytes}, {t.query_out, q_bytes}, {t.key_out, k_bytes}},

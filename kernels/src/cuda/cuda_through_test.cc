@@ -149,7 +149,19 @@ std::vector<Operation> Operations() {
 }
 
 // Where a call's input and output lie.
-enum class Placement { kStagedWhole, kChunked, kPinned, kOnlyTheInputPinned };
+enum class Placement {
+  kStagedWhole,
+  kChunked,
+  kPinned,
+  kOnlyTheInputPinned,   // chunked
+  kOnlyTheOutputPinned,  // staged whole
+};
+
+// Chunked but where staged whole.
+size_t ChunkBytesFor(Placement p) {
+  return p == Placement::kStagedWhole || p == Placement::kOnlyTheOutputPinned ? size_t{4} << 20
+                                                                              : kChunkBytes;
+}
 
 const char* Name(Placement p) {
   switch (p) {
@@ -161,6 +173,8 @@ const char* Name(Placement p) {
       return "pinned";
     case Placement::kOnlyTheInputPinned:
       return "only the input pinned";
+    case Placement::kOnlyTheOutputPinned:
+      return "only the output pinned";
   }
   return "?";
 }
@@ -171,9 +185,9 @@ const char* Name(Placement p) {
 // and before_write asked once, while the output was still untouched.
 TEST(CudaThrough, GivesTheCpusResultsFromAnyHostMemoryIntoAny) {
   for (Placement placement : {Placement::kStagedWhole, Placement::kChunked, Placement::kPinned,
-                              Placement::kOnlyTheInputPinned}) {
+                              Placement::kOnlyTheInputPinned, Placement::kOnlyTheOutputPinned}) {
     FakeDeviceRuntime rt;
-    auto b = OnFake(rt, placement == Placement::kStagedWhole ? size_t{4} << 20 : kChunkBytes);
+    auto b = OnFake(rt, ChunkBytesFor(placement));
     ASSERT_NE(b, nullptr);
     for (const Operation& op : Operations()) {
       SCOPED_TRACE(op.name + ", " + Name(placement));
@@ -183,8 +197,10 @@ TEST(CudaThrough, GivesTheCpusResultsFromAnyHostMemoryIntoAny) {
       char* out = reinterpret_cast<char*>(out_words.data()) + 3;
       const bool pin_in =
           placement == Placement::kPinned || placement == Placement::kOnlyTheInputPinned;
+      const bool pin_out =
+          placement == Placement::kPinned || placement == Placement::kOnlyTheOutputPinned;
       if (pin_in) ASSERT_TRUE(b->PinHostMemory(in, n).ok());
-      if (placement == Placement::kPinned) ASSERT_TRUE(b->PinHostMemory(out, n).ok());
+      if (pin_out) ASSERT_TRUE(b->PinHostMemory(out, n).ok());
       std::memcpy(in, op.input.data(), n);
       const Bytes poison(n, 0x7f);
       std::memcpy(out, poison.data(), n);
@@ -205,41 +221,53 @@ TEST(CudaThrough, GivesTheCpusResultsFromAnyHostMemoryIntoAny) {
                 placement == Placement::kPinned ? static_cast<int64_t>(2 * n) : 0)
           << "pinned: up once from the input, down once into the output";
       if (placement == Placement::kChunked) EXPECT_GT(rt.launches() - launches, 2);
-      if (placement == Placement::kPinned) b->UnpinHostMemory(out);
+      if (pin_out) b->UnpinHostMemory(out);
       if (pin_in) b->UnpinHostMemory(in);
     }
   }
 }
 
 // Every input is read before any result is written, so an output may be its
-// input, or overlap it anywhere: still the CPU's result.
+// input, or overlap it anywhere: still the CPU's result. Staged whole, in
+// chunks, and straight from and to pinned memory.
 TEST(CudaThrough, AnOutputMayOverlapItsInput) {
-  for (size_t chunk_bytes : {size_t{4} << 20, kChunkBytes}) {
+  for (Placement placement : {Placement::kStagedWhole, Placement::kChunked, Placement::kPinned}) {
     FakeDeviceRuntime rt;
-    auto b = OnFake(rt, chunk_bytes);
+    auto b = OnFake(rt, ChunkBytesFor(placement));
     ASSERT_NE(b, nullptr);
     for (const Operation& op : Operations()) {
       const size_t n = op.input.size();
+      std::vector<uint64_t> words((2 * n + 4096) / 8);
+      char* memory = reinterpret_cast<char*>(words.data());
+      if (placement == Placement::kPinned) {
+        ASSERT_TRUE(b->PinHostMemory(memory, words.size() * 8).ok());
+      }
       for (ptrdiff_t shift : {ptrdiff_t{0}, ptrdiff_t{1000}, -ptrdiff_t(n / 2) - 2}) {
-        SCOPED_TRACE(::testing::Message() << op.name << ", chunks of " << chunk_bytes
-                                          << ", the output " << shift << " bytes from the input");
-        Bytes memory(2 * n + 4096, 0x7f);
-        char* in = reinterpret_cast<char*>(memory.data()) + n;
+        SCOPED_TRACE(::testing::Message() << op.name << ", " << Name(placement) << ", the output "
+                                          << shift << " bytes from the input");
+        std::memset(memory, 0x7f, words.size() * 8);
+        char* in = memory + n;
         std::memcpy(in, op.input.data(), n);
+        const int64_t direct = rt.bytes_copied_direct();
         ASSERT_TRUE(op.run(*b, in, in + shift, nullptr).ok());
         EXPECT_TRUE(Bytes(in + shift, in + shift + n) == op.want);
+        if (placement == Placement::kPinned) {
+          EXPECT_EQ(rt.bytes_copied_direct() - direct, static_cast<int64_t>(2 * n));
+        }
       }
+      if (placement == Placement::kPinned) b->UnpinHostMemory(memory);
     }
   }
 }
 
-// A call whose check fails, or whose kernel fails, leaves the output as it
-// was (the server may then run it on the CPU); the check is never asked
-// once a kernel failed.
+// A call whose check fails, or whose kernel fails (the first, or a later
+// chunk's), leaves the output as it was (the server may then run it on the
+// CPU); the check is never asked once a kernel failed.
 TEST(CudaThrough, ACallThatFailsBeforeItsResultsComeDownLeavesTheOutput) {
-  for (Placement placement : {Placement::kStagedWhole, Placement::kChunked, Placement::kPinned}) {
+  for (Placement placement : {Placement::kStagedWhole, Placement::kChunked, Placement::kPinned,
+                              Placement::kOnlyTheInputPinned}) {
     FakeDeviceRuntime rt;
-    auto b = OnFake(rt, placement == Placement::kStagedWhole ? size_t{4} << 20 : kChunkBytes);
+    auto b = OnFake(rt, ChunkBytesFor(placement));
     ASSERT_NE(b, nullptr);
     for (const Operation& op : Operations()) {
       SCOPED_TRACE(op.name + ", " + Name(placement));
@@ -249,6 +277,8 @@ TEST(CudaThrough, ACallThatFailsBeforeItsResultsComeDownLeavesTheOutput) {
       char* out = in + n;
       if (placement == Placement::kPinned) {
         ASSERT_TRUE(b->PinHostMemory(words.data(), words.size() * 8).ok());
+      } else if (placement == Placement::kOnlyTheInputPinned) {
+        ASSERT_TRUE(b->PinHostMemory(in, n).ok());
       }
       std::memcpy(in, op.input.data(), n);
       const Bytes poison(n, 0x7f);
@@ -268,15 +298,20 @@ TEST(CudaThrough, ACallThatFailsBeforeItsResultsComeDownLeavesTheOutput) {
       EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
       EXPECT_TRUE(untouched());
 
-      rt.FailNext(FakeDeviceRuntime::Op::kLaunch, cudaErrorInvalidValue);
-      EXPECT_EQ(op.run(*b, in, out, count).code(), absl::StatusCode::kUnimplemented);
-      EXPECT_EQ(asked, 0) << "asked after a kernel failed";
-      EXPECT_TRUE(untouched());
+      const bool chunked =
+          placement == Placement::kChunked || placement == Placement::kOnlyTheInputPinned;
+      for (int skip : {0, chunked ? 3 : 0}) {
+        rt.FailNext(FakeDeviceRuntime::Op::kLaunch, cudaErrorInvalidValue, skip);
+        EXPECT_EQ(op.run(*b, in, out, count).code(), absl::StatusCode::kUnimplemented) << skip;
+        EXPECT_EQ(asked, 0) << "asked after a kernel failed";
+        EXPECT_TRUE(untouched());
+      }
 
       EXPECT_TRUE(b->health().ok());
       ASSERT_TRUE(op.run(*b, in, out, count).ok());
       EXPECT_TRUE(Bytes(out, out + n) == op.want);
       if (placement == Placement::kPinned) b->UnpinHostMemory(words.data());
+      if (placement == Placement::kOnlyTheInputPinned) b->UnpinHostMemory(in);
     }
   }
 }
