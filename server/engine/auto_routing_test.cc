@@ -165,7 +165,9 @@ class StagingGpuThatCoversNothing final : public Backend {
  public:
   BackendKind kind() const override { return BackendKind::kCuda; }
   DeviceInfo device() const override { return DeviceInfo{}; }
-  bool StagesHostCopy() const override { return true; }
+  int64_t StagingBytes(int64_t tensor_bytes, int64_t /*row_bytes*/) const override {
+    return tensor_bytes;
+  }
   absl::Status ApplyRope(const RopePlan&, void*, void*, const RunContext&) override {
     return absl::UnimplementedError("the stand-in covers nothing");
   }

@@ -284,25 +284,43 @@ absl::StatusOr<Backend*> Engine::Choose(BackendChoice requested, int64_t bytes) 
   }
 }
 
-absl::StatusOr<Backend*> Engine::ChooseStaged(const CallEnv& env, int64_t bytes) {
+absl::StatusOr<Engine::Staged> Engine::ChooseStaged(const CallEnv& env, int64_t bytes,
+                                                    int64_t row_bytes,
+                                                    absl::Span<const HostRange> tensors) {
   POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, bytes));
-  return ChargeStaging(env, backend, bytes);
+  return StageOn(env, backend, bytes, row_bytes, tensors);
 }
 
-absl::StatusOr<Backend*> Engine::ChargeStaging(const CallEnv& env, Backend* backend,
-                                               int64_t bytes) {
-  if (!backend->StagesHostCopy()) return backend;
-  // The GPU copies the tensors into its staging while the call runs: those
-  // bytes join the call's. Under AUTO a budget too full for them sends the
-  // call to the CPU, which needs none.
-  absl::Status charged = env.admission.TryGrow(bytes);
-  if (charged.ok()) return backend;
+bool Engine::PinnedOn(const Backend& b, absl::Span<const HostRange> tensors) {
+  for (const HostRange& t : tensors) {
+    if (t.bytes > 0 && !b.HostPinned(t.data, static_cast<size_t>(t.bytes))) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<Engine::Staged> Engine::StageOn(const CallEnv& env, Backend* chosen, int64_t bytes,
+                                               int64_t row_bytes,
+                                               absl::Span<const HostRange> tensors) {
+  if (chosen->kind() != BackendKind::kCuda) return Staged{chosen, 0};
+  // Only the primary pins regions: a call sent to another GPU whose
+  // tensors the primary pinned goes to the primary, which moves them with
+  // no host copy.
+  if (chosen != primary() && !PinnedOn(*chosen, tensors) && primary()->health().ok() &&
+      PinnedOn(*primary(), tensors)) {
+    chosen = primary();
+  }
+  // The GPU copies tensors it did not pin into its staging while the call
+  // runs: those bytes join the call's. Under AUTO a budget too full for
+  // them sends the call to the CPU, which needs none.
+  const int64_t staging = PinnedOn(*chosen, tensors) ? 0 : chosen->StagingBytes(bytes, row_bytes);
+  absl::Status charged = env.admission.TryGrow(staging);
+  if (charged.ok()) return Staged{chosen, staging};
   if (Resolve(env.backend) == BackendChoice::kCuda) return charged;
-  return cpu_.get();
+  return Staged{cpu_.get(), 0};
 }
 
-void Engine::ReleaseStaging(const CallEnv& env, const Backend& backend, int64_t bytes) {
-  if (backend.StagesHostCopy()) env.admission.Shrink(bytes);
+void Engine::ReleaseStaging(const CallEnv& env, int64_t charged) {
+  if (charged > 0) env.admission.Shrink(charged);
 }
 
 Backend* Engine::GpuOf(int device) const {
@@ -349,6 +367,9 @@ absl::StatusOr<Backend*> Engine::DeviceBackend(BackendChoice requested, int devi
 
 namespace {
 
+// The bytes of one of `rows` rows of `bytes` (all of them for none).
+int64_t RowBytes(int64_t bytes, int64_t rows) { return rows > 0 ? bytes / rows : bytes; }
+
 // Device tensors are computed where they are, so they must start at a
 // multiple of their element size (host ones are copied aside instead).
 absl::Status CheckDeviceAligned(const MutableTensor& t, absl::string_view what) {
@@ -360,13 +381,13 @@ absl::Status CheckDeviceAligned(const MutableTensor& t, absl::string_view what) 
 
 }  // namespace
 
-absl::Status Engine::RunWithFallback(const CallEnv& env, int64_t staged_bytes, Backend** backend,
+absl::Status Engine::RunWithFallback(const CallEnv& env, int64_t charged, Backend** backend,
                                      const std::function<absl::Status(Backend*)>& run) {
   absl::Status s = run(*backend);
   if (!s.ok() && LeavesToTheCpu(env.backend, **backend, s)) {
     // The GPU's staging is done with: the CPU's retry needs none, and other
     // calls may use the budget it held.
-    ReleaseStaging(env, **backend, staged_bytes);
+    ReleaseStaging(env, charged);
     *backend = cpu_.get();
     s = run(*backend);
   }
@@ -474,12 +495,16 @@ absl::StatusOr<std::string> Engine::ApplyRope(const RopeOptions& options, RopeTe
     if (env.query_out != nullptr || env.key_out != nullptr) {
       return RopeIntoHost(plan, t, env, &served);
     }
-    POSENC_ASSIGN_OR_RETURN(Backend * backend, ChooseStaged(env, tensor_bytes));
     AlignedWork aligned(env.admission);
     MutableTensor query = t.query, key = t.key;
     POSENC_RETURN_IF_ERROR(aligned.Align(query));
     POSENC_RETURN_IF_ERROR(aligned.Align(key));
-    POSENC_RETURN_IF_ERROR(RunWithFallback(env, tensor_bytes, &backend, [&](Backend* b) {
+    POSENC_ASSIGN_OR_RETURN(const Staged staged,
+                            ChooseStaged(env, tensor_bytes, RowBytes(tensor_bytes, plan.num_tokens),
+                                         {{query.data, static_cast<int64_t>(query.nbytes)},
+                                          {key.data, static_cast<int64_t>(key.nbytes)}}));
+    Backend* backend = staged.backend;
+    POSENC_RETURN_IF_ERROR(RunWithFallback(env, staged.charged, &backend, [&](Backend* b) {
       return b->ApplyRope(plan, query.data, has_key ? key.data : nullptr, env.ctx);
     }));
     aligned.CopyBack();
@@ -511,11 +536,6 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
   // A tensor without an output of its own is rotated in place.
   char* q_out = env.query_out != nullptr ? env.query_out : q_in;
   char* k_out = !has_key ? nullptr : env.key_out != nullptr ? env.key_out : k_in;
-  const auto pinned_on = [&](const Backend& b) {
-    const auto pinned = [&b](const void* p, size_t n) { return n == 0 || b.HostPinned(p, n); };
-    return pinned(q_in, t.query.nbytes) && pinned(k_in, t.key.nbytes) &&
-           pinned(q_out, t.query.nbytes) && pinned(k_out, t.key.nbytes);
-  };
   // The CPU's way where outputs overlap inputs: a tensor with an output of
   // its own is rotated in a private copy (an engine scratch buffer), then
   // copied there; one rotated in place only needs to be aligned. The
@@ -551,8 +571,13 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
   };
   POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, tensor_bytes));
   if (backend->kind() == BackendKind::kCuda) {
-    POSENC_ASSIGN_OR_RETURN(const bool done,
-                            ThroughGpu(env, backend, tensor_bytes, pinned_on, through, served));
+    const auto q_bytes = static_cast<int64_t>(t.query.nbytes);
+    const auto k_bytes = static_cast<int64_t>(t.key.nbytes);
+    POSENC_ASSIGN_OR_RETURN(
+        const bool done,
+        ThroughGpu(env, backend, tensor_bytes, RowBytes(tensor_bytes, plan.num_tokens),
+                   {{q_in, q_bytes}, {k_in, k_bytes}, {q_out, q_bytes}, {k_out, k_bytes}}, through,
+                   served));
     if (done) return absl::OkStatus();
     // Work memory lent to a GPU that gave up (one that asks for any).
     q.copy = {};
@@ -603,15 +628,12 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
 }
 
 absl::StatusOr<bool> Engine::ThroughGpu(const CallEnv& env, Backend* gpu, int64_t bytes,
-                                        const std::function<bool(const Backend&)>& pinned_on,
+                                        int64_t row_bytes, absl::Span<const HostRange> tensors,
                                         const std::function<absl::Status(Backend*)>& through,
                                         std::string* served) {
-  // Only the primary pins regions: a call sent to another GPU whose
-  // tensors the primary pinned goes there, with no host copy at all.
-  if (!pinned_on(*gpu) && primary()->health().ok() && pinned_on(*primary())) gpu = primary();
-  const int64_t staged = pinned_on(*gpu) ? 0 : bytes;
-  POSENC_ASSIGN_OR_RETURN(Backend * chosen, ChargeStaging(env, gpu, staged));
-  if (chosen != gpu) return false;  // AUTO, and the budget holds no staging
+  POSENC_ASSIGN_OR_RETURN(const Staged staged, StageOn(env, gpu, bytes, row_bytes, tensors));
+  gpu = staged.backend;
+  if (gpu->kind() != BackendKind::kCuda) return false;  // AUTO, and no room for the staging
   const absl::Status s = through(gpu);
   if (s.ok()) {
     *served = BackendName(gpu);
@@ -619,7 +641,7 @@ absl::StatusOr<bool> Engine::ThroughGpu(const CallEnv& env, Backend* gpu, int64_
   }
   // A GPU that gave up left the outputs as they were, as RunWithFallback's.
   if (!LeavesToTheCpu(env.backend, *gpu, s)) return s;
-  ReleaseStaging(env, *gpu, staged);
+  ReleaseStaging(env, staged.charged);
   return false;
 }
 
@@ -648,6 +670,7 @@ absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTenso
       call.in = t.x.data;
       call.out = env.x_out;
       call.bytes = tensor_bytes;
+      call.row_bytes = RowBytes(tensor_bytes, plan.num_tokens);
       call.through = [&](Backend* b) {
         AbsoluteThrough through;
         through.x = t.x.data;
@@ -658,11 +681,14 @@ absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTenso
       call.in_place = [&](Backend* b, void* x) { return b->ApplyAbsolute(plan, x, env.ctx); };
       return IntoHost(call, env, &served);
     }
-    POSENC_ASSIGN_OR_RETURN(Backend * backend, ChooseStaged(env, tensor_bytes));
     AlignedWork aligned(env.admission);
     MutableTensor x = t.x;
     POSENC_RETURN_IF_ERROR(aligned.Align(x));
-    POSENC_RETURN_IF_ERROR(RunWithFallback(env, tensor_bytes, &backend, [&](Backend* b) {
+    POSENC_ASSIGN_OR_RETURN(const Staged staged,
+                            ChooseStaged(env, tensor_bytes, RowBytes(tensor_bytes, plan.num_tokens),
+                                         {{x.data, tensor_bytes}}));
+    Backend* backend = staged.backend;
+    POSENC_RETURN_IF_ERROR(RunWithFallback(env, staged.charged, &backend, [&](Backend* b) {
       return b->ApplyAbsolute(plan, x.data, env.ctx);
     }));
     aligned.CopyBack();
@@ -683,11 +709,10 @@ absl::Status Engine::IntoHost(const IntoHostCall& call, const CallEnv& env, std:
   const auto bytes = static_cast<size_t>(call.bytes);
   POSENC_ASSIGN_OR_RETURN(Backend * backend, Choose(env.backend, call.bytes));
   if (backend->kind() == BackendKind::kCuda) {
-    const auto pinned_on = [&](const Backend& b) {
-      return b.HostPinned(call.in, bytes) && b.HostPinned(call.out, bytes);
-    };
-    POSENC_ASSIGN_OR_RETURN(const bool done,
-                            ThroughGpu(env, backend, call.bytes, pinned_on, call.through, served));
+    POSENC_ASSIGN_OR_RETURN(
+        const bool done,
+        ThroughGpu(env, backend, call.bytes, call.row_bytes,
+                   {{call.in, call.bytes}, {call.out, call.bytes}}, call.through, served));
     if (done) return absl::OkStatus();
   }
   Backend* const cpu = cpu_.get();
@@ -729,11 +754,14 @@ absl::StatusOr<Produced> Engine::EncodingTable(AbsoluteOptions o, int64_t dim, i
           return env.admission.TryGrow(c.plan_bytes + c.output_bytes);
         }));
     const int64_t out_bytes = plan.num_tokens * dim * static_cast<int64_t>(SizeOf(dtype));
-    POSENC_ASSIGN_OR_RETURN(Backend * backend, ChooseStaged(env, out_bytes));
     POSENC_ASSIGN_OR_RETURN(char* const prepared, Prepare(out, out_bytes, env.ctx));
     AlignedWork aligned(env.admission);
     POSENC_ASSIGN_OR_RETURN(char* const target, aligned.Output(prepared, out_bytes, dtype));
-    POSENC_RETURN_IF_ERROR(RunWithFallback(env, out_bytes, &backend, [&](Backend* b) {
+    POSENC_ASSIGN_OR_RETURN(
+        const Staged staged,
+        ChooseStaged(env, out_bytes, RowBytes(out_bytes, plan.num_tokens), {{target, out_bytes}}));
+    Backend* backend = staged.backend;
+    POSENC_RETURN_IF_ERROR(RunWithFallback(env, staged.charged, &backend, [&](Backend* b) {
       return b->ApplyAbsolute(plan, target, env.ctx);
     }));
     aligned.CopyBack();
@@ -781,6 +809,7 @@ absl::StatusOr<Produced> Engine::AttentionBias(const BiasOptions& o, MutableTens
       call.in = logits.data;
       call.out = env.bias_out;
       call.bytes = static_cast<int64_t>(logits.nbytes);
+      call.row_bytes = RowBytes(call.bytes, plan.batch * plan.num_heads * plan.q_len);
       call.through = [&](Backend* b) {
         BiasThrough through;
         through.logits = logits.data;
@@ -803,8 +832,12 @@ absl::StatusOr<Produced> Engine::AttentionBias(const BiasOptions& o, MutableTens
       POSENC_ASSIGN_OR_RETURN(char* const prepared, Prepare(out, out_bytes, env.ctx));
       POSENC_ASSIGN_OR_RETURN(target, aligned.Output(prepared, out_bytes, plan.dtype));
     }
-    POSENC_ASSIGN_OR_RETURN(Backend * backend, ChooseStaged(env, out_bytes));
-    POSENC_RETURN_IF_ERROR(RunWithFallback(env, out_bytes, &backend, [&](Backend* b) {
+    POSENC_ASSIGN_OR_RETURN(
+        const Staged staged,
+        ChooseStaged(env, out_bytes, RowBytes(out_bytes, plan.batch * plan.num_heads * plan.q_len),
+                     {{target, out_bytes}}));
+    Backend* backend = staged.backend;
+    POSENC_RETURN_IF_ERROR(RunWithFallback(env, staged.charged, &backend, [&](Backend* b) {
       return b->ApplyAttentionBias(plan, target, env.ctx);
     }));
     aligned.CopyBack();

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "engine/admission.h"
 #include "engine/backend_cost.h"
 #include "engine/scratch_pool.h"
@@ -242,37 +243,56 @@ class Engine {
   explicit Engine(const EngineOptions& options);
 
   [[nodiscard]] absl::StatusOr<Backend*> Choose(BackendChoice requested, int64_t bytes);
-  // Choose, for a call's host tensors of `bytes`: a GPU's staging of them
-  // charged to the call (or, under AUTO, the CPU when that does not fit).
-  [[nodiscard]] absl::StatusOr<Backend*> ChooseStaged(const CallEnv& env, int64_t bytes);
-  // ChooseStaged's charge for a backend already chosen.
-  [[nodiscard]] absl::StatusOr<Backend*> ChargeStaging(const CallEnv& env, Backend* backend,
-                                                       int64_t bytes);
-  // Gives ChargeStaging's charge on `backend` back: the call leaves it for
-  // the CPU, before anything was staged or after the GPU gave up.
-  void ReleaseStaging(const CallEnv& env, const Backend& backend, int64_t bytes);
+  // Host memory a call names: where it starts and its size.
+  struct HostRange {
+    const void* data;
+    int64_t bytes;
+  };
+  // Whether every range of nonzero size lies in host memory `b` pinned.
+  static bool PinnedOn(const Backend& b, absl::Span<const HostRange> tensors);
+  // A backend chosen for a call on host tensors, and the bytes of its
+  // staging charged to the call.
+  struct Staged {
+    Backend* backend = nullptr;
+    int64_t charged = 0;
+  };
+  // Choose, then StageOn, for a call on host tensors (`tensors`, `bytes` in
+  // all, moved in rows of `row_bytes`).
+  [[nodiscard]] absl::StatusOr<Staged> ChooseStaged(const CallEnv& env, int64_t bytes,
+                                                    int64_t row_bytes,
+                                                    absl::Span<const HostRange> tensors);
+  // For a backend `chosen`: a GPU's staging of the tensors it did not pin
+  // (Backend::StagingBytes; none where it pinned them all) charged to the
+  // call, or, under AUTO, the CPU when that does not fit. A GPU other than
+  // the primary leaves a call whose tensors the primary pinned, and it did
+  // not, to the primary (only the primary pins regions).
+  [[nodiscard]] absl::StatusOr<Staged> StageOn(const CallEnv& env, Backend* chosen, int64_t bytes,
+                                               int64_t row_bytes,
+                                               absl::Span<const HostRange> tensors);
+  // Gives a Staged's charge back: the call leaves the GPU for the CPU,
+  // after the GPU gave up.
+  void ReleaseStaging(const CallEnv& env, int64_t charged);
   // ApplyRope's work for host tensors whose results go to other host memory
   // (env.query_out / key_out): see engine.cc. Sets *served.
   [[nodiscard]] absl::Status RopeIntoHost(const RopePlan& plan, const RopeTensors& t,
                                           const CallEnv& env, std::string* served);
-  // A call from host memory into other host memory on `gpu` (a GPU
-  // Choose picked): its `through` operation there, or, where
-  // `pinned_on(primary)` and not `pinned_on(gpu)`, on the primary, which
-  // then moves the tensors with no host copy. The GPU's staging of
-  // `bytes` (none where it pinned them) is charged to the call. True once
-  // the GPU has served it (*served set); false when the call is left to
-  // the CPU: under AUTO, a budget that holds no staging, or a GPU that
-  // gave up (its charge given back, the outputs as they were).
+  // A call from host memory into other host memory (`tensors`: inputs and
+  // outputs) on `gpu` (a GPU Choose picked), or the GPU StageOn moves it
+  // to: its `through` operation there, its staging charged. True once the
+  // GPU has served it (*served set); false when the call is left to the
+  // CPU: under AUTO, a budget that holds no staging, or a GPU that gave up
+  // (its charge given back, the outputs as they were).
   [[nodiscard]] absl::StatusOr<bool> ThroughGpu(
-      const CallEnv& env, Backend* gpu, int64_t bytes,
-      const std::function<bool(const Backend&)>& pinned_on,
-      const std::function<absl::Status(Backend*)>& through, std::string* served);
+      const CallEnv& env, Backend* gpu, int64_t bytes, int64_t row_bytes,
+      absl::Span<const HostRange> tensors, const std::function<absl::Status(Backend*)>& through,
+      std::string* served);
   // A host input computed into other host memory (AddAbsolute's env.x_out,
   // AttentionBias's env.bias_out): `bytes` at `in`, the result to `out`.
   struct IntoHostCall {
     const void* in = nullptr;
     char* out = nullptr;
     int64_t bytes = 0;
+    int64_t row_bytes = 0;  // of the rows a GPU stages (tokens, bias rows)
     // The backend's through operation.
     std::function<absl::Status(Backend* backend)> through;
     // The operation in place on a private copy of the input at `data`.
@@ -283,10 +303,8 @@ class Engine {
                                       std::string* served);
   // Runs `run` on *backend; under AUTO, retries on the CPU (updating
   // *backend) when the GPU does not cover the request or has failed,
-  // giving the call's staging charge (`staged_bytes`, ChargeStaging's)
-  // back first.
-  [[nodiscard]] absl::Status RunWithFallback(const CallEnv& env, int64_t staged_bytes,
-                                             Backend** backend,
+  // giving the call's staging charge (`charged`, a Staged's) back first.
+  [[nodiscard]] absl::Status RunWithFallback(const CallEnv& env, int64_t charged, Backend** backend,
                                              const std::function<absl::Status(Backend*)>& run);
   // Whether a call that failed with `s` on `backend` is retried on the CPU
   // (RunWithFallback's rule): under AUTO, a GPU that gave up.

@@ -1185,6 +1185,73 @@ TEST(CudaSharedMemoryOnTwoFakeGpus, RegionsRunOnTheirDeviceAndStagedCallsSpread)
   rt1.Free(mem);
 }
 
+// A call is charged what the GPU stages of it (Backend::StagingBytes), no
+// more: a large call (chunked) two chunks of rows, not its whole tensor;
+// one in memory the GPU pinned (in place in a registered region),
+// nothing. So a budget that holds that much but not the tensor serves
+// them on the GPU, AUTO or asked for.
+TEST(GpuStaging, IsChargedWhatTheGpuStages) {
+  testing::FakeGpuEngine gpu(BackendChoice::kAuto, /*auto_gpu_min_bytes=*/0);
+  Engine& engine = gpu.engine();
+  AdmissionControl& budget = engine.admission();
+  // Other calls hold all of the budget but `free` bytes.
+  auto others = engine.Admit(0);
+  ASSERT_TRUE(others.ok()) << others.status();
+  const auto leave = [&](int64_t free) {
+    others->Reset();
+    others = engine.Admit(0);
+    ASSERT_TRUE(others.ok());
+    ASSERT_TRUE(others->TryGrow(budget.options().max_bytes - budget.bytes() - free).ok());
+  };
+  // 4096 tokens x 1024 FP32 (16 MiB, four times the 4 MiB chunks), in the
+  // process's own memory: staged in two slots of 1024 tokens, 8 MiB.
+  constexpr int64_t kT = 4096, kD = 1024, kBytes = kT * kD * 4;
+  const std::string x = RandomQuery(kBytes);
+  const std::string want = SinusoidalResult(engine, x, kT, kD);
+  for (const char* backend : {"", "cuda"}) {
+    SCOPED_TRACE(*backend == '\0' ? "AUTO" : backend);
+    leave(kBytes * 3 / 4);
+    std::string y = x;
+    auto call = engine.Admit(0);
+    ASSERT_TRUE(call.ok()) << call.status();
+    RunContext ctx;
+    CallEnv env{ctx, *call};
+    env.backend = *backend == '\0' ? BackendChoice::kAuto : BackendChoice::kCuda;
+    AbsoluteTensors t;
+    t.x = MutableTensor{DType::kFloat32, {1, kT, kD}, y.data(), kBytes};
+    absl::StatusOr<std::string> served = engine.AddAbsolute(AbsoluteOptions{}, t, env);
+    ASSERT_TRUE(served.ok()) << served.status();
+    EXPECT_EQ(*served, "cuda:0");
+    EXPECT_TRUE(y == want);
+  }
+  // RoPE in place in a region the GPU pinned: nothing staged, nothing
+  // charged, with a budget that holds half the tensor.
+  const std::string query = RandomQuery();
+  const std::string rope_want = CpuResult(engine, query);
+  others->Reset();  // registering takes the region's size of the budget
+  const int fd = RegisteredObject(engine, "sys", kQueryBytes);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(gpu.runtime().registered_bytes(), kQueryBytes);
+  for (const char* backend : {"", "cuda"}) {
+    SCOPED_TRACE(*backend == '\0' ? "AUTO" : backend);
+    ASSERT_EQ(::pwrite(fd, query.data(), kQueryBytes, 0), kQueryBytes);
+    leave(kQueryBytes / 2);
+    const int64_t direct = gpu.runtime().bytes_copied_direct();
+    ModelInferResponse r;
+    std::string served;
+    const absl::Status s = RunOn(engine, RopeRequest(query, 0, 0, backend, "sys"), &r, &served);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(served, "cuda:0");
+    EXPECT_EQ(gpu.runtime().bytes_copied_direct() - direct, 2 * kQueryBytes);
+    std::string out(kQueryBytes, '\0');
+    ASSERT_EQ(::pread(fd, out.data(), kQueryBytes, 0), kQueryBytes);
+    EXPECT_TRUE(out == rope_want);
+  }
+  others->Reset();
+  ASSERT_TRUE(engine.shared_memory().Unregister("sys").ok());
+  ::close(fd);
+}
+
 // The GPU's pinned staging is in the memory budget: what it keeps between
 // calls from the start, and a call's own staging while it runs. A budget
 // too full for that sends an AUTO call to the CPU; a call that asked for

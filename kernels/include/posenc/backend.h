@@ -146,12 +146,13 @@ class Backend {
   virtual bool HostPinned(const void* /*p*/, size_t /*bytes*/) const { return false; }
   // Host memory the backend keeps between calls, at most (the CUDA
   // backend's pinned staging buffers), for a server to hold in its memory
-  // budget. A call may stage its own tensors in more while it runs: as many
-  // bytes again as its tensors (StagesHostCopy). Default: none.
+  // budget. Default: none.
   virtual int64_t ResidentHostBytes() const { return 0; }
-  // Whether calls copy their host tensors into memory of the backend's own
-  // (staging) while they run.
-  virtual bool StagesHostCopy() const { return false; }
+  // Host memory of the backend's own (staging) a call copies its host
+  // tensors into while it runs, at most, for `tensor_bytes` of them moved
+  // in rows of `row_bytes` (tokens, bias rows) from memory it did not pin:
+  // for a server to hold in the call's budget. Default: none.
+  virtual int64_t StagingBytes(int64_t /*tensor_bytes*/, int64_t /*row_bytes*/) const { return 0; }
   // Device memory another process shares with this one (Triton's CUDA
   // shared memory): `raw_handle` is a CUDA IPC handle (cudaIpcGetMemHandle's
   // 64 bytes) of an allocation of at least `bytes` on this backend's device.

@@ -196,7 +196,14 @@ class CudaBackend final : public Backend {
   int64_t ResidentHostBytes() const override {
     return static_cast<int64_t>(kWorkers * max_idle_staging_);
   }
-  bool StagesHostCopy() const override { return true; }
+  // Whole under two chunks; else two slots of a chunk's rows (StagingOf).
+  int64_t StagingBytes(int64_t tensor_bytes, int64_t row_bytes) const override {
+    const auto bytes = static_cast<size_t>(std::max<int64_t>(tensor_bytes, 0));
+    if (bytes < 2 * chunk_bytes_) return static_cast<int64_t>(bytes);
+    const auto row = static_cast<size_t>(std::max<int64_t>(row_bytes, 1));
+    const int64_t per_chunk = std::max<int64_t>(1, chunk_bytes_ / row);
+    return static_cast<int64_t>(std::min(bytes, 2 * SlotBytes(per_chunk, row)));
+  }
   DeviceInfo device() const override { return info_; }
 
   absl::Status health() const override {

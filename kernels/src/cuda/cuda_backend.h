@@ -20,8 +20,9 @@ struct CudaBackendOptions {
   // Pinned staging a worker keeps between calls: a buffer grown past this
   // for a large call is freed after it, so what stays is bounded
   // (ResidentHostBytes) while the large call's own staging is charged to
-  // it by the server. Staged calls need at most about 2 x chunk_bytes plus
-  // their side tables (chunked calls go through two chunk-sized slots).
+  // it by the server (StagingBytes). Staged calls need at most about 2 x
+  // chunk_bytes plus their side tables (chunked calls go through two
+  // chunk-sized slots).
   size_t max_idle_staging_bytes = size_t{16} << 20;
 };
 
