@@ -552,7 +552,8 @@ absl::Status Engine::RopeIntoHost(const RopePlan& plan, const RopeTensors& t, co
     POSENC_ASSIGN_OR_RETURN(w.copy, scratch_.Lend(std::max<int64_t>(1, bytes), env.admission));
     return absl::OkStatus();
   };
-  // Work memory is lent only to a CPU whose blocks cannot hold a token.
+  // Work memory is lent only to a backend that needs it (a CPU whose
+  // blocks cannot hold a token).
   const auto through = [&](Backend* b) -> absl::Status {
     if (b->RopeThroughNeedsWork(plan)) {
       POSENC_RETURN_IF_ERROR(lend(q));
