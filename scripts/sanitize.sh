@@ -11,7 +11,11 @@
 #  3. gcc ASan + UBSan build of the kernel library and its suites (no server):
 #     the loops written in x86 intrinsics, which only gcc compiles (the AVX2
 #     ones natively, the AVX-512 ones through the emulated AVX-512 build,
-#     docs/testing.md), under every cpu-labelled test.
+#     docs/testing.md), under every cpu-labelled test;
+#  4. gcc ASan + UBSan build with CUDA on (where nvcc is), of the CUDA
+#     backend's host side on the fake CUDA runtime: its staging, chunks,
+#     pinned and device memory and through calls, and the kernels' bodies
+#     over the emulated grid, instrumented (nvcc's device code is not).
 # This also proves the code builds with clang as well as gcc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,4 +62,18 @@ cmake -S . -B "$gcc_asan" "${common[@]}" -DCMAKE_C_COMPILER=gcc -DCMAKE_CXX_COMP
   -DPOSENC_BUILD_SERVER=OFF -DPOSENC_SANITIZE=address,undefined
 cmake --build "$gcc_asan" -j "$jobs"
 (cd "$gcc_asan" && ctest --output-on-failure -j "$jobs" --timeout 900 -L cpu)
-echo "sanitize: ASan+UBSan (clang, and gcc over the intrinsic loops), fuzzers and TSan all passed"
+
+if command -v nvcc > /dev/null; then
+  cuda_asan=${POSENC_CUDA_ASAN_DIR:-build-cuda-asan}
+  CC=gcc CXX=g++ cmake -S . -B "$cuda_asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DPOSENC_BUILD_BENCH=OFF -DPOSENC_ENABLE_CUDA=ON -DCMAKE_C_COMPILER=gcc \
+    -DCMAKE_CXX_COMPILER=g++ -DPOSENC_SANITIZE=address,undefined
+  cmake --build "$cuda_asan" -j "$jobs" --target cuda_status_test cuda_backend_test \
+    cuda_through_test
+  "$cuda_asan"/kernels/src/cuda/cuda_status_test
+  "$cuda_asan"/kernels/src/cuda/cuda_backend_test
+  "$cuda_asan"/kernels/src/cuda/cuda_through_test
+else
+  echo "sanitize: no nvcc here, so the CUDA backend's host side is not sanitized"
+fi
+echo "sanitize: ASan+UBSan (clang, gcc over the intrinsic loops, and gcc over the CUDA backend's host side), fuzzers and TSan all passed"
