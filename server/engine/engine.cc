@@ -305,14 +305,15 @@ absl::StatusOr<Engine::Staged> Engine::StageOn(const CallEnv& env, Backend* chos
   // Only the primary pins regions: a call sent to another GPU whose
   // tensors the primary pinned goes to the primary, which moves them with
   // no host copy.
-  if (chosen != primary() && !PinnedOn(*chosen, tensors) && primary()->health().ok() &&
-      PinnedOn(*primary(), tensors)) {
+  bool pinned = PinnedOn(*chosen, tensors);
+  if (!pinned && chosen != primary() && primary()->health().ok() && PinnedOn(*primary(), tensors)) {
     chosen = primary();
+    pinned = true;
   }
   // The GPU copies tensors it did not pin into its staging while the call
   // runs: those bytes join the call's. Under AUTO a budget too full for
   // them sends the call to the CPU, which needs none.
-  const int64_t staging = PinnedOn(*chosen, tensors) ? 0 : chosen->StagingBytes(bytes, row_bytes);
+  const int64_t staging = pinned ? 0 : chosen->StagingBytes(bytes, row_bytes);
   absl::Status charged = env.admission.TryGrow(staging);
   if (charged.ok()) return Staged{chosen, staging};
   if (Resolve(env.backend) == BackendChoice::kCuda) return charged;

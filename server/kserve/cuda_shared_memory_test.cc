@@ -549,36 +549,33 @@ TEST(SystemSharedMemoryOnAFakeGpu, CallsIntoAnotherSliceNeedOnlyTheGpusStaging) 
       SCOPED_TRACE(::testing::Message() << (*backend == '\0' ? "AUTO" : backend) << ", "
                                         << free_tensors << " tensors of the budget free");
       const bool staging_fits = free_tensors > 1;
+      // A call's outcome: `want` in the output from the GPU where its
+      // staging fits, else from the CPU under AUTO; else refused, the
+      // output (`bytes`) as it was.
+      const auto expect = [&](const absl::Status& s, const std::string& want, int64_t bytes) {
+        if (staging_fits || *backend == '\0') {
+          ASSERT_TRUE(s.ok()) << s;
+          EXPECT_EQ(served, staging_fits ? "cuda:0" : "cpu");
+          EXPECT_TRUE(output(bytes) == want);
+        } else {
+          EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+          EXPECT_TRUE(output(bytes) == poison.substr(0, bytes));
+        }
+      };
       ASSERT_EQ(::pwrite(fd, x.data(), kBytes, 0), kBytes);
       ASSERT_EQ(::pwrite(fd, poison.data(), kBytes, kBytes), kBytes);
       hold(kBytes, free_tensors);
       ModelInferResponse r;
-      const absl::Status s =
-          RunOn(engine, SinusoidalRequest(kT, kD, "", "sys", 0, "sys", kBytes, backend), &r,
-                &served, ModelKind::kSinusoidal);
-      if (staging_fits || *backend == '\0') {
-        ASSERT_TRUE(s.ok()) << s;
-        EXPECT_EQ(served, staging_fits ? "cuda:0" : "cpu");
-        EXPECT_TRUE(output(kBytes) == sinusoidal_want);
-      } else {
-        EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
-        EXPECT_TRUE(output(kBytes) == poison);
-      }
+      expect(RunOn(engine, SinusoidalRequest(kT, kD, "", "sys", 0, "sys", kBytes, backend), &r,
+                   &served, ModelKind::kSinusoidal),
+             sinusoidal_want, kBytes);
       // RoPE of kQueryBytes from the region into its second half.
       ASSERT_EQ(::pwrite(fd, query.data(), kQueryBytes, 0), kQueryBytes);
       ASSERT_EQ(::pwrite(fd, poison.data(), kQueryBytes, kBytes), kQueryBytes);
       hold(kQueryBytes, free_tensors);
       ModelInferResponse rr;
-      const absl::Status rs =
-          RunOn(engine, RopeRequest(query, 0, kBytes, backend, "sys"), &rr, &served);
-      if (staging_fits || *backend == '\0') {
-        ASSERT_TRUE(rs.ok()) << rs;
-        EXPECT_EQ(served, staging_fits ? "cuda:0" : "cpu");
-        EXPECT_TRUE(output(kQueryBytes) == rope_want);
-      } else {
-        EXPECT_EQ(rs.code(), absl::StatusCode::kResourceExhausted) << rs;
-        EXPECT_TRUE(output(kQueryBytes) == poison.substr(0, kQueryBytes));
-      }
+      expect(RunOn(engine, RopeRequest(query, 0, kBytes, backend, "sys"), &rr, &served), rope_want,
+             kQueryBytes);
       EXPECT_EQ(engine.scratch().idle_buffers(), 0) << "no scratch buffer was lent";
     }
   }

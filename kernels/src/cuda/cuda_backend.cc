@@ -85,6 +85,15 @@ absl::Status Ask(const BeforeWrite& before_write) {
   return before_write ? before_write() : absl::OkStatus();
 }
 
+// The bytes of a RoPE plan's query and key (0 without a key).
+struct RopeBytes {
+  explicit RopeBytes(const RopePlan& plan)
+      : query(plan.num_tokens * plan.query_heads * plan.head_dim * SizeOf(plan.dtype)),
+        key(plan.has_key ? plan.num_tokens * plan.key_heads * plan.head_dim * SizeOf(plan.dtype)
+                         : 0) {}
+  size_t query, key;
+};
+
 // Concurrent GPU calls; more wait for a worker.
 constexpr int kWorkers = 4;
 constexpr size_t kAlign = 256;
@@ -219,10 +228,7 @@ class CudaBackend final : public Backend {
 
   absl::Status ApplyRopeInto(const RopePlan& plan, const void* query, const void* key,
                              void* query_out, void* key_out, const RunContext& ctx) override {
-    const size_t esize = SizeOf(plan.dtype);
-    const size_t q_bytes = plan.num_tokens * plan.query_heads * plan.head_dim * esize;
-    const size_t k_bytes =
-        plan.has_key ? plan.num_tokens * plan.key_heads * plan.head_dim * esize : 0;
+    const auto [q_bytes, k_bytes] = RopeBytes(plan);
     POSENC_ASSIGN_OR_RETURN(
         const bool resident,
         Resident({{query, q_bytes}, {key, k_bytes}, {query_out, q_bytes}, {key_out, k_bytes}}));
@@ -238,10 +244,7 @@ class CudaBackend final : public Backend {
   // memories are not used.
   absl::Status ApplyRopeThrough(const RopePlan& plan, const RopeThrough& t,
                                 const RunContext& ctx) override {
-    const size_t esize = SizeOf(plan.dtype);
-    const size_t q_bytes = plan.num_tokens * plan.query_heads * plan.head_dim * esize;
-    const size_t k_bytes =
-        plan.has_key ? plan.num_tokens * plan.key_heads * plan.head_dim * esize : 0;
+    const auto [q_bytes, k_bytes] = RopeBytes(plan);
     if (!plan.empty() && (t.query == nullptr || t.query_out == nullptr ||
                           (k_bytes > 0 && (t.key == nullptr || t.key_out == nullptr)))) {
       return absl::InvalidArgumentError("ApplyRopeThrough needs every tensor and its output");
@@ -289,10 +292,7 @@ class CudaBackend final : public Backend {
     POSENC_RETURN_IF_ERROR(health());
     if (plan.empty()) return absl::OkStatus();
     if (ctx.IsCancelled()) return absl::CancelledError("the call was cancelled");
-    const size_t esize = SizeOf(plan.dtype);
-    const size_t q_bytes = plan.num_tokens * plan.query_heads * plan.head_dim * esize;
-    const size_t k_bytes =
-        plan.has_key ? plan.num_tokens * plan.key_heads * plan.head_dim * esize : 0;
+    const auto [q_bytes, k_bytes] = RopeBytes(plan);
     POSENC_ASSIGN_OR_RETURN(const bool resident, Resident({{query, q_bytes}, {key, k_bytes}}));
     // REQUIRES: the outputs resident where the inputs are (ApplyRopeInto),
     // in host memory where they are not (ApplyRopeThrough).
@@ -527,8 +527,7 @@ class CudaBackend final : public Backend {
     const size_t out_at = l.Add(resident ? 0 : out_bytes);
     const int64_t rows = plan.batch * plan.num_heads * plan.q_len;
     const size_t row = out_bytes / rows;
-    const bool direct =
-        !resident && InPinned(out, out_bytes) && (logits == out || InPinned(logits, out_bytes));
+    const bool direct = !resident && InPinned(logits, out_bytes) && InPinned(out, out_bytes);
     const Staging st = StagingOf(resident, direct, out_bytes, row, side_bytes, l.size());
     const bool chunked = st.chunked, staged = st.staged;
     const int64_t per_chunk = st.per_chunk;
