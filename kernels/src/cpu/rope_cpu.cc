@@ -547,6 +547,17 @@ POSENC_ALWAYS_INLINE void RotateRows(const RopePlan& p, const Rows<T>& rows, Scr
 //   ahead into L2 as well added nothing.
 constexpr int64_t kPrefetchAhead = 4096;
 
+// How far ahead token-major (BSHD) runs also ask for rows into L2
+// (Rows::far_bytes), on CPUs whose rows take the 512-bit loops. On an
+// AVX-512 BF16 Xeon (2026-11-30; six alternated rounds on a busy host,
+// medians, bench/RESULTS.md) it took bfloat16 NEOX from 26.8 to 30.9 GB/s
+// and GPT-J from 29.3 to 34.0, float32 NEOX from 35.1 to 37.8 and GPT-J
+// from 31.9 to 37.4: that Xeon's prefetchers left the L1 requests 4 KiB
+// ahead waiting on memory. On the Zen 5 EPYC the same 16 or 32 KiB added
+// nothing (above); the AVX2 loops, bound by their instructions on the
+// Zen 3, do without its two more prefetches a step.
+constexpr int64_t kTokenMajorFarAhead = 16384;
+
 template <typename T, RopeStyle kStyle, bool kWide = false>
 POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, RowTable* table, T* q, T* k, int64_t t0,
                                     int64_t t1, Scratch& s) {
@@ -585,6 +596,7 @@ POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, RowTable* table, T* q, T*
       }
     } else {
       // Token-major: a token's heads are contiguous.
+      const int64_t far = s.wide_512 ? kTokenMajorFarAhead : 0;
       for (int64_t t = t0; t < t1; ++t) {
         T* x = base + HeadsOfToken(p.layout, t - s.origin, p.seq_len, heads, D).first;
         const int64_t cn = (t - t0) * half;
@@ -594,7 +606,7 @@ POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, RowTable* table, T* q, T*
               Rows<T>{x + h0 * D, std::min(kMaxRowsPerCall, heads - h0), t, 0, s.c.data() + cn,
                       s.n.data() + cn, s.c2.data() + 2 * cn, s.n2.data() + 2 * cn,
                       s.paired ? s.cp.data() + cn : nullptr, s.paired ? s.np.data() + cn : nullptr,
-                      kPrefetchAhead, 0},
+                      kPrefetchAhead, far},
               s);
         }
       }
