@@ -428,12 +428,17 @@ constexpr int64_t kNextEvery = 64 * kPhaseAnchorStride;
 // where 2, 4 and 8 KiB ahead gave 27-30 (bench/RESULTS.md).
 constexpr int64_t kPrefetchAhead = 4096;
 
-// The wide bfloat16 loop asks for the same block of the row this many rows
+// The wide bfloat16 loops ask for the same block of the row this many rows
 // on: the next row's block is the very next work, too late to arrive in
-// time (a block is 2 KiB of a row). On the EPYC, bf16 [4096, 4096] ran
-// 36.7-40.9 GB/s one row ahead, 40.8-45.4 two and 43.6-45.7 three
-// (three rounds, alternated; bench/RESULTS.md).
-constexpr int64_t kWideRowsAhead = 3;
+// time (a block is 2 KiB of a row). On the Zen 5 EPYC, bf16 [4096, 4096]
+// ran 36.7-40.9 GB/s one row ahead, 40.8-45.4 two and 43.6-45.7 three
+// (three rounds, alternated; bench/RESULTS.md). On an AVX-512 BF16 Xeon
+// (2026-11-30, twelve alternated rounds on a busy host) two rows ran a
+// median 30.6-30.9 GB/s against 26.8-27.9 for three. The 512-bit loop
+// takes two, as the EPYC's ranges for two and three overlap; the AVX2 loop
+// keeps three, as two was measured on no AVX2-only machine.
+constexpr int64_t kWideRowsAhead512 = 2;
+constexpr int64_t kWideRowsAheadAvx2 = 3;
 
 // How far ahead in its row the wide float32 loop prefetches. About 1000
 // runs of each distance over 15 minutes, sorted by the baseline of their
@@ -619,8 +624,9 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
   const int64_t max_group =
       kGroups && s.wide ? std::clamp<int64_t>(PendingCapacity(dim) / dim, 1, kPhaseAnchorStride)
                         : 1;
+  const int64_t rows_ahead = s.bf16_512 ? kWideRowsAhead512 : kWideRowsAheadAvx2;
   const int64_t ahead =
-      kGroups ? kWideRowsAhead * dim : kWideF32PrefetchAhead / static_cast<int64_t>(sizeof(T));
+      kGroups ? rows_ahead * dim : kWideF32PrefetchAhead / static_cast<int64_t>(sizeof(T));
   const int64_t* pos = p.positions.values.data();
   RowSource source[kPhaseAnchorStride];
   int64_t run_end = begin;  // tokens [t, run_end) are all at t's anchor
