@@ -51,4 +51,16 @@ bool CpuHasAvx512Bf16() {
 #endif
 }
 
+bool CpuIsIntel() {
+#ifdef POSENC_CPU_BF16_WIDE
+  static const bool is = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel") != 0;
+  }();
+  return is;
+#else
+  return false;  // x86's probe is not compiled in
+#endif
+}
+
 }  // namespace posenc::internal

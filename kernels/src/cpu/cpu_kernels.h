@@ -112,6 +112,11 @@ bool CpuHasAvx512();
 // alone.
 bool CpuHasAvx512Bf16();
 
+// Whether this is an Intel CPU: whose prefetchers, on the one Xeon measured
+// (bench/RESULTS.md, 2026-11-30), want head-major RoPE's L2 requests
+// further ahead than AMD's do.
+bool CpuIsIntel();
+
 // Runs fn(scratch) with the calling thread's Scratch for `plan`, kept from
 // call to call: building one per call zeroed ~75-170 KiB, whose pages went
 // back to the kernel when it was freed, so every call faulted them in again
