@@ -93,6 +93,15 @@ POSENC_CPU_CLONES void SplitPhaseSteps(const uint64_t* __restrict step, int64_t 
   }
 }
 
+// How far ahead in its row the wide float32 loop also asks for lines into
+// L2, on Intel CPUs. On an AVX-512 BF16 Xeon (2026-11-30, five alternated
+// rounds on a quiet host, bench/RESULTS.md) the 8 KiB into L1 alone ran
+// [4096, 4096] at a median 30.9 GB/s (0.68 of the read-modify-write),
+// with 16 KiB into L2 as well 37.2, with 32 KiB 38.5 (0.87); 4 KiB into L1
+// alone 32.0. The Zen 5, whose runs chose the 8 KiB
+// (kWideF32PrefetchAhead), was not measured with it: AMD CPUs do without.
+constexpr int64_t kWideF32FarAhead = 32768;
+
 // Per-thread buffers, separately allocated so the compiler can see they do
 // not overlap. A thread keeps its Scratch from call to call
 // (WithThreadScratch).
@@ -102,6 +111,7 @@ struct Scratch {
         frequencies(static_cast<int64_t>(p.phase_step.size())),
         wide(WideFor(p)),
         bf16_512(CpuHasAvx512()),
+        f32_far(CpuIsIntel() ? kWideF32FarAhead / static_cast<int64_t>(sizeof(float)) : 0),
         narrowing(CpuHasAvx512Bf16() ? Narrowing::kInstruction : Narrowing::kRounding),
         pairs(PairsFor(p)),
         row(p.dim),
@@ -167,6 +177,8 @@ struct Scratch {
   // plan's: a Scratch made for a float32 plan serves a bfloat16 one of the
   // same width (Serves).
   const bool bf16_512;
+  // Elements ahead that the wide float32 loop asks for into L2 (0: none).
+  const int64_t f32_far;
   const Narrowing narrowing;
   const bool pairs;  // AnchorRow's layout: pairs (the 8-lane fused INTERLEAVED pass) or halves
   std::vector<float> row;     // [dim] PE in float32 (paths that do not fuse)
@@ -534,9 +546,13 @@ POSENC_ALWAYS_INLINE void FusedRange(const RowSource& r, bool interleaved, int64
   if constexpr (std::is_same_v<T, float>) {
 #ifdef POSENC_CPU_BF16_WIDE
     if (s.wide) {
-      auto wide =
-          interleaved ? FusedRangeF32Wide<kScaled, true> : FusedRangeF32Wide<kScaled, false>;
-      return wide(r.a, r.b, r.tc, r.ts, half, y, lo, hi, xs, ahead);
+      auto wide = interleaved ? FusedRangeF32Wide<kScaled, true, false>
+                              : FusedRangeF32Wide<kScaled, false, false>;
+      if (s.f32_far != 0) {
+        wide = interleaved ? FusedRangeF32Wide<kScaled, true, true>
+                           : FusedRangeF32Wide<kScaled, false, true>;
+      }
+      return wide(r.a, r.b, r.tc, r.ts, half, y, lo, hi, xs, ahead, s.f32_far);
     }
 #endif
     run(kScaled ? FusedRangeF32Scaled : FusedRangeF32);
