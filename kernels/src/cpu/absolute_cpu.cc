@@ -93,8 +93,8 @@ POSENC_CPU_CLONES void SplitPhaseSteps(const uint64_t* __restrict step, int64_t 
   }
 }
 
-// How far ahead in its row the wide float32 loop also asks for lines into
-// L2, on Intel CPUs. On an AVX-512 BF16 Xeon (2026-11-30, five alternated
+// How far ahead of its step the wide float32 loop also asks for lines
+// into L2 (two [4096] rows on), on Intel CPUs. On an AVX-512 BF16 Xeon (2026-11-30, five alternated
 // rounds on a quiet host, bench/RESULTS.md) the 8 KiB into L1 alone ran
 // [4096, 4096] at a median 30.9 GB/s (0.68 of the read-modify-write),
 // with 16 KiB into L2 as well 37.2, with 32 KiB 38.5 (0.87); 4 KiB into L1
@@ -446,11 +446,11 @@ constexpr int64_t kPrefetchAhead = 4096;
 // ran 36.7-40.9 GB/s one row ahead, 40.8-45.4 two and 43.6-45.7 three
 // (three rounds, alternated; bench/RESULTS.md). On an AVX-512 BF16 Xeon
 // (2026-11-30, twelve alternated rounds on a busy host) two rows ran a
-// median 30.6-30.9 GB/s against 26.8-27.9 for three. The 512-bit loop
-// takes two, as the EPYC's ranges for two and three overlap; the AVX2 loop
-// keeps three, as two was measured on no AVX2-only machine.
-constexpr int64_t kWideRowsAhead512 = 2;
-constexpr int64_t kWideRowsAheadAvx2 = 3;
+// median 30.6-30.9 GB/s against 26.8-27.9 for three (in eight rounds of
+// the whole bench against 10b105c, 30.5 -> 30.8). The 512-bit loop takes
+// two on Intel CPUs; AMD CPUs and the AVX2 loop keep three.
+constexpr int64_t kWideRowsAheadIntel512 = 2;
+constexpr int64_t kWideRowsAhead = 3;
 
 // How far ahead in its row the wide float32 loop prefetches. About 1000
 // runs of each distance over 15 minutes, sorted by the baseline of their
@@ -640,7 +640,8 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
   const int64_t max_group =
       kGroups && s.wide ? std::clamp<int64_t>(PendingCapacity(dim) / dim, 1, kPhaseAnchorStride)
                         : 1;
-  const int64_t rows_ahead = s.bf16_512 ? kWideRowsAhead512 : kWideRowsAheadAvx2;
+  const int64_t rows_ahead =
+      s.bf16_512 && CpuIsIntel() ? kWideRowsAheadIntel512 : kWideRowsAhead;
   const int64_t ahead =
       kGroups ? rows_ahead * dim : kWideF32PrefetchAhead / static_cast<int64_t>(sizeof(T));
   const int64_t* pos = p.positions.values.data();

@@ -112,9 +112,11 @@ bool CpuHasAvx512();
 // alone.
 bool CpuHasAvx512Bf16();
 
-// Whether this is an Intel CPU: whose prefetchers, on the one Xeon measured
-// (bench/RESULTS.md, 2026-11-30), want head-major RoPE's L2 requests
-// further ahead than AMD's do.
+// Whether this is an Intel CPU, whose prefetchers (on the one Xeon
+// measured, bench/RESULTS.md 2026-11-30) leave the loops waiting unless
+// they ask for lines into L2 further along the stream they write: RoPE's
+// kFarAheadInRun, the sinusoidal add's kWideF32FarAhead and
+// kWideRowsAheadIntel512. POSENC_CPU_VENDOR=intel (or anything else) sets it.
 bool CpuIsIntel();
 
 // Runs fn(scratch) with the calling thread's Scratch for `plan`, kept from

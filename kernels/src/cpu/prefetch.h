@@ -30,12 +30,12 @@ constexpr int64_t kBiasAheadBytes = 4096;
 
 // Before the line at `at` is worked on (a step of a bias loop: a line of
 // the 512-bit loop, half a line of the AVX2 one): the line kBiasAheadBytes
-// on. On an AVX-512 BF16 Xeon (2026-11-30) the 512-bit loop ran 0.33-0.38
-// of the read-modify-write without k_starts with no prefetch, 0.62-0.66
-// asking for a row's lines in one burst before the row (as the AVX2 loop
-// did, measured on the Zen 3: 0.74 -> 0.76 against none), and 0.75-0.86
-// with a line a step; the AVX2 loop 25-30 GB/s with the burst, 28-37 a
-// line a step. That Xeon's prefetchers leave the rows to be fetched on
+// on. On an AVX-512 BF16 Xeon (2026-11-30, alternated runs) the 512-bit
+// loop ran 0.40-0.53 of the read-modify-write without k_starts with no
+// prefetch, 0.58-0.75 asking for a row's lines in one burst before the row
+// (as the AVX2 loop did, measured on the Zen 3: 0.74 -> 0.76 against
+// none), and 0.73-0.88 with a line a step; the AVX2 loop 25-30 GB/s with
+// the burst, 28-37 a line a step. That Xeon's prefetchers leave the rows to be fetched on
 // demand, and a burst of a row's requests waits for fill buffers
 // (bench/RESULTS.md).
 POSENC_ALWAYS_INLINE void PrefetchBiasLineAhead(const void* at) {

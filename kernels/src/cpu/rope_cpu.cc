@@ -72,7 +72,7 @@ struct Scratch {
         pair_group(CpuHasAvx512() ? 32 : 16),
         wide_512(CpuHasAvx512()),
         wide_f32_512(CpuHasAvx512()),
-        far_in_run_bhsd(CpuIsIntel()),
+        far_in_run(CpuIsIntel()),
         narrowing(CpuHasAvx512Bf16() ? Narrowing::kInstruction : Narrowing::kRounding),
         cp(paired ? kTokenBlock * p.half() : 0),
         np(paired ? kTokenBlock * p.half() : 0),
@@ -134,9 +134,9 @@ struct Scratch {
   // or the AVX2 one; and how the 512-bit bfloat16 one narrows (AVX-512
   // BF16's instruction, or integer rounding: bf16_wide.h).
   const bool wide_512, wide_f32_512;
-  // Whether head-major runs ask for their own rows kFarAheadInRun on into
-  // L2, rather than the next head's (RopeBlock).
-  const bool far_in_run_bhsd;
+  // Whether runs ask for their own rows kFarAheadInRun on into L2 (in
+  // head-major runs rather than the next head's: RopeBlock).
+  const bool far_in_run;
   const Narrowing narrowing;
   std::vector<float> cp, np;
   std::vector<uint32_t> saved;  // a float16 head's rotary dims before rotation (2 x half)
@@ -537,9 +537,10 @@ POSENC_ALWAYS_INLINE void RotateRows(const RopePlan& p, const Rows<T>& rows, Scr
 
 // How far ahead in a run the loops ask for rows into L1 (Rows::near_bytes),
 // in either layout; head-major (BHSD) runs also ask for the next head's
-// rows into L2 (Rows::far_bytes). The hardware prefetcher alone left a
-// quarter of the bfloat16 loop's time waiting on loads (perf, Xeon). On the
-// EPYC (alternated runs, bench/RESULTS.md):
+// rows into L2 (Rows::far_bytes), except on Intel CPUs (kFarAheadInRun).
+// The hardware prefetcher alone left a quarter of the bfloat16 loop's time
+// waiting on loads (perf, Xeon). On the EPYC (alternated runs,
+// bench/RESULTS.md):
 // - BHSD used to ask for the next head's rows into L1 and for nothing in
 //   its own run: bfloat16 went from 0.81-0.84 of the read-modify-write to
 //   0.91-0.96 with this, float32 from 0.78-0.85 to 0.82-0.89. 16-256
@@ -552,15 +553,15 @@ POSENC_ALWAYS_INLINE void RotateRows(const RopePlan& p, const Rows<T>& rows, Scr
 constexpr int64_t kPrefetchAhead = 4096;
 
 // How far ahead in their own run the rows are asked for into L2 as well
-// (Rows::far_bytes): in token-major (BSHD) runs where the 512-bit loops
-// run, and in head-major (BHSD) ones on Intel CPUs (RopeBlock). On an
+// (Rows::far_bytes), on Intel CPUs: in token-major (BSHD) runs where the
+// 512-bit loops run, and in head-major (BHSD) ones (RopeBlock). On an
 // AVX-512 BF16 Xeon (2026-11-30; six alternated rounds on a busy host,
 // medians, bench/RESULTS.md) BSHD went bf16 NEOX 26.8 -> 30.9 GB/s, GPT-J
 // 29.3 -> 34.0, float32 NEOX 35.1 -> 37.8, GPT-J 31.9 -> 37.4: that
 // Xeon's prefetchers left the L1 requests 4 KiB ahead waiting on memory.
-// On the Zen 5 EPYC the same 16 or 32 KiB added nothing (above); the AVX2
-// loops, bound by their instructions on the Zen 3, do without its two
-// more prefetches a step.
+// On the Zen 5 EPYC the same 16 or 32 KiB in BSHD added nothing (above),
+// so AMD CPUs do without; in BSHD so do the AVX2 loops, bound by their
+// instructions on the Zen 3 (two more prefetches a step).
 constexpr int64_t kFarAheadInRun = 16384;
 
 template <typename T, RopeStyle kStyle, bool kWide = false>
@@ -588,16 +589,17 @@ POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, RowTable* table, T* q, T*
           // bfloat16 sequence of 128-dim heads) and the hardware prefetcher
           // restarts at every run: its rows are fetched into L2 while these
           // rotate, and this run's into L1 kPrefetchAhead ahead. On Intel
-          // CPUs the rows kFarAheadInRun on in this head (two blocks on,
-          // for 128-dim bfloat16) go into L2 instead: on the Xeon, five
-          // alternated rounds on a quiet host, bf16 NEOX 34.0 -> 39.7 GB/s,
-          // GPT-J 36.1 -> 41.7, float32 NEOX 43.3 -> 50.6, GPT-J 39.9 ->
-          // 43.0, where two heads on changed nothing; the Zen 5 measured
-          // the next head's (0.81-0.84 -> 0.91-0.96 of the
-          // read-modify-write for bf16, above) and keeps it.
-          const int64_t far = s.far_in_run_bhsd ? kFarAheadInRun
-                              : h + 1 < heads   ? span.stride * static_cast<int64_t>(sizeof(T))
-                                                : 0;
+          // CPUs the rows kFarAheadInRun on go into L2 instead (in place,
+          // this head's two blocks on, for 128-dim bfloat16; in a block
+          // copied aside, a later head's): on the Xeon, five alternated
+          // rounds on a quiet host, bf16 NEOX 34.0 -> 39.7 GB/s, GPT-J
+          // 36.1 -> 41.7, float32 NEOX 43.3 -> 50.6, GPT-J 39.9 -> 43.0,
+          // where the head after next instead of the next changed nothing;
+          // the Zen 5 measured the next head's (0.81-0.84 -> 0.91-0.96 of
+          // the read-modify-write for bf16, above) and keeps it.
+          const int64_t far = s.far_in_run    ? kFarAheadInRun
+                              : h + 1 < heads ? span.stride * static_cast<int64_t>(sizeof(T))
+                                              : 0;
           RotateRows<T, kStyle, kWide>(
               p,
               Rows<T>{base + span.first + h * span.stride, run_end - run, run, 1, s.c.data() + cn,
@@ -610,7 +612,7 @@ POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, RowTable* table, T* q, T*
       }
     } else {
       // Token-major: a token's heads are contiguous.
-      const int64_t far = s.wide_512 ? kFarAheadInRun : 0;
+      const int64_t far = kWide && s.wide_512 && s.far_in_run ? kFarAheadInRun : 0;
       for (int64_t t = t0; t < t1; ++t) {
         T* x = base + HeadsOfToken(p.layout, t - s.origin, p.seq_len, heads, D).first;
         const int64_t cn = (t - t0) * half;
