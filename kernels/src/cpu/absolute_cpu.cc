@@ -94,13 +94,26 @@ POSENC_CPU_CLONES void SplitPhaseSteps(const uint64_t* __restrict step, int64_t 
 }
 
 // How far ahead of its step the wide float32 loop also asks for lines
-// into L2 (two [4096] rows on), on Intel CPUs. On an AVX-512 BF16 Xeon (2026-11-30, five alternated
-// rounds on a quiet host, bench/RESULTS.md) the 8 KiB into L1 alone ran
-// [4096, 4096] at a median 30.9 GB/s (0.68 of the read-modify-write),
-// with 16 KiB into L2 as well 37.2, with 32 KiB 38.5 (0.87); 4 KiB into L1
-// alone 32.0. The Zen 5, whose runs chose the 8 KiB
-// (kWideF32PrefetchAhead), was not measured with it: AMD CPUs do without.
+// into L2 (two [4096] rows on), on Intel CPUs. On an AVX-512 BF16 Xeon
+// (2026-11-30, five alternated rounds on a quiet host, bench/RESULTS.md)
+// the 8 KiB into L1 alone ran [4096, 4096] at a median 30.9 GB/s (0.68 of
+// the read-modify-write), with 16 KiB into L2 as well 37.2, with 32 KiB
+// 38.5 (0.87); 4 KiB into L1 alone 32.0. The Zen 5, whose runs chose the
+// 8 KiB (kWideF32PrefetchAhead), was not measured with it: AMD CPUs do
+// without.
 constexpr int64_t kWideF32FarAhead = 32768;
+
+// The wide bfloat16 loops ask for the same block of the row this many rows
+// on: the next row's block is the very next work, too late to arrive in
+// time (a block is 2 KiB of a row). On the Zen 5 EPYC, bf16 [4096, 4096]
+// ran 36.7-40.9 GB/s one row ahead, 40.8-45.4 two and 43.6-45.7 three
+// (three rounds, alternated; bench/RESULTS.md). On an AVX-512 BF16 Xeon
+// (2026-11-30, twelve alternated rounds on a busy host) two rows ran a
+// median 30.6-30.9 GB/s against 26.8-27.9 for three (in eight rounds of
+// the whole bench against 10b105c, 30.5 -> 30.8). The 512-bit loop takes
+// two on Intel CPUs; AMD CPUs and the AVX2 loop keep three.
+constexpr int64_t kWideRowsAheadIntel512 = 2;
+constexpr int64_t kWideRowsAhead = 3;
 
 // Per-thread buffers, separately allocated so the compiler can see they do
 // not overlap. A thread keeps its Scratch from call to call
@@ -112,6 +125,7 @@ struct Scratch {
         wide(WideFor(p)),
         bf16_512(CpuHasAvx512()),
         f32_far(CpuIsIntel() ? kWideF32FarAhead / static_cast<int64_t>(sizeof(float)) : 0),
+        bf16_rows_ahead(bf16_512 && CpuIsIntel() ? kWideRowsAheadIntel512 : kWideRowsAhead),
         narrowing(CpuHasAvx512Bf16() ? Narrowing::kInstruction : Narrowing::kRounding),
         pairs(PairsFor(p)),
         row(p.dim),
@@ -177,8 +191,9 @@ struct Scratch {
   // plan's: a Scratch made for a float32 plan serves a bfloat16 one of the
   // same width (Serves).
   const bool bf16_512;
-  // Elements ahead that the wide float32 loop asks for into L2 (0: none).
-  const int64_t f32_far;
+  // Elements ahead that the wide float32 loop asks for into L2 (0: none),
+  // and rows ahead that the wide bfloat16 loops ask for their block.
+  const int64_t f32_far, bf16_rows_ahead;
   const Narrowing narrowing;
   const bool pairs;  // AnchorRow's layout: pairs (the 8-lane fused INTERLEAVED pass) or halves
   std::vector<float> row;     // [dim] PE in float32 (paths that do not fuse)
@@ -440,18 +455,6 @@ constexpr int64_t kNextEvery = 64 * kPhaseAnchorStride;
 // where 2, 4 and 8 KiB ahead gave 27-30 (bench/RESULTS.md).
 constexpr int64_t kPrefetchAhead = 4096;
 
-// The wide bfloat16 loops ask for the same block of the row this many rows
-// on: the next row's block is the very next work, too late to arrive in
-// time (a block is 2 KiB of a row). On the Zen 5 EPYC, bf16 [4096, 4096]
-// ran 36.7-40.9 GB/s one row ahead, 40.8-45.4 two and 43.6-45.7 three
-// (three rounds, alternated; bench/RESULTS.md). On an AVX-512 BF16 Xeon
-// (2026-11-30, twelve alternated rounds on a busy host) two rows ran a
-// median 30.6-30.9 GB/s against 26.8-27.9 for three (in eight rounds of
-// the whole bench against 10b105c, 30.5 -> 30.8). The 512-bit loop takes
-// two on Intel CPUs; AMD CPUs and the AVX2 loop keep three.
-constexpr int64_t kWideRowsAheadIntel512 = 2;
-constexpr int64_t kWideRowsAhead = 3;
-
 // How far ahead in its row the wide float32 loop prefetches. About 1000
 // runs of each distance over 15 minutes, sorted by the baseline of their
 // own run: on a quiet host (read-modify-write at 90 GB/s and over) 8 KiB
@@ -640,10 +643,8 @@ POSENC_ALWAYS_INLINE void FusedTokens(const AbsolutePlan& p, T* __restrict x, in
   const int64_t max_group =
       kGroups && s.wide ? std::clamp<int64_t>(PendingCapacity(dim) / dim, 1, kPhaseAnchorStride)
                         : 1;
-  const int64_t rows_ahead =
-      s.bf16_512 && CpuIsIntel() ? kWideRowsAheadIntel512 : kWideRowsAhead;
   const int64_t ahead =
-      kGroups ? rows_ahead * dim : kWideF32PrefetchAhead / static_cast<int64_t>(sizeof(T));
+      kGroups ? s.bf16_rows_ahead * dim : kWideF32PrefetchAhead / static_cast<int64_t>(sizeof(T));
   const int64_t* pos = p.positions.values.data();
   RowSource source[kPhaseAnchorStride];
   int64_t run_end = begin;  // tokens [t, run_end) are all at t's anchor

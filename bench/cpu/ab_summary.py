@@ -1,3 +1,10 @@
+"""Alternated before/after runs of posenc-bench-cpu, summarised per row.
+
+  bench/cpu/ab_summary.py DIR/old DIR/new   # DIR/old1.txt ... and DIR/new1.txt ...
+
+Each row's median ratio to the read-modify-write, median GB/s, how many
+runs meet issue 26's target, and the read-modify-write's medians.
+"""
 import re,statistics,sys,glob
 targets={'rope':0.85,'sinusoidal':0.80,'alibi':0.75}
 def load(prefix):
