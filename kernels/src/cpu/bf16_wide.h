@@ -52,6 +52,17 @@ POSENC_ALWAYS_INLINE void KeepInRegister(V& v) {
 #endif
 }
 
+// Holds mask k in a mask register up to here (as KeepInRegister a vector):
+// GCC otherwise may copy it to a general register earlier, on a path that
+// does not need it.
+POSENC_ALWAYS_INLINE void KeepInMaskRegister(__mmask16& k) {
+#ifndef POSENC_EMULATE_AVX512
+  asm volatile("" : "+k"(k));
+#else
+  (void)k;
+#endif
+}
+
 // The even and the odd elements of 32 stored bfloat16 values (one 64-byte
 // load), as floats: lane i holds element 2i, or 2i + 1.
 POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __m512 EvenBF16(__m512i w) {

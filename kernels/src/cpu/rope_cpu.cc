@@ -55,6 +55,10 @@ POSENC_ALWAYS_INLINE bool WideScale(const RopePlan& p, int64_t t) {
   return static_cast<float>(p.attention_scale[p.FreqSetOfToken(t)]) >= kWideMinScale;
 }
 
+// Slots past the most pairs a run can leave to redo (Scratch::wide_*) that
+// the 512-bit loops' KeepSlow may write: it stores whole vectors.
+constexpr int64_t kSlowSlack = 16;
+
 // Per-thread buffers, separately allocated so the compiler can see they do
 // not overlap. A thread keeps its Scratch from call to call
 // (WithThreadScratch).
@@ -81,9 +85,9 @@ struct Scratch {
         pending_k(p.half()),
         pending_u(p.half()),
         pending_v(p.half()),
-        wide_k(kMaxRowsPerCall * p.half()),
-        wide_u(kMaxRowsPerCall * p.half()),
-        wide_v(kMaxRowsPerCall * p.half()) {}
+        wide_k(kMaxRowsPerCall * p.half() + kSlowSlack),
+        wide_u(kMaxRowsPerCall * p.half() + kSlowSlack),
+        wide_v(kMaxRowsPerCall * p.half() + kSlowSlack) {}
 
   // Which lists plan p needs (see the members).
   static bool WideFor(const RopePlan& p) {
@@ -195,6 +199,11 @@ POSENC_ALWAYS_INLINE void ComputeRotations(const RopePlan& p, RowTable* table, i
       if (s.pair_group == 16) {
         PairSlots16(c, cp, half);
         PairSlots16(n, np, half);
+        continue;
+      }
+      if (s.pair_group == 32) {
+        PairSlots32(c, cp, half);
+        PairSlots32(n, np, half);
         continue;
       }
 #endif

@@ -344,6 +344,24 @@ POSENC_EMULATED void MaskedStore(void* p, uint64_t k, V v) {
     if ((k >> i) & 1) std::memcpy(static_cast<char*>(p) + i * sizeof(T), &x.v[i], sizeof(T));
   }
 }
+// VCOMPRESSPS / VPCOMPRESSD, register form with zeroing: the lanes of `a`
+// that k selects, in order, from lane 0; the lanes past them zero.
+template <typename V, typename T>
+POSENC_EMULATED V MaskzCompress(__mmask16 k, V a) {
+  const auto x = Split<T, 16>(a);
+  Lanes<T, 16> r{};
+  int n = 0;
+  for (int i = 0; i < 16; ++i) {
+    if ((k >> i) & 1) r.v[n++] = x.v[i];
+  }
+  return Join<V>(r);
+}
+POSENC_EMULATED __m512 mm512_maskz_compress_ps(__mmask16 k, __m512 a) {
+  return MaskzCompress<__m512, float>(k, a);
+}
+POSENC_EMULATED __m512i mm512_maskz_compress_epi32(__mmask16 k, __m512i a) {
+  return MaskzCompress<__m512i, uint32_t>(k, a);
+}
 POSENC_EMULATED __m512 mm512_maskz_loadu_ps(__mmask16 k, const void* p) {
   return MaskedLoad<__m512, float, 16>(k, p);
 }
@@ -582,6 +600,10 @@ POSENC_EMULATED __m512d mm512_insertf64x4(__m512d a, __m256d b, int imm) {
 #define _kortestc_mask16_u8 POSENC_AVX512_EMULATE(kortestc_mask16_u8)
 #undef _kortestz_mask16_u8
 #define _kortestz_mask16_u8 POSENC_AVX512_EMULATE(kortestz_mask16_u8)
+#undef _mm512_maskz_compress_ps
+#define _mm512_maskz_compress_ps POSENC_AVX512_EMULATE(mm512_maskz_compress_ps)
+#undef _mm512_maskz_compress_epi32
+#define _mm512_maskz_compress_epi32 POSENC_AVX512_EMULATE(mm512_maskz_compress_epi32)
 #undef _mm512_mask_mov_ps
 #define _mm512_mask_mov_ps POSENC_AVX512_EMULATE(mm512_mask_mov_ps)
 #undef _mm512_mask_blend_epi16

@@ -88,6 +88,8 @@ using Operation = void (*)(const Inputs&, uint8_t*);
   X(mask_mov_ps, false, { STORE_PS(_mm512_mask_mov_ps(LA, K16, LB)); })                            \
   X(mask_blend_epi16, false, { STORE_SI(_mm512_mask_blend_epi16(in.k, LH, LG)); })                 \
   X(maskz_loadu_ps, false, { STORE_PS(_mm512_maskz_loadu_ps(K16, in.a)); })                        \
+  X(maskz_compress_ps, false, { STORE_PS(_mm512_maskz_compress_ps(K16, LA)); })                    \
+  X(maskz_compress_epi32, false, { STORE_SI(_mm512_maskz_compress_epi32(K16, LH)); })              \
   X(mask_storeu_ps, false, {                                                                       \
     std::memcpy(out, in.c, 64);                                                                    \
     _mm512_mask_storeu_ps(out, K16, LA);                                                           \
