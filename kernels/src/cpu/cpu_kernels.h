@@ -116,7 +116,8 @@ bool CpuHasAvx512Bf16();
 // measured, bench/RESULTS.md 2026-11-30) leave the loops waiting unless
 // they ask for lines into L2 further along the stream they write: RoPE's
 // kFarAheadInRun, the sinusoidal add's kWideF32FarAhead and
-// kWideRowsAheadIntel512. POSENC_CPU_VENDOR=intel (or anything else) sets it.
+// kWideRowsAheadIntel512. POSENC_CPU_VENDOR overrides the probe: "intel"
+// for true, any other value for false.
 bool CpuIsIntel();
 
 // Runs fn(scratch) with the calling thread's Scratch for `plan`, kept from

@@ -73,7 +73,6 @@ struct Scratch {
         c2(2 * kTokenBlock * p.half()),  // allocated (small) even when unused:
         n2(2 * kTokenBlock * p.half()),  // callers offset into them
         paired(wide && p.style == RopeStyle::kNeox),
-        pair_group(CpuHasAvx512() ? 32 : 16),
         wide_512(CpuHasAvx512()),
         wide_f32_512(CpuHasAvx512()),
         far_in_run(CpuIsIntel()),
@@ -129,11 +128,10 @@ struct Scratch {
   const bool spread;
   std::vector<float> c2, n2;
   // bfloat16 NEOX on a wide CPU (paired): [kTokenBlock, half] c and n with
-  // each pair_group slots' even ones first, then their odd ones, for the
-  // tokens that take it: groups of 32 for RotateBF16Wide, of 16 for
-  // RotateBF16Avx2.
+  // each group's even slots first, then its odd ones, for the tokens that
+  // take it: groups of 32 for RotateBF16Wide (PairSlots32), of 16 for
+  // RotateBF16Avx2 (PairSlots16).
   const bool paired;
-  const int64_t pair_group;
   // Which of the two wide loops runs: the 512-bit one (bfloat16, float32),
   // or the AVX2 one; and how the 512-bit bfloat16 one narrows (AVX-512
   // BF16's instruction, or integer rounding: bf16_wide.h).
@@ -188,36 +186,16 @@ POSENC_ALWAYS_INLINE void ComputeRotations(const RopePlan& p, RowTable* table, i
       }
     }
   }
+#ifdef POSENC_CPU_BF16_WIDE  // a plan is paired only where a wide loop runs
   if (s.paired) {
+    const auto pair_slots = s.wide_512 ? PairSlots32 : PairSlots16;
     for (int64_t t = 0; t < t1 - t0; ++t) {
       if (!WideScale(p, t0 + t)) continue;
-      const float* __restrict c = s.c.data() + t * half;
-      const float* __restrict n = s.n.data() + t * half;
-      float* __restrict cp = s.cp.data() + t * half;
-      float* __restrict np = s.np.data() + t * half;
-#ifdef POSENC_CPU_BF16_WIDE
-      if (s.pair_group == 16) {
-        PairSlots16(c, cp, half);
-        PairSlots16(n, np, half);
-        continue;
-      }
-      if (s.pair_group == 32) {
-        PairSlots32(c, cp, half);
-        PairSlots32(n, np, half);
-        continue;
-      }
-#endif
-      const int64_t g = s.pair_group, odd = g / 2;
-      for (int64_t k0 = 0; k0 + g <= half; k0 += g) {
-        for (int64_t i = 0; i < odd; ++i) {
-          cp[k0 + i] = c[k0 + 2 * i];
-          cp[k0 + odd + i] = c[k0 + 2 * i + 1];
-          np[k0 + i] = n[k0 + 2 * i];
-          np[k0 + odd + i] = n[k0 + 2 * i + 1];
-        }
-      }
+      pair_slots(s.c.data() + t * half, s.cp.data() + t * half, half);
+      pair_slots(s.n.data() + t * half, s.np.data() + t * half, half);
     }
   }
+#endif
   if (s.spread) {
     for (int64_t t = 0; t < t1 - t0; ++t) {
       const float* __restrict c = s.c.data() + t * half;
