@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "failing_check.h"
 #include "gtest/gtest.h"
 #include "posenc/absolute.h"
 #include "posenc/backend.h"
@@ -142,14 +143,14 @@ TEST(AbsoluteThrough, AnErrorBeforeAWriteStopsTheCallThere) {
     AbsoluteThrough t;
     t.x = x.data();
     t.y = y.data();
-    std::atomic<int> asked{0};
-    t.before_write = [&] {
-      return ++asked == 3 ? absl::FailedPreconditionError("input \"x\": truncated")
-                          : absl::OkStatus();
-    };
+    testing::FailingCheck check(3, absl::FailedPreconditionError("input \"x\": truncated"));
+    t.before_write = check.Ask();
     const absl::Status s = cpu->ApplyAbsoluteThrough(plan, t, {});
     EXPECT_EQ(s.message(), "input \"x\": truncated") << s;
-    EXPECT_LE(asked.load(), threads == 1 ? 3 : 6) << "a thread went on after the error";
+    EXPECT_EQ(check.failing_thread_asks_after(), 0) << "the failing thread went on";
+    // failing_check.h: why a loose bound for the other thread.
+    EXPECT_LE(check.other_asks_after(), threads == 1 ? 0 : 8)
+        << "the other thread went on after the error";
     const size_t row = 1024 * 4;
     int64_t finished = 0;
     for (int64_t tok = 0; tok < plan.num_tokens; ++tok) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "failing_check.h"
 #include "gtest/gtest.h"
 #include "posenc/backend.h"
 #include "posenc/rope.h"
@@ -185,15 +186,14 @@ TEST(RopeThrough, AnErrorOnOneThreadStopsBoth) {
   const RopePlan plan = c.Plan();
   QueryThrough x(c);
   RopeThrough& t = x.t;
-  std::atomic<int> asked{0};
-  t.before_write = [&] {
-    return ++asked == 5 ? absl::FailedPreconditionError("input \"query\": truncated")
-                        : absl::OkStatus();
-  };
+  testing::FailingCheck check(5, absl::FailedPreconditionError("input \"query\": truncated"));
+  t.before_write = check.Ask();
   const absl::Status s = cpu->ApplyRopeThrough(plan, t, {});
   EXPECT_EQ(s.message(), "input \"query\": truncated") << s;
-  // The other thread may be asking at that moment; after that, no one is.
-  EXPECT_LE(asked.load(), 6) << "a thread went on after the error";
+  EXPECT_EQ(check.failing_thread_asks_after(), 0) << "the failing thread went on";
+  // The other thread may be asking at that moment (and longer, where the
+  // failing one is descheduled before it sets the stop: failing_check.h).
+  EXPECT_LE(check.other_asks_after(), 8) << "the other thread went on after the error";
   const size_t row = Case::kQueryHeads * Case::kHead * 4;
   int64_t finished = 0;
   for (int64_t tok = 0; tok < plan.num_tokens; ++tok) {
