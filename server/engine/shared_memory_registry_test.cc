@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -343,13 +344,16 @@ TEST(SharedMemoryTest, UnregisterWaitsForTheRequestsHoldingTheRegion) {
   ASSERT_TRUE(r.Register("s", other.key(), 0, 16).ok());
   auto held2 = r.Find("input 0", "s");
   ASSERT_TRUE(held2.ok());
+  // (Ordered, not timed: a stalled test thread could reach Unregister
+  // after the request let go, and then it need not wait at all.)
+  std::atomic<bool> let_go{false};
   std::thread request([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    let_go = true;
     held2->reset();
   });
-  const absl::Time start = absl::Now();
   EXPECT_TRUE(r.Unregister("s").ok());
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(90));
+  EXPECT_TRUE(let_go.load()) << "Unregister returned while a request held the region";
   request.join();
 }
 
@@ -458,9 +462,14 @@ TEST(CudaSharedMemoryTest, RegionsOpenOnceShareTheNamespaceAndCloseAfterTheirLas
   // closes after it.
   std::thread unregister(
       [&] { ASSERT_TRUE(r.Unregister("gpu", absl::InfiniteFuture(), MemoryKind::kCuda).ok()); });
-  absl::SleepFor(absl::Milliseconds(50));
-  EXPECT_EQ(dev.open, 1);
+  // The name goes as soon as that thread runs (polled: it may be slow to
+  // start), the handle stays open while the request holds the region.
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (r.Find("input 1", "gpu").ok() && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
   EXPECT_EQ(r.Find("input 1", "gpu").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(dev.open, 1);
   held->reset();
   unregister.join();
   EXPECT_EQ(dev.open, 0);

@@ -92,7 +92,9 @@ TEST(Lifecycle, DrainUnderSteadyTrafficEndsPromptlyAndRefusesWithUnavailable) {
       after[grpc::StatusCode::CANCELLED], after[grpc::StatusCode::OK]);
   EXPECT_EQ(server.exit_code(), 0) << "signal " << server.term_signal() << "\n"
                                    << server.log_text();
-  EXPECT_LT(seconds, 5.0) << "refused arrivals must not keep the server draining";
+  // Well under the 20 s drain (loose: a loaded machine is slow to tear a
+  // process down, but a drain held open by arrivals would take all 20).
+  EXPECT_LT(seconds, 12.0) << "refused arrivals must not keep the server draining";
   EXPECT_GT(before[grpc::StatusCode::OK], 0);
   EXPECT_GT(after[grpc::StatusCode::UNAVAILABLE], 0);
   // OK is possible for a call that reached the server before the signal did.
@@ -143,7 +145,9 @@ TEST(Lifecycle, AStalledCallerCannotHoldTheServerPastItsDrainDeadline) {
   ASSERT_TRUE(exited) << "the server hung on a caller that stopped reading";
   std::printf("stalled caller: exited %.2f s after SIGTERM (--drain_seconds=2), code %d\n", seconds,
               server.exit_code());
-  EXPECT_LT(seconds, 2 + 3.0);
+  // Exit code 3 says the deadline cut the drain short; the time only that
+  // it did not wait far past it (loose: teardown on a loaded machine).
+  EXPECT_LT(seconds, 2 + 8.0);
   EXPECT_EQ(server.exit_code(), 3) << "a drain cut short by its deadline exits 3";
 }
 
@@ -237,20 +241,28 @@ TEST(Lifecycle, OverloadLogsAtMostOneLineASecond) {
                            {"--max_inflight=1", "--admission_wait_ms=0", "--threads=1"}))
       << server.log_text();
   std::atomic<int64_t> refused{0};
+  std::atomic<bool> stop{false};
   const auto start = Clock::now();
-  const auto end = start + std::chrono::milliseconds(2500);
   std::vector<std::thread> callers;
   for (int c = 0; c < 6; ++c) {
     callers.emplace_back([&, c] {
       auto stub = v1::PositionalEncoding::NewStub(server.NewChannel(c + 1));
       const v1::RopeRequest req = SmallRope(256);
-      while (Clock::now() < end) {
+      while (!stop) {
         grpc::ClientContext ctx;
         v1::RopeResponse resp;
         if (stub->ApplyRope(&ctx, req, &resp).error_code() == grpc::RESOURCE_EXHAUSTED) ++refused;
       }
     });
   }
+  // At least 2.5 s of overload, and on until the log has summed up the
+  // refusals it left out (a loaded machine may refuse slowly at first).
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  for (const auto end = start + std::chrono::seconds(20);
+       server.log_text().find("more refusals") == std::string::npos && Clock::now() < end;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  stop = true;
   for (std::thread& t : callers) t.join();
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const std::string log = server.log_text();

@@ -12,8 +12,8 @@
 
 #include "gtest/gtest.h"
 #include "posenc/client.h"
-#include "server_process.h"
 #include "server.h"
+#include "server_process.h"
 #include "test_tensors.h"
 
 namespace posenc {
@@ -139,9 +139,12 @@ TEST_F(Certificates, MetricsCountCallsByMethodCodeAndBackend) {
   // A call holds its slot until gRPC is done sending the reply, a moment
   // after the client has it: wait for in-flight to return to zero.
   std::string text;
-  for (int i = 0; i < 100; ++i) {
+  for (const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);;) {
     text = testing::HttpGet(server->metrics_port(), "/metrics");
-    if (Sample(text, R"(posenc_inflight_requests)") == 0) break;
+    if (Sample(text, R"(posenc_inflight_requests)") == 0 ||
+        std::chrono::steady_clock::now() > end) {
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_NE(text.find("200 OK"), std::string::npos) << text.substr(0, 200);
