@@ -1,5 +1,6 @@
 #include "posenc/client.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -187,6 +188,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
         absl::StrCat("ClientOptions.min_time_between_resolutions must lie in [0, 24h]; got ",
                      absl::FormatDuration(options.min_time_between_resolutions)));
   }
+  if (options.max_reconnect_backoff <= absl::ZeroDuration() ||
+      options.max_reconnect_backoff > absl::Hours(24)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.max_reconnect_backoff must lie in (0, 24h]; got ",
+                     absl::FormatDuration(options.max_reconnect_backoff)));
+  }
   std::unique_ptr<Client> c(new Client());
   c->options_ = options;
   c->pending_ = std::make_shared<client_internal::PendingCalls>();
@@ -210,6 +217,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS,
               static_cast<int>(absl::ToInt64Milliseconds(options.min_time_between_resolutions)));
+  // At least a millisecond: gRPC takes milliseconds, and 0 is no cap at all.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              static_cast<int>(
+                  std::max<int64_t>(1, absl::ToInt64Milliseconds(options.max_reconnect_backoff))));
   if (!options.tls_server_name.empty()) {
     args.SetSslTargetNameOverride(options.tls_server_name);
   }

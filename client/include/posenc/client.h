@@ -65,6 +65,13 @@ struct ClientOptions {
   // --max_connection_age_ms), the client re-resolves a dns: target to find
   // new replicas, at most this often (gRPC's default, 30 s).
   absl::Duration min_time_between_resolutions = absl::Seconds(30);
+  // The longest wait between attempts to reconnect to an address that
+  // refused or dropped its connection (a replica restarting, a node being
+  // drained). gRPC's own cap is 120 s, its waits growing 1.6-fold from 1 s:
+  // a server back after a 30 s outage would wait for the attempt at about
+  // 43 s, one back after two minutes up to two minutes more, its calls
+  // failing UNAVAILABLE meanwhile. In (0, 24h].
+  absl::Duration max_reconnect_backoff = absl::Seconds(5);
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(2);
   int max_message_bytes = 1 << 30;

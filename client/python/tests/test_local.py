@@ -33,6 +33,9 @@ def test_retry_policy_matches_the_cpp_client():
     opts = dict(posenc.ChannelConfig(channel_options=(("grpc.max_receive_message_length", 7),))
                 .options())
     assert opts["grpc.enable_retries"] == 1 and opts["grpc.max_receive_message_length"] == 7
+    assert opts["grpc.max_reconnect_backoff_ms"] == 5000  # not gRPC's 120 s
+    assert dict(posenc.ChannelConfig(max_reconnect_backoff=0.0002).options())[
+        "grpc.max_reconnect_backoff_ms"] == 1  # at least a millisecond: 0 would be no cap
     cfg, _ = retry_policy(health_check_service="", load_balancing="pick_first")
     assert "healthCheckConfig" not in cfg and cfg["loadBalancingConfig"] == [{"pick_first": {}}]
 
@@ -40,6 +43,8 @@ def test_retry_policy_matches_the_cpp_client():
 @pytest.mark.parametrize("bad", [dict(timeout=0), dict(initial_backoff=3, max_backoff=2),
                                  dict(load_balancing="random"),
                                  dict(min_time_between_resolutions=-1),
+                                 dict(max_reconnect_backoff=0),
+                                 dict(max_reconnect_backoff=float("nan")),
                                  dict(max_message_bytes=2**31)])
 def test_bad_channel_settings_are_refused(bad):
     with pytest.raises(posenc.PosencError) as e:

@@ -33,6 +33,10 @@ class ChannelConfig:
     # SERVING, so a draining replica stops getting calls at once. "" = off.
     health_check_service: str = SERVICE
     min_time_between_resolutions: float = 30.0
+    # Seconds at most between attempts to reconnect to an address that is
+    # down (a replica restarting). gRPC's own cap is 120 s: a server back
+    # after a minute could wait a minute more for the next attempt.
+    max_reconnect_backoff: float = 5.0
     initial_backoff: float = 0.1
     max_backoff: float = 2.0
     max_message_bytes: int = 1 << 30
@@ -61,6 +65,9 @@ class ChannelConfig:
         if not 0 <= self.min_time_between_resolutions <= 86400:
             raise invalid("min_time_between_resolutions must lie in [0, 86400] seconds; got "
                           f"{self.min_time_between_resolutions}")
+        if not 0 < self.max_reconnect_backoff <= 86400:
+            raise invalid("max_reconnect_backoff must lie in (0, 86400] seconds; got "
+                          f"{self.max_reconnect_backoff}")
         if not self.timeout > 0:
             raise invalid(f"timeout must be > 0 seconds; got {self.timeout}")
         if not 0 < self.initial_backoff <= self.max_backoff:
@@ -101,6 +108,7 @@ class ChannelConfig:
             ("grpc.keepalive_time_ms", 30000),
             ("grpc.dns_min_time_between_resolutions_ms",
              int(self.min_time_between_resolutions * 1000)),
+            ("grpc.max_reconnect_backoff_ms", max(1, int(self.max_reconnect_backoff * 1000))),
         ]
         if self.tls_server_name:
             opts.append(("grpc.ssl_target_name_override", self.tls_server_name))
