@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -35,26 +36,18 @@ class FailingCheck {
   std::function<absl::Status()> Ask() {
     return [this]() -> absl::Status {
       const int n = ++asked_;
+      if (n < fail_at_) return absl::OkStatus();
+      std::unique_lock<std::mutex> lock(mu_);
       if (n == fail_at_) {
-        std::lock_guard<std::mutex> lock(mu_);
         failing_thread_ = std::this_thread::get_id();
-        failed_ = true;
+        named_.notify_all();
         return error_;
       }
-      if (n < fail_at_) return absl::OkStatus();
       // After the failing ask began: wait until it has named its thread.
-      std::thread::id failing;
-      while (true) {
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (failed_) {
-            failing = failing_thread_;
-            break;
-          }
-        }
-        std::this_thread::yield();
-      }
-      if (failing == std::this_thread::get_id()) {
+      named_.wait(lock, [this] { return failing_thread_ != std::thread::id(); });
+      const bool failing = failing_thread_ == std::this_thread::get_id();
+      lock.unlock();
+      if (failing) {
         ++failing_thread_asks_after_;
       } else {
         ++other_asks_after_;
@@ -64,7 +57,6 @@ class FailingCheck {
     };
   }
 
-  int asked() const { return asked_.load(); }
   // Asks from the thread that got the error, after it: none may come.
   int failing_thread_asks_after() const { return failing_thread_asks_after_.load(); }
   // Asks from other threads after the error: one a thread at most unless
@@ -79,8 +71,8 @@ class FailingCheck {
   std::atomic<int> failing_thread_asks_after_{0};
   std::atomic<int> other_asks_after_{0};
   std::mutex mu_;
-  bool failed_ = false;
-  std::thread::id failing_thread_;
+  std::condition_variable named_;
+  std::thread::id failing_thread_;  // none (the default id) until the failing ask
 };
 
 }  // namespace posenc::testing
