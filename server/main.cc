@@ -92,7 +92,8 @@ ABSL_FLAG(int, drain_seconds, kDefaults.drain_seconds,
 ABSL_FLAG(int, max_connection_age_ms, kDefaults.max_connection_age_ms,
           "Close client connections after this long so they re-resolve DNS (0: never).");
 ABSL_FLAG(std::string, log_level, kDefaults.log_level,
-          "trace, debug, info, warn, error, critical or off.");
+          "trace, debug, info, warn, error, critical or off (KServe LogSettings changes it while "
+          "serving).");
 ABSL_FLAG(std::string, log_format, kDefaults.log_format,
           "text (one line per event for people) or json (one JSON object per line: time, level, "
           "message and fields such as method, code and request_id).");

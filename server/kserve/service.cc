@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "engine/utf8.h"
+#include "kserve/log_settings.h"
 #include "kserve/models.h"
 #include "posenc/status_macros.h"
 #include "rpc/messages.h"
@@ -94,7 +95,7 @@ std::vector<Method> KServeService::ControlMethods() {
         resp->set_name("posenc");
         resp->set_version(POSENC_VERSION);
         for (const char* e :
-             {"model_configuration", "model_repository", "statistics", "parameters"}) {
+             {"model_configuration", "model_repository", "statistics", "parameters", "logging"}) {
           resp->add_extensions(e);
         }
         if (shared_memory().enabled()) resp->add_extensions("system_shared_memory");
@@ -177,6 +178,15 @@ std::vector<Method> KServeService::ControlMethods() {
         return set->Find(req.model_name(), "").status();
       },
       Method::Kind::kControlIo));
+  m.push_back(ControlMethod<LogSettingsRequest, LogSettingsResponse>(
+      kKServeService, "LogSettings",
+      [](MethodCall& call, const LogSettingsRequest& req,
+         LogSettingsResponse* resp) -> absl::Status {
+        POSENC_ASSIGN_OR_RETURN(kserve::LogState state,
+                                kserve::UpdateLogSettings(req.settings(), call.peer));
+        kserve::DescribeLogState(state, resp);
+        return absl::OkStatus();
+      }));
   m.push_back(ControlMethod<SystemSharedMemoryStatusRequest, SystemSharedMemoryStatusResponse>(
       kKServeService, "SystemSharedMemoryStatus",
       [this](MethodCall&, const SystemSharedMemoryStatusRequest& req,

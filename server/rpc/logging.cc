@@ -76,6 +76,8 @@ void SetLogFormat(LogFormat format) {
   spdlog::set_formatter(NewLogFormatter(format));
 }
 
+LogFormat CurrentLogFormat() { return current_format.load(); }
+
 void LogWithFields(spdlog::level::level_enum level, absl::string_view message,
                    std::initializer_list<LogField> fields) {
   if (!spdlog::should_log(level)) return;

@@ -33,6 +33,9 @@ enum class LogFormat { kText, kJson };
 // Sets the format of every line the default logger writes from now on.
 void SetLogFormat(LogFormat format);
 
+// The format SetLogFormat last set (text before any call).
+LogFormat CurrentLogFormat();
+
 // The formatter of one format (for tests that log into their own sink).
 std::unique_ptr<spdlog::formatter> NewLogFormatter(LogFormat format);
 

@@ -187,7 +187,7 @@ def test_our_proto_is_wire_compatible_with_tritonclients():
     (their_service,) = [s for p in theirs for s in p.service]
     assert service.name == their_service.name == "GRPCInferenceService"
     methods = {m.name: m for m in their_service.method}
-    assert len(service.method) == 17
+    assert len(service.method) == 18
     for m in service.method:
         t = methods[m.name]
         assert (m.input_type, m.output_type, m.client_streaming, m.server_streaming) == (
@@ -201,6 +201,73 @@ def test_methods_not_served_are_unimplemented(server):
             stub.RepositoryModelUnload(service_pb2.RepositoryModelUnloadRequest(model_name="rope"),
                                        timeout=10)
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_log_settings_turn_rejection_lines_on_and_off(tmp_path):
+    """Triton's logging extension on a server started at --log_level=warn:
+    the settings read back, verbose logging shows why a call was rejected
+    (with its request id) until it is turned off again, the change is
+    logged with the caller, and what posenc cannot do is refused by name."""
+    port_file, log = tmp_path / "port", tmp_path / "log.txt"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [os.environ["POSENC_SERVER"], "--listen=127.0.0.1:0", f"--port_file={port_file}",
+             "--metrics_listen=", "--log_level=warn", "--threads=1"],
+            stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 30
+        while not (port_file.exists() and port_file.read_text().strip()):
+            assert proc.poll() is None, "posenc-server exited at start-up"
+            assert time.time() < deadline, "posenc-server did not start in 30 s"
+            time.sleep(0.05)
+        c = tc.InferenceServerClient(url="127.0.0.1:" + port_file.read_text().strip())
+        assert "logging" in c.get_server_metadata().extensions
+
+        def settings(resp):
+            return {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in resp.settings.items()}
+
+        assert settings(c.get_log_settings()) == {
+            "log_file": "", "log_info": False, "log_warning": True, "log_error": True,
+            "log_verbose_level": 0, "log_format": "text", "log_level": "warn"}
+
+        def reject(request_id):
+            q = tc.InferInput("query", [1, 2, 1, 4], "FP32")
+            q.set_data_from_numpy(np.zeros((1, 2, 1, 4), np.float32))
+            with pytest.raises(InferenceServerException) as e:  # base must exceed 1
+                c.infer("rope", [q], parameters={"base": "0.5"}, request_id=request_id)
+            assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+        reject("quiet-1")
+        after = settings(c.update_log_settings({"log_info": True, "log_verbose_level": 1}))
+        assert (after["log_level"], after["log_verbose_level"], after["log_info"]) == ("debug", 1, True)
+        reject("loud-2")
+        deadline = time.time() + 10
+        while "request_id=loud-2" not in log.read_text(errors="replace"):
+            assert time.time() < deadline, log.read_text(errors="replace")
+            time.sleep(0.05)
+        text = log.read_text(errors="replace")
+        assert "ModelInfer rejected: INVALID_ARGUMENT" in text
+        assert "quiet-1" not in text
+        assert re.search(r"log settings changed by ipv4:127\.0\.0\.1:\d+: level warn -> debug", text)
+
+        for bad, words in (({"log_file": "/tmp/posenc.log"}, "log_file must be empty"),
+                           ({"log_warning": False}, "threshold"),
+                           ({"log_format": "ISO8601"}, "log_format must be text or json"),
+                           ({"log_rotation": True}, "unknown log setting 'log_rotation'")):
+            with pytest.raises(InferenceServerException) as e:
+                c.update_log_settings(bad)
+            assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+            assert words in e.value.message()
+        assert settings(c.get_log_settings())["log_level"] == "debug"
+
+        c.update_log_settings({"log_verbose_level": 0, "log_info": False})
+        assert settings(c.get_log_settings())["log_level"] == "warn"
+        reject("quiet-3")
+        c.close()
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+    assert "quiet-3" not in log.read_text(errors="replace")
 
 
 def test_cuda_shared_memory_is_off_unless_enabled(client):
