@@ -121,7 +121,8 @@ absl::string_view LogLevelName(spdlog::level::level_enum level) {
 absl::StatusOr<LogState> RequestedLogState(const LogSettingMap& settings, const LogState& current) {
   // An unknown name first, the smallest one (the map's order is not fixed).
   std::optional<std::string> unknown;
-  for (const auto& [name, value] : settings) {
+  for (const auto& entry : settings) {
+    const std::string& name = entry.first;  // clang 14 cannot capture a structured binding
     if (std::find_if(std::begin(kSettings), std::end(kSettings),
                      [&](const char* known) { return name == known; }) == std::end(kSettings)) {
       if (!unknown || name < *unknown) unknown = name;

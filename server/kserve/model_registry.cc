@@ -137,7 +137,11 @@ ModelRegistry::ModelRegistry(ModelRepositoryOptions options) : options_(std::mov
   set_ = std::move(set);
 }
 
-absl::Status ModelRegistry::Reload(const std::function<bool()>& cancelled) {
+absl::Status ModelRegistry::Reload(const std::function<bool()>& cancelled, absl::string_view load) {
+  if (!load.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = unloaded_.find(load); it != unloaded_.end()) unloaded_.erase(it);
+  }
   bool complete = true;
   POSENC_RETURN_IF_ERROR(gate_.Run(cancelled, [&] {
     auto set = std::make_shared<ModelSet>();
@@ -161,11 +165,46 @@ absl::Status ModelRegistry::Reload(const std::function<bool()>& cancelled) {
     std::shared_ptr<const ModelSet> old;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      TakeOutUnloaded(*set);
       old = std::exchange(set_, std::move(set));
     }
     // the old set is freed here, outside the lock, once no call holds it
   }));
   if (!complete) return absl::CancelledError("the model reload was cancelled");
+  return absl::OkStatus();
+}
+
+void ModelRegistry::TakeOutUnloaded(ModelSet& set) const {
+  if (unloaded_.empty()) return;
+  auto served = std::stable_partition(set.models_.begin(), set.models_.end(), [&](const auto& m) {
+    return unloaded_.find(m->name) == unloaded_.end();
+  });
+  for (auto it = served; it != set.models_.end(); ++it) {
+    set.skipped_.push_back({(*it)->name, absl::StrCat((*it)->file, ": ", kUnloaded)});
+  }
+  set.models_.erase(served, set.models_.end());
+}
+
+absl::Status ModelRegistry::Unload(absl::string_view name) {
+  for (const auto& m : BuiltInModels()) {
+    if (m->name == name) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model ", m->name, " is built in and always served; only --model_dir models unload"));
+    }
+  }
+  std::shared_ptr<const ModelSet> old;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto& models = set_->models_;
+    if (std::none_of(models.begin(), models.end(),
+                     [&](const auto& m) { return m->name == name; })) {
+      return absl::OkStatus();  // not loaded: nothing to do
+    }
+    unloaded_.emplace(name);
+    auto set = std::make_shared<ModelSet>(*set_);
+    TakeOutUnloaded(*set);
+    old = std::exchange(set_, std::move(set));
+  }
   return absl::OkStatus();
 }
 

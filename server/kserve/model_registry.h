@@ -4,7 +4,8 @@
 // one at once, so a call in flight keeps the model it started with. Like the
 // table repository, the directory is shared and untrusted: a bad file is
 // skipped with its reason (listed by RepositoryIndex as UNAVAILABLE) while
-// the good ones load.
+// the good ones load. A model unloaded (RepositoryModelUnload) stays out of
+// every set until a load names it.
 #ifndef POSENC_SERVER_KSERVE_MODEL_REGISTRY_H_
 #define POSENC_SERVER_KSERVE_MODEL_REGISTRY_H_
 
@@ -12,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -68,17 +70,36 @@ class ModelRegistry {
   // at a time, with at most one waiting (ReloadGate: a third is
   // RESOURCE_EXHAUSTED at once); lookups are never blocked by one.
   // `cancelled` (may be empty) is polled between files and while waiting;
-  // once true the old set stays and this returns CANCELLED.
-  [[nodiscard]] absl::Status Reload(const std::function<bool()>& cancelled = {});
+  // once true the old set stays and this returns CANCELLED. Unloaded
+  // models stay out of the new set, but `load` (if not empty), which is
+  // loaded again.
+  [[nodiscard]] absl::Status Reload(const std::function<bool()>& cancelled = {},
+                                    absl::string_view load = {});
+
+  // Takes the repository's model `name` out of the set at once (calls in
+  // flight keep it) until a Reload loads it again: it is listed among the
+  // skipped ones with the reason kUnloaded, so ModelReady is false and
+  // calls are NOT_FOUND saying why, and rescans leave it out. A name that
+  // is no loaded model of the repository: nothing (as Triton unloads a
+  // model that is not loaded); a built-in model's: INVALID_ARGUMENT.
+  [[nodiscard]] absl::Status Unload(absl::string_view name);
+  static constexpr char kUnloaded[] =
+      "unloaded by RepositoryModelUnload (RepositoryModelLoad loads it again)";
 
   std::shared_ptr<const ModelSet> Snapshot() const;
   const ModelRepositoryOptions& options() const { return options_; }
 
  private:
+  // `set` with the unloaded models moved to its skipped ones. REQUIRES: mu_.
+  void TakeOutUnloaded(ModelSet& set) const;
+
   const ModelRepositoryOptions options_;
   ReloadGate gate_{"model reload"};
-  mutable std::mutex mu_;  // guards set_; held only to copy or swap the pointer
+  // Guards set_ and unloaded_; held only to swap the pointer (and take the
+  // unloaded models out of a new set).
+  mutable std::mutex mu_;
   std::shared_ptr<const ModelSet> set_;
+  std::set<std::string, std::less<>> unloaded_;
 };
 
 }  // namespace posenc::server::kserve

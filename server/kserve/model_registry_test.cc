@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "kserve/model_file.h"
 
@@ -149,6 +150,75 @@ TEST_F(ModelRegistryTest, LookupsDuringReloadsSeeOneWholeSet) {
   for (auto& t : readers) t.join();
   EXPECT_EQ(torn.load(), 0) << "of " << lookups.load() << " lookups";
   EXPECT_EQ(r.Snapshot()->Find("a", "").value()->fixed.at("base").int64_param(), 1049);
+}
+
+TEST_F(ModelRegistryTest, UnloadTakesAModelOutUntilALoadNamesIt) {
+  Write(dir_ / "a.json", kRope);
+  Write(dir_ / "b.json", kRope);
+  ModelRegistry r(Options());
+  ASSERT_TRUE(r.Reload().ok());
+  absl::StatusOr<std::shared_ptr<const Model>> held = r.Snapshot()->Find("a", "");
+  ASSERT_TRUE(held.ok());
+  ASSERT_TRUE(r.Unload("a").ok());
+  auto out = [&] {
+    std::shared_ptr<const ModelSet> set = r.Snapshot();
+    const absl::Status s = set->Find("a", "").status();
+    return absl::IsNotFound(s) && absl::StrContains(s.message(), ModelRegistry::kUnloaded) &&
+           absl::StrContains(Reason(*set, "a"), ModelRegistry::kUnloaded) &&
+           set->Find("b", "").ok();
+  };
+  EXPECT_TRUE(out()) << r.Snapshot()->Find("a", "").status();
+  // Rescans leave it out, and so does a load of another model.
+  ASSERT_TRUE(r.Reload().ok());
+  EXPECT_TRUE(out());
+  ASSERT_TRUE(r.Reload({}, "b").ok());
+  EXPECT_TRUE(out());
+  // Unloaded again: nothing more.
+  ASSERT_TRUE(r.Unload("a").ok());
+  EXPECT_TRUE(out());
+  EXPECT_EQ(r.Snapshot()->skipped().size(), 1u);
+  // A load of it brings it back, from its file as it is now.
+  Write(dir_ / "a.json", R"({"operation": "rope", "parameters": {"base": 10000}})");
+  ASSERT_TRUE(r.Reload({}, "a").ok());
+  EXPECT_EQ(r.Snapshot()->Find("a", "").value()->fixed.at("base").int64_param(), 10000);
+  EXPECT_EQ(Reason(*r.Snapshot(), "a"), "");
+  // What a call held throughout is unchanged.
+  EXPECT_EQ((*held)->fixed.at("base").int64_param(), 500000);
+}
+
+TEST_F(ModelRegistryTest, UnloadOfWhatIsNotLoadedChangesNothing) {
+  Write(dir_ / "a.json", kRope);
+  Write(dir_ / "bad.json", "{");
+  ModelRegistry r(Options());
+  ASSERT_TRUE(r.Reload().ok());
+  std::shared_ptr<const ModelSet> before = r.Snapshot();
+  const std::string bad_reason = Reason(*before, "bad");
+  ASSERT_NE(bad_reason, "");
+  EXPECT_TRUE(r.Unload("nope").ok());
+  EXPECT_TRUE(r.Unload("bad").ok());
+  const absl::Status built_in = r.Unload("rope");
+  EXPECT_EQ(built_in.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(built_in.message(), "rope is built in")) << built_in;
+  EXPECT_EQ(r.Snapshot(), before);
+  // The bad file, fixed, loads on the next rescan: it was never unloaded.
+  Write(dir_ / "bad.json", kRope);
+  ASSERT_TRUE(r.Reload().ok());
+  EXPECT_TRUE(r.Snapshot()->Find("bad", "").ok());
+}
+
+TEST_F(ModelRegistryTest, AReloadUnderWayDoesNotBringBackAnUnloadedModel) {
+  Write(dir_ / "a.json", kRope);
+  for (int i = 0; i < 20; ++i) Write(dir_ / ("m" + std::to_string(i) + ".json"), kRope);
+  ModelRegistry r(Options());
+  ASSERT_TRUE(r.Reload().ok());
+  for (int round = 0; round < 30; ++round) {
+    std::thread reload([&] { EXPECT_TRUE(r.Reload().ok()); });
+    ASSERT_TRUE(r.Unload("a").ok());
+    reload.join();
+    ASSERT_FALSE(r.Snapshot()->Find("a", "").ok()) << "round " << round;
+    ASSERT_TRUE(r.Reload({}, "a").ok());
+    ASSERT_TRUE(r.Snapshot()->Find("a", "").ok()) << "round " << round;
+  }
 }
 
 TEST_F(ModelRegistryTest, CancelledReloadKeepsTheOldSet) {

@@ -10,6 +10,7 @@
 #include "kserve/log_settings.h"
 #include "kserve/models.h"
 #include "posenc/status_macros.h"
+#include "rpc/logging.h"
 #include "rpc/messages.h"
 #include "spdlog/spdlog.h"
 
@@ -42,8 +43,8 @@ KServeService::KServeService(Engine* engine, kserve::ModelRepositoryOptions mode
   ReloadModels().IgnoreError();  // nothing runs beside the first
 }
 
-absl::Status KServeService::ReloadModels() {
-  POSENC_RETURN_IF_ERROR(models_.Reload([this] { return engine_->draining(); }));
+absl::Status KServeService::ReloadModels(absl::string_view load) {
+  POSENC_RETURN_IF_ERROR(models_.Reload([this] { return engine_->draining(); }, load));
   std::shared_ptr<const kserve::ModelSet> set = models_.Snapshot();
   if (set->dir().empty()) return absl::OkStatus();
   spdlog::info("model_dir '{}': {} models loaded, {} skipped", set->dir(),
@@ -95,7 +96,8 @@ std::vector<Method> KServeService::ControlMethods() {
         resp->set_name("posenc");
         resp->set_version(POSENC_VERSION);
         for (const char* e :
-             {"model_configuration", "model_repository", "statistics", "parameters", "logging"}) {
+             {"model_configuration", "model_repository", "model_repository(unload_dependents)",
+              "statistics", "parameters", "logging"}) {
           resp->add_extensions(e);
         }
         if (shared_memory().enabled()) resp->add_extensions("system_shared_memory");
@@ -166,7 +168,8 @@ std::vector<Method> KServeService::ControlMethods() {
         }
         // Refused while two reloads are under way; abandoned by a drain, it
         // answers from the models as they stand, as before.
-        if (absl::Status s = ReloadModels(); s.code() == absl::StatusCode::kResourceExhausted) {
+        if (absl::Status s = ReloadModels(req.model_name());
+            s.code() == absl::StatusCode::kResourceExhausted) {
           return s;
         }
         std::shared_ptr<const kserve::ModelSet> set = models_.Snapshot();
@@ -178,6 +181,32 @@ std::vector<Method> KServeService::ControlMethods() {
         return set->Find(req.model_name(), "").status();
       },
       Method::Kind::kControlIo));
+  // Takes a --model_dir model out of service until RepositoryModelLoad
+  // names it; a model that is not loaded: nothing, as Triton.
+  m.push_back(ControlMethod<RepositoryModelUnloadRequest, RepositoryModelUnloadResponse>(
+      kKServeService, "RepositoryModelUnload",
+      [this](MethodCall& call, const RepositoryModelUnloadRequest& req,
+             RepositoryModelUnloadResponse*) -> absl::Status {
+        if (!req.repository_name().empty()) return NoSuchRepository(req.repository_name());
+        for (const auto& [name, value] : req.parameters()) {
+          if (name != "unload_dependents" ||
+              value.parameter_choice_case() != ModelRepositoryParameter::kBoolParam) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("parameter \"", Utf8Prefix(name, 64),
+                             "\": unload takes unload_dependents (a bool_param) alone"));
+          }
+        }
+        if (req.model_name().empty()) {
+          return absl::InvalidArgumentError("model_name: give the model to unload");
+        }
+        const bool loaded = models_.Snapshot()->Find(req.model_name(), "").ok();
+        POSENC_RETURN_IF_ERROR(models_.Unload(req.model_name()));
+        if (loaded) {
+          spdlog::info("model {} unloaded by {}", Utf8Prefix(req.model_name(), 64),
+                       CleanRequestId(call.peer));
+        }
+        return absl::OkStatus();
+      }));
   m.push_back(ControlMethod<LogSettingsRequest, LogSettingsResponse>(
       kKServeService, "LogSettings",
       [](MethodCall& call, const LogSettingsRequest& req,

@@ -34,10 +34,10 @@ class KServeService final : public GenericallyServed<inference::GRPCInferenceSer
 
   SharedMemoryRegistry& shared_memory() { return engine_->shared_memory(); }
   const kserve::ModelRegistry& models() const { return models_; }
-  // Rescans --model_dir and logs the result: ModelRegistry::Reload's
-  // status (a drain abandons it: CANCELLED; RESOURCE_EXHAUSTED while two
-  // reloads are under way).
-  [[nodiscard]] absl::Status ReloadModels();
+  // Rescans --model_dir (loading `load` again if it was unloaded) and logs
+  // the result: ModelRegistry::Reload's status (a drain abandons it:
+  // CANCELLED; RESOURCE_EXHAUSTED while two reloads are under way).
+  [[nodiscard]] absl::Status ReloadModels(absl::string_view load = {});
 
  private:
   std::vector<Method> InferMethods();

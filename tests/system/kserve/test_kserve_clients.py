@@ -187,7 +187,7 @@ def test_our_proto_is_wire_compatible_with_tritonclients():
     (their_service,) = [s for p in theirs for s in p.service]
     assert service.name == their_service.name == "GRPCInferenceService"
     methods = {m.name: m for m in their_service.method}
-    assert len(service.method) == 18
+    assert len(service.method) == 19
     for m in service.method:
         t = methods[m.name]
         assert (m.input_type, m.output_type, m.client_streaming, m.server_streaming) == (
@@ -198,8 +198,7 @@ def test_methods_not_served_are_unimplemented(server):
     with grpc.insecure_channel(server["url"]) as ch:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
         with pytest.raises(grpc.RpcError) as e:
-            stub.RepositoryModelUnload(service_pb2.RepositoryModelUnloadRequest(model_name="rope"),
-                                       timeout=10)
+            stub.TraceSetting(service_pb2.TraceSettingRequest(model_name="rope"), timeout=10)
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 

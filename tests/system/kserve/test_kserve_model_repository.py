@@ -5,8 +5,9 @@ models answering like the reference for the parameters their files fix
 (Llama 3.1 llama3 scaling, Qwen2-VL M-RoPE, ALiBi), a file embedding an HF
 config.json answering bit for bit as the rope model given the same config as
 its hf_config parameter, fixed parameters refused
-in requests, and RepositoryModelLoad (tritonclient's load_model) rescanning
-the directory. Seeded like test_kserve_clients.py (POSENC_SEED replays)."""
+in requests, RepositoryModelLoad (tritonclient's load_model) rescanning
+the directory, and RepositoryModelUnload (unload_model) taking a model out
+until it is loaded again. Seeded like test_kserve_clients.py (POSENC_SEED replays)."""
 
 import glob
 import json
@@ -242,3 +243,34 @@ def test_load_model_rescans_the_directory(repo):
     c.load_model("typo")  # any load rescans: the removed file's model is gone
     with pytest.raises(InferenceServerException):
         c.get_model_metadata("gptj-6b-rope")
+
+
+def test_unload_model_takes_it_out_until_it_is_loaded(repo):
+    c = repo["client"]
+    name = "alibi-8-heads"
+    assert c.is_model_ready(name)
+    logits = input_of("logits", np.zeros((1, 8, 4, 4), np.float32), "FP32")
+    c.infer(name, [logits])
+    c.unload_model(name)
+    assert not c.is_model_ready(name)
+    index = {m["name"]: m for m in c.get_model_repository_index(as_json=True)["models"]}
+    assert index[name]["state"] == "UNAVAILABLE"
+    assert "unloaded by RepositoryModelUnload" in index[name]["reason"]
+    with pytest.raises(InferenceServerException) as e:
+        c.infer(name, [logits])
+    assert e.value.status() == "StatusCode.NOT_FOUND"
+    assert "unloaded by RepositoryModelUnload" in e.value.message()
+    # Other loads rescan without bringing it back; unloading it again, or a
+    # model that is not loaded, does nothing (as Triton); built-ins stay.
+    c.load_model("llama-3.1-8b-rope")
+    assert not c.is_model_ready(name)
+    c.unload_model(name, unload_dependents=True)
+    c.unload_model("absent")
+    with pytest.raises(InferenceServerException) as e:
+        c.unload_model("rope")
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "built in" in e.value.message()
+    assert c.is_model_ready("rope")
+    c.load_model(name)
+    assert c.is_model_ready(name)
+    c.infer(name, [logits])
