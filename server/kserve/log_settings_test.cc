@@ -1,8 +1,10 @@
 #include "kserve/log_settings.h"
 
+#include <atomic>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -247,6 +249,44 @@ TEST_F(LogSettingsOnTheServer, ChangesTheLevelAndFormatAndSaysWhoChangedThem) {
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CurrentLogState(), At(level::err, LogFormat::kJson));
   EXPECT_EQ(out_.str(), "");
+}
+
+TEST_F(LogSettingsOnTheServer, ChangesWhileOtherThreadsLogLoseNoLine) {
+  // Run under TSan too (scripts/sanitize.sh): level and format flip while
+  // two threads log lines at error, which every state here prints.
+  std::atomic<bool> stop{false};
+  std::atomic<int> logged{0};
+  std::vector<std::thread> loggers;
+  for (int t = 0; t < 2; ++t) {
+    loggers.emplace_back([&, t] {
+      while (!stop.load()) {
+        LogWithFields(level::err, "line", {{"thread", t == 0 ? "a" : "b"}});
+        spdlog::error("plain");
+        logged.fetch_add(2);
+      }
+    });
+  }
+  while (logged.load() < 100) std::this_thread::yield();  // both are logging
+  for (int i = 0; i < 200; ++i) {
+    const char* format = i % 2 == 0 ? "json" : "text";
+    const char* lvl = i % 3 == 0 ? "trace" : i % 3 == 1 ? "warn" : "error";
+    ASSERT_TRUE(
+        UpdateLogSettings(Settings({{"log_format", Str(format)}, {"log_level", Str(lvl)}}), "t")
+            .ok());
+  }
+  const int during = logged.load();
+  stop = true;
+  for (auto& t : loggers) t.join();
+  EXPECT_GE(during, 100);
+  const std::string out = out_.str();
+  int lines = 0;
+  for (char c : out) lines += c == '\n';
+  int changes = 0;
+  for (size_t at = 0; (at = out.find("log settings changed", at)) != std::string::npos; ++at) {
+    ++changes;
+  }
+  EXPECT_EQ(lines, logged.load() + changes);
+  EXPECT_GT(changes, 0);
 }
 
 }  // namespace
