@@ -21,7 +21,7 @@ void FinishCall(Metrics* metrics, const CallOutcome& o) {
   const std::string& name = o.method->name;
   const std::string id = CallRequestId(o.metadata_id, *o.facts, o.stream_message);
   LogFailure(name, o.status, id);
-  LogIfSlow(name, o.status, o.start, id);
+  LogIfSlow(name, o.status, o.start, id, o.facts->stages);
   if (metrics == nullptr) return;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - o.start).count();

@@ -31,6 +31,7 @@
 #include "engine/engine.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "posenc/backend.h"
+#include "rpc/call_log.h"
 #include "rpc/metrics.h"
 
 namespace posenc::server {
@@ -47,6 +48,8 @@ struct CallFacts {
   // metrics as the socket's would be.
   int64_t shared_memory_in = 0;
   int64_t shared_memory_out = 0;
+  // When it reached each stage, for the slow-call log (call_log.h).
+  CallStages stages;
 };
 
 // The longest id or name an answer repeats from its request.

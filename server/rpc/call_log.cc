@@ -41,8 +41,8 @@ class OncePerSecond {
 // One line about one call (named by its id), with a count of the calls
 // whose lines were skipped.
 void LogSummarised(OncePerSecond& limit, const std::string& line, const char* what,
-                   const std::string& method, absl::StatusCode code,
-                   const std::string& request_id) {
+                   const std::string& method, absl::StatusCode code, const std::string& request_id,
+                   const StageTimes& stages = {}) {
   int64_t more = 0;
   double seconds = 0;
   if (!limit.Admit(&more, &seconds)) return;
@@ -56,7 +56,11 @@ void LogSummarised(OncePerSecond& limit, const std::string& line, const char* wh
                 {{"method", method},
                  {"code", absl::StatusCodeToString(code)},
                  {"request_id", request_id},
-                 {"skipped", skipped}});
+                 {"skipped", skipped},
+                 {"memory_s", stages.memory},
+                 {"read_s", stages.read},
+                 {"queue_s", stages.queue},
+                 {"work_s", stages.work}});
 }
 
 OncePerSecond& Refusals() {
@@ -96,17 +100,50 @@ void SetSlowCallThreshold(absl::Duration d) {
   slow_call_ns.store(d <= absl::ZeroDuration() ? 0 : absl::ToInt64Nanoseconds(d));
 }
 
+StageTimes StageBreakdown(std::chrono::steady_clock::time_point start,
+                          std::chrono::steady_clock::time_point end, const CallStages& stages) {
+  StageTimes out;
+  // Each stage ends where the next begins; the time after the last one a
+  // call reached is the next stage's, under way when it ended.
+  struct Stage {
+    CallStages::Time ends;
+    std::string* seconds;
+  };
+  const Stage order[] = {{stages.admitted, &out.memory},
+                         {stages.read, &out.read},
+                         {stages.started, &out.queue},
+                         {end, &out.work}};
+  const CallStages::Time unset{};
+  CallStages::Time from = start;
+  int last = -1;  // the last stage reached
+  for (int i = 0; i < 3; ++i) {
+    if (order[i].ends != unset) last = i;
+  }
+  if (last < 0) return out;
+  for (int i = 0; i <= last + 1; ++i) {
+    const Stage& stage = order[i];
+    if (i <= last && stage.ends == unset) continue;
+    const CallStages::Time to = i == last + 1 ? end : stage.ends;
+    *stage.seconds = absl::StrFormat("%.3f", std::chrono::duration<double>(to - from).count());
+    from = to;
+  }
+  return out;
+}
+
 void LogIfSlow(const std::string& method, const absl::Status& s,
-               std::chrono::steady_clock::time_point start, const std::string& request_id) {
+               std::chrono::steady_clock::time_point start, const std::string& request_id,
+               const CallStages& stages) {
   const int64_t limit = slow_call_ns.load(std::memory_order_relaxed);
   if (limit == 0) return;
-  const auto took = std::chrono::steady_clock::now() - start;
+  const auto end = std::chrono::steady_clock::now();
+  const auto took = end - start;
   if (std::chrono::duration_cast<std::chrono::nanoseconds>(took).count() < limit) return;
+  const StageTimes times = StageBreakdown(start, end, stages);
   LogSummarised(SlowCalls(),
                 absl::StrCat(method, " was slow: ",
                              absl::StrFormat("%.3f", std::chrono::duration<double>(took).count()),
                              " s (over --slow_call_ms=", limit / 1000000, ")"),
-                "slow calls", method, s.code(), request_id);
+                "slow calls", method, s.code(), request_id, times);
 }
 
 }  // namespace posenc::server

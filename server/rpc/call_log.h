@@ -19,11 +19,37 @@ namespace posenc::server {
 void LogFailure(const std::string& method, const absl::Status& s,
                 const std::string& request_id = "");
 
+// When a call reached the stages of its lifecycle after it came (a
+// default time point: not reached, or not one of its stages: only admitted
+// methods wait for memory, and a stream's message is read when its time
+// starts).
+struct CallStages {
+  using Time = std::chrono::steady_clock::time_point;
+  Time admitted;  // its memory reserved: the request may be read
+  Time read;      // its request read
+  Time started;   // its work begun on a thread: parse, compute, answer
+};
+
+// Where a call's time from `start` to `end` went: the seconds of each stage
+// ("0.900"): `memory` waiting for the memory its request may need, `read`
+// receiving the request, `queue` waiting for a thread, `work` parsing,
+// computing and answering. Stages a call has not (memory for a control
+// method, read for a stream's message) stay empty, and the time after the
+// last stage it reached is the next one's (a call that ended while its
+// request was read ends with `read`); all empty if it reached none.
+struct StageTimes {
+  std::string memory, read, queue, work;
+};
+StageTimes StageBreakdown(std::chrono::steady_clock::time_point start,
+                          std::chrono::steady_clock::time_point end, const CallStages& stages);
+
 // Calls taking longer than this (from arrival to answer) are logged as
-// slow, at most one line a second; zero or less: never.
+// slow, at most one line a second, with StageBreakdown's times as the
+// fields memory_s, read_s, queue_s and work_s; zero or less: never.
 void SetSlowCallThreshold(absl::Duration d);
 void LogIfSlow(const std::string& method, const absl::Status& s,
-               std::chrono::steady_clock::time_point start, const std::string& request_id);
+               std::chrono::steady_clock::time_point start, const std::string& request_id,
+               const CallStages& stages = {});
 
 }  // namespace posenc::server
 

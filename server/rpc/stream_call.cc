@@ -285,6 +285,7 @@ class StreamCall final : public grpc::ServerGenericBidiReactor {
   // On the executor: run one message through its method, or make its error
   // answer.
   void Run(Message* m, absl::Status s) {
+    m->facts.stages.started = std::chrono::steady_clock::now();  // its time began at its read
     if (s.ok()) s = CheckCallAlive(ctx_);
     if (s.ok()) {
       const RunContext rc = ContextOf(ctx_);

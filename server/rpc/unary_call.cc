@@ -33,6 +33,7 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
     ticket_.emplace(std::move(*ticket));
     ticket_->Reserve(ReadReservation(state_.options), DeadlineOf(ctx_), [this](absl::Status s) {
       if (s.ok()) {
+        facts_.stages.admitted = std::chrono::steady_clock::now();
         StartRead(&request_);
       } else {
         Complete(s);
@@ -49,6 +50,7 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
       Complete(absl::CancelledError("the call ended before its request arrived"));
       return;
     }
+    facts_.stages.read = std::chrono::steady_clock::now();
     busy_.emplace(&state_.busy);
     bytes_in_ = static_cast<int64_t>(request_.Length());
     if (ticket_) {
@@ -77,6 +79,7 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
 
  private:
   void Execute() {
+    facts_.stages.started = std::chrono::steady_clock::now();
     absl::Status s = CheckCallAlive(ctx_);
     if (s.ok()) {
       const RunContext rc = ContextOf(ctx_);

@@ -197,6 +197,25 @@ TEST(FrontsAlike, SlowAndFailedCallsOfEitherFrontAreLoggedWithTheirRequestId) {
     EXPECT_EQ((*slow)["method"], method) << id;
     EXPECT_EQ((*slow)["code"], "OK") << id;
     EXPECT_EQ((*slow)["level"], "warning") << id;
+    // Where the time went: a unary call waited for its memory and read its
+    // request; a stream's message starts once read.
+    const bool stream = id.find("stream") != std::string::npos;
+    for (const char* field : {"memory_s", "read_s"}) {
+      EXPECT_EQ(slow->contains(field), !stream) << id << " " << field;
+    }
+    double sum = 0;
+    for (const char* field : {"memory_s", "read_s", "queue_s", "work_s"}) {
+      if (!slow->contains(field)) continue;
+      const double seconds = std::stod((*slow)[field].get<std::string>());
+      EXPECT_GE(seconds, 0.0) << id << " " << field;
+      sum += seconds;
+    }
+    EXPECT_TRUE(slow->contains("work_s")) << id;
+    EXPECT_TRUE(slow->contains("queue_s")) << id;
+    const std::string message = (*slow)["message"];
+    // The stages add up to the call's time (each rounded to a millisecond).
+    const double took = std::stod(message.substr(message.find("was slow: ") + 10));
+    EXPECT_NEAR(sum, took, 0.003) << message;
   }
   for (const auto& [id, method, code] :
        std::vector<std::tuple<std::string, std::string, std::string>>{
