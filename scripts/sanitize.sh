@@ -41,8 +41,8 @@ tsan=${POSENC_TSAN_DIR:-build-tsan}
 cmake -S . -B "$tsan" "${common[@]}" -DPOSENC_SANITIZE=thread
 cmake --build "$tsan" -j "$jobs" --target thread_pool_test row_cache_test rotation_cache_test \
   anchor_cache_test rope_through_test absolute_through_test bias_through_test admission_test \
-  model_registry_test log_settings_test operations_test scratch_pool_test reload_gate_test \
-  table_repository_test
+  model_registry_test log_settings_test call_trace_test operations_test scratch_pool_test \
+  reload_gate_test table_repository_test
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 "$tsan"/kernels/thread_pool_test
 "$tsan"/kernels/row_cache_test
@@ -57,6 +57,7 @@ export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 "$tsan"/server/engine/table_repository_test
 "$tsan"/server/kserve/model_registry_test
 "$tsan"/server/kserve/log_settings_test
+"$tsan"/server/rpc/call_trace_test
 "$tsan"/server/v1/operations_test
 
 gcc_asan=${POSENC_GCC_ASAN_DIR:-build-gcc-asan}

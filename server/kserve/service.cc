@@ -9,6 +9,7 @@
 #include "engine/utf8.h"
 #include "kserve/log_settings.h"
 #include "kserve/models.h"
+#include "kserve/trace_settings.h"
 #include "posenc/status_macros.h"
 #include "rpc/logging.h"
 #include "rpc/messages.h"
@@ -97,7 +98,7 @@ std::vector<Method> KServeService::ControlMethods() {
         resp->set_version(POSENC_VERSION);
         for (const char* e :
              {"model_configuration", "model_repository", "model_repository(unload_dependents)",
-              "statistics", "parameters", "logging"}) {
+              "statistics", "parameters", "logging", "trace"}) {
           resp->add_extensions(e);
         }
         if (shared_memory().enabled()) resp->add_extensions("system_shared_memory");
@@ -205,6 +206,16 @@ std::vector<Method> KServeService::ControlMethods() {
           spdlog::info("model {} unloaded by {}", Utf8Prefix(req.model_name(), 64),
                        CleanRequestId(call.peer));
         }
+        return absl::OkStatus();
+      }));
+  m.push_back(ControlMethod<TraceSettingRequest, TraceSettingResponse>(
+      kKServeService, "TraceSetting",
+      [](MethodCall& call, const TraceSettingRequest& req,
+         TraceSettingResponse* resp) -> absl::Status {
+        POSENC_ASSIGN_OR_RETURN(
+            TraceConfig config,
+            kserve::UpdateTraceSettings(req.settings(), req.model_name(), call.peer));
+        kserve::DescribeTraceConfig(config, resp);
         return absl::OkStatus();
       }));
   m.push_back(ControlMethod<LogSettingsRequest, LogSettingsResponse>(

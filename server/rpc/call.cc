@@ -2,6 +2,7 @@
 
 #include "engine/no_throw.h"
 #include "rpc/call_log.h"
+#include "rpc/call_trace.h"
 #include "rpc/logging.h"
 
 namespace posenc::server {
@@ -22,6 +23,7 @@ void FinishCall(Metrics* metrics, const CallOutcome& o) {
   const std::string id = CallRequestId(o.metadata_id, *o.facts, o.stream_message);
   LogFailure(name, o.status, id);
   LogIfSlow(name, o.status, o.start, id, o.facts->stages);
+  if (SampleCall()) LogTrace(name, o.status, o.start, id, o.facts->stages);
   if (metrics == nullptr) return;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - o.start).count();

@@ -101,7 +101,8 @@ void SetSlowCallThreshold(absl::Duration d) {
 }
 
 StageTimes StageBreakdown(std::chrono::steady_clock::time_point start,
-                          std::chrono::steady_clock::time_point end, const CallStages& stages) {
+                          std::chrono::steady_clock::time_point end, const CallStages& stages,
+                          int decimals) {
   StageTimes out;
   // Each stage ends where the next begins; the time after the last one a
   // call reached is the next stage's, under way when it ended.
@@ -124,7 +125,8 @@ StageTimes StageBreakdown(std::chrono::steady_clock::time_point start,
     const Stage& stage = order[i];
     if (i <= last && stage.ends == unset) continue;
     const CallStages::Time to = i == last + 1 ? end : stage.ends;
-    *stage.seconds = absl::StrFormat("%.3f", std::chrono::duration<double>(to - from).count());
+    *stage.seconds =
+        absl::StrFormat("%.*f", decimals, std::chrono::duration<double>(to - from).count());
     from = to;
   }
   return out;

@@ -31,7 +31,7 @@ struct CallStages {
 };
 
 // Where a call's time from `start` to `end` went: the seconds of each stage
-// ("0.900"): `memory` waiting for the memory its request may need, `read`
+// ("0.900", to `decimals` places): `memory` waiting for the memory its request may need, `read`
 // receiving the request, `queue` waiting for a thread, `work` parsing,
 // computing and answering. Stages a call has not (memory for a control
 // method, read for a stream's message) stay empty, and the time after the
@@ -41,7 +41,8 @@ struct StageTimes {
   std::string memory, read, queue, work;
 };
 StageTimes StageBreakdown(std::chrono::steady_clock::time_point start,
-                          std::chrono::steady_clock::time_point end, const CallStages& stages);
+                          std::chrono::steady_clock::time_point end, const CallStages& stages,
+                          int decimals = 3);
 
 // Calls taking longer than this (from arrival to answer) are logged as
 // slow, at most one line a second, with StageBreakdown's times as the

@@ -187,18 +187,29 @@ def test_our_proto_is_wire_compatible_with_tritonclients():
     (their_service,) = [s for p in theirs for s in p.service]
     assert service.name == their_service.name == "GRPCInferenceService"
     methods = {m.name: m for m in their_service.method}
-    assert len(service.method) == 19
+    assert len(service.method) == 20
     for m in service.method:
         t = methods[m.name]
         assert (m.input_type, m.output_type, m.client_streaming, m.server_streaming) == (
             t.input_type, t.output_type, t.client_streaming, t.server_streaming), m.name
 
 
-def test_methods_not_served_are_unimplemented(server):
+def test_every_method_of_the_protocol_is_served_and_no_other(server):
     with grpc.insecure_channel(server["url"]) as ch:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
+        for name in service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name:
+            if name in ("ModelInfer", "ModelStreamInfer"):
+                continue
+            request = getattr(service_pb2, name + "Request", None)
+            if request is None:  # the request type does not follow the name
+                continue
+            try:
+                getattr(stub, name)(request(), timeout=10)
+            except grpc.RpcError as e:
+                assert e.code() != grpc.StatusCode.UNIMPLEMENTED, name
+        made_up = ch.unary_unary("/inference.GRPCInferenceService/ModelTrain")
         with pytest.raises(grpc.RpcError) as e:
-            stub.TraceSetting(service_pb2.TraceSettingRequest(model_name="rope"), timeout=10)
+            made_up(b"", timeout=10)
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
@@ -267,6 +278,72 @@ def test_log_settings_turn_rejection_lines_on_and_off(tmp_path):
         proc.terminate()
         assert proc.wait(timeout=30) == 0
     assert "quiet-3" not in log.read_text(errors="replace")
+
+
+def test_trace_settings_sample_calls_into_the_log(tmp_path):
+    """Triton's trace extension: one call in trace_rate is logged (at info)
+    with where its time went, for trace_count calls; what posenc does not
+    trace is refused by name."""
+    port_file, log = tmp_path / "port", tmp_path / "log.txt"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [os.environ["POSENC_SERVER"], "--listen=127.0.0.1:0", f"--port_file={port_file}",
+             "--metrics_listen=", "--log_level=info", "--threads=1"],
+            stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 30
+        while not (port_file.exists() and port_file.read_text().strip()):
+            assert proc.poll() is None, "posenc-server exited at start-up"
+            assert time.time() < deadline, "posenc-server did not start in 30 s"
+            time.sleep(0.05)
+        c = tc.InferenceServerClient(url="127.0.0.1:" + port_file.read_text().strip())
+        assert "trace" in c.get_server_metadata().extensions
+
+        def settings(resp):
+            return {k: list(v.value) for k, v in resp.settings.items()}
+
+        assert settings(c.get_trace_settings()) == {
+            "trace_level": ["OFF"], "trace_rate": ["1000"], "trace_count": ["-1"],
+            "log_frequency": ["0"], "trace_file": [], "trace_mode": ["triton"]}
+        after = settings(c.update_trace_settings(settings={
+            "trace_level": ["TIMESTAMPS"], "trace_rate": "2", "trace_count": "3"}))
+        assert (after["trace_level"], after["trace_rate"], after["trace_count"]) == (
+            ["TIMESTAMPS"], ["2"], ["3"])
+        q = tc.InferInput("query", [1, 4, 2, 8], "FP32")
+        q.set_data_from_numpy(np.zeros((1, 4, 2, 8), np.float32))
+        # Every call counts, the TraceSetting call itself first: calls 0, 2
+        # and 4 of these are traced, then none.
+        for i in range(10):
+            c.infer("rope", [q], request_id=f"call-{i}")
+        deadline = time.time() + 10
+        while log.read_text(errors="replace").count("ModelInfer traced") < 3:
+            assert time.time() < deadline, log.read_text(errors="replace")
+            time.sleep(0.05)
+        time.sleep(0.2)
+        traced = [l for l in log.read_text(errors="replace").splitlines() if " traced: " in l]
+        assert [re.search(r"request_id=(\S+)", l).group(1) for l in traced] == [
+            "call-0", "call-2", "call-4"], traced
+        for line in traced:
+            for field in ("memory_s=", "read_s=", "queue_s=", "work_s="):
+                assert field in line, line
+        assert settings(c.get_trace_settings())["trace_count"] == ["0"]
+        for bad, words in (({"trace_file": "/tmp/trace.json"}, "trace_file must be empty"),
+                           ({"trace_level": ["TENSORS"]}, "not TENSORS"),
+                           ({"trace_rate": "0"}, "trace_rate must be an integer"),
+                           ({"trace_mode": "opentelemetry"}, "trace_mode must be triton")):
+            with pytest.raises(InferenceServerException) as e:
+                c.update_trace_settings(settings=bad)
+            assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+            assert words in e.value.message()
+        with pytest.raises(InferenceServerException) as e:
+            c.update_trace_settings(model_name="rope", settings={"trace_rate": "1"})
+        assert "give no model_name" in e.value.message()
+        c.update_trace_settings(settings={"trace_level": None})  # back to OFF
+        assert settings(c.get_trace_settings())["trace_level"] == ["OFF"]
+        c.close()
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
 
 
 def test_cuda_shared_memory_is_off_unless_enabled(client):
