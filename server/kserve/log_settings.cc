@@ -1,13 +1,11 @@
 #include "kserve/log_settings.h"
 
-#include <algorithm>
 #include <cstdint>
 #include <optional>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "engine/utf8.h"
+#include "kserve/setting_names.h"
 #include "posenc/status_macros.h"
 #include "spdlog/spdlog.h"
 
@@ -23,10 +21,6 @@ constexpr char kError[] = "log_error";
 constexpr char kVerbose[] = "log_verbose_level";
 constexpr char kFormat[] = "log_format";
 constexpr char kLevel[] = "log_level";
-constexpr const char* kSettings[] = {kFile, kInfo, kWarning, kError, kVerbose, kFormat, kLevel};
-
-// A caller's string, fit to repeat in an error.
-std::string Quoted(absl::string_view s) { return absl::StrCat("'", Utf8Prefix(s, 64), "'"); }
 
 absl::string_view CaseName(SettingValue::ParameterChoiceCase c) {
   switch (c) {
@@ -119,18 +113,10 @@ absl::string_view LogLevelName(spdlog::level::level_enum level) {
 }
 
 absl::StatusOr<LogState> RequestedLogState(const LogSettingMap& settings, const LogState& current) {
-  // An unknown name first, the smallest one (the map's order is not fixed).
-  std::optional<std::string> unknown;
-  for (const auto& entry : settings) {
-    const std::string& name = entry.first;  // clang 14 cannot capture a structured binding
-    if (std::find_if(std::begin(kSettings), std::end(kSettings),
-                     [&](const char* known) { return name == known; }) == std::end(kSettings)) {
-      if (!unknown || name < *unknown) unknown = name;
-    }
-  }
-  if (unknown) {
+  if (std::optional<std::string> unknown = SmallestUnknownName(
+          settings, {kFile, kInfo, kWarning, kError, kVerbose, kFormat, kLevel})) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "unknown log setting ", Quoted(*unknown),
+        "unknown log setting ", QuotedSetting(*unknown),
         "; posenc has log_info, log_warning, log_error, log_verbose_level, log_format, "
         "log_file and log_level"));
   }
@@ -139,23 +125,21 @@ absl::StatusOr<LogState> RequestedLogState(const LogSettingMap& settings, const 
   POSENC_ASSIGN_OR_RETURN(const SettingValue* file,
                           Find(settings, kFile, SettingValue::kStringParam));
   if (file != nullptr && !file->string_param().empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("log setting log_file must be empty, got ", Quoted(file->string_param()),
-                     ": posenc logs to standard output only (the container runtime keeps it)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "log setting log_file must be empty, got ", QuotedSetting(file->string_param()),
+        ": posenc logs to standard output only (the container runtime keeps it)"));
   }
 
   POSENC_ASSIGN_OR_RETURN(const SettingValue* format,
                           Find(settings, kFormat, SettingValue::kStringParam));
   if (format != nullptr) {
-    const std::string v = absl::AsciiStrToLower(format->string_param());
-    if (v == "text") {
-      next.format = LogFormat::kText;
-    } else if (v == "json") {
-      next.format = LogFormat::kJson;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "log setting log_format must be text or json, got ", Quoted(format->string_param())));
+    absl::StatusOr<LogFormat> parsed = ParseLogFormat(format->string_param());
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("log setting log_format must be text or json, got ",
+                       QuotedSetting(format->string_param())));
     }
+    next.format = *parsed;
   }
 
   POSENC_ASSIGN_OR_RETURN(const SettingValue* level,
@@ -180,7 +164,7 @@ absl::StatusOr<LogState> RequestedLogState(const LogSettingMap& settings, const 
     if (!parsed.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "log setting log_level must be trace, debug, info, warn, error, critical or off, got ",
-          Quoted(level->string_param())));
+          QuotedSetting(level->string_param())));
     }
     next.level = *parsed;
   } else if (flags_given) {
@@ -206,7 +190,7 @@ void DescribeLogState(const LogState& state, inference::LogSettingsResponse* res
   out[kWarning].set_bool_param(f.warning);
   out[kError].set_bool_param(f.error);
   out[kVerbose].set_uint32_param(f.verbose);
-  out[kFormat].set_string_param(state.format == LogFormat::kJson ? "json" : "text");
+  out[kFormat].set_string_param(LogFormatName(state.format));
   out[kLevel].set_string_param(std::string(LogLevelName(state.level)));
 }
 
@@ -222,9 +206,8 @@ absl::StatusOr<LogState> UpdateLogSettings(const LogSettingMap& settings, absl::
   auto note = [&] {
     spdlog::warn("log settings changed by {}: level {} -> {}, format {} -> {}",
                  CleanRequestId(peer), std::string(LogLevelName(before.level)),
-                 std::string(LogLevelName(after.level)),
-                 before.format == LogFormat::kJson ? "json" : "text",
-                 after.format == LogFormat::kJson ? "json" : "text");
+                 std::string(LogLevelName(after.level)), LogFormatName(before.format),
+                 LogFormatName(after.format));
   };
   // Logged under whichever of the two levels prints more.
   const bool quieter = after.level > before.level;

@@ -185,7 +185,7 @@ void ModelRegistry::TakeOutUnloaded(ModelSet& set) const {
   set.models_.erase(served, set.models_.end());
 }
 
-absl::Status ModelRegistry::Unload(absl::string_view name) {
+absl::StatusOr<bool> ModelRegistry::Unload(absl::string_view name) {
   for (const auto& m : BuiltInModels()) {
     if (m->name == name) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -198,14 +198,14 @@ absl::Status ModelRegistry::Unload(absl::string_view name) {
     const auto& models = set_->models_;
     if (std::none_of(models.begin(), models.end(),
                      [&](const auto& m) { return m->name == name; })) {
-      return absl::OkStatus();  // not loaded: nothing to do
+      return false;  // not loaded: nothing to do
     }
     unloaded_.emplace(name);
     auto set = std::make_shared<ModelSet>(*set_);
     TakeOutUnloaded(*set);
     old = std::exchange(set_, std::move(set));
   }
-  return absl::OkStatus();
+  return true;
 }
 
 std::shared_ptr<const ModelSet> ModelRegistry::Snapshot() const {

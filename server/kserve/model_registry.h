@@ -79,10 +79,11 @@ class ModelRegistry {
   // Takes the repository's model `name` out of the set at once (calls in
   // flight keep it) until a Reload loads it again: it is listed among the
   // skipped ones with the reason kUnloaded, so ModelReady is false and
-  // calls are NOT_FOUND saying why, and rescans leave it out. A name that
-  // is no loaded model of the repository: nothing (as Triton unloads a
-  // model that is not loaded); a built-in model's: INVALID_ARGUMENT.
-  [[nodiscard]] absl::Status Unload(absl::string_view name);
+  // calls are NOT_FOUND saying why, and rescans leave it out. Whether it
+  // was loaded: a name that is no loaded model of the repository changes
+  // nothing (as Triton unloads a model that is not loaded); a built-in
+  // model's is INVALID_ARGUMENT.
+  [[nodiscard]] absl::StatusOr<bool> Unload(absl::string_view name);
   static constexpr char kUnloaded[] =
       "unloaded by RepositoryModelUnload (RepositoryModelLoad loads it again)";
 

@@ -159,7 +159,7 @@ TEST_F(ModelRegistryTest, UnloadTakesAModelOutUntilALoadNamesIt) {
   ASSERT_TRUE(r.Reload().ok());
   absl::StatusOr<std::shared_ptr<const Model>> held = r.Snapshot()->Find("a", "");
   ASSERT_TRUE(held.ok());
-  ASSERT_TRUE(r.Unload("a").ok());
+  ASSERT_TRUE(r.Unload("a").value_or(false));
   auto out = [&] {
     std::shared_ptr<const ModelSet> set = r.Snapshot();
     const absl::Status s = set->Find("a", "").status();
@@ -175,6 +175,7 @@ TEST_F(ModelRegistryTest, UnloadTakesAModelOutUntilALoadNamesIt) {
   EXPECT_TRUE(out());
   // Unloaded again: nothing more.
   ASSERT_TRUE(r.Unload("a").ok());
+  EXPECT_FALSE(*r.Unload("a"));
   EXPECT_TRUE(out());
   EXPECT_EQ(r.Snapshot()->skipped().size(), 1u);
   // A load of it brings it back, from its file as it is now.
@@ -196,7 +197,8 @@ TEST_F(ModelRegistryTest, UnloadOfWhatIsNotLoadedChangesNothing) {
   ASSERT_NE(bad_reason, "");
   EXPECT_TRUE(r.Unload("nope").ok());
   EXPECT_TRUE(r.Unload("bad").ok());
-  const absl::Status built_in = r.Unload("rope");
+  EXPECT_FALSE(r.Unload("nope").value_or(true));
+  const absl::Status built_in = r.Unload("rope").status();
   EXPECT_EQ(built_in.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(built_in.message(), "rope is built in")) << built_in;
   EXPECT_EQ(r.Snapshot(), before);

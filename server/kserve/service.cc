@@ -200,9 +200,8 @@ std::vector<Method> KServeService::ControlMethods() {
         if (req.model_name().empty()) {
           return absl::InvalidArgumentError("model_name: give the model to unload");
         }
-        const bool loaded = models_.Snapshot()->Find(req.model_name(), "").ok();
-        POSENC_RETURN_IF_ERROR(models_.Unload(req.model_name()));
-        if (loaded) {
+        POSENC_ASSIGN_OR_RETURN(const bool unloaded, models_.Unload(req.model_name()));
+        if (unloaded) {
           spdlog::info("model {} unloaded by {}", Utf8Prefix(req.model_name(), 64),
                        CleanRequestId(call.peer));
         }

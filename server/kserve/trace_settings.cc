@@ -1,6 +1,5 @@
 #include "kserve/trace_settings.h"
 
-#include <algorithm>
 #include <cstdint>
 #include <optional>
 
@@ -8,7 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "engine/utf8.h"
+#include "kserve/setting_names.h"
 #include "posenc/status_macros.h"
 #include "rpc/logging.h"
 #include "spdlog/spdlog.h"
@@ -24,11 +23,8 @@ constexpr char kCount[] = "trace_count";
 constexpr char kFrequency[] = "log_frequency";
 constexpr char kFile[] = "trace_file";
 constexpr char kMode[] = "trace_mode";
-constexpr const char* kSettings[] = {kLevel, kRate, kCount, kFrequency, kFile, kMode};
 constexpr int64_t kMaxRate = 1000000000;
 constexpr int64_t kMaxCount = int64_t{1} << 31;
-
-std::string Quoted(absl::string_view s) { return absl::StrCat("'", Utf8Prefix(s, 64), "'"); }
 
 // settings[name]'s one value (nullopt: not given, or given with none);
 // INVALID_ARGUMENT for more than one.
@@ -50,8 +46,9 @@ absl::StatusOr<int64_t> Integer(const TraceSettingMap& settings, const char* nam
   if (!v) return fallback;
   int64_t n = 0;
   if (!absl::SimpleAtoi(*v, &n) || n < lo || n > hi) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "trace setting ", name, " must be an integer in [", lo, ", ", hi, "], got ", Quoted(*v)));
+    return absl::InvalidArgumentError(absl::StrCat("trace setting ", name,
+                                                   " must be an integer in [", lo, ", ", hi,
+                                                   "], got ", QuotedSetting(*v)));
   }
   return n;
 }
@@ -60,17 +57,10 @@ absl::StatusOr<int64_t> Integer(const TraceSettingMap& settings, const char* nam
 
 absl::StatusOr<TraceConfig> RequestedTraceConfig(const TraceSettingMap& settings,
                                                  const TraceConfig& current) {
-  std::optional<std::string> unknown;
-  for (const auto& entry : settings) {
-    const std::string& name = entry.first;  // clang 14 cannot capture a structured binding
-    if (std::none_of(std::begin(kSettings), std::end(kSettings),
-                     [&](const char* known) { return name == known; })) {
-      if (!unknown || name < *unknown) unknown = name;
-    }
-  }
-  if (unknown) {
+  if (std::optional<std::string> unknown =
+          SmallestUnknownName(settings, {kLevel, kRate, kCount, kFrequency, kFile, kMode})) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown trace setting ", Quoted(*unknown),
+        absl::StrCat("unknown trace setting ", QuotedSetting(*unknown),
                      "; posenc has trace_level, trace_rate, trace_count, log_frequency, "
                      "trace_file and trace_mode"));
   }
@@ -88,8 +78,8 @@ absl::StatusOr<TraceConfig> RequestedTraceConfig(const TraceSettingMap& settings
         return absl::InvalidArgumentError(
             "trace setting trace_level: posenc traces TIMESTAMPS only, not TENSORS");
       } else {
-        return absl::InvalidArgumentError(
-            absl::StrCat("trace setting trace_level must be OFF or TIMESTAMPS, got ", Quoted(v)));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "trace setting trace_level must be OFF or TIMESTAMPS, got ", QuotedSetting(v)));
       }
     }
     if (off && next.on) {
@@ -103,18 +93,18 @@ absl::StatusOr<TraceConfig> RequestedTraceConfig(const TraceSettingMap& settings
     return absl::InvalidArgumentError(absl::StrCat(
         "trace setting log_frequency must be 0 (posenc writes each trace as a log line at once), "
         "got ",
-        Quoted(*frequency)));
+        QuotedSetting(*frequency)));
   }
   POSENC_ASSIGN_OR_RETURN(std::optional<std::string> file, One(settings, kFile));
   if (file && !file->empty()) {
     return absl::InvalidArgumentError(absl::StrCat("trace setting trace_file must be empty, got ",
-                                                   Quoted(*file),
+                                                   QuotedSetting(*file),
                                                    ": posenc writes traces to its log only"));
   }
   POSENC_ASSIGN_OR_RETURN(std::optional<std::string> mode, One(settings, kMode));
   if (mode && absl::AsciiStrToLower(*mode) != "triton") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "trace setting trace_mode must be triton (traces in the log), got ", Quoted(*mode)));
+        "trace setting trace_mode must be triton (traces in the log), got ", QuotedSetting(*mode)));
   }
   return next;
 }
@@ -134,7 +124,7 @@ absl::StatusOr<TraceConfig> UpdateTraceSettings(const TraceSettingMap& settings,
                                                 absl::string_view peer) {
   if (!model_name.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model_name ", Quoted(model_name),
+        absl::StrCat("model_name ", QuotedSetting(model_name),
                      ": posenc's trace settings are the server's, for every model alike; give "
                      "no model_name"));
   }

@@ -133,11 +133,11 @@ StageTimes StageBreakdown(std::chrono::steady_clock::time_point start,
 }
 
 void LogIfSlow(const std::string& method, const absl::Status& s,
-               std::chrono::steady_clock::time_point start, const std::string& request_id,
+               std::chrono::steady_clock::time_point start,
+               std::chrono::steady_clock::time_point end, const std::string& request_id,
                const CallStages& stages) {
   const int64_t limit = slow_call_ns.load(std::memory_order_relaxed);
   if (limit == 0) return;
-  const auto end = std::chrono::steady_clock::now();
   const auto took = end - start;
   if (std::chrono::duration_cast<std::chrono::nanoseconds>(took).count() < limit) return;
   const StageTimes times = StageBreakdown(start, end, stages);

@@ -49,7 +49,8 @@ StageTimes StageBreakdown(std::chrono::steady_clock::time_point start,
 // fields memory_s, read_s, queue_s and work_s; zero or less: never.
 void SetSlowCallThreshold(absl::Duration d);
 void LogIfSlow(const std::string& method, const absl::Status& s,
-               std::chrono::steady_clock::time_point start, const std::string& request_id,
+               std::chrono::steady_clock::time_point start,
+               std::chrono::steady_clock::time_point end, const std::string& request_id,
                const CallStages& stages = {});
 
 }  // namespace posenc::server

@@ -58,9 +58,9 @@ bool SampleCall() {
 }
 
 void LogTrace(const std::string& method, const absl::Status& s,
-              std::chrono::steady_clock::time_point start, const std::string& request_id,
+              std::chrono::steady_clock::time_point start,
+              std::chrono::steady_clock::time_point end, const std::string& request_id,
               const CallStages& stages) {
-  const auto end = std::chrono::steady_clock::now();
   const StageTimes times = StageBreakdown(start, end, stages, /*decimals=*/6);
   LogWithFields(
       spdlog::level::info,

@@ -66,6 +66,8 @@ absl::StatusOr<LogFormat> ParseLogFormat(absl::string_view name) {
       absl::StrCat("--log_format must be text or json, got '", CleanRequestId(name), "'"));
 }
 
+const char* LogFormatName(LogFormat format) { return format == LogFormat::kJson ? "json" : "text"; }
+
 std::unique_ptr<spdlog::formatter> NewLogFormatter(LogFormat format) {
   if (format == LogFormat::kJson) return std::make_unique<JsonFormatter>();
   return std::make_unique<spdlog::pattern_formatter>(kTextPattern);

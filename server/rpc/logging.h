@@ -30,6 +30,9 @@ enum class LogFormat { kText, kJson };
 // "text" or "json" (any case); otherwise INVALID_ARGUMENT naming --log_format.
 [[nodiscard]] absl::StatusOr<LogFormat> ParseLogFormat(absl::string_view name);
 
+// The name ParseLogFormat reads as `format`: "text" or "json".
+const char* LogFormatName(LogFormat format);
+
 // Sets the format of every line the default logger writes from now on.
 void SetLogFormat(LogFormat format);
 

@@ -9,6 +9,7 @@ LD_LIBRARY_PATH reaching libcudart.so.12). run_kserve_tests.sh sets both.
 """
 
 import base64
+import contextlib
 import json
 import os
 import random
@@ -213,16 +214,16 @@ def test_every_method_of_the_protocol_is_served_and_no_other(server):
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-def test_log_settings_turn_rejection_lines_on_and_off(tmp_path):
-    """Triton's logging extension on a server started at --log_level=warn:
-    the settings read back, verbose logging shows why a call was rejected
-    (with its request id) until it is turned off again, the change is
-    logged with the caller, and what posenc cannot do is refused by name."""
+@contextlib.contextmanager
+def server_with_log(tmp_path, log_level):
+    """A posenc-server of its own (one thread, any free port) whose log goes
+    to tmp_path/log.txt: yields a client and the log's path, then stops the
+    server, which must exit 0."""
     port_file, log = tmp_path / "port", tmp_path / "log.txt"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [os.environ["POSENC_SERVER"], "--listen=127.0.0.1:0", f"--port_file={port_file}",
-             "--metrics_listen=", "--log_level=warn", "--threads=1"],
+             "--metrics_listen=", f"--log_level={log_level}", "--threads=1"],
             stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + 30
@@ -231,6 +232,21 @@ def test_log_settings_turn_rejection_lines_on_and_off(tmp_path):
             assert time.time() < deadline, "posenc-server did not start in 30 s"
             time.sleep(0.05)
         c = tc.InferenceServerClient(url="127.0.0.1:" + port_file.read_text().strip())
+        try:
+            yield c, log
+        finally:
+            c.close()
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+
+
+def test_log_settings_turn_rejection_lines_on_and_off(tmp_path):
+    """Triton's logging extension on a server started at --log_level=warn:
+    the settings read back, verbose logging shows why a call was rejected
+    (with its request id) until it is turned off again, the change is
+    logged with the caller, and what posenc cannot do is refused by name."""
+    with server_with_log(tmp_path, "warn") as (c, log):
         assert "logging" in c.get_server_metadata().extensions
 
         def settings(resp):
@@ -273,10 +289,6 @@ def test_log_settings_turn_rejection_lines_on_and_off(tmp_path):
         c.update_log_settings({"log_verbose_level": 0, "log_info": False})
         assert settings(c.get_log_settings())["log_level"] == "warn"
         reject("quiet-3")
-        c.close()
-    finally:
-        proc.terminate()
-        assert proc.wait(timeout=30) == 0
     assert "quiet-3" not in log.read_text(errors="replace")
 
 
@@ -284,19 +296,7 @@ def test_trace_settings_sample_calls_into_the_log(tmp_path):
     """Triton's trace extension: one call in trace_rate is logged (at info)
     with where its time went, for trace_count calls; what posenc does not
     trace is refused by name."""
-    port_file, log = tmp_path / "port", tmp_path / "log.txt"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [os.environ["POSENC_SERVER"], "--listen=127.0.0.1:0", f"--port_file={port_file}",
-             "--metrics_listen=", "--log_level=info", "--threads=1"],
-            stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 30
-        while not (port_file.exists() and port_file.read_text().strip()):
-            assert proc.poll() is None, "posenc-server exited at start-up"
-            assert time.time() < deadline, "posenc-server did not start in 30 s"
-            time.sleep(0.05)
-        c = tc.InferenceServerClient(url="127.0.0.1:" + port_file.read_text().strip())
+    with server_with_log(tmp_path, "info") as (c, log):
         assert "trace" in c.get_server_metadata().extensions
 
         def settings(resp):
@@ -340,10 +340,6 @@ def test_trace_settings_sample_calls_into_the_log(tmp_path):
         assert "give no model_name" in e.value.message()
         c.update_trace_settings(settings={"trace_level": None})  # back to OFF
         assert settings(c.get_trace_settings())["trace_level"] == ["OFF"]
-        c.close()
-    finally:
-        proc.terminate()
-        assert proc.wait(timeout=30) == 0
 
 
 def test_cuda_shared_memory_is_off_unless_enabled(client):
