@@ -63,6 +63,21 @@ POSENC_ALWAYS_INLINE void KeepInMaskRegister(__mmask16& k) {
 #endif
 }
 
+// VPERMT2PS indices for 16 adjacent float pairs held in two vectors
+// (w0, w1): lane j of `even` is element 2j of the 32, of `odd` 2j + 1 (the
+// pairs' first and second elements); `first` and `second` put two such
+// vectors (u, v) back in pairs, the first 8 and the last 8. The float32
+// loops of RoPE (GPT-J) and the sinusoidal add (INTERLEAVED) use them.
+struct PairLanes {
+  __m512i even, odd, first, second;
+};
+POSENC_AVX512_TARGET POSENC_ALWAYS_INLINE PairLanes MakePairLanes() {
+  return {_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+          _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31),
+          _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
+          _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31)};
+}
+
 // The even and the odd elements of 32 stored bfloat16 values (one 64-byte
 // load), as floats: lane i holds element 2i, or 2i + 1.
 POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __m512 EvenBF16(__m512i w) {

@@ -96,7 +96,8 @@ struct Scratch {
     return p.dtype == DType::kFloat32 && (CpuHasAvx512() || CpuHasAvx2());
   }
   static bool SpreadFor(const RopePlan& p) {
-    return p.style == RopeStyle::kGptj && (p.dtype == DType::kBFloat16 || WideF32For(p));
+    return p.style == RopeStyle::kGptj &&
+           (p.dtype == DType::kBFloat16 || (WideF32For(p) && !CpuHasAvx512()));
   }
 
   // Whether this Scratch's buffers serve plan p. It holds nothing else
@@ -121,10 +122,11 @@ struct Scratch {
   const bool wide;
   // float32 on a CPU with RotateF32Wide (AVX-512) or RotateF32Avx2.
   const bool wide_f32;
-  // GPT-J in bfloat16, or in float32 on a wide CPU (spread): [kTokenBlock,
-  // 2 half] [c, c] and [-n, n] per slot, laid out like the pairs they
-  // rotate (RotateHeadBF16's 8-pair loop, not for the tokens the wide
-  // bfloat16 loops take; RotateF32Wide and RotateF32Avx2).
+  // GPT-J in bfloat16, or in float32 on an AVX2 CPU without AVX-512
+  // (spread): [kTokenBlock, 2 half] [c, c] and [-n, n] per slot, laid out
+  // like the pairs they rotate (RotateHeadBF16's 8-pair loop, not for the
+  // tokens the wide bfloat16 loops take; RotateF32Avx2). RotateF32Wide
+  // splits the pairs instead and reads c and n.
   const bool spread;
   std::vector<float> c2, n2;
   // bfloat16 NEOX on a wide CPU (paired): [kTokenBlock, half] c and n with
