@@ -91,6 +91,12 @@ ABSL_FLAG(int, drain_seconds, kDefaults.drain_seconds,
           "On SIGTERM, how long calls in flight may take to finish.");
 ABSL_FLAG(int, max_connection_age_ms, kDefaults.max_connection_age_ms,
           "Close client connections after this long so they re-resolve DNS (0: never).");
+ABSL_FLAG(int, keepalive_time_ms, kDefaults.keepalive_time_ms,
+          "While a connection has a call open, ping the caller after this long without hearing "
+          "from it (0: gRPC's default, 2 hours), so that a caller whose machine vanished does not hold its calls' "
+          "slots until TCP gives up.");
+ABSL_FLAG(int, keepalive_timeout_ms, kDefaults.keepalive_timeout_ms,
+          "Close a connection whose caller has not answered a ping within this long.");
 ABSL_FLAG(std::string, log_level, kDefaults.log_level,
           "trace, debug, info, warn, error, critical or off (KServe LogSettings changes it while "
           "serving).");
@@ -204,6 +210,8 @@ absl::StatusOr<posenc::server::ServerOptions> OptionsFromFlags() {
   o.slow_call_ms = absl::GetFlag(FLAGS_slow_call_ms);
   o.drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
   o.max_connection_age_ms = absl::GetFlag(FLAGS_max_connection_age_ms);
+  o.keepalive_time_ms = absl::GetFlag(FLAGS_keepalive_time_ms);
+  o.keepalive_timeout_ms = absl::GetFlag(FLAGS_keepalive_timeout_ms);
   o.max_memory_bytes = absl::GetFlag(FLAGS_max_memory_bytes);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.models.dir = absl::GetFlag(FLAGS_model_dir);

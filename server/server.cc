@@ -93,6 +93,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::StartWith(const ServerOptions& o
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, options.max_connection_age_ms);
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, 30000);
   }
+  // Pings to callers with a call open (gRPC sends none on a connection
+  // without one: idle connections hold nothing). keepalive_test idles a
+  // stream for ten pings before its caller goes silent, so pings that
+  // stopped on an idle stream would show there.
+  if (options.keepalive_time_ms > 0) {
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, options.keepalive_time_ms);
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, options.keepalive_timeout_ms);
+  }
   // Both fronts are registered for reflection; the router serves every
   // method of both.
   builder.RegisterService(s->v1_.get());

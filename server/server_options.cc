@@ -31,6 +31,9 @@ absl::Status ServerOptions::Validate() const {
   POSENC_RETURN_IF_ERROR(
       NotAtLeast("--max_connection_age_ms", max_connection_age_ms, 0, " (0: never)"));
   POSENC_RETURN_IF_ERROR(
+      NotAtLeast("--keepalive_time_ms", keepalive_time_ms, 0, " (0: gRPC's 2 hours)"));
+  POSENC_RETURN_IF_ERROR(NotAtLeast("--keepalive_timeout_ms", keepalive_timeout_ms, 1));
+  POSENC_RETURN_IF_ERROR(
       NotAtLeast("request_threads", request_threads, 0, " (0: every usable CPU)"));
   // gRPC would take a negative quota as no cap at all.
   POSENC_RETURN_IF_ERROR(NotAtLeast("--max_memory_bytes", max_memory_bytes, 0,

@@ -21,6 +21,13 @@ struct ServerOptions {
   std::string listen_address = "0.0.0.0:50051";
   // Close connections after this long so clients re-resolve DNS; 0 = never.
   int max_connection_age_ms = 0;
+  // While a connection has a call open, ping the caller after this long
+  // without hearing from it, and close the connection when a ping goes
+  // unanswered for keepalive_timeout_ms: a caller whose machine vanished
+  // sends no FIN, and its open stream would hold an admission slot until
+  // TCP gives up (hours). 0: gRPC's own default, a ping every 2 hours.
+  int keepalive_time_ms = 60000;
+  int keepalive_timeout_ms = 20000;
   TlsOptions tls;
   // Threads that compute admitted requests (0: every usable CPU, at least
   // 2); each request's kernels also use the CPU backend's pool.

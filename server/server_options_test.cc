@@ -32,6 +32,8 @@ TEST(ServerOptions, EachValueOutOfRangeIsRefusedNamingItsFlag) {
       {[](ServerOptions& o) { o.max_memory_bytes = -1; }, "--max_memory_bytes must be >= 0"},
       {[](ServerOptions& o) { o.max_memory_bytes = 1 << 20; }, "--max_memory_bytes"},
       {[](ServerOptions& o) { o.max_connection_age_ms = -5; }, "--max_connection_age_ms"},
+      {[](ServerOptions& o) { o.keepalive_time_ms = -1; }, "--keepalive_time_ms must be >= 0"},
+      {[](ServerOptions& o) { o.keepalive_timeout_ms = 0; }, "--keepalive_timeout_ms must be >= 1"},
       {[](ServerOptions& o) { o.engine.shared_memory.max_regions = -1; },
        "--max_shared_memory_regions"},
       {[](ServerOptions& o) { o.engine.shared_memory.max_regions_per_client = -1; },

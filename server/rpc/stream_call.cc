@@ -105,8 +105,12 @@ class StreamCall final : public grpc::ServerGenericBidiReactor {
     // The read's bytes become the message's: on its own slot if it was read
     // ahead, else under the stream's. Then it holds what it needs (the
     // request twice while it is parsed, see ReadReservation).
-    m->ticket = read_slot_ ? std::move(*read_slot_) : stream_slot_->BytesOnly();
-    read_slot_.reset();
+    std::optional<Admission> ahead;  // under mu_: DecideLocked may give it back
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ahead.swap(read_slot_);
+    }
+    m->ticket = ahead ? std::move(*ahead) : stream_slot_->BytesOnly();
     read_bytes_->GiveBytes(read_bytes_->bytes(), &m->ticket);
     const absl::Status held = m->ticket.Resize(2 * m->bytes_in);
     Message* message = m.get();
@@ -234,6 +238,13 @@ class StreamCall final : public grpc::ServerGenericBidiReactor {
       writing_ = true;
       StartWrite(&next.answer);
     }
+    // A read ahead of messages that have all been answered waits for the
+    // caller's next message, which the stream's own slot carries (as it does
+    // a first one): its slot goes back, so that an idle stream holds one
+    // slot of --max_inflight, not two.
+    if (read_state_ == ReadState::kReading && read_slot_ && inflight_.empty()) {
+      steps.spare_slot.swap(read_slot_);
+    }
     if (read_state_ != ReadState::kIdle) return steps;
     if (read_closed_) {
       if (inflight_.empty()) {
@@ -335,7 +346,7 @@ class StreamCall final : public grpc::ServerGenericBidiReactor {
   // Bytes reserved for the read in progress: kept apart from the messages'
   // tickets so a cancellation can end its wait whatever they do.
   std::optional<Admission> read_bytes_;
-  std::optional<Admission> read_slot_;  // the read in progress was read ahead
+  std::optional<Admission> read_slot_;  // the read in progress was read ahead (until idle)
   grpc::ByteBuffer read_buf_;
 
   std::mutex mu_;

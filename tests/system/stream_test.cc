@@ -248,6 +248,55 @@ TEST(StreamRope, AdmissionRefusesMidStreamWhenTheBudgetIsTaken) {
       << admission.bytes() << " bytes and " << admission.calls() << " calls still accounted";
 }
 
+// An idle stream (its messages answered, the next not sent) holds one
+// slot of --max_inflight: the read it had started ahead gives its own slot
+// back. At --max_inflight=2 a second stream is then served, where it used
+// to be refused (RESOURCE_EXHAUSTED) while the first waited.
+TEST(StreamRope, AnIdleStreamHoldsOneSlot) {
+  server::ServerOptions o;
+  o.listen_address = "127.0.0.1:0";
+  o.request_threads = kRequestThreads;
+  o.engine.max_inflight_requests = 2;
+  o.engine.cpu_threads = 1;
+  o.engine.enable_cuda = false;
+  auto started = server::Server::Start(o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  auto& server = *started;
+  auto stub = StubFor(*server);
+  v1::RopeResponse resp;
+
+  grpc::ClientContext a_ctx;
+  a_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto a = stub->StreamRope(&a_ctx);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(a->Write(MakeCase("a" + std::to_string(i), 16, false).request));
+    ASSERT_TRUE(a->Read(&resp));
+    EXPECT_EQ(resp.error_code(), 0) << resp.error_message();
+  }
+  EXPECT_TRUE(Eventually([&] { return server->engine().admission().calls() == 1; }))
+      << server->engine().admission().calls() << " slots held by an idle stream";
+
+  grpc::ClientContext b_ctx;
+  b_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto b = stub->StreamRope(&b_ctx);
+  const Case second = MakeCase("b0", 16, false);
+  ASSERT_TRUE(b->Write(second.request));
+  ASSERT_TRUE(b->Read(&resp)) << b->Finish().error_message();
+  EXPECT_EQ(resp.request_id(), "b0");
+  EXPECT_EQ(resp.error_code(), 0) << resp.error_message();
+  ASSERT_EQ(resp.query_data().size(), second.want.size());
+  EXPECT_EQ(0, std::memcmp(resp.query_data().data(), second.want.data(), second.want.size()));
+  b->WritesDone();
+  EXPECT_TRUE(b->Finish().ok());
+
+  // The first stream goes on as before.
+  ASSERT_TRUE(a->Write(MakeCase("a3", 16, false).request));
+  ASSERT_TRUE(a->Read(&resp));
+  EXPECT_EQ(resp.request_id(), "a3");
+  a->WritesDone();
+  EXPECT_TRUE(a->Finish().ok());
+}
+
 // A caller that cancels with messages in flight, computing and unread, at
 // random moments: the server finishes the stream and accounts nothing
 // afterwards (no bytes, slots or busy calls left behind).
