@@ -255,6 +255,7 @@ void Client::Prepare(grpc::ClientContext* ctx, const CallOptions& call) const {
       call.timeout > absl::ZeroDuration() ? call.timeout : options_.default_timeout;
   ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(t));
   if (!call.request_id.empty()) ctx->AddMetadata("x-request-id", call.request_id);
+  if (!call.traceparent.empty()) ctx->AddMetadata("traceparent", call.traceparent);
 }
 
 namespace client_internal {

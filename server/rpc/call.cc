@@ -20,12 +20,13 @@ std::string CallRequestId(const std::string& metadata_id, const CallFacts& facts
 
 void FinishCall(Metrics* metrics, const CallOutcome& o) {
   const std::string& name = o.method->name;
-  const std::string id = CallRequestId(o.metadata_id, *o.facts, o.stream_message);
-  LogFailure(name, o.status, id);
+  const CallIds ids{CallRequestId(o.caller.request_id, *o.facts, o.stream_message),
+                    o.caller.trace_id};
+  LogFailure(name, o.status, ids);
   // One clock reading for the call's end: its log lines and metrics agree.
   const auto end = std::chrono::steady_clock::now();
-  LogIfSlow(name, o.status, o.start, end, id, o.facts->stages);
-  if (SampleCall()) LogTrace(name, o.status, o.start, end, id, o.facts->stages);
+  LogIfSlow(name, o.status, o.start, end, ids, o.facts->stages);
+  if (SampleCall()) LogTrace(name, o.status, o.start, end, ids, o.facts->stages);
   if (metrics == nullptr) return;
   const double seconds = std::chrono::duration<double>(end - o.start).count();
   const bool ok = o.status.ok();

@@ -112,7 +112,7 @@ struct CallOutcome {
   const Method* method;
   absl::Status status;
   std::chrono::steady_clock::time_point start;
-  std::string metadata_id;  // cleaned x-request-id, may be empty
+  CallIds caller;  // the caller's metadata: cleaned x-request-id, trace id
   const CallFacts* facts;
   int64_t bytes_in = 0;  // of the message
   int64_t bytes_out = 0;

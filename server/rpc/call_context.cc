@@ -1,8 +1,10 @@
 #include "rpc/call_context.h"
 
 #include <chrono>
+#include <iterator>
 
 #include "rpc/logging.h"
+#include "rpc/trace_context.h"
 
 namespace posenc::server {
 
@@ -24,6 +26,13 @@ absl::Time DeadlineOf(grpc::CallbackServerContext* ctx) {
   const auto d = ctx->deadline();
   if (d == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
   return absl::FromChrono(d);
+}
+
+std::string CallerTraceId(grpc::CallbackServerContext* ctx) {
+  const auto& md = ctx->client_metadata();
+  const auto [first, last] = md.equal_range("traceparent");
+  if (first == last || std::next(first) != last) return "";
+  return TraceIdOf(absl::string_view(first->second.data(), first->second.size()));
 }
 
 std::string RequestIdOf(grpc::CallbackServerContext* ctx) {

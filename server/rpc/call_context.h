@@ -1,5 +1,5 @@
 // What a handler reads off gRPC's view of a call: whether it is still
-// wanted, its deadline, and the caller's x-request-id.
+// wanted, its deadline, the caller's x-request-id and trace id.
 #ifndef POSENC_SERVER_RPC_CALL_CONTEXT_H_
 #define POSENC_SERVER_RPC_CALL_CONTEXT_H_
 
@@ -26,6 +26,11 @@ absl::Time DeadlineOf(grpc::CallbackServerContext* ctx);
 // The caller's x-request-id metadata, cleaned for logs (CleanRequestId);
 // empty when it sent none.
 std::string RequestIdOf(grpc::CallbackServerContext* ctx);
+
+// The trace id of the caller's traceparent metadata (TraceIdOf,
+// rpc/trace_context.h); empty when it sent none, one it may not use, or
+// more than one (the specification allows one).
+std::string CallerTraceId(grpc::CallbackServerContext* ctx);
 
 }  // namespace posenc::server
 

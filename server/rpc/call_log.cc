@@ -41,7 +41,7 @@ class OncePerSecond {
 // One line about one call (named by its id), with a count of the calls
 // whose lines were skipped.
 void LogSummarised(OncePerSecond& limit, const std::string& line, const char* what,
-                   const std::string& method, absl::StatusCode code, const std::string& request_id,
+                   const std::string& method, absl::StatusCode code, const CallIds& ids,
                    const StageTimes& stages = {}) {
   int64_t more = 0;
   double seconds = 0;
@@ -55,7 +55,8 @@ void LogSummarised(OncePerSecond& limit, const std::string& line, const char* wh
   LogWithFields(spdlog::level::warn, text,
                 {{"method", method},
                  {"code", absl::StatusCodeToString(code)},
-                 {"request_id", request_id},
+                 {"request_id", ids.request_id},
+                 {"trace_id", ids.trace_id},
                  {"skipped", skipped},
                  {"memory_s", stages.memory},
                  {"read_s", stages.read},
@@ -76,7 +77,7 @@ std::atomic<int64_t> slow_call_ns{0};
 
 }  // namespace
 
-void LogFailure(const std::string& method, const absl::Status& s, const std::string& request_id) {
+void LogFailure(const std::string& method, const absl::Status& s, const CallIds& ids) {
   if (s.ok()) return;
   const std::string code = absl::StatusCodeToString(s.code());
   switch (s.code()) {
@@ -84,15 +85,21 @@ void LogFailure(const std::string& method, const absl::Status& s, const std::str
     case absl::StatusCode::kUnknown:
     case absl::StatusCode::kDataLoss:
       LogWithFields(spdlog::level::err, absl::StrCat(method, " failed: ", s.ToString()),
-                    {{"method", method}, {"code", code}, {"request_id", request_id}});
+                    {{"method", method},
+                     {"code", code},
+                     {"request_id", ids.request_id},
+                     {"trace_id", ids.trace_id}});
       break;
     case absl::StatusCode::kResourceExhausted:
       LogSummarised(Refusals(), absl::StrCat(method, " refused: ", s.message()), "refusals", method,
-                    s.code(), request_id);
+                    s.code(), ids);
       break;
     default:
       LogWithFields(spdlog::level::debug, absl::StrCat(method, " rejected: ", s.ToString()),
-                    {{"method", method}, {"code", code}, {"request_id", request_id}});
+                    {{"method", method},
+                     {"code", code},
+                     {"request_id", ids.request_id},
+                     {"trace_id", ids.trace_id}});
   }
 }
 
@@ -134,7 +141,7 @@ StageTimes StageBreakdown(std::chrono::steady_clock::time_point start,
 
 void LogIfSlow(const std::string& method, const absl::Status& s,
                std::chrono::steady_clock::time_point start,
-               std::chrono::steady_clock::time_point end, const std::string& request_id,
+               std::chrono::steady_clock::time_point end, const CallIds& ids,
                const CallStages& stages) {
   const int64_t limit = slow_call_ns.load(std::memory_order_relaxed);
   if (limit == 0) return;
@@ -145,7 +152,7 @@ void LogIfSlow(const std::string& method, const absl::Status& s,
                 absl::StrCat(method, " was slow: ",
                              absl::StrFormat("%.3f", std::chrono::duration<double>(took).count()),
                              " s (over --slow_call_ms=", limit / 1000000, ")"),
-                "slow calls", method, s.code(), request_id, times);
+                "slow calls", method, s.code(), ids, times);
 }
 
 }  // namespace posenc::server

@@ -2,7 +2,7 @@
 // caller's business (debug), overload a warning at most once a second with a
 // count of what was skipped, server faults errors; calls slower than
 // --slow_call_ms a warning, likewise summarised. Every line names the method,
-// the code and the call's request id.
+// the code, the call's request id and the caller's trace id.
 #ifndef POSENC_SERVER_RPC_CALL_LOG_H_
 #define POSENC_SERVER_RPC_CALL_LOG_H_
 
@@ -14,10 +14,16 @@
 
 namespace posenc::server {
 
-// Logs a failed call (nothing for OK). `request_id` (cleaned, may be empty)
-// goes with the line.
-void LogFailure(const std::string& method, const absl::Status& s,
-                const std::string& request_id = "");
+// What a call's log lines name it by: its request id (cleaned, may be
+// empty) and the trace its caller sent (rpc/trace_context.h; may be empty).
+// Each goes into a line as a field (request_id, trace_id) when not empty.
+struct CallIds {
+  std::string request_id;
+  std::string trace_id;
+};
+
+// Logs a failed call (nothing for OK), with its ids.
+void LogFailure(const std::string& method, const absl::Status& s, const CallIds& ids = {});
 
 // When a call reached the stages of its lifecycle after it came (a
 // default time point: not reached, or not one of its stages: only admitted
@@ -50,7 +56,7 @@ StageTimes StageBreakdown(std::chrono::steady_clock::time_point start,
 void SetSlowCallThreshold(absl::Duration d);
 void LogIfSlow(const std::string& method, const absl::Status& s,
                std::chrono::steady_clock::time_point start,
-               std::chrono::steady_clock::time_point end, const std::string& request_id,
+               std::chrono::steady_clock::time_point end, const CallIds& ids,
                const CallStages& stages = {});
 
 }  // namespace posenc::server

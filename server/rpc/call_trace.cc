@@ -59,7 +59,7 @@ bool SampleCall() {
 
 void LogTrace(const std::string& method, const absl::Status& s,
               std::chrono::steady_clock::time_point start,
-              std::chrono::steady_clock::time_point end, const std::string& request_id,
+              std::chrono::steady_clock::time_point end, const CallIds& ids,
               const CallStages& stages) {
   const StageTimes times = StageBreakdown(start, end, stages, /*decimals=*/6);
   LogWithFields(
@@ -69,7 +69,8 @@ void LogTrace(const std::string& method, const absl::Status& s,
                    " s"),
       {{"method", method},
        {"code", absl::StatusCodeToString(s.code())},
-       {"request_id", request_id},
+       {"request_id", ids.request_id},
+       {"trace_id", ids.trace_id},
        {"memory_s", times.memory},
        {"read_s", times.read},
        {"queue_s", times.queue},

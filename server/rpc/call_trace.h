@@ -38,10 +38,10 @@ void SetTraceConfig(const TraceConfig& config);
 bool SampleCall();
 
 // A traced call's line: "<method> traced: <s> s", with its method, code,
-// request id and StageBreakdown's seconds as fields.
+// ids and StageBreakdown's seconds as fields.
 void LogTrace(const std::string& method, const absl::Status& s,
               std::chrono::steady_clock::time_point start,
-              std::chrono::steady_clock::time_point end, const std::string& request_id,
+              std::chrono::steady_clock::time_point end, const CallIds& ids,
               const CallStages& stages);
 
 }  // namespace posenc::server

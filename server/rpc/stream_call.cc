@@ -49,10 +49,10 @@ class StreamCall final : public grpc::ServerGenericBidiReactor {
         state_(state),
         o_(state.options),
         ctx_(ctx),
-        metadata_id_(RequestIdOf(ctx)) {
+        caller_{RequestIdOf(ctx), CallerTraceId(ctx)} {
     absl::StatusOr<Admission> ticket = o_.engine->admission().Enter();
     if (!ticket.ok()) {
-      LogFailure(method_.name, ticket.status(), metadata_id_);
+      LogFailure(method_.name, ticket.status(), caller_);
       finishing_ = true;
       Finish(ToGrpcStatus(ticket.status()));
       return;
@@ -285,7 +285,7 @@ class StreamCall final : public grpc::ServerGenericBidiReactor {
       std::lock_guard<std::mutex> lock(mu_);
       read_state_ = ReadState::kIdle;
       if (!s.ok() && !end_) {
-        LogFailure(method_.name, s, metadata_id_);
+        LogFailure(method_.name, s, caller_);
         end_ = s;
       }
       steps = DecideLocked();
@@ -303,7 +303,7 @@ class StreamCall final : public grpc::ServerGenericBidiReactor {
       MethodCall call{rc, &m->ticket, m->start, &m->facts, DeadlineOf(ctx_), ctx_->peer()};
       s = RunMethod(method_, &m->request, &m->answer, call);
     }
-    FinishCall(o_.metrics, {&method_, s, m->start, metadata_id_, &m->facts, m->bytes_in,
+    FinishCall(o_.metrics, {&method_, s, m->start, caller_, &m->facts, m->bytes_in,
                             static_cast<int64_t>(m->answer.Length()), /*stream_message=*/true});
     bool ends = false;
     if (!s.ok()) {
@@ -341,7 +341,7 @@ class StreamCall final : public grpc::ServerGenericBidiReactor {
   RouterState& state_;
   const CallRouterOptions& o_;
   grpc::GenericCallbackServerContext* ctx_;
-  const std::string metadata_id_;         // cleaned x-request-id
+  const CallIds caller_;                  // cleaned x-request-id, trace id
   std::optional<Admission> stream_slot_;  // the stream's slot, for its life
   // Bytes reserved for the read in progress: kept apart from the messages'
   // tickets so a cancellation can end its wait whatever they do.

@@ -20,7 +20,7 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
         state_(state),
         ctx_(ctx),
         start_(std::chrono::steady_clock::now()),
-        metadata_id_(RequestIdOf(ctx)) {
+        caller_{RequestIdOf(ctx), CallerTraceId(ctx)} {
     if (!method_.admitted()) {
       StartRead(&request_);
       return;
@@ -91,7 +91,7 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
   }
 
   void Complete(const absl::Status& s) {
-    FinishCall(state_.options.metrics, {&method_, s, start_, metadata_id_, &facts_, bytes_in_,
+    FinishCall(state_.options.metrics, {&method_, s, start_, caller_, &facts_, bytes_in_,
                                         static_cast<int64_t>(answer_.Length())});
     if (ticket_) ticket_->ReleaseSlot();  // the answer is final; its bytes stay
     if (s.ok()) {
@@ -105,7 +105,7 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
   RouterState& state_;
   grpc::GenericCallbackServerContext* ctx_;
   const std::chrono::steady_clock::time_point start_;
-  const std::string metadata_id_;  // cleaned x-request-id
+  const CallIds caller_;  // cleaned x-request-id, trace id
   std::optional<Engine::Admission> ticket_;
   std::optional<BusyMark> busy_;  // from the request read until the answer is sent
   grpc::ByteBuffer request_, answer_;

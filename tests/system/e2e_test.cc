@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
@@ -15,6 +16,8 @@
 #include "reference.h"
 #include "engine/safetensors.h"
 #include "server.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 #include "test_tensors.h"
 
 namespace posenc {
@@ -109,6 +112,32 @@ TEST_F(EndToEnd, ApplyRopeMatchesLocalKernelsBitForBit) {
     EXPECT_EQ(q, q_local) << DTypeName(dtype);
     EXPECT_EQ(k, k_local) << DTypeName(dtype);
   }
+}
+
+// CallOptions' request id and traceparent reach the server's line about
+// the call (a refused one, logged at debug), as request_id and trace_id.
+TEST_F(EndToEnd, CallOptionsIdsReachTheServersLines) {
+  std::ostringstream out;
+  const auto saved = spdlog::default_logger();
+  const auto saved_level = saved->level();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "test", std::make_shared<spdlog::sinks::ostream_sink_mt>(out)));
+  spdlog::set_level(spdlog::level::debug);
+  Bytes q = testing::RandomTensor(DType::kFloat32, 1 * 2 * 2 * 64);
+  RopeOptions odd = LlamaRope();
+  odd.rotary_dim = 7;  // refused: INVALID_ARGUMENT
+  CallOptions call;
+  call.request_id = "e2e-trace-1";
+  call.traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+  const absl::Status s =
+      client_->ApplyRope(odd, Qk(testing::Mutable(DType::kFloat32, {1, 2, 2, 64}, q)), call);
+  spdlog::set_default_logger(saved);
+  spdlog::set_level(saved_level);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  const std::string text = out.str();
+  EXPECT_NE(text.find("request_id=e2e-trace-1 trace_id=0af7651916cd43dd8448eb211c80319c"),
+            std::string::npos)
+      << text;
 }
 
 TEST_F(EndToEnd, AsyncCallsAndStreamKeepOrderAndReportErrorsPerMessage) {

@@ -1,6 +1,7 @@
 // The real posenc-server with --log_format=json: every line it writes is a
 // JSON object, and lines about a call carry the caller's request id
-// (x-request-id, else the message's own), cleaned of control characters.
+// (x-request-id, else the message's own), cleaned of control characters,
+// and the trace id of its W3C traceparent.
 #include <signal.h>
 
 #include <chrono>
@@ -9,6 +10,7 @@
 
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
+#include "kserve/grpc_service.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "posenc/v1/posenc.grpc.pb.h"
 #include "server_process.h"
@@ -228,6 +230,53 @@ TEST(JsonLogs, SlowCallsAreLoggedWithTheirId) {
   EXPECT_EQ(slow[0]["code"], "OK");
   EXPECT_NE(slow[0]["message"].get<std::string>().find("ApplyRope was slow"), std::string::npos)
       << text;
+}
+
+// A caller's traceparent (W3C Trace Context) puts its trace id on the
+// lines about its call, on either front; one the specification does not let
+// a receiver use (upper-case digits, a zero trace id) or a second header
+// puts none.
+TEST(JsonLogs, CallLinesCarryTheCallersTraceId) {
+  testing::ServerProcess server;
+  ASSERT_TRUE(server.Start(POSENC_SERVER_BINARY, {"--log_format=json", "--log_level=debug"}))
+      << server.log_text();
+  const std::string trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+  const std::string parent = "-00f067aa0ba902b7-01";
+  auto stub = v1::PositionalEncoding::NewStub(server.channel());
+  const std::vector<std::vector<std::string>> headers = {
+      {"00-" + trace + parent},
+      {"00-4BF92F3577B34DA6A3CE929D0E0E4736" + parent},
+      {"00-" + std::string(32, '0') + parent},
+      {"00-" + trace + parent, "00-" + trace + parent}};
+  for (size_t i = 0; i < headers.size(); ++i) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("x-request-id", "traced-" + std::to_string(i));
+    for (const std::string& h : headers[i]) ctx.AddMetadata("traceparent", h);
+    v1::RopeResponse resp;
+    EXPECT_FALSE(stub->ApplyRope(&ctx, BadRope(""), &resp).ok());
+  }
+  auto kserve = inference::GRPCInferenceService::NewStub(server.channel());
+  grpc::ClientContext kctx;
+  kctx.AddMetadata("x-request-id", "traced-kserve");
+  kctx.AddMetadata("traceparent", "00-" + trace + parent);
+  inference::ModelInferRequest bad;
+  bad.set_model_name("no-such-model");
+  inference::ModelInferResponse kresp;
+  EXPECT_FALSE(kserve->ModelInfer(&kctx, bad, &kresp).ok());
+
+  ASSERT_EQ(kill(server.pid(), SIGTERM), 0);
+  ASSERT_TRUE(server.Exited(std::chrono::seconds(15)));
+  const auto lines = ParseLines(server.log_text());
+  for (const std::string id : {"traced-0", "traced-1", "traced-2", "traced-3", "traced-kserve"}) {
+    const auto mine = LinesFor(lines, id);
+    ASSERT_EQ(mine.size(), 1u) << id << "\n" << server.log_text();
+    const bool valid = id == "traced-0" || id == "traced-kserve";
+    if (valid) {
+      EXPECT_EQ(mine[0].value("trace_id", ""), trace) << mine[0].dump();
+    } else {
+      EXPECT_FALSE(mine[0].contains("trace_id")) << mine[0].dump();
+    }
+  }
 }
 
 }  // namespace

@@ -95,6 +95,11 @@ struct CallOptions {
   // Sent as x-request-id (and in RoPE/absolute requests' request_id): the
   // server's log lines about the call carry it.
   std::string request_id;
+  // The caller's W3C Trace Context ("00-<trace-id>-<parent-id>-<flags>"),
+  // sent as traceparent: the server's log lines about the call carry its
+  // trace id (one the specification does not let a receiver use is
+  // ignored there). Empty: none sent.
+  std::string traceparent;
 };
 
 // A tensor the server built (a table, a bias).
