@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -93,19 +95,23 @@ class TcpRelay {
         if ((p[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
         if (frozen_) break;
         const ssize_t n = read(p[i].fd, buf, sizeof buf);
-        if (n <= 0) {
-          shutdown(a, SHUT_RDWR);
-          shutdown(b, SHUT_RDWR);
-          return;
-        }
+        if (n <= 0) return Close(a, b);
         const int to = i == 0 ? b : a;
         for (ssize_t sent = 0; sent < n;) {
-          const ssize_t w = write(to, buf + sent, static_cast<size_t>(n - sent));
-          if (w <= 0) return;
+          // MSG_NOSIGNAL: a peer gone while bytes are relayed must not
+          // raise SIGPIPE in the test binary.
+          const ssize_t w = send(to, buf + sent, static_cast<size_t>(n - sent), MSG_NOSIGNAL);
+          if (w <= 0) return Close(a, b);
           sent += w;
         }
       }
     }
+  }
+
+  // Both sides see the connection end (the fds close with the relay).
+  static void Close(int a, int b) {
+    shutdown(a, SHUT_RDWR);
+    shutdown(b, SHUT_RDWR);
   }
 
   const int target_port_;

@@ -5,6 +5,7 @@
 // hours later; with them the server closes the connection and the slot is
 // free again. A live caller's idle stream survives the pings.
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
