@@ -196,7 +196,8 @@ void DescribeLogState(const LogState& state, inference::LogSettingsResponse* res
 
 LogState CurrentLogState() { return {spdlog::get_level(), CurrentLogFormat()}; }
 
-absl::StatusOr<LogState> UpdateLogSettings(const LogSettingMap& settings, absl::string_view peer) {
+absl::StatusOr<LogState> UpdateLogSettings(const LogSettingMap& settings, absl::string_view peer,
+                                           const CallIds& ids) {
   static absl::Mutex mu(absl::kConstInit);
   absl::MutexLock lock(&mu);
   const LogState before = CurrentLogState();
@@ -204,10 +205,12 @@ absl::StatusOr<LogState> UpdateLogSettings(const LogSettingMap& settings, absl::
   POSENC_ASSIGN_OR_RETURN(const LogState after, RequestedLogState(settings, before));
   if (after == before) return after;
   auto note = [&] {
-    spdlog::warn("log settings changed by {}: level {} -> {}, format {} -> {}",
-                 CleanRequestId(peer), std::string(LogLevelName(before.level)),
-                 std::string(LogLevelName(after.level)), LogFormatName(before.format),
-                 LogFormatName(after.format));
+    LogWithFields(spdlog::level::warn,
+                  absl::StrCat("log settings changed by ", CleanRequestId(peer), ": level ",
+                               LogLevelName(before.level), " -> ", LogLevelName(after.level),
+                               ", format ", LogFormatName(before.format), " -> ",
+                               LogFormatName(after.format)),
+                  {{"request_id", ids.request_id}, {"trace_id", ids.trace_id}});
   };
   // Logged under whichever of the two levels prints more.
   const bool quieter = after.level > before.level;

@@ -22,6 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "google/protobuf/map.h"
 #include "kserve/grpc_service.pb.h"
+#include "rpc/call_log.h"
 #include "rpc/logging.h"
 #include "spdlog/common.h"
 
@@ -54,10 +55,11 @@ LogState CurrentLogState();
 
 // Serves one LogSettings request: reads the server's state, and when
 // `settings` ask for a change makes it (one change at a time) and logs
-// it at warn with `peer`, where the level before or after lets it show.
-// Returns the state after the call.
+// it at warn with `peer` and the caller's ids, where the level before or
+// after lets it show. Returns the state after the call.
 [[nodiscard]] absl::StatusOr<LogState> UpdateLogSettings(const LogSettingMap& settings,
-                                                         absl::string_view peer);
+                                                         absl::string_view peer,
+                                                         const CallIds& ids = {});
 
 // posenc's name of a level, as --log_level takes it.
 absl::string_view LogLevelName(spdlog::level::level_enum level);

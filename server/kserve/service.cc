@@ -202,8 +202,11 @@ std::vector<Method> KServeService::ControlMethods() {
         }
         POSENC_ASSIGN_OR_RETURN(const bool unloaded, models_.Unload(req.model_name()));
         if (unloaded) {
-          spdlog::info("model {} unloaded by {}", Utf8Prefix(req.model_name(), 64),
-                       CleanRequestId(call.peer));
+          LogWithFields(spdlog::level::info,
+                        absl::StrCat("model ", Utf8Prefix(req.model_name(), 64), " unloaded by ",
+                                     CleanRequestId(call.peer)),
+                        {{"request_id", call.caller.request_id},
+                         {"trace_id", call.caller.trace_id}});
         }
         return absl::OkStatus();
       }));
@@ -213,7 +216,7 @@ std::vector<Method> KServeService::ControlMethods() {
          TraceSettingResponse* resp) -> absl::Status {
         POSENC_ASSIGN_OR_RETURN(
             TraceConfig config,
-            kserve::UpdateTraceSettings(req.settings(), req.model_name(), call.peer));
+            kserve::UpdateTraceSettings(req.settings(), req.model_name(), call.peer, call.caller));
         kserve::DescribeTraceConfig(config, resp);
         return absl::OkStatus();
       }));
@@ -222,7 +225,7 @@ std::vector<Method> KServeService::ControlMethods() {
       [](MethodCall& call, const LogSettingsRequest& req,
          LogSettingsResponse* resp) -> absl::Status {
         POSENC_ASSIGN_OR_RETURN(kserve::LogState state,
-                                kserve::UpdateLogSettings(req.settings(), call.peer));
+                                kserve::UpdateLogSettings(req.settings(), call.peer, call.caller));
         kserve::DescribeLogState(state, resp);
         return absl::OkStatus();
       }));

@@ -121,7 +121,7 @@ void DescribeTraceConfig(const TraceConfig& config, inference::TraceSettingRespo
 
 absl::StatusOr<TraceConfig> UpdateTraceSettings(const TraceSettingMap& settings,
                                                 absl::string_view model_name,
-                                                absl::string_view peer) {
+                                                absl::string_view peer, const CallIds& ids) {
   if (!model_name.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("model_name ", QuotedSetting(model_name),
@@ -135,9 +135,12 @@ absl::StatusOr<TraceConfig> UpdateTraceSettings(const TraceSettingMap& settings,
   POSENC_ASSIGN_OR_RETURN(const TraceConfig after, RequestedTraceConfig(settings, before));
   SetTraceConfig(after);
   if (after != before) {
-    spdlog::warn("trace settings changed by {}: {} rate {} count {} -> {} rate {} count {}",
-                 CleanRequestId(peer), before.on ? "TIMESTAMPS" : "OFF", before.rate, before.count,
-                 after.on ? "TIMESTAMPS" : "OFF", after.rate, after.count);
+    LogWithFields(spdlog::level::warn,
+                  absl::StrCat("trace settings changed by ", CleanRequestId(peer), ": ",
+                               before.on ? "TIMESTAMPS" : "OFF", " rate ", before.rate, " count ",
+                               before.count, " -> ", after.on ? "TIMESTAMPS" : "OFF", " rate ",
+                               after.rate, " count ", after.count),
+                  {{"request_id", ids.request_id}, {"trace_id", ids.trace_id}});
   }
   return after;
 }

@@ -21,6 +21,7 @@
 #include "absl/strings/string_view.h"
 #include "google/protobuf/map.h"
 #include "kserve/grpc_service.pb.h"
+#include "rpc/call_log.h"
 #include "rpc/call_trace.h"
 
 namespace posenc::server::kserve {
@@ -38,10 +39,12 @@ void DescribeTraceConfig(const TraceConfig& config, inference::TraceSettingRespo
 
 // Serves one TraceSetting request: reads the server's setting and, when
 // `settings` ask for a change, makes it (one at a time) and logs it at
-// warn with `peer`. Returns the setting after the call.
+// warn with `peer` and the caller's ids. Returns the setting after the
+// call.
 [[nodiscard]] absl::StatusOr<TraceConfig> UpdateTraceSettings(const TraceSettingMap& settings,
                                                               absl::string_view model_name,
-                                                              absl::string_view peer);
+                                                              absl::string_view peer,
+                                                              const CallIds& ids = {});
 
 }  // namespace posenc::server::kserve
 

@@ -68,6 +68,9 @@ struct MethodCall {
   // Who called, as gRPC names the peer ("ipv4:10.0.0.7:53412"; one TCP
   // connection is one client): what per-client caps count by.
   std::string peer;
+  // The caller's x-request-id and trace id, for lines a method writes
+  // itself (a setting changed, a model unloaded).
+  CallIds caller;
 };
 
 struct Method {

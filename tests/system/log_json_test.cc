@@ -233,9 +233,9 @@ TEST(JsonLogs, SlowCallsAreLoggedWithTheirId) {
 }
 
 // A caller's traceparent (W3C Trace Context) puts its trace id on the
-// lines about its call, on either front; one the specification does not let
-// a receiver use (upper-case digits, a zero trace id) or a second header
-// puts none.
+// lines about its call, on either front, and on the line a LogSettings
+// change writes; one the specification does not let a receiver use
+// (upper-case digits, a zero trace id) or a second header puts none.
 TEST(JsonLogs, CallLinesCarryTheCallersTraceId) {
   testing::ServerProcess server;
   ASSERT_TRUE(server.Start(POSENC_SERVER_BINARY, {"--log_format=json", "--log_level=debug"}))
@@ -263,14 +263,24 @@ TEST(JsonLogs, CallLinesCarryTheCallersTraceId) {
   bad.set_model_name("no-such-model");
   inference::ModelInferResponse kresp;
   EXPECT_FALSE(kserve->ModelInfer(&kctx, bad, &kresp).ok());
+  // A line a method writes itself: the setting changed, by whom.
+  grpc::ClientContext sctx;
+  sctx.AddMetadata("x-request-id", "traced-settings");
+  sctx.AddMetadata("traceparent", "00-" + trace + parent);
+  inference::LogSettingsRequest quieter;
+  (*quieter.mutable_settings())["log_level"].set_string_param("info");
+  inference::LogSettingsResponse sresp;
+  const grpc::Status changed = kserve->LogSettings(&sctx, quieter, &sresp);
+  EXPECT_TRUE(changed.ok()) << changed.error_message();
 
   ASSERT_EQ(kill(server.pid(), SIGTERM), 0);
   ASSERT_TRUE(server.Exited(std::chrono::seconds(15)));
   const auto lines = ParseLines(server.log_text());
-  for (const std::string id : {"traced-0", "traced-1", "traced-2", "traced-3", "traced-kserve"}) {
+  for (const std::string id :
+       {"traced-0", "traced-1", "traced-2", "traced-3", "traced-kserve", "traced-settings"}) {
     const auto mine = LinesFor(lines, id);
     ASSERT_EQ(mine.size(), 1u) << id << "\n" << server.log_text();
-    const bool valid = id == "traced-0" || id == "traced-kserve";
+    const bool valid = id == "traced-0" || id == "traced-kserve" || id == "traced-settings";
     if (valid) {
       EXPECT_EQ(mine[0].value("trace_id", ""), trace) << mine[0].dump();
     } else {
