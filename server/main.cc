@@ -93,8 +93,8 @@ ABSL_FLAG(int, max_connection_age_ms, kDefaults.max_connection_age_ms,
           "Close client connections after this long so they re-resolve DNS (0: never).");
 ABSL_FLAG(int, keepalive_time_ms, kDefaults.keepalive_time_ms,
           "While a connection has a call open, ping the caller after this long without hearing "
-          "from it (0: gRPC's default, 2 hours), so that a caller whose machine vanished does not hold its calls' "
-          "slots until TCP gives up.");
+          "from it (0: gRPC's default, 2 hours), so that a caller whose machine vanished does "
+          "not hold its calls' slots until TCP gives up.");
 ABSL_FLAG(int, keepalive_timeout_ms, kDefaults.keepalive_timeout_ms,
           "Close a connection whose caller has not answered a ping within this long.");
 ABSL_FLAG(std::string, log_level, kDefaults.log_level,

@@ -205,12 +205,12 @@ absl::StatusOr<LogState> UpdateLogSettings(const LogSettingMap& settings, absl::
   POSENC_ASSIGN_OR_RETURN(const LogState after, RequestedLogState(settings, before));
   if (after == before) return after;
   auto note = [&] {
-    LogWithFields(spdlog::level::warn,
-                  absl::StrCat("log settings changed by ", CleanRequestId(peer), ": level ",
-                               LogLevelName(before.level), " -> ", LogLevelName(after.level),
-                               ", format ", LogFormatName(before.format), " -> ",
-                               LogFormatName(after.format)),
-                  {{"request_id", ids.request_id}, {"trace_id", ids.trace_id}});
+    LogWithFields(
+        spdlog::level::warn,
+        absl::StrCat("log settings changed by ", CleanRequestId(peer), ": level ",
+                     LogLevelName(before.level), " -> ", LogLevelName(after.level), ", format ",
+                     LogFormatName(before.format), " -> ", LogFormatName(after.format)),
+        {{"request_id", ids.request_id}, {"trace_id", ids.trace_id}});
   };
   // Logged under whichever of the two levels prints more.
   const bool quieter = after.level > before.level;

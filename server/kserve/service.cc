@@ -202,11 +202,11 @@ std::vector<Method> KServeService::ControlMethods() {
         }
         POSENC_ASSIGN_OR_RETURN(const bool unloaded, models_.Unload(req.model_name()));
         if (unloaded) {
-          LogWithFields(spdlog::level::info,
-                        absl::StrCat("model ", Utf8Prefix(req.model_name(), 64), " unloaded by ",
-                                     CleanRequestId(call.peer)),
-                        {{"request_id", call.caller.request_id},
-                         {"trace_id", call.caller.trace_id}});
+          LogWithFields(
+              spdlog::level::info,
+              absl::StrCat("model ", Utf8Prefix(req.model_name(), 64), " unloaded by ",
+                           CleanRequestId(call.peer)),
+              {{"request_id", call.caller.request_id}, {"trace_id", call.caller.trace_id}});
         }
         return absl::OkStatus();
       }));

@@ -73,7 +73,8 @@ TEST_F(CallTrace, LineNamesTheCallAndItsStages) {
   const auto start = std::chrono::steady_clock::now() - std::chrono::milliseconds(5);
   CallStages stages;
   stages.started = start + std::chrono::milliseconds(1);
-  LogTrace("ApplyRope", absl::OkStatus(), start, std::chrono::steady_clock::now(), {"id-7", ""}, stages);
+  LogTrace("ApplyRope", absl::OkStatus(), start, std::chrono::steady_clock::now(), {"id-7", ""},
+           stages);
   spdlog::set_default_logger(saved);
   EXPECT_THAT(out.str(), HasSubstr("ApplyRope traced: 0.00"));
   EXPECT_THAT(out.str(),

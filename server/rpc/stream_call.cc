@@ -300,8 +300,7 @@ class StreamCall final : public grpc::ServerGenericBidiReactor {
     if (s.ok()) s = CheckCallAlive(ctx_);
     if (s.ok()) {
       const RunContext rc = ContextOf(ctx_);
-      MethodCall call{rc,       &m->ticket,  m->start, &m->facts, DeadlineOf(ctx_),
-                      ctx_->peer(), caller_};
+      MethodCall call{rc, &m->ticket, m->start, &m->facts, DeadlineOf(ctx_), ctx_->peer(), caller_};
       s = RunMethod(method_, &m->request, &m->answer, call);
     }
     FinishCall(o_.metrics, {&method_, s, m->start, caller_, &m->facts, m->bytes_in,

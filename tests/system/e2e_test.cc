@@ -7,6 +7,7 @@
 #include <random>
 #include <sstream>
 
+#include "engine/safetensors.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
@@ -14,7 +15,6 @@
 #include "posenc/client.h"
 #include "posenc/wire/tensors.h"
 #include "reference.h"
-#include "engine/safetensors.h"
 #include "server.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"

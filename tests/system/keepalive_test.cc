@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "eventually.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "posenc/v1/posenc.grpc.pb.h"
@@ -23,6 +24,7 @@ namespace posenc {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using testing::Eventually;
 
 std::unique_ptr<server::Server> StartServer(int keepalive_time_ms, int keepalive_timeout_ms) {
   server::ServerOptions o;
@@ -40,8 +42,8 @@ std::unique_ptr<server::Server> StartServer(int keepalive_time_ms, int keepalive
 // A channel of its own to 127.0.0.1:port that sends no keepalive pings of
 // its own, so that only the server's pings are on the wire.
 std::unique_ptr<v1::PositionalEncoding::Stub> StubTo(int port) {
-  return v1::PositionalEncoding::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  return v1::PositionalEncoding::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
 }
 
 v1::RopeRequest SmallRope(const std::string& id) {
@@ -52,29 +54,19 @@ v1::RopeRequest SmallRope(const std::string& id) {
   wire::SetRopeOptions(o, &r);
   r.set_request_id(id);
   const testing::Bytes q = testing::RandomTensor(DType::kFloat32, 4 * 2 * 64);
-  wire::SetTensor(TensorView{DType::kFloat32, {1, 4, 2, 64}, q.data(), q.size()},
-                  r.mutable_query(), r.mutable_query_data());
+  wire::SetTensor(TensorView{DType::kFloat32, {1, 4, 2, 64}, q.data(), q.size()}, r.mutable_query(),
+                  r.mutable_query_data());
   return r;
-}
-
-// Waits up to `limit` for `done`; returns whether it came.
-template <typename Fn>
-bool Eventually(Fn done, std::chrono::milliseconds limit) {
-  const auto end = Clock::now() + limit;
-  while (!done()) {
-    if (Clock::now() > end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
 }
 
 // A stream through the relay, one message answered, so the call is admitted
 // and idle: what a model server's open stream between requests looks like.
+// An idle stream holds one slot (its read ahead gives its own back).
 struct OpenStream {
   grpc::ClientContext ctx;
   std::unique_ptr<grpc::ClientReaderWriter<v1::RopeRequest, v1::RopeResponse>> stream;
 };
-void Open(v1::PositionalEncoding::Stub& stub, OpenStream* s) {
+void Open(v1::PositionalEncoding::Stub& stub, server::Server& server, OpenStream* s) {
   s->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   s->stream = stub.StreamRope(&s->ctx);
   ASSERT_TRUE(s->stream->Write(SmallRope("first")));
@@ -82,12 +74,15 @@ void Open(v1::PositionalEncoding::Stub& stub, OpenStream* s) {
   ASSERT_TRUE(s->stream->Read(&resp));
   EXPECT_EQ(resp.request_id(), "first");
   EXPECT_EQ(resp.error_code(), 0) << resp.error_message();
+  auto& admission = server.engine().admission();
+  ASSERT_TRUE(Eventually([&] { return admission.calls() == 1; }, std::chrono::seconds(2)))
+      << admission.calls() << " slots held by an idle stream";
 }
 
 // Pings every 200 ms, a ping unanswered for 200 ms closes the connection.
-// The stream is idle for 2 s first (ten pings, where gRPC by default stops
-// after two without data), then its caller goes silent: its admission slot
-// is free again within a second or two, not hours.
+// The stream is idle for 2 s first (ten pings: pings that stopped on an
+// idle stream would show here), then its caller goes silent: its admission
+// slot is free again within a second or two, not hours.
 TEST(KeepAlive, ASilentCallersStreamIsReleased) {
   auto server = StartServer(200, 200);
   ASSERT_NE(server, nullptr);
@@ -95,10 +90,7 @@ TEST(KeepAlive, ASilentCallersStreamIsReleased) {
   testing::TcpRelay relay(server->port());
   auto stub = StubTo(relay.port());
   OpenStream s;
-  Open(*stub, &s);
-  // An idle stream holds one slot (its read ahead gives its own back).
-  ASSERT_TRUE(Eventually([&] { return admission.calls() == 1; }, std::chrono::seconds(2)))
-      << admission.calls();
+  ASSERT_NO_FATAL_FAILURE(Open(*stub, *server, &s));
   std::this_thread::sleep_for(std::chrono::seconds(2));
   EXPECT_EQ(admission.calls(), 1) << "a live caller's idle stream was closed";
   relay.Freeze();
@@ -121,9 +113,7 @@ TEST(KeepAlive, WithoutPingsASilentCallersStreamStaysAdmitted) {
     testing::TcpRelay relay(server->port());
     auto stub = StubTo(relay.port());
     OpenStream s;
-    Open(*stub, &s);
-    ASSERT_TRUE(Eventually([&] { return admission.calls() == 1; }, std::chrono::seconds(2)))
-        << admission.calls();
+    ASSERT_NO_FATAL_FAILURE(Open(*stub, *server, &s));
     relay.Freeze();
     std::this_thread::sleep_for(std::chrono::seconds(3));
     EXPECT_EQ(admission.calls(), 1);
@@ -140,7 +130,7 @@ TEST(KeepAlive, ALiveCallersIdleStreamGoesOn) {
   testing::TcpRelay relay(server->port());
   auto stub = StubTo(relay.port());
   OpenStream s;
-  Open(*stub, &s);
+  ASSERT_NO_FATAL_FAILURE(Open(*stub, *server, &s));
   std::this_thread::sleep_for(std::chrono::seconds(2));
   ASSERT_TRUE(s.stream->Write(SmallRope("after-idle")));
   v1::RopeResponse resp;

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "eventually.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "posenc/backend.h"
@@ -22,6 +23,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using testing::Bytes;
+using testing::Eventually;
 
 constexpr int kRequestThreads = 2;
 
@@ -82,17 +84,6 @@ Case MakeCase(const std::string& id, int tokens, bool bad) {
   EXPECT_TRUE(CreateCpuBackend(1)->ApplyRope(*plan, q.data(), nullptr, {}).ok());
   c.want = q;
   return c;
-}
-
-// Waits up to `limit` for `done`; returns whether it came.
-template <typename Fn>
-bool Eventually(Fn done, std::chrono::milliseconds limit = std::chrono::milliseconds(5000)) {
-  const auto end = Clock::now() + limit;
-  while (!done()) {
-    if (Clock::now() > end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
 }
 
 // Occupies every thread of a server's request executor until destroyed, so
