@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -21,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "engine/memory_limit.h"
 #include "posenc/backend.h"
 #include "posenc/status_macros.h"
 #include "posenc/wire/enums.h"
@@ -51,10 +53,12 @@ ABSL_FLAG(int64_t, max_message_bytes, kDefaults.engine.max_message_bytes,
 ABSL_FLAG(int, max_inflight, kDefaults.engine.max_inflight_requests,
           "Requests in flight (from arrival until the answer is final); more get "
           "RESOURCE_EXHAUSTED.");
-ABSL_FLAG(int64_t, max_inflight_bytes, kDefaults.engine.max_inflight_bytes,
+ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "Memory requests in flight may hold (requests, answers and their serialised copies, "
           "plans); at least 2 x --max_message_bytes. Calls wait for it, then get "
-          "RESOURCE_EXHAUSTED.");
+          "RESOURCE_EXHAUSTED. 0 = 4 GiB, or under a cgroup memory limit (a container's) that "
+          "limit less 96 MiB, 2 x --max_message_bytes and, with a --table_dir, "
+          "--max_table_bytes.");
 ABSL_FLAG(int, admission_wait_ms,
           static_cast<int>(absl::ToInt64Milliseconds(kDefaults.engine.admission_wait)),
           "How long a call may wait for --max_inflight_bytes before RESOURCE_EXHAUSTED.");
@@ -162,6 +166,36 @@ bool ApplyEnvironment() {
   return ok;
 }
 
+// The cgroup memory limit and what the budget makes of it; a warning where
+// the server's peak could pass it, since the kernel would then kill the
+// process under load where it should refuse calls.
+void LogMemoryLimit(const posenc::server::ServerOptions& o) {
+  const posenc::server::EngineOptions& e = o.engine;
+  const bool derived = absl::GetFlag(FLAGS_max_inflight_bytes) == 0;
+  if (!o.memory_limit.has_value()) {
+    spdlog::info("memory: no cgroup memory limit; max_inflight_bytes={}{}", e.max_inflight_bytes,
+                 derived ? " (the default)" : "");
+    return;
+  }
+  const int64_t limit = o.memory_limit->bytes;
+  const int64_t peak = posenc::server::PeakMemoryBytes(
+      e.max_inflight_bytes, e.message_limit(), o.transport_memory_limit(), o.table_memory_bytes());
+  spdlog::info("memory: cgroup limit {} MiB ({}); max_inflight_bytes={} ({}), peak {} MiB",
+               limit >> 20, o.memory_limit->file, e.max_inflight_bytes,
+               derived ? "sized under the limit" : "--max_inflight_bytes", peak >> 20);
+  if (peak > limit) {
+    spdlog::warn(
+        "memory: the server may hold up to {} MiB (max_inflight_bytes {} MiB, two messages of "
+        "{} MiB, tables {} MiB, {} MiB fixed), over the cgroup limit of {} MiB: under load the "
+        "kernel may kill it where it should answer RESOURCE_EXHAUSTED. {}",
+        peak >> 20, e.max_inflight_bytes >> 20, e.message_limit() >> 20,
+        o.table_memory_bytes() >> 20, posenc::server::kFixedOverheadBytes >> 20, limit >> 20,
+        derived ? "Raise the limit, or lower --max_request_bytes or --max_table_bytes."
+                : "Lower --max_inflight_bytes (0 sizes it under the limit), --max_memory_bytes, "
+                  "--max_request_bytes or --max_table_bytes, or raise the limit.");
+  }
+}
+
 void LogStartup(posenc::server::Server& server, const posenc::server::ServerOptions& o) {
   const posenc::v1::ServerInfo info = posenc::server::GetServerInfo(server.engine());
   spdlog::info("posenc-server {} listening on port {} ({}, {})", info.version(), server.port(),
@@ -194,6 +228,7 @@ void LogStartup(posenc::server::Server& server, const posenc::server::ServerOpti
       o.transport_memory_limit(), absl::ToInt64Milliseconds(e.admission_wait), e.max_table_bytes,
       o.drain_seconds, posenc::wire::NameOf(e.default_backend), e.auto_gpu_min_bytes,
       server.engine().cpu()->device().threads);
+  LogMemoryLimit(o);
   const auto tables = posenc::server::ListTables(server.engine());
   spdlog::info("table_dir '{}': {} tables loaded", o.engine.table_dir, tables.tables_size());
   for (const auto& s : tables.skipped()) spdlog::warn("table skipped: {}", s);
@@ -226,7 +261,6 @@ absl::StatusOr<posenc::server::ServerOptions> OptionsFromFlags() {
   e.max_request_tensor_bytes = absl::GetFlag(FLAGS_max_request_bytes);
   e.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   e.max_inflight_requests = absl::GetFlag(FLAGS_max_inflight);
-  e.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   e.admission_wait = absl::Milliseconds(absl::GetFlag(FLAGS_admission_wait_ms));
   e.table_dir = absl::GetFlag(FLAGS_table_dir);
   e.table_dir_allow_external_symlinks = absl::GetFlag(FLAGS_table_dir_allow_external_symlinks);
@@ -248,6 +282,15 @@ absl::StatusOr<posenc::server::ServerOptions> OptionsFromFlags() {
   POSENC_ASSIGN_OR_RETURN(e.default_backend,
                           posenc::wire::Parse<posenc::BackendChoice>(
                               "--default_backend", absl::GetFlag(FLAGS_default_backend)));
+  // 0: sized under the cgroup's memory limit, once everything it leaves
+  // room for (messages, tables) is known.
+  o.memory_limit = posenc::server::ReadCgroupMemoryLimit();
+  e.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
+  if (e.max_inflight_bytes == 0) {
+    e.max_inflight_bytes = posenc::server::InflightBytesUnder(
+        o.memory_limit.has_value() ? std::optional<int64_t>(o.memory_limit->bytes) : std::nullopt,
+        e.message_limit(), o.table_memory_bytes(), kDefaults.engine.max_inflight_bytes);
+  }
   POSENC_RETURN_IF_ERROR(o.Validate());
   POSENC_ASSIGN_OR_RETURN(o.tls, posenc::server::LoadTlsFiles(
                                      {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),

@@ -6,10 +6,12 @@
 #define POSENC_SERVER_SERVER_OPTIONS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "engine/engine.h"
+#include "engine/memory_limit.h"
 #include "kserve/model_registry.h"
 #include "rpc/tls_files.h"
 
@@ -49,11 +51,21 @@ struct ServerOptions {
   // per model; empty: built-in models only.
   kserve::ModelRepositoryOptions models;
   EngineOptions engine;
+  // The memory limit of the process's cgroup, as read at start-up
+  // (ReadCgroupMemoryLimit): --max_inflight_bytes=0 sizes the budget under
+  // it, and a budget whose peak would pass it is warned about.
+  std::optional<MemoryLimit> memory_limit;
 
   // max_memory_bytes, or what 0 stands for: the budget of calls in flight
   // plus one largest message twice over (one arriving past the limit, one
   // being refused), so that admitted work never meets the quota.
   int64_t transport_memory_limit() const;
+
+  // What learned tables may hold: --max_table_bytes where a --table_dir is
+  // served, else nothing.
+  int64_t table_memory_bytes() const {
+    return engine.table_dir.empty() ? 0 : engine.max_table_bytes;
+  }
 
   // OK, or INVALID_ARGUMENT naming the flag of the first value out of range
   // and what it must be.

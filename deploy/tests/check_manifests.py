@@ -19,6 +19,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 # thread stacks, gRPC's buffers, allocator slack (measured peak RSS of an
 # idle server plus tests/memory_bound_test's margin, rounded up).
 PROCESS_OVERHEAD = 512 << 20
+# The fixed overhead the server itself counts (kFixedOverheadBytes).
+SERVER_FIXED_OVERHEAD = 96 << 20
 
 
 def quantity(text):
@@ -177,6 +179,13 @@ def main():
     check(budget <= memory_limit,
           f"in-flight {inflight} + tables {tables} + {PROCESS_OVERHEAD} overhead = {budget} bytes "
           f"exceeds the memory limit {memory_limit}")
+    # The server's own start-up check (engine/memory_limit.h PeakMemoryBytes,
+    # docs/server.md "Under a memory limit"), which warns where it fails.
+    peak = inflight + 2 * message + tables + SERVER_FIXED_OVERHEAD
+    check(peak <= memory_limit,
+          f"in-flight {inflight} + 2 x message {message} + tables {tables} + "
+          f"{SERVER_FIXED_OVERHEAD} = {peak} bytes exceeds the memory limit {memory_limit}: "
+          f"the server would warn at start-up")
 
     # Pull by digest must be possible (overlays name the image, kustomize
     # pins it: see check_deploy.sh), and a pinned image is always re-checked.

@@ -5,6 +5,7 @@
 #define POSENC_TESTS_SERVER_PROCESS_H_
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -83,6 +84,10 @@ inline std::string ReadFile(const std::string& path) {
 
 class ServerProcess {
  public:
+  // When set, the server joins this cgroup (its cgroup.procs file) before
+  // it starts, so that the cgroup's limits are the server's own.
+  std::string cgroup_procs;
+
   // Starts `binary` with the base flags (loopback, port file, quiet log, no
   // metrics) and `flags` after them (later flags win); its stdout and stderr
   // go to a file (log_text()). Returns false if it exits or reports no port
@@ -110,6 +115,11 @@ class ServerProcess {
       if (std::freopen(log_file_.c_str(), "w", stdout) == nullptr ||
           dup2(fileno(stdout), fileno(stderr)) < 0) {
         _exit(126);
+      }
+      if (!cgroup_procs.empty()) {  // "0" moves the writer itself
+        const int fd = open(cgroup_procs.c_str(), O_WRONLY | O_CLOEXEC);
+        if (fd < 0 || write(fd, "0", 1) != 1) _exit(125);
+        close(fd);
       }
       std::vector<char*> argv;
       for (std::string& a : args) argv.push_back(a.data());
