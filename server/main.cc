@@ -2,6 +2,7 @@
 // from the environment as POSENC_<FLAG_IN_CAPITALS>; the command line wins.
 #include <pthread.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -190,7 +191,8 @@ void LogMemoryLimit(const posenc::server::ServerOptions& o) {
         "kernel may kill it where it should answer RESOURCE_EXHAUSTED. {}",
         peak >> 20, e.max_inflight_bytes >> 20, e.message_limit() >> 20,
         o.table_memory_bytes() >> 20, posenc::server::kFixedOverheadBytes >> 20, limit >> 20,
-        derived ? "Raise the limit, or lower --max_request_bytes or --max_table_bytes."
+        derived ? "Raise the limit, or lower --max_request_bytes, --max_table_bytes or "
+                  "--max_memory_bytes."
                 : "Lower --max_inflight_bytes (0 sizes it under the limit), --max_memory_bytes, "
                   "--max_request_bytes or --max_table_bytes, or raise the limit.");
   }
@@ -289,7 +291,8 @@ absl::StatusOr<posenc::server::ServerOptions> OptionsFromFlags() {
   if (e.max_inflight_bytes == 0) {
     e.max_inflight_bytes = posenc::server::InflightBytesUnder(
         o.memory_limit.has_value() ? std::optional<int64_t>(o.memory_limit->bytes) : std::nullopt,
-        e.message_limit(), o.table_memory_bytes(), kDefaults.engine.max_inflight_bytes);
+        std::max(e.message_limit(), e.max_request_tensor_bytes), o.table_memory_bytes(),
+        kDefaults.engine.max_inflight_bytes);
   }
   POSENC_RETURN_IF_ERROR(o.Validate());
   POSENC_ASSIGN_OR_RETURN(o.tls, posenc::server::LoadTlsFiles(

@@ -63,6 +63,13 @@ bool IsCleanAbsolutePath(absl::string_view p) {
   return true;
 }
 
+// Whether `path` is `root` or lies under it (both clean absolute paths).
+bool RootHolds(const std::string& root, const std::string& path) {
+  if (root == "/" || path == root) return true;
+  return path.size() > root.size() && path.compare(0, root.size(), root) == 0 &&
+         path[root.size()] == '/';
+}
+
 bool ListHas(absl::string_view comma_list, absl::string_view item) {
   for (absl::string_view x : absl::StrSplit(comma_list, ',')) {
     if (x == item) return true;
@@ -72,8 +79,8 @@ bool ListHas(absl::string_view comma_list, absl::string_view item) {
 
 }  // namespace
 
-std::optional<CgroupMount> FindMemoryCgroupMount(absl::string_view mountinfo) {
-  std::optional<CgroupMount> v2;
+std::vector<CgroupMount> MemoryCgroupMounts(absl::string_view mountinfo) {
+  std::vector<CgroupMount> mounts;
   for (absl::string_view line : absl::StrSplit(mountinfo, '\n', absl::SkipEmpty())) {
     // ID PARENT MAJOR:MINOR ROOT MOUNT_POINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER_OPTIONS
     const std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
@@ -82,12 +89,32 @@ std::optional<CgroupMount> FindMemoryCgroupMount(absl::string_view mountinfo) {
     while (dash < f.size() && f[dash] != "-") ++dash;
     if (dash + 3 >= f.size()) continue;
     const absl::string_view fstype = f[dash + 1], super_options = f[dash + 3];
-    CgroupMount mount{DecodeOctalEscapes(f[3]), DecodeOctalEscapes(f[4]), fstype == "cgroup2"};
+    const bool v1_memory = fstype == "cgroup" && ListHas(super_options, "memory");
+    if (!v1_memory && fstype != "cgroup2") continue;
+    CgroupMount mount{DecodeOctalEscapes(f[3]), DecodeOctalEscapes(f[4]), !v1_memory};
     if (!IsCleanAbsolutePath(mount.root) || !IsCleanAbsolutePath(mount.mount_point)) continue;
-    if (fstype == "cgroup" && ListHas(super_options, "memory")) return mount;
-    if (mount.v2 && !v2.has_value()) v2 = std::move(mount);
+    mounts.push_back(std::move(mount));
   }
-  return v2;
+  return mounts;
+}
+
+std::optional<MemoryCgroup> FindMemoryCgroup(absl::string_view mountinfo,
+                                             absl::string_view proc_cgroup) {
+  const std::vector<CgroupMount> mounts = MemoryCgroupMounts(mountinfo);
+  const bool v2 =
+      std::none_of(mounts.begin(), mounts.end(), [](const CgroupMount& m) { return !m.v2; });
+  std::optional<std::string> path = CgroupPathOf(proc_cgroup, v2);
+  if (!path.has_value()) return std::nullopt;
+  const CgroupMount* first = nullptr;
+  const CgroupMount* holding = nullptr;
+  for (const CgroupMount& m : mounts) {
+    if (m.v2 != v2) continue;
+    if (first == nullptr) first = &m;
+    if (RootHolds(m.root, *path) && (holding == nullptr || m.root.size() > holding->root.size()))
+      holding = &m;
+  }
+  if (first == nullptr) return std::nullopt;
+  return MemoryCgroup{holding != nullptr ? *holding : *first, std::move(*path)};
 }
 
 std::optional<std::string> CgroupPathOf(absl::string_view proc_cgroup, bool v2) {
@@ -104,13 +131,8 @@ std::optional<std::string> CgroupPathOf(absl::string_view proc_cgroup, bool v2) 
 }
 
 std::string RelativeToMount(const std::string& path, const std::string& root) {
-  if (root == "/") return path == "/" ? "" : path;
-  if (path == root) return "";
-  if (path.size() > root.size() && path.compare(0, root.size(), root) == 0 &&
-      path[root.size()] == '/') {
-    return path.substr(root.size());
-  }
-  return "";
+  if (!RootHolds(root, path) || path == root) return "";
+  return root == "/" ? path : path.substr(root.size());
 }
 
 std::optional<int64_t> ParseLimitBytes(absl::string_view text) {
@@ -127,12 +149,12 @@ std::optional<int64_t> ParseLimitBytes(absl::string_view text) {
 std::optional<MemoryLimit> ReadCgroupMemoryLimit(const CgroupFiles& files) {
   const std::optional<std::string> mountinfo = ReadCapped(files.mountinfo, kMaxProcFileBytes);
   if (!mountinfo.has_value()) return std::nullopt;
-  const std::optional<CgroupMount> mount = FindMemoryCgroupMount(*mountinfo);
-  if (!mount.has_value()) return std::nullopt;
   const std::optional<std::string> proc_cgroup = ReadCapped(files.cgroup, kMaxProcFileBytes);
   if (!proc_cgroup.has_value()) return std::nullopt;
-  const std::optional<std::string> path = CgroupPathOf(*proc_cgroup, mount->v2);
-  if (!path.has_value()) return std::nullopt;
+  const std::optional<MemoryCgroup> cgroup = FindMemoryCgroup(*mountinfo, *proc_cgroup);
+  if (!cgroup.has_value()) return std::nullopt;
+  const CgroupMount* const mount = &cgroup->mount;
+  const std::string* const path = &cgroup->path;
 
   const std::string base =
       files.mount_prefix + (mount->mount_point == "/" ? "" : mount->mount_point);
@@ -163,7 +185,12 @@ std::optional<MemoryLimit> ReadCgroupMemoryLimit(const CgroupFiles& files) {
 }
 
 namespace {
-int64_t SaturatingAdd(int64_t a, int64_t b) { return a > INT64_MAX - b ? INT64_MAX : a + b; }
+// Sizes are clamped to 0 first: InflightBytesUnder runs before Validate.
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  a = std::max<int64_t>(a, 0);
+  b = std::max<int64_t>(b, 0);
+  return a > INT64_MAX - b ? INT64_MAX : a + b;
+}
 }  // namespace
 
 int64_t InflightBytesUnder(std::optional<int64_t> limit, int64_t message_limit, int64_t table_bytes,

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 
@@ -55,10 +56,24 @@ struct CgroupMount {
   bool v2 = false;
 };
 
-// From /proc/self/mountinfo: the cgroup v1 hierarchy with the memory
-// controller where there is one (a hybrid host keeps memory there, and its
-// cgroup2 mount has none), else the cgroup2 mount.
-std::optional<CgroupMount> FindMemoryCgroupMount(absl::string_view mountinfo);
+// From /proc/self/mountinfo: the mounts of cgroup v1 hierarchies with the
+// memory controller and of cgroup2, in the file's order (mounts whose root
+// or mount point is not a clean absolute path are left out).
+std::vector<CgroupMount> MemoryCgroupMounts(absl::string_view mountinfo);
+
+struct MemoryCgroup {
+  CgroupMount mount;
+  std::string path;  // the process's cgroup in the mount's hierarchy
+};
+
+// The process's memory cgroup and the mount to find it under: v1's memory
+// hierarchy where one is mounted (a hybrid host keeps memory there, and its
+// cgroup2 mount has none), else cgroup2; of that hierarchy's mounts, the
+// one whose root holds the process's cgroup (the longest such root: a host
+// may mount the hierarchy more than once, a monitoring pod the host's whole
+// tree beside its own), else the first (a cgroup namespace's view).
+std::optional<MemoryCgroup> FindMemoryCgroup(absl::string_view mountinfo,
+                                             absl::string_view proc_cgroup);
 
 // From /proc/self/cgroup: this process's cgroup in that hierarchy (v1: the
 // line whose controllers include memory; v2: the "0::" line). An absolute
@@ -77,12 +92,14 @@ std::optional<int64_t> ParseLimitBytes(absl::string_view text);
 
 // What --max_inflight_bytes=0 stands for: `unconstrained` without a limit;
 // under one, the limit less kFixedOverheadBytes, two of the largest
-// messages (what the transport may hold beyond the budget:
+// messages (`message_limit`: the larger of --max_message_bytes and
+// --max_request_bytes; what the transport may hold beyond the budget,
 // ServerOptions::transport_memory_limit) and `table_bytes` (the learned
 // tables' cap, --max_table_bytes, where a --table_dir is served), no more
 // than `unconstrained` and no less than two messages (the least a budget
-// can be; a limit too small for that is warned about at start-up,
-// PeakMemoryBytes).
+// can be, EngineOptions::Validate; a limit too small for that is warned
+// about at start-up, PeakMemoryBytes). Negative sizes count as 0 (Validate
+// refuses them afterwards).
 int64_t InflightBytesUnder(std::optional<int64_t> limit, int64_t message_limit, int64_t table_bytes,
                            int64_t unconstrained);
 

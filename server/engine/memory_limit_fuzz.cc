@@ -1,5 +1,7 @@
 // Any bytes as /proc/self/mountinfo, /proc/self/cgroup (either hierarchy)
-// and a limit file, through memory_limit.h's parsers. A finding is a crash,
+// and a limit file, through memory_limit.h's parsers (FindMemoryCgroup
+// takes the bytes up to the first NUL as mountinfo, the rest as the cgroup
+// file). A finding is a crash,
 // a sanitizer report, or a result that breaks what the header promises:
 // mounts and cgroup paths absolute with no "." or ".." component (so that
 // no path is followed out of the mount), a path relative to a mount a
@@ -31,16 +33,23 @@ bool Clean(const std::string& p) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace posenc::server;
   const std::string text(reinterpret_cast<const char*>(data), size);
-  const std::optional<CgroupMount> mount = FindMemoryCgroupMount(text);
-  if (mount.has_value()) Check(Clean(mount->root) && Clean(mount->mount_point), "mount");
+  for (const CgroupMount& m : MemoryCgroupMounts(text)) {
+    Check(Clean(m.root) && Clean(m.mount_point), "mount");
+  }
+  // Up to the first NUL: mountinfo; after it: /proc/self/cgroup.
+  const size_t nul = text.find('\0');
+  const std::string mountinfo = text.substr(0, nul);
+  const std::string proc_cgroup = nul == std::string::npos ? text : text.substr(nul + 1);
+  if (const std::optional<MemoryCgroup> c = FindMemoryCgroup(mountinfo, proc_cgroup)) {
+    Check(Clean(c->path) && Clean(c->mount.root) && Clean(c->mount.mount_point), "cgroup");
+    const std::string rel = RelativeToMount(c->path, c->mount.root);
+    Check(rel.empty() || (rel[0] == '/' && c->path.size() >= rel.size() &&
+                          c->path.compare(c->path.size() - rel.size(), rel.size(), rel) == 0),
+          "relative path");
+  }
   for (bool v2 : {false, true}) {
     const std::optional<std::string> path = CgroupPathOf(text, v2);
-    if (!path.has_value()) continue;
-    Check(Clean(*path), "cgroup path");
-    const std::string rel = RelativeToMount(*path, mount.has_value() ? mount->root : "/");
-    Check(rel.empty() || (rel[0] == '/' && path->size() >= rel.size() &&
-                          path->compare(path->size() - rel.size(), rel.size(), rel) == 0),
-          "relative path");
+    if (path.has_value()) Check(Clean(*path), "cgroup path");
   }
   if (const std::optional<int64_t> bytes = ParseLimitBytes(text)) {
     std::string digits = text;

@@ -23,40 +23,67 @@ constexpr char kHybridMountinfo[] =
     "33 30 0:29 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
 constexpr char kHybridCgroup[] = "4:memory:/process_api/26bc6aa8\n3:cpuset:/\n1:cpu:/\n0::/\n";
 
-TEST(FindMemoryCgroupMount, TakesV1MemoryOnAHybridHost) {
-  const std::optional<CgroupMount> m = FindMemoryCgroupMount(kHybridMountinfo);
-  ASSERT_TRUE(m.has_value());
-  EXPECT_FALSE(m->v2);
-  EXPECT_EQ(m->mount_point, "/sys/fs/cgroup/memory");
-  EXPECT_EQ(m->root, "/");
+TEST(FindMemoryCgroup, TakesV1MemoryOnAHybridHost) {
+  const std::optional<MemoryCgroup> c = FindMemoryCgroup(kHybridMountinfo, kHybridCgroup);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_FALSE(c->mount.v2);
+  EXPECT_EQ(c->mount.mount_point, "/sys/fs/cgroup/memory");
+  EXPECT_EQ(c->mount.root, "/");
+  EXPECT_EQ(c->path, "/process_api/26bc6aa8");
 }
 
-TEST(FindMemoryCgroupMount, TakesCgroup2WithoutAV1MemoryHierarchy) {
+TEST(FindMemoryCgroup, TakesCgroup2WithoutAV1MemoryHierarchy) {
   // Two optional fields before the separator, as a Kubernetes node has.
-  const std::optional<CgroupMount> m = FindMemoryCgroupMount(
+  const std::optional<MemoryCgroup> c = FindMemoryCgroup(
       "28 22 0:25 /kubepods/pod1/c1 /sys/fs/cgroup rw,nosuid shared:4 master:9 - cgroup2 cgroup2 "
       "rw,nsdelegate\n"
-      "31 30 0:27 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu,cpuacct\n");
-  ASSERT_TRUE(m.has_value());
-  EXPECT_TRUE(m->v2);
-  EXPECT_EQ(m->root, "/kubepods/pod1/c1");
-  EXPECT_EQ(m->mount_point, "/sys/fs/cgroup");
+      "31 30 0:27 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu,cpuacct\n",
+      "0::/kubepods/pod1/c1\n");
+  ASSERT_TRUE(c.has_value());
+  EXPECT_TRUE(c->mount.v2);
+  EXPECT_EQ(c->mount.root, "/kubepods/pod1/c1");
+  EXPECT_EQ(c->mount.mount_point, "/sys/fs/cgroup");
 }
 
-TEST(FindMemoryCgroupMount, DecodesEscapesAndSkipsWhatDoesNotParse) {
-  const std::optional<CgroupMount> m = FindMemoryCgroupMount(
+TEST(FindMemoryCgroup, TakesTheMountThatHoldsTheProcessesCgroup) {
+  // A monitoring pod: the host's whole tree mounted first, its own after.
+  const std::string two_views =
+      "40 22 0:25 / /host/sys/fs/cgroup ro - cgroup2 cgroup2 rw\n"
+      "41 22 0:25 /kubepods/pod1/c1 /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+  std::optional<MemoryCgroup> c = FindMemoryCgroup(two_views, "0::/kubepods/pod1/c1\n");
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->mount.mount_point, "/sys/fs/cgroup");  // the longest root that holds it
+  // Another pod's tree first: it does not hold this process's cgroup.
+  c = FindMemoryCgroup(
+      "40 22 0:25 /kubepods/pod2 /other rw - cgroup2 cgroup2 rw\n"
+      "41 22 0:25 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
+      "0::/kubepods/pod1/c1\n");
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->mount.mount_point, "/sys/fs/cgroup");
+  // None holds it (a namespace's view): the first.
+  c = FindMemoryCgroup("40 22 0:25 /kubepods/pod2 /other rw - cgroup2 cgroup2 rw\n",
+                       "0::/kubepods/pod1/c1\n");
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->mount.mount_point, "/other");
+}
+
+TEST(MemoryCgroupMounts, DecodesEscapesAndSkipsWhatDoesNotParse) {
+  const std::vector<CgroupMount> mounts = MemoryCgroupMounts(
       "garbage\n"
-      "1 2 3 4 5 6 7 8 9\n"                                                // no separator
-      "32 30 0:28 / /cg/memory rw - cgroup\n"                              // fields missing
-      "32 30 0:28 /../x /cg/memory rw - cgroup cgroup rw,memory\n"         // root leaves
-      "32 30 0:28 / relative rw - cgroup cgroup rw,memory\n"               // not absolute
-      "32 30 0:28 / /my\\040cgroups/mem rw - cgroup cgroup rw,memory\n");  // a space
-  ASSERT_TRUE(m.has_value());
-  EXPECT_EQ(m->mount_point, "/my cgroups/mem");
-  EXPECT_FALSE(FindMemoryCgroupMount("").has_value());
-  EXPECT_FALSE(
-      FindMemoryCgroupMount("31 30 0:27 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n")
-          .has_value());
+      "1 2 3 4 5 6 7 8 9\n"                                                   // too few fields
+      "32 30 0:28 / /cg/memory rw a b c - cgroup\n"                           // fields missing
+      "32 30 0:28 / /cg/memory rw a b c d e\n"                                // no separator
+      "32 30 0:28 /../x /cg/memory rw - cgroup cgroup rw,memory\n"            // root leaves
+      "32 30 0:28 / relative rw - cgroup cgroup rw,memory\n"                  // not absolute
+      "31 30 0:27 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n"  // not memory
+      "30 25 0:26 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n"   // not cgroup
+      "32 30 0:28 / /my\\040cgroups/mem rw - cgroup cgroup rw,memory\n");     // a space
+  ASSERT_EQ(mounts.size(), 1u);
+  EXPECT_EQ(mounts[0].mount_point, "/my cgroups/mem");
+  EXPECT_FALSE(mounts[0].v2);
+  EXPECT_TRUE(MemoryCgroupMounts("").empty());
+  EXPECT_FALSE(FindMemoryCgroup("", "0::/\n").has_value());
+  EXPECT_FALSE(FindMemoryCgroup(kHybridMountinfo, "").has_value());
 }
 
 TEST(CgroupPathOf, FindsEachHierarchysLine) {
@@ -177,7 +204,9 @@ TEST_F(FakeCgroupTree, ALimitAboveTheMachinesMemoryIsNone) {
   Limit("/sys/fs/cgroup/memory", "/process_api/26bc6aa8/memory.limit_in_bytes", "17179869184\n");
   EXPECT_FALSE(ReadCgroupMemoryLimit(files_).has_value());  // 16 GiB, on a 16 GiB machine
   Limit("/sys/fs/cgroup/memory", "/process_api/memory.limit_in_bytes", "17179865088\n");
-  EXPECT_EQ(ReadCgroupMemoryLimit(files_)->bytes, 17179865088);
+  const std::optional<MemoryLimit> limit = ReadCgroupMemoryLimit(files_);
+  ASSERT_TRUE(limit.has_value());
+  EXPECT_EQ(limit->bytes, 17179865088);
 }
 
 TEST_F(FakeCgroupTree, NoLimitWhereNothingReadsAsOne) {
@@ -189,7 +218,9 @@ TEST_F(FakeCgroupTree, NoLimitWhereNothingReadsAsOne) {
   Limit("/sys/fs/cgroup", "/memory.max", std::string(8192, '1'));  // past the read cap
   EXPECT_FALSE(ReadCgroupMemoryLimit(files_).has_value());
   Limit("/sys/fs/cgroup", "/a/memory.max", "4096\n");
-  EXPECT_EQ(ReadCgroupMemoryLimit(files_)->bytes, 4096);
+  const std::optional<MemoryLimit> limit = ReadCgroupMemoryLimit(files_);
+  ASSERT_TRUE(limit.has_value());
+  EXPECT_EQ(limit->bytes, 4096);
 }
 
 TEST_F(FakeCgroupTree, NoLimitWithoutItsProcFiles) {
@@ -226,6 +257,11 @@ TEST(InflightBytesUnder, LeavesTheOverheadTwoMessagesAndTheTables) {
   EXPECT_EQ(InflightBytesUnder(256 * kMiB, message, 0, unconstrained), 2 * message);
   EXPECT_EQ(InflightBytesUnder(0, message, 0, unconstrained), 2 * message);
   EXPECT_EQ(InflightBytesUnder(0, INT64_MAX, 0, unconstrained), INT64_MAX);
+  // Negative sizes (refused by Validate afterwards) count as 0, and do not
+  // overflow on the way.
+  EXPECT_EQ(InflightBytesUnder(1024 * kMiB, -message, -1, unconstrained), (1024 - 96) * kMiB);
+  EXPECT_EQ(InflightBytesUnder(1024 * kMiB, INT64_MIN, INT64_MIN, unconstrained),
+            (1024 - 96) * kMiB);
 }
 
 TEST(InflightBytesUnder, ItsPeakFitsUnderEveryLimitThatCanHoldIt) {
@@ -260,6 +296,7 @@ TEST(PeakMemoryBytes, SaturatesRatherThanOverflows) {
   EXPECT_EQ(PeakMemoryBytes(10, INT64_MAX, 0, 0), INT64_MAX);
   EXPECT_EQ(PeakMemoryBytes(10, 10, INT64_MAX, 0), INT64_MAX);
   EXPECT_EQ(PeakMemoryBytes(10, 10, 0, INT64_MAX), INT64_MAX);
+  EXPECT_EQ(PeakMemoryBytes(INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN), kFixedOverheadBytes);
 }
 
 }  // namespace

@@ -118,7 +118,10 @@ class ServerProcess {
       }
       if (!cgroup_procs.empty()) {  // "0" moves the writer itself
         const int fd = open(cgroup_procs.c_str(), O_WRONLY | O_CLOEXEC);
-        if (fd < 0 || write(fd, "0", 1) != 1) _exit(125);
+        if (fd < 0 || write(fd, "0", 1) != 1) {
+          std::fprintf(stderr, "cannot join the cgroup of %s\n", cgroup_procs.c_str());
+          _exit(125);
+        }
         close(fd);
       }
       std::vector<char*> argv;

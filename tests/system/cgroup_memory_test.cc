@@ -6,8 +6,10 @@
 // 4 GiB budget it had before get it killed for memory, which shows that the
 // limit is enforced here and the load is enough to pass it.
 //
-// Needs a memory cgroup this process may create children in (root on a
-// cgroup v1 host, or a delegated cgroup v2 subtree); skipped elsewhere.
+// Needs a memory cgroup this process may create a limited child in, and no
+// unlimited swap: root on a cgroup v1 host (cgroup v2 gives a child the
+// memory controller only where its parent holds no processes, and this
+// test's cgroup holds the test); skipped elsewhere.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,6 +17,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -51,20 +54,30 @@ int64_t KeyedValue(const std::string& path, const std::string& key) {
   return -1;
 }
 
+// Whether /proc/swaps lists a swap area below its header line.
+bool MachineSwaps() {
+  std::istringstream in(testing::ReadFile("/proc/swaps"));
+  std::string line;
+  int lines = 0;
+  while (std::getline(in, line)) lines += line.empty() ? 0 : 1;
+  return lines > 1;
+}
+
 // A child of this process's memory cgroup, limited, removed at the end.
 class LimitedCgroup {
  public:
+  static constexpr char kPrefix[] = "posenc-cgroup-memory-test-";
+
   // Empty on success, else why there is none (the test skips).
   std::string Create(int64_t limit_bytes) {
-    const std::optional<server::CgroupMount> mount =
-        server::FindMemoryCgroupMount(testing::ReadFile("/proc/self/mountinfo"));
-    if (!mount.has_value()) return "no cgroup mount with the memory controller";
-    const std::optional<std::string> path =
-        server::CgroupPathOf(testing::ReadFile("/proc/self/cgroup"), mount->v2);
-    if (!path.has_value()) return "this process's memory cgroup is not named";
-    v2_ = mount->v2;
-    const std::string parent = mount->mount_point + server::RelativeToMount(*path, mount->root);
-    dir_ = parent + "/posenc-cgroup-memory-test-" + std::to_string(getpid());
+    const std::optional<server::MemoryCgroup> own = server::FindMemoryCgroup(
+        testing::ReadFile("/proc/self/mountinfo"), testing::ReadFile("/proc/self/cgroup"));
+    if (!own.has_value()) return "no cgroup mount with the memory controller holds this process";
+    v2_ = own->mount.v2;
+    const std::string parent =
+        own->mount.mount_point + server::RelativeToMount(own->path, own->mount.root);
+    RemoveStale(parent);
+    dir_ = parent + "/" + kPrefix + std::to_string(getpid());
     if (mkdir(dir_.c_str(), 0755) != 0) {
       const std::string why = "cannot create " + dir_ + ": " + std::strerror(errno);
       dir_.clear();
@@ -72,18 +85,28 @@ class LimitedCgroup {
     }
     const std::string limit = std::to_string(limit_bytes);
     if (!WriteText(dir_ + (v2_ ? "/memory.max" : "/memory.limit_in_bytes"), limit)) {
-      return "cannot set the limit in " + dir_ +
-             " (cgroup v2 without the memory controller "
-             "delegated to it?)";
+      // cgroup v2 gives a child the memory controller only where its parent
+      // holds no processes, and this test's own cgroup holds this process.
+      return "cannot set a memory limit in " + dir_;
+    }
+    // Swap is outside that limit: with swap the control would page rather
+    // than be killed, so swap is limited too, or the machine must have none.
+    const bool no_swap = v2_ ? WriteText(dir_ + "/memory.swap.max", "0")
+                             : WriteText(dir_ + "/memory.memsw.limit_in_bytes", limit);
+    if (!no_swap && MachineSwaps()) {
+      return "this machine swaps and the cgroup's swap cannot be limited";
     }
     return "";
   }
   ~LimitedCgroup() {
+    if (dir_.empty()) return;
     // The server has been reaped by now; the kernel may take a moment to
     // let its cgroup go.
-    for (int i = 0; i < 50 && !dir_.empty() && rmdir(dir_.c_str()) != 0; ++i) {
+    for (int i = 0; i < 50; ++i) {
+      if (rmdir(dir_.c_str()) == 0) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+    std::printf("could not remove %s: %s\n", dir_.c_str(), std::strerror(errno));
   }
   std::string procs() const { return dir_ + "/cgroup.procs"; }
   int64_t oom_kills() const {
@@ -98,6 +121,16 @@ class LimitedCgroup {
   }
 
  private:
+  // Children an earlier run left (killed by a timeout before its
+  // destructor): rmdir takes only empty ones, those whose server is gone.
+  static void RemoveStale(const std::string& parent) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(parent, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind(kPrefix, 0) == 0) rmdir(entry.path().c_str());
+    }
+  }
+
   std::string dir_;
   bool v2_ = false;
 };
@@ -150,6 +183,8 @@ Outcome Load(testing::ServerProcess& server, int callers) {
 
 constexpr int64_t kLimit = 512 * kMiB;
 constexpr int kCallers = 16;  // 16 x 48 MiB, held twice while parsed: 1.5 GiB
+// A CUDA context's host memory is not in the server's fixed overhead.
+constexpr char kNoGpu[] = "--enable_cuda=false";
 
 class CgroupMemory : public ::testing::Test {
  protected:
@@ -166,7 +201,7 @@ class CgroupMemory : public ::testing::Test {
 };
 
 TEST_F(CgroupMemory, TheDefaultBudgetFitsUnderTheLimitAndCallersAreRefusedNotKilled) {
-  ASSERT_TRUE(server_.Start(POSENC_SERVER_BINARY, {"--threads=2", "--log_level=info"}))
+  ASSERT_TRUE(server_.Start(POSENC_SERVER_BINARY, {"--threads=2", "--log_level=info", kNoGpu}))
       << server_.log_text();
   // 512 MiB less the fixed 96 MiB and two messages of 64 + 4 MiB.
   const int64_t budget = kLimit - server::kFixedOverheadBytes - 2 * 68 * kMiB;
@@ -191,8 +226,8 @@ TEST_F(CgroupMemory, TheDefaultBudgetFitsUnderTheLimitAndCallersAreRefusedNotKil
 }
 
 TEST_F(CgroupMemory, ControlTheOldFixedBudgetIsWarnedAboutAndGetsItKilled) {
-  ASSERT_TRUE(server_.Start(POSENC_SERVER_BINARY,
-                            {"--threads=2", "--log_level=info", "--max_inflight_bytes=4294967296"}))
+  ASSERT_TRUE(server_.Start(POSENC_SERVER_BINARY, {"--threads=2", "--log_level=info", kNoGpu,
+                                                   "--max_inflight_bytes=4294967296"}))
       << server_.log_text();
   const std::string log = server_.log_text();
   EXPECT_NE(log.find("max_inflight_bytes=4294967296 (--max_inflight_bytes)"), std::string::npos)
