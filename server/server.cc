@@ -38,7 +38,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::StartWith(const ServerOptions& o
   s->engine_ = std::move(engine);
   const int64_t max_message_bytes = options.engine.message_limit();
   if (!options.metrics_listen.empty()) {
-    POSENC_ASSIGN_OR_RETURN(s->metrics_, Metrics::Start(options.metrics_listen, s->engine_.get()));
+    POSENC_ASSIGN_OR_RETURN(
+        s->metrics_,
+        Metrics::Start(options.metrics_listen, s->engine_.get(),
+                       options.memory_limit.has_value() ? options.memory_limit->bytes : 0));
   }
   const int request_threads =
       options.request_threads > 0 ? options.request_threads : std::max(2, UsableCpus());

@@ -13,19 +13,41 @@
 namespace posenc::server {
 namespace {
 
+prometheus::MetricFamily OneGauge(const std::string& name, const std::string& help, double value) {
+  prometheus::MetricFamily family;
+  family.name = name;
+  family.help = help;
+  family.type = prometheus::MetricType::Gauge;
+  prometheus::ClientMetric m;
+  m.gauge.value = value;
+  family.metric.push_back(m);
+  return family;
+}
+
 // Reads the engine's live state at scrape time.
 class EngineCollector : public prometheus::Collectable {
  public:
-  explicit EngineCollector(const Engine* engine) : engine_(engine) {}
+  EngineCollector(const Engine* engine, int64_t memory_limit_bytes)
+      : engine_(engine), memory_limit_bytes_(memory_limit_bytes) {}
   std::vector<prometheus::MetricFamily> Collect() const override {
-    prometheus::MetricFamily inflight;
-    inflight.name = "posenc_inflight_requests";
-    inflight.help = "Requests computing now (the HPA's scaling signal)";
-    inflight.type = prometheus::MetricType::Gauge;
-    prometheus::ClientMetric m;
-    m.gauge.value = engine_->inflight();
-    inflight.metric.push_back(m);
-    std::vector<prometheus::MetricFamily> out = {inflight};
+    std::vector<prometheus::MetricFamily> out = {
+        OneGauge("posenc_inflight_requests", "Requests computing now (the HPA's scaling signal)",
+                 engine_->inflight()),
+        // Near the limit, the next large call waits and then gets
+        // RESOURCE_EXHAUSTED: what to alert on before callers see it.
+        OneGauge("posenc_inflight_bytes",
+                 "Memory held now under --max_inflight_bytes: calls in flight, and what the "
+                 "server keeps between calls (GPU staging, idle scratch)",
+                 static_cast<double>(engine_->inflight_bytes())),
+        OneGauge("posenc_inflight_bytes_limit",
+                 "The budget of --max_inflight_bytes (by default sized under the cgroup's memory "
+                 "limit)",
+                 static_cast<double>(engine_->options().max_inflight_bytes))};
+    if (memory_limit_bytes_ > 0) {
+      out.push_back(OneGauge("posenc_memory_limit_bytes",
+                             "The memory limit of the server's cgroup (its container's)",
+                             static_cast<double>(memory_limit_bytes_)));
+    }
     const Backend* cuda = engine_->cuda();
     if (cuda != nullptr && cuda->health().ok()) {
       const DeviceInfo d = cuda->device();
@@ -44,6 +66,7 @@ class EngineCollector : public prometheus::Collectable {
 
  private:
   const Engine* engine_;
+  const int64_t memory_limit_bytes_;
 };
 
 }  // namespace
@@ -57,7 +80,8 @@ struct Metrics::Families {
 };
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& listen,
-                                                        const Engine* engine) {
+                                                        const Engine* engine,
+                                                        int64_t memory_limit_bytes) {
   std::unique_ptr<Metrics> m(new Metrics());
   m->registry_ = std::make_shared<prometheus::Registry>();
   try {
@@ -85,7 +109,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
                     .Name("posenc_backend_requests_total")
                     .Help("Computed requests by the backend that ran them")
                     .Register(*m->registry_);
-  f->engine = std::make_shared<EngineCollector>(engine);
+  f->engine = std::make_shared<EngineCollector>(engine, memory_limit_bytes);
   m->families_ = std::move(f);
   m->exposer_->RegisterCollectable(m->registry_);
   m->exposer_->RegisterCollectable(m->families_->engine);

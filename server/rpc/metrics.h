@@ -3,6 +3,7 @@
 #ifndef POSENC_SERVER_RPC_METRICS_H_
 #define POSENC_SERVER_RPC_METRICS_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -19,9 +20,11 @@ class Engine;
 
 class Metrics {
  public:
-  // Serves /metrics on `listen` ("0.0.0.0:8002"; port 0 picks one).
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Metrics>> Start(const std::string& listen,
-                                                                      const Engine* engine);
+  // Serves /metrics on `listen` ("0.0.0.0:8002"; port 0 picks one);
+  // `memory_limit_bytes`: the cgroup's memory limit the server runs under
+  // (ServerOptions::memory_limit), 0 for none.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Metrics>> Start(
+      const std::string& listen, const Engine* engine, int64_t memory_limit_bytes = 0);
   ~Metrics();
 
   // One finished call: method, gRPC status code name, seconds, request and

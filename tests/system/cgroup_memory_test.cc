@@ -201,8 +201,11 @@ class CgroupMemory : public ::testing::Test {
 };
 
 TEST_F(CgroupMemory, TheDefaultBudgetFitsUnderTheLimitAndCallersAreRefusedNotKilled) {
-  ASSERT_TRUE(server_.Start(POSENC_SERVER_BINARY, {"--threads=2", "--log_level=info", kNoGpu}))
+  ASSERT_TRUE(server_.Start(POSENC_SERVER_BINARY, {"--threads=2", "--log_level=info", kNoGpu,
+                                                   "--metrics_listen=127.0.0.1:0"}))
       << server_.log_text();
+  const int metrics_port = testing::MetricsPortFromLog(server_);
+  ASSERT_NE(metrics_port, 0) << server_.log_text();
   // 512 MiB less the fixed 96 MiB and two messages of 64 + 4 MiB.
   const int64_t budget = kLimit - server::kFixedOverheadBytes - 2 * 68 * kMiB;
   const std::string log = server_.log_text();
@@ -212,7 +215,26 @@ TEST_F(CgroupMemory, TheDefaultBudgetFitsUnderTheLimitAndCallersAreRefusedNotKil
       << log;
   EXPECT_EQ(log.find("[warning]"), std::string::npos) << log;
 
+  EXPECT_EQ(testing::MetricValue(metrics_port, "posenc_memory_limit_bytes"), kLimit);
+  EXPECT_EQ(testing::MetricValue(metrics_port, "posenc_inflight_bytes_limit"), budget);
+
+  // What the calls hold, as an operator's dashboard sees it during the load.
+  std::atomic<bool> stop{false};
+  std::atomic<double> held_peak{0};
+  std::thread sampler([&] {
+    while (!stop) {
+      const double held = testing::MetricValue(metrics_port, "posenc_inflight_bytes");
+      if (held > held_peak) held_peak = held;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
   const Outcome out = Load(server_, kCallers);
+  stop = true;
+  sampler.join();
+  std::printf("posenc_inflight_bytes peaked at %.0f MiB of %lld\n", held_peak / kMiB,
+              static_cast<long long>(budget / kMiB));
+  EXPECT_GT(held_peak, 48.0 * kMiB);
+  EXPECT_LE(held_peak, static_cast<double>(budget));
   std::printf("cgroup peak %lld MiB of %lld; OOM kills %lld\n",
               static_cast<long long>(cgroup_.peak_bytes() / kMiB),
               static_cast<long long>(kLimit / kMiB), static_cast<long long>(cgroup_.oom_kills()));

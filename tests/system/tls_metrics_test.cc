@@ -156,6 +156,13 @@ TEST_F(Certificates, MetricsCountCallsByMethodCodeAndBackend) {
   EXPECT_GE(Sample(text, R"(posenc_bytes_total\{direction="in",method="ApplyRope"\})"),
             4.0 * q.size());
   EXPECT_EQ(Sample(text, R"(posenc_inflight_requests)"), 0);
+  // An in-process server with the default budget and no cgroup limit read.
+  EXPECT_EQ(Sample(text, R"(posenc_inflight_bytes_limit)"),
+            static_cast<double>(server::EngineOptions{}.max_inflight_bytes));
+  const double held = Sample(text, R"(posenc_inflight_bytes)");
+  EXPECT_GE(held, 0);
+  EXPECT_LT(held, static_cast<double>(server::EngineOptions{}.max_inflight_bytes));
+  EXPECT_EQ(text.find("posenc_memory_limit_bytes"), std::string::npos);
 }
 
 }  // namespace
