@@ -57,9 +57,9 @@ ABSL_FLAG(int, max_inflight, kDefaults.engine.max_inflight_requests,
 ABSL_FLAG(int64_t, max_inflight_bytes, 0,
           "Memory requests in flight may hold (requests, answers and their serialised copies, "
           "plans); at least 2 x --max_message_bytes. Calls wait for it, then get "
-          "RESOURCE_EXHAUSTED. 0 = 4 GiB, or under a cgroup memory limit (a container's) that "
-          "limit less 96 MiB, 2 x --max_message_bytes and, with a --table_dir, "
-          "--max_table_bytes.");
+          "RESOURCE_EXHAUSTED. 0 = 4 GiB, or less under a memory limit (a container's cgroup "
+          "limit, else the machine's memory): that limit less 96 MiB, 2 x --max_message_bytes "
+          "and, with a --table_dir, --max_table_bytes.");
 ABSL_FLAG(int, admission_wait_ms,
           static_cast<int>(absl::ToInt64Milliseconds(kDefaults.engine.admission_wait)),
           "How long a call may wait for --max_inflight_bytes before RESOURCE_EXHAUSTED.");
@@ -167,27 +167,27 @@ bool ApplyEnvironment() {
   return ok;
 }
 
-// The cgroup memory limit and what the budget makes of it; a warning where
+// The memory limit and what the budget makes of it; a warning where
 // the server's peak could pass it, since the kernel would then kill the
 // process under load where it should refuse calls.
 void LogMemoryLimit(const posenc::server::ServerOptions& o) {
   const posenc::server::EngineOptions& e = o.engine;
   const bool derived = absl::GetFlag(FLAGS_max_inflight_bytes) == 0;
   if (!o.memory_limit.has_value()) {
-    spdlog::info("memory: no cgroup memory limit; max_inflight_bytes={}{}", e.max_inflight_bytes,
+    spdlog::info("memory: no limit known; max_inflight_bytes={}{}", e.max_inflight_bytes,
                  derived ? " (the default)" : "");
     return;
   }
   const int64_t limit = o.memory_limit->bytes;
   const int64_t peak = posenc::server::PeakMemoryBytes(
       e.max_inflight_bytes, e.message_limit(), o.transport_memory_limit(), o.table_memory_bytes());
-  spdlog::info("memory: cgroup limit {} MiB ({}); max_inflight_bytes={} ({}), peak {} MiB",
-               limit >> 20, o.memory_limit->file, e.max_inflight_bytes,
+  spdlog::info("memory: limit {} MiB ({}); max_inflight_bytes={} ({}), peak {} MiB", limit >> 20,
+               o.memory_limit->file, e.max_inflight_bytes,
                derived ? "sized under the limit" : "--max_inflight_bytes", peak >> 20);
   if (peak > limit) {
     spdlog::warn(
         "memory: the server may hold up to {} MiB (max_inflight_bytes {} MiB, two messages of "
-        "{} MiB, tables {} MiB, {} MiB fixed), over the cgroup limit of {} MiB: under load the "
+        "{} MiB, tables {} MiB, {} MiB fixed), over the memory limit of {} MiB: under load the "
         "kernel may kill it where it should answer RESOURCE_EXHAUSTED. {}",
         peak >> 20, e.max_inflight_bytes >> 20, e.message_limit() >> 20,
         o.table_memory_bytes() >> 20, posenc::server::kFixedOverheadBytes >> 20, limit >> 20,
@@ -286,7 +286,7 @@ absl::StatusOr<posenc::server::ServerOptions> OptionsFromFlags() {
                               "--default_backend", absl::GetFlag(FLAGS_default_backend)));
   // 0: sized under the cgroup's memory limit, once everything it leaves
   // room for (messages, tables) is known.
-  o.memory_limit = posenc::server::ReadCgroupMemoryLimit();
+  o.memory_limit = posenc::server::ReadMemoryLimit();
   e.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   if (e.max_inflight_bytes == 0) {
     e.max_inflight_bytes = posenc::server::InflightBytesUnder(

@@ -51,9 +51,10 @@ struct ServerOptions {
   // per model; empty: built-in models only.
   kserve::ModelRepositoryOptions models;
   EngineOptions engine;
-  // The memory limit of the process's cgroup, as read at start-up
-  // (ReadCgroupMemoryLimit): --max_inflight_bytes=0 sizes the budget under
-  // it, and a budget whose peak would pass it is warned about.
+  // The memory the process may use (its cgroup's limit, else the
+  // machine's), as read at start-up (ReadMemoryLimit): --max_inflight_bytes=0
+  // sizes the budget under it, and a budget whose peak would pass it is
+  // warned about.
   std::optional<MemoryLimit> memory_limit;
 
   // max_memory_bytes, or what 0 stands for: the budget of calls in flight

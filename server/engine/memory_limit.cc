@@ -63,6 +63,14 @@ bool IsCleanAbsolutePath(absl::string_view p) {
   return true;
 }
 
+// The machine's memory (CgroupFiles::physical_memory_bytes where a test
+// sets it), or INT64_MAX where it cannot be read.
+int64_t PhysicalMemoryBytes(const CgroupFiles& files) {
+  if (files.physical_memory_bytes > 0) return files.physical_memory_bytes;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 && pages <= INT64_MAX / page ? int64_t{pages} * page : INT64_MAX;
+}
+
 // Whether `path` is `root` or lies under it (both clean absolute paths).
 bool RootHolds(const std::string& root, const std::string& path) {
   if (root == "/" || path == root) return true;
@@ -159,12 +167,7 @@ std::optional<MemoryLimit> ReadCgroupMemoryLimit(const CgroupFiles& files) {
   const std::string base =
       files.mount_prefix + (mount->mount_point == "/" ? "" : mount->mount_point);
   const char* const name = mount->v2 ? "memory.max" : "memory.limit_in_bytes";
-  int64_t physical = files.physical_memory_bytes;
-  if (physical == 0) {
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    physical =
-        pages > 0 && page > 0 && pages <= INT64_MAX / page ? int64_t{pages} * page : INT64_MAX;
-  }
+  const int64_t physical = PhysicalMemoryBytes(files);
   std::optional<MemoryLimit> least;
   // From the process's cgroup up to the mount point: a parent's limit binds
   // its children too (v1 with use_hierarchy, as every v1 host since 2019
@@ -182,6 +185,13 @@ std::optional<MemoryLimit> ReadCgroupMemoryLimit(const CgroupFiles& files) {
     rel.resize(rel.rfind('/'));
   }
   return least;
+}
+
+std::optional<MemoryLimit> ReadMemoryLimit(const CgroupFiles& files) {
+  if (std::optional<MemoryLimit> cgroup = ReadCgroupMemoryLimit(files)) return cgroup;
+  const int64_t physical = PhysicalMemoryBytes(files);
+  if (physical == INT64_MAX) return std::nullopt;
+  return MemoryLimit{physical, "the machine's memory; no cgroup limit below it"};
 }
 
 namespace {

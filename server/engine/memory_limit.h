@@ -48,6 +48,11 @@ struct CgroupFiles {
 // with the memory controller) or it cannot be read.
 std::optional<MemoryLimit> ReadCgroupMemoryLimit(const CgroupFiles& files = {});
 
+// The memory this process may use: its cgroup's limit, or the machine's
+// physical memory where that is less or there is no limit (`file` then
+// says so). nullopt only where neither can be read.
+std::optional<MemoryLimit> ReadMemoryLimit(const CgroupFiles& files = {});
+
 // The pieces, for tests and the fuzz harness.
 
 struct CgroupMount {

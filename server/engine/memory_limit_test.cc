@@ -232,6 +232,21 @@ TEST_F(FakeCgroupTree, NoLimitWithoutItsProcFiles) {
   EXPECT_FALSE(ReadCgroupMemoryLimit(files_).has_value());  // a path that would leave
 }
 
+TEST_F(FakeCgroupTree, WithoutACgroupLimitTheMachinesMemoryIsTheLimit) {
+  Write(files_.mountinfo, "28 22 0:25 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
+  Write(files_.cgroup, "0::/a\n");
+  Limit("/sys/fs/cgroup", "/a/memory.max", "max\n");
+  std::optional<MemoryLimit> limit = ReadMemoryLimit(files_);
+  ASSERT_TRUE(limit.has_value());
+  EXPECT_EQ(limit->bytes, files_.physical_memory_bytes);
+  EXPECT_NE(limit->file.find("machine"), std::string::npos) << limit->file;
+  Limit("/sys/fs/cgroup", "/a/memory.max", "1073741824\n");
+  limit = ReadMemoryLimit(files_);
+  ASSERT_TRUE(limit.has_value());
+  EXPECT_EQ(limit->bytes, 1073741824);
+  EXPECT_EQ(limit->file, files_.mount_prefix + "/sys/fs/cgroup/a/memory.max");
+}
+
 TEST(ReadCgroupMemoryLimit, ReadsThisProcessWithoutFailing) {
   // Whatever this machine has; printed for the log.
   const std::optional<MemoryLimit> limit = ReadCgroupMemoryLimit();
@@ -242,6 +257,10 @@ TEST(ReadCgroupMemoryLimit, ReadsThisProcessWithoutFailing) {
   } else {
     std::printf("this process: no memory limit\n");
   }
+  const std::optional<MemoryLimit> any = ReadMemoryLimit();
+  ASSERT_TRUE(any.has_value());  // at least the machine's memory
+  EXPECT_GT(any->bytes, 0);
+  if (limit.has_value()) EXPECT_LE(any->bytes, limit->bytes);
 }
 
 TEST(InflightBytesUnder, LeavesTheOverheadTwoMessagesAndTheTables) {

@@ -45,7 +45,8 @@ class EngineCollector : public prometheus::Collectable {
                  static_cast<double>(engine_->options().max_inflight_bytes))};
     if (memory_limit_bytes_ > 0) {
       out.push_back(OneGauge("posenc_memory_limit_bytes",
-                             "The memory limit of the server's cgroup (its container's)",
+                             "The memory the server may use: its cgroup's (container's) "
+                             "limit, else the machine's memory",
                              static_cast<double>(memory_limit_bytes_)));
     }
     const Backend* cuda = engine_->cuda();

@@ -21,8 +21,8 @@ class Engine;
 class Metrics {
  public:
   // Serves /metrics on `listen` ("0.0.0.0:8002"; port 0 picks one);
-  // `memory_limit_bytes`: the cgroup's memory limit the server runs under
-  // (ServerOptions::memory_limit), 0 for none.
+  // `memory_limit_bytes`: the memory the server may use (its cgroup's
+  // limit, else the machine's: ServerOptions::memory_limit), 0 if unknown.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Metrics>> Start(
       const std::string& listen, const Engine* engine, int64_t memory_limit_bytes = 0);
   ~Metrics();

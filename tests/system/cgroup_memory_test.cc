@@ -209,7 +209,7 @@ TEST_F(CgroupMemory, TheDefaultBudgetFitsUnderTheLimitAndCallersAreRefusedNotKil
   // 512 MiB less the fixed 96 MiB and two messages of 64 + 4 MiB.
   const int64_t budget = kLimit - server::kFixedOverheadBytes - 2 * 68 * kMiB;
   const std::string log = server_.log_text();
-  EXPECT_NE(log.find("memory: cgroup limit 512 MiB"), std::string::npos) << log;
+  EXPECT_NE(log.find("memory: limit 512 MiB ("), std::string::npos) << log;
   EXPECT_NE(log.find("max_inflight_bytes=" + std::to_string(budget) + " (sized under the limit)"),
             std::string::npos)
       << log;
@@ -254,7 +254,7 @@ TEST_F(CgroupMemory, ControlTheOldFixedBudgetIsWarnedAboutAndGetsItKilled) {
   const std::string log = server_.log_text();
   EXPECT_NE(log.find("max_inflight_bytes=4294967296 (--max_inflight_bytes)"), std::string::npos)
       << log;
-  EXPECT_NE(log.find("over the cgroup limit of 512 MiB"), std::string::npos) << log;
+  EXPECT_NE(log.find("over the memory limit of 512 MiB"), std::string::npos) << log;
 
   Load(server_, kCallers);
   ASSERT_TRUE(server_.Exited(std::chrono::seconds(10)))
