@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-600}
 shift || true
 harnesses=("$@")
-[ ${#harnesses[@]} -gt 0 ] || harnesses=(request_fuzz kserve_request_fuzz kserve_model_file_fuzz kserve_log_settings_fuzz kserve_trace_settings_fuzz safetensors_fuzz npy_fuzz hf_config_fuzz trace_context_fuzz memory_limit_fuzz)
+[ ${#harnesses[@]} -gt 0 ] || harnesses=(request_fuzz kserve_request_fuzz kserve_model_file_fuzz kserve_log_settings_fuzz kserve_trace_settings_fuzz safetensors_fuzz npy_fuzz hf_config_fuzz trace_context_fuzz memory_limit_fuzz decoded_size_fuzz)
 build=${POSENC_ASAN_DIR:-build-asan}
 scripts/install-deps.sh
 scripts/install-deps.sh clang libclang-rt-14-dev llvm-14

@@ -20,18 +20,20 @@ int64_t Overhead(const inference::ModelInferRequest& req) {
   return 1024 + static_cast<int64_t>(req.id().size() + req.model_name().size());
 }
 
+absl::Status NoSuchInput(const Model& model, absl::string_view name) {
+  std::vector<std::string> names;
+  for (const TensorSpec& t : model.inputs) names.push_back(t.name);
+  return absl::InvalidArgumentError(absl::StrCat("model ", model.name, " has no input \"",
+                                                 Utf8Prefix(name, 64), "\"; its inputs are ",
+                                                 absl::StrJoin(names, ", ")));
+}
+
 // The request's inputs by name, checked against the model's.
 class InputSet {
  public:
   static absl::StatusOr<InputSet> Of(const Model& model, std::vector<Input> inputs) {
     for (const Input& in : inputs) {
-      if (FindInput(model, in.name) == nullptr) {
-        std::vector<std::string> names;
-        for (const TensorSpec& t : model.inputs) names.push_back(t.name);
-        return absl::InvalidArgumentError(
-            absl::StrCat("model ", model.name, " has no input \"", Utf8Prefix(in.name, 64),
-                         "\"; its inputs are ", absl::StrJoin(names, ", ")));
-      }
+      if (FindInput(model, in.name) == nullptr) return NoSuchInput(model, in.name);
     }
     for (const TensorSpec& t : model.inputs) {
       bool given = false;
@@ -252,14 +254,16 @@ absl::Status Place(Input* t, absl::string_view output, OutputSet& want, Engine& 
     return t->MakePrivate(field);
   }
   const ShmRef& in = *t->shm;
-  if (out->region == in.region && out->offset == in.offset) {
-    want.MarkInPlace(output);
-    return absl::OkStatus();
-  }
+  // Before anything is written, in place too: a refused call leaves the
+  // caller's memory as it was.
   if (t->size() > out->byte_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("requested output \"", output, "\" has ", t->size(),
                      " bytes; its shared_memory_byte_size is ", out->byte_size));
+  }
+  if (out->region == in.region && out->offset == in.offset) {
+    want.MarkInPlace(output);
+    return absl::OkStatus();
   }
   // From one slice into another: the engine works aside and writes
   // finished results only (in a GPU's device buffer, block by block on the
@@ -428,6 +432,24 @@ absl::Status RunInfer(Engine& engine, const Model& model, inference::ModelInferR
                       inference::ModelInferResponse* resp, const RunContext& ctx,
                       Engine::Admission& admission, std::string* backend,
                       const SharedMemoryRegistry* shm, ShmTraffic* traffic) {
+  // More entries than the model declares can only be unknown or repeated
+  // names, refused below; but each entry is worked on before that (and
+  // names are compared pairwise), so millions of tiny ones would hold a
+  // thread for minutes. Refused first, naming an unknown one where there is
+  // one (a pass of the model's few names over each).
+  if (req->inputs_size() > static_cast<int>(model.inputs.size())) {
+    for (const auto& in : req->inputs()) {
+      if (FindInput(model, in.name()) == nullptr) return NoSuchInput(model, in.name());
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", model.name, " has ", model.inputs.size(),
+                     " inputs, the request names ", req->inputs_size(), ": one is given twice"));
+  }
+  if (req->outputs_size() > static_cast<int>(model.outputs.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", model.name, " has ", model.outputs.size(),
+                     " outputs, the request asks for ", req->outputs_size()));
+  }
   int64_t shm_in = 0;
   POSENC_ASSIGN_OR_RETURN(ShmInputs shm_inputs, ShmInputsOf(*req, shm, &shm_in));
   const int64_t message_bytes = TensorBytes(*req);

@@ -77,6 +77,7 @@ std::vector<Method> KServeService::InferMethods() {
   unary.service = kKServeService;
   unary.name = "ModelInfer";
   unary.kind = Method::Kind::kTensor;
+  unary.request_type = ModelInferRequest::descriptor();
   unary.run = [infer](MethodCall& call, grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
     ModelInferResponse resp;
     POSENC_RETURN_IF_ERROR(infer(call, in, &resp));
@@ -89,6 +90,7 @@ std::vector<Method> KServeService::InferMethods() {
   stream.service = kKServeService;
   stream.name = "ModelStreamInfer";
   stream.kind = Method::Kind::kTensorStream;
+  stream.request_type = ModelInferRequest::descriptor();
   stream.run = [infer](MethodCall& call, grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
     ModelInferResponse resp;
     POSENC_RETURN_IF_ERROR(infer(call, in, &resp));

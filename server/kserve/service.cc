@@ -249,7 +249,10 @@ std::vector<Method> KServeService::ControlMethods() {
              SystemSharedMemoryRegisterResponse*) {
         return shared_memory().Register(req.name(), req.key(), req.offset(), req.byte_size(),
                                         call.peer);
-      }));
+      },
+      // It opens and maps the object, and with a GPU pins its pages
+      // (cudaHostRegister, slow for large regions): on the executor.
+      Method::Kind::kControlIo));
   // Waits until no request uses the region (up to the call's deadline, or
   // 30 s): on the executor, never on gRPC's threads.
   m.push_back(

@@ -1,11 +1,27 @@
 #include "rpc/call.h"
 
+#include "absl/strings/str_cat.h"
 #include "engine/no_throw.h"
 #include "rpc/call_log.h"
 #include "rpc/call_trace.h"
+#include "rpc/decoded_size.h"
 #include "rpc/logging.h"
 
 namespace posenc::server {
+
+absl::Status HoldWhileParsing(const Method& method, const grpc::ByteBuffer& request,
+                              Engine::Admission& ticket) {
+  const int64_t wire = static_cast<int64_t>(request.Length());
+  const int64_t decoded = method.request_type != nullptr
+                              ? DecodedBytesBound(*method.request_type, request)
+                              : wire;  // as much again
+  const int64_t held = BytesWhileParsing(wire, decoded);
+  const absl::Status s = ticket.Resize(held);
+  if (s.ok() || decoded <= wire) return s;
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the request's ", wire, " bytes parse into up to ", decoded,
+      " bytes of objects (many small fields), more than the call can hold now: ", s.message()));
+}
 
 absl::Status RunMethod(const Method& method, grpc::ByteBuffer* request, grpc::ByteBuffer* answer,
                        MethodCall& call) {

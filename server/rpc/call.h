@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "engine/engine.h"
+#include "google/protobuf/descriptor.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "posenc/backend.h"
 #include "rpc/call_log.h"
@@ -99,10 +100,21 @@ struct Method {
   // Only for work bounded by the request's own small size: a message that
   // names tensors in shared memory, or builds an output, is no such thing.
   std::function<bool(const grpc::ByteBuffer& request)> light;
+  // Tensor methods: the request's type, so that a call is charged for what
+  // its message holds once parsed (HoldWhileParsing). Null: twice its bytes.
+  const google::protobuf::Descriptor* request_type = nullptr;
 
   std::string path() const { return "/" + service + "/" + name; }
   bool admitted() const { return kind == Kind::kTensor || kind == Kind::kTensorStream; }
 };
+
+// Sets what an admitted call holds once its request is read: the bytes read
+// and the message they parse into, at least as much again
+// (BytesWhileParsing, DecodedBytesBound). A shrink of the reservation made
+// for the largest message, unless the message would parse into more: then
+// it grows without waiting, or RESOURCE_EXHAUSTED saying why.
+[[nodiscard]] absl::Status HoldWhileParsing(const Method& method, const grpc::ByteBuffer& request,
+                                            Engine::Admission& ticket);
 
 // Runs `method` on one request as a call does once it is read and admitted
 // (the reactors use it too): inside the catch-all, nothing escapes.

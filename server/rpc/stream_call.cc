@@ -112,7 +112,7 @@ class StreamCall final : public grpc::ServerGenericBidiReactor {
     }
     m->ticket = ahead ? std::move(*ahead) : stream_slot_->BytesOnly();
     read_bytes_->GiveBytes(read_bytes_->bytes(), &m->ticket);
-    const absl::Status held = m->ticket.Resize(2 * m->bytes_in);
+    const absl::Status held = HoldWhileParsing(method_, m->request, m->ticket);
     Message* message = m.get();
     Steps steps;
     {

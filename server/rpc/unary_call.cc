@@ -54,10 +54,10 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
     busy_.emplace(&state_.busy);
     bytes_in_ = static_cast<int64_t>(request_.Length());
     if (ticket_) {
-      // What the call holds from now on (a shrink: it reserved for the
-      // largest message): the request while it is parsed into its typed
-      // copy, later the answer and its serialised copy.
-      const absl::Status held = ticket_->Resize(2 * bytes_in_);
+      // What the call holds from now on (usually a shrink: it reserved for
+      // the largest message): the request while it is parsed into its
+      // typed copy, later the answer and its serialised copy.
+      const absl::Status held = HoldWhileParsing(method_, request_, *ticket_);
       if (!held.ok()) {
         request_.Clear();
         Complete(held);

@@ -89,7 +89,11 @@ std::vector<Method> PositionalEncodingService::Methods() const {
               registry.Register(req.name(), req.key(), req.offset(), req.byte_size(), call.peer));
         }
         return status_of(req.name(), resp);
-      }));
+      },
+      // It opens and maps the object, and with a GPU pins its pages
+      // (cudaHostRegister, slow for large regions): on the executor, never
+      // on gRPC's threads.
+      Method::Kind::kControlIo));
   // Waits until no request uses the region (up to the call's deadline, or
   // 30 s): on the executor, never on gRPC's threads.
   methods.push_back(ControlMethod<v1::UnregisterSharedMemoryRequest, v1::SharedMemoryStatus>(

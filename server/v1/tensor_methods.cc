@@ -51,6 +51,7 @@ Method Tensor(Engine* engine, const char* name, Method::Kind kind = Method::Kind
   m.service = kPositionalEncodingService;
   m.name = name;
   m.kind = kind;
+  m.request_type = Request::descriptor();
   m.run = [engine](MethodCall& call, grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
     Request req;
     POSENC_RETURN_IF_ERROR(ParseAdmitted(call, in, &req, LargeFieldsOf(&req)));

@@ -11,12 +11,15 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
+#include "kserve/grpc_service.grpc.pb.h"
 #include "posenc/backend.h"
 #include "posenc/client.h"
 #include "posenc/v1/posenc.grpc.pb.h"
@@ -504,6 +507,118 @@ TEST_F(HostileInput, EveryClassIsRefusedByNameAndTheServerKeepsServing) {
   std::printf("hostile input: %zu cases, server peak RSS %.1f MiB\n", Cases().size(),
               peak / double(kMiB));
 #ifndef POSENC_UNDER_SANITIZER  // shadow memory and quarantine are not ours
+  EXPECT_LT(peak, kMaxInflight + 128 * kMiB);
+#endif
+}
+
+// KServe ModelInfer requests of many tiny entries, sent as bytes: what
+// each entry costs the server once parsed (a name compared with every
+// other, an object of a hundred bytes or more for two bytes on the wire, a
+// varint of one byte read into eight) must be refused or admitted before
+// it is spent, not found out after.
+class HostileKServe : public HostileInput {
+ protected:
+  // A server of its own for each: the peak RSS judged is this case's.
+  void SetUp() override { StartServer(); }
+  // ModelInfer with these bytes as the request; the status it ends with.
+  static grpc::Status Infer(const std::string& bytes) {
+    grpc::GenericStub stub(server_->channel());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request(&slice, 1), response;
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&ctx, "/inference.GRPCInferenceService/ModelInfer", grpc::StubOptions(),
+                   &request, &response, [&](grpc::Status s) { done.set_value(s); });
+    return done.get_future().get();
+  }
+  // Field 5 (inputs), length-delimited, holding `body`.
+  static std::string Input(const std::string& body) {
+    std::string out = "\x2a";
+    for (uint64_t n = body.size();; n >>= 7) {
+      if (n < 0x80) {
+        out.push_back(static_cast<char>(n));
+        break;
+      }
+      out.push_back(static_cast<char>((n & 0x7f) | 0x80));
+    }
+    return out + body;
+  }
+  static std::string RopeModel() { return std::string("\x0a\x04rope", 6); }
+};
+
+TEST_F(HostileKServe, ManyNamedInputsAreRefusedBeforeTheirNamesAreCompared) {
+  // 2 MiB of valid empty FP32 inputs, about 110 000: their parsed objects
+  // fit the budget, and their names compared pairwise held a thread for
+  // many seconds.
+  std::string req = RopeModel();
+  for (int i = 0; static_cast<int64_t>(req.size()) < 2 * kMiB; ++i) {
+    const std::string name = std::to_string(i);  // field 1: a name of its own
+    req += Input("\x0a" + std::string(1, static_cast<char>(name.size())) + name +
+                 std::string("\x12\x04"
+                             "FP32"
+                             "\x1a\x01\x00",
+                             9));  // datatype, shape [0]
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const grpc::Status s = Infer(req);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("%zu bytes of named inputs: %s in %.2f s\n", req.size(), s.error_message().c_str(),
+              seconds);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("inputs"), std::string::npos) << s.error_message();
+  EXPECT_LT(seconds, 5.0);
+  ExpectStillServing("many named inputs");
+}
+
+TEST_F(HostileKServe, EmptyInputsCannotParseIntoMoreThanTheBudget) {
+  // Two bytes each on the wire; an InferInputTensor object each once parsed.
+  std::string req = RopeModel();
+  const std::string empty = Input("");
+  while (static_cast<int64_t>(req.size()) < kMaxMessage - 64) req += empty;
+  const grpc::Status s = Infer(req);
+  std::printf("%zu bytes of empty inputs: %s\n", req.size(), s.error_message().c_str());
+  EXPECT_NE(s.error_code(), grpc::StatusCode::OK);
+  ExpectStillServing("empty inputs");
+#ifndef POSENC_UNDER_SANITIZER
+  const int64_t peak = testing::PeakRss(server_->pid());
+  std::printf("server peak RSS %.1f MiB\n", peak / double(kMiB));
+  EXPECT_LT(peak, kMaxInflight + 128 * kMiB);
+#endif
+}
+
+TEST_F(HostileKServe, OneByteVarintsCannotParseIntoMoreThanTheBudget) {
+  // One input whose int64 contents are zeros: a byte each on the wire, eight
+  // in memory, and eight again when they become the tensor.
+  std::string zeros(kMaxMessage - 4096, '\0');
+  std::string packed = "\x1a";  // InferTensorContents field 3 (int64_contents), packed
+  for (uint64_t n = zeros.size();; n >>= 7) {
+    if (n < 0x80) {
+      packed.push_back(static_cast<char>(n));
+      break;
+    }
+    packed.push_back(static_cast<char>((n & 0x7f) | 0x80));
+  }
+  packed += zeros;
+  std::string contents = "\x2a";  // InferInputTensor field 5 (contents)
+  for (uint64_t n = packed.size();; n >>= 7) {
+    if (n < 0x80) {
+      contents.push_back(static_cast<char>(n));
+      break;
+    }
+    contents.push_back(static_cast<char>((n & 0x7f) | 0x80));
+  }
+  contents += packed;
+  const std::string req =
+      RopeModel() + Input(std::string("\x0a\x0cposition_ids\x12\x05INT64", 21) + contents);
+  const grpc::Status s = Infer(req);
+  std::printf("%zu bytes, int64 zeros: %s\n", req.size(), s.error_message().c_str());
+  EXPECT_NE(s.error_code(), grpc::StatusCode::OK);
+  ExpectStillServing("one-byte varints");
+#ifndef POSENC_UNDER_SANITIZER
+  const int64_t peak = testing::PeakRss(server_->pid());
+  std::printf("server peak RSS %.1f MiB\n", peak / double(kMiB));
   EXPECT_LT(peak, kMaxInflight + 128 * kMiB);
 #endif
 }
