@@ -237,7 +237,11 @@ uint64_t TensorBytesOf(const grpc::ByteBuffer& message, absl::Span<const int> da
           }
           break;
         }
-        if (in_list(data_fields, tag >> 3)) total += v;  // v <= the message's size
+        // v is within the message, but total may already hold a slice's
+        // size near 2^64: wrapped, a huge request would look light.
+        if (in_list(data_fields, tag >> 3) && __builtin_add_overflow(total, v, &total)) {
+          return kUnknown;
+        }
         in.Skip(v);
         break;
       }

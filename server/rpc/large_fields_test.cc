@@ -29,6 +29,15 @@ TEST(TensorBytesOf, CountsBytesFieldsAndNamedSlicesWithoutParsing) {
             (uint64_t{80} << 20) + 24);
   // Fields not asked about do not count.
   EXPECT_EQ(TensorBytesOf(BufferOf(r.SerializeAsString()), {}, {}), 0u);
+  // A slice's size near 2^64 and a data field after it: unknown, not a
+  // wrapped small sum (which would have made the call look light).
+  // (A message's fields may come in any order: the slice, then the data.)
+  v1::RopeRequest slice, data;
+  slice.mutable_query_shm()->set_byte_size(~uint64_t{0} - 4);
+  data.set_key_data(std::string(64, 'k'));
+  EXPECT_EQ(TensorBytesOf(BufferOf(slice.SerializeAsString() + data.SerializeAsString()), {2, 4},
+                          {20, 21}),
+            ~uint64_t{0});
 }
 
 TEST(TensorBytesOf, MalformedBytesAreUnknownNeverACrash) {

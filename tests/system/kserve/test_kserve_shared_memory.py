@@ -321,6 +321,9 @@ def test_hostile_references_are_refused(client, regions):
     for inputs, outputs, code, word in cases:
         got, msg = infer_error(client, "rope", inputs, outputs=outputs)
         assert got == f"StatusCode.{code}" and word in msg, (code, got, msg)
+    # Refused calls wrote nothing, in place either (the output too small for
+    # the query it shares its slice with was once refused after the rotation).
+    np.testing.assert_array_equal(r.get(np.float32, q.shape), q)
     # Raw contents must then cover exactly the inputs on the socket.
     bad = tc.InferInput("query", list(q.shape), "FP32")
     bad.set_shared_memory("ref", q.nbytes)
