@@ -26,22 +26,21 @@ int64_t NanosSince(Clock::time_point t) {
 }
 
 // Serialises an answer, handing its raw outputs to gRPC without a copy
-// (the answer is left without them). Empty outputs keep their place only
-// through protobuf's own encoding, so an answer with one goes whole (as
-// does one mixing outputs in shared memory, whose entries are empty, with
-// outputs in the answer: a copy of the latter).
+// (the answer is left without them). Empty ones (an output in shared
+// memory, or of no elements) go as empty entries, keeping the others'
+// places: serialised whole instead, an answer mixing them with outputs in
+// the answer was copied twice (into the string, then into gRPC's slice),
+// holding three times its tensors where admission counted one.
 absl::Status SerializeInferResponse(ModelInferResponse& resp, grpc::ByteBuffer* out) {
-  bool all_nonempty = true;
-  for (const std::string& raw : resp.raw_output_contents()) all_nonempty &= !raw.empty();
   std::vector<std::string> contents;
-  if (all_nonempty) {
-    for (std::string& raw : *resp.mutable_raw_output_contents()) contents.push_back(std::move(raw));
-    resp.clear_raw_output_contents();
-  }
+  contents.reserve(resp.raw_output_contents_size());
+  for (std::string& raw : *resp.mutable_raw_output_contents()) contents.push_back(std::move(raw));
+  resp.clear_raw_output_contents();
   std::string head;
   if (!resp.SerializeToString(&head)) return absl::InternalError("could not serialise the answer");
   std::vector<LargeField> large;
-  for (std::string& c : contents) large.push_back({6, &c});  // raw_output_contents
+  for (std::string& c : contents)
+    large.push_back({6, &c, /*repeated=*/true});  // raw_output_contents
   *out = BufferWithLargeFields(head, large);
   return absl::OkStatus();
 }

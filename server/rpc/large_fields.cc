@@ -160,11 +160,12 @@ grpc::ByteBuffer BufferWithLargeFields(const std::string& head,
   std::vector<grpc::Slice> slices;
   slices.emplace_back(head);
   for (const LargeField& f : large) {
-    if (f.data->empty()) continue;  // proto3: an empty bytes field is not sent
+    if (f.data->empty() && !f.repeated) continue;  // proto3: an empty bytes field is not sent
     std::string prefix;
     AppendVarint((static_cast<uint64_t>(f.number) << 3) | 2, &prefix);
     AppendVarint(f.data->size(), &prefix);
     slices.emplace_back(prefix);
+    if (f.data->empty()) continue;
     auto* owned = new std::string(std::move(*f.data));
     f.data->clear();
     slices.emplace_back(

@@ -26,6 +26,9 @@ namespace posenc::server {
 struct LargeField {
   int number;
   std::string* data;
+  // An element of a repeated field: sent even when empty (it holds its
+  // place among the others); a singular one is not (proto3).
+  bool repeated = false;
 };
 
 // Splits a serialised message into the contents of the fields numbered in
@@ -37,8 +40,9 @@ struct LargeField {
                                             absl::Span<const LargeField> large, std::string* rest);
 
 // `head` (the message serialised without its large fields) followed by each
-// non-empty large field as tag, length and a slice that takes ownership of
-// the string's buffer (the string is left empty).
+// large field (singular ones only when non-empty) as tag, length and a
+// slice that takes ownership of the string's buffer (the string is left
+// empty).
 grpc::ByteBuffer BufferWithLargeFields(const std::string& head, absl::Span<const LargeField> large);
 
 // The tensor bytes a serialised message carries or names, without parsing

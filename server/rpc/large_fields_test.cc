@@ -3,7 +3,9 @@
 #include <random>
 #include <string>
 
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "gtest/gtest.h"
+#include "kserve/grpc_service.pb.h"
 #include "posenc/v1/posenc.pb.h"
 
 namespace posenc::server {
@@ -66,6 +68,30 @@ TEST(TensorBytesOf, MalformedBytesAreUnknownNeverACrash) {
     for (char& c : junk) c = static_cast<char>(rng());
     (void)TensorBytesOf(BufferOf(junk), {2, 4}, {20, 21});
   }
+}
+
+TEST(BufferWithLargeFields, RepeatedEntriesKeepTheirPlacesEmptyOnesToo) {
+  // A KServe answer: outputs in the answer and in shared memory (empty).
+  inference::ModelInferResponse resp;
+  resp.set_model_name("rope");
+  for (const char* name : {"query_out", "key_out", "x", "y"}) resp.add_outputs()->set_name(name);
+  const std::vector<std::string> raw = {std::string(1000, 'q'), "", "xyz", ""};
+  std::vector<std::string> moved = raw;
+  std::vector<LargeField> large;
+  for (std::string& c : moved) large.push_back({6, &c, /*repeated=*/true});
+  grpc::ByteBuffer buffer = BufferWithLargeFields(resp.SerializeAsString(), large);
+  for (const std::string& c : moved) EXPECT_TRUE(c.empty()) << "handed over, not copied";
+  inference::ModelInferResponse back;
+  grpc::ProtoBufferReader reader(&buffer);
+  ASSERT_TRUE(back.ParseFromZeroCopyStream(&reader));
+  ASSERT_EQ(back.raw_output_contents_size(), 4);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(back.raw_output_contents(i), raw[i]) << i;
+  EXPECT_EQ(back.outputs_size(), 4);
+  // A singular field left empty is not sent at all.
+  v1::RopeResponse rope;
+  std::string empty;
+  grpc::ByteBuffer none = BufferWithLargeFields(rope.SerializeAsString(), {{2, &empty}});
+  EXPECT_EQ(none.Length(), rope.SerializeAsString().size());
 }
 
 }  // namespace
