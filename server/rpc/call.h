@@ -74,6 +74,13 @@ struct MethodCall {
   CallIds caller;
 };
 
+// The largest request a control method (not admitted: server info,
+// health, settings, shared-memory registration, model and table control)
+// takes: every one of them is a few names and numbers. Larger ones are
+// refused before they are parsed (RESOURCE_EXHAUSTED), since these calls
+// hold no admission bytes and may queue on the executor.
+inline constexpr int64_t kMaxControlRequestBytes = int64_t{1} << 20;
+
 struct Method {
   enum class Kind {
     kControl,       // small and quick: not admitted, run on gRPC's thread

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "engine/no_throw.h"
 #include "rpc/call_context.h"
 #include "rpc/call_reactors.h"
@@ -53,6 +54,13 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
     facts_.stages.read = std::chrono::steady_clock::now();
     busy_.emplace(&state_.busy);
     bytes_in_ = static_cast<int64_t>(request_.Length());
+    if (!method_.admitted() && bytes_in_ > kMaxControlRequestBytes) {
+      request_.Clear();
+      Complete(absl::ResourceExhaustedError(absl::StrCat("a ", method_.name, " request is at most ",
+                                                         kMaxControlRequestBytes, " bytes, got ",
+                                                         bytes_in_)));
+      return;
+    }
     if (ticket_) {
       // What the call holds from now on (usually a shrink: it reserved for
       // the largest message): the request while it is parsed into its

@@ -344,6 +344,27 @@ TEST_F(FrontsAlikeServer, StreamAnswersAreValidUtf8HoweverTheCallersStringsAreCu
 // gRPC (1.51) receives a message whole before it checks the size limit
 // (grpc/grpc#43012), before admission sees the call. The transport's memory
 // quota, derived from the budget by default, is what bounds it.
+TEST_F(FrontsAlikeServer, ControlRequestsOverAMebibyteAreRefusedUnparsed) {
+  // An unknown field of 2 MiB pads requests that are otherwise empty.
+  std::string padded("\xfa\x07\x80\x80\x80\x01", 6);  // field 127, 2 MiB
+  padded += std::string(2 * kMiB, 'x');
+  for (const auto& [service, method] :
+       std::vector<std::pair<std::string, std::string>>{{kV1, "GetServerInfo"},
+                                                        {kV1, "ListTables"},
+                                                        {kKServe, "ServerLive"},
+                                                        {kKServe, "ServerReady"}}) {
+    const grpc::Status s = RawUnary(server_.NewChannel(1), service, method, padded);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << method << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find("at most 1048576 bytes"), std::string::npos)
+        << s.error_message();
+    // Just under the cap, the same padding is an unknown field and ignored.
+    std::string small("\xfa\x07\x80\x80\x3f", 5);  // 1 MiB - 16 KiB
+    small += std::string((1 << 20) - (16 << 10), 'x');
+    EXPECT_TRUE(RawUnary(server_.NewChannel(1), service, method, small).ok()) << method;
+  }
+}
+
 TEST(FrontsAlike, AMessageOverTheLimitIsRefusedWithoutTheServerHoldingIt) {
 #ifdef POSENC_UNDER_SANITIZER
   GTEST_SKIP() << "resident memory under a sanitizer is mostly shadow memory and quarantine";
