@@ -12,6 +12,7 @@
 #include "posenc/client.h"
 #include "test_tensors.h"
 #include "v1/operations.h"
+#include "v1/tensor_methods.h"
 
 namespace posenc::server {
 namespace {
@@ -81,6 +82,31 @@ TEST(CudaSharedMemoryOnFakeRuntime, RopeInPlaceOnTheDeviceMatchesTheCpu) {
   const absl::Status s = ApplyRope(engine, &mixed, &refused, RunContext{});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_EQ(std::string(device, kQueryBytes), before);
+}
+
+// A small call runs on gRPC's own thread only where no GPU could take it:
+// a GPU call waits for a worker of the backend, which must never hold
+// gRPC's threads.
+TEST(TensorMethodsOnAGpuServer, NoCallIsLight) {
+  v1::RopeRequest small;
+  small.mutable_query()->set_dtype(v1::DATA_TYPE_FLOAT32);
+  for (int64_t d : {1, 4, 2, 8}) small.mutable_query()->add_shape(d);
+  small.set_query_data(std::string(4 * 2 * 8 * 4, '\x01'));
+  const std::string bytes = small.SerializeAsString();
+  grpc::Slice slice(bytes);
+  const grpc::ByteBuffer request(&slice, 1);
+
+  auto cpu_only = Engine::Create(EngineOptions{});
+  ASSERT_TRUE(cpu_only.ok()) << cpu_only.status();
+  int light = 0;
+  for (const Method& m : TensorMethods(cpu_only->get())) light += m.light && m.light(request);
+  EXPECT_EQ(light, 2) << "ApplyRope and AddAbsoluteEncoding run small calls inline";
+
+  testing::FakeGpuEngine gpu;
+  ASSERT_NE(gpu.engine().cuda(), nullptr);
+  for (const Method& m : TensorMethods(&gpu.engine())) {
+    EXPECT_FALSE(m.light && m.light(request)) << m.name;
+  }
 }
 
 }  // namespace

@@ -82,11 +82,17 @@ constexpr uint64_t kLightBytes = uint64_t{1} << 20;
 // RoPE and the absolute encoding work in place on their tensors, in the
 // message (`data` fields) or in shared memory (`slices`): their work is
 // bounded by those bytes. AttentionBias and GetEncodingTable may build
-// outputs far larger than their requests, so they always hop.
-std::function<bool(const grpc::ByteBuffer&)> LightUnder(std::vector<int> data,
+// outputs far larger than their requests, so they always hop. So does
+// every call while the engine has a GPU: a small call may still run there
+// (backend CUDA, a slice of a CUDA region, AUTO's threshold or cost model),
+// and a GPU call waits for one of the backend's workers and its stream,
+// which must never hold gRPC's own threads (health checks, every other
+// call's I/O).
+std::function<bool(const grpc::ByteBuffer&)> LightUnder(Engine* engine, std::vector<int> data,
                                                         std::vector<int> slices) {
-  return [data = std::move(data), slices = std::move(slices)](const grpc::ByteBuffer& request) {
-    return TensorBytesOf(request, data, slices) <= kLightBytes;
+  return [engine, data = std::move(data),
+          slices = std::move(slices)](const grpc::ByteBuffer& request) {
+    return engine->cuda() == nullptr && TensorBytesOf(request, data, slices) <= kLightBytes;
   };
 }
 
@@ -97,11 +103,11 @@ std::vector<Method> TensorMethods(Engine* engine) {
       engine, "StreamRope", Method::Kind::kTensorStream);
   stream.error_answer = RopeErrorAnswer;
   Method rope = Tensor<v1::RopeRequest, v1::RopeResponse, &ApplyRope>(engine, "ApplyRope");
-  rope.light = LightUnder({2, 4}, {20, 21});  // query_data, key_data; *_shm
+  rope.light = LightUnder(engine, {2, 4}, {20, 21});  // query_data, key_data; *_shm
   Method absolute =
       Tensor<v1::AbsoluteEncodingRequest, v1::AbsoluteEncodingResponse, &AddAbsoluteEncoding>(
           engine, "AddAbsoluteEncoding");
-  absolute.light = LightUnder({2}, {11});  // x_data; x_shm
+  absolute.light = LightUnder(engine, {2}, {11});  // x_data; x_shm
   return {
       std::move(rope),
       std::move(stream),
