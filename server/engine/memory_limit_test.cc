@@ -146,6 +146,11 @@ class FakeCgroupTree : public ::testing::Test {
   void Limit(const std::string& mount, const std::string& file, const std::string& text) {
     Write(files_.mount_prefix + mount + file, text);
   }
+  // The limit read from the tree, or -1 for none.
+  int64_t LimitBytes() const {
+    const std::optional<MemoryLimit> limit = ReadCgroupMemoryLimit(files_);
+    return limit.has_value() ? limit->bytes : -1;
+  }
 
   std::string dir_;
   CgroupFiles files_;
@@ -167,9 +172,7 @@ TEST_F(FakeCgroupTree, V2InItsOwnNamespaceReadsTheMountPoint) {
   Write(files_.mountinfo, "28 22 0:25 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
   Write(files_.cgroup, "0::/\n");
   Limit("/sys/fs/cgroup", "/memory.max", "536870912\n");
-  const std::optional<MemoryLimit> limit = ReadCgroupMemoryLimit(files_);
-  ASSERT_TRUE(limit.has_value());
-  EXPECT_EQ(limit->bytes, 536870912);
+  EXPECT_EQ(LimitBytes(), 536870912);
 }
 
 TEST_F(FakeCgroupTree, V1WithTheContainersCgroupMountedAsTheRoot) {
@@ -179,9 +182,7 @@ TEST_F(FakeCgroupTree, V1WithTheContainersCgroupMountedAsTheRoot) {
         "32 30 0:28 /docker/abc /sys/fs/cgroup/memory ro - cgroup cgroup rw,memory\n");
   Write(files_.cgroup, "4:memory:/docker/abc\n");
   Limit("/sys/fs/cgroup/memory", "/memory.limit_in_bytes", "268435456\n");
-  const std::optional<MemoryLimit> limit = ReadCgroupMemoryLimit(files_);
-  ASSERT_TRUE(limit.has_value());
-  EXPECT_EQ(limit->bytes, 268435456);
+  EXPECT_EQ(LimitBytes(), 268435456);
 }
 
 TEST_F(FakeCgroupTree, V1OnAHybridHost) {
@@ -192,9 +193,7 @@ TEST_F(FakeCgroupTree, V1OnAHybridHost) {
   Limit("/sys/fs/cgroup/memory", "/process_api/26bc6aa8/memory.limit_in_bytes", "805306368\n");
   // cgroup v2's file is there too, but memory is not its controller here.
   Limit("/sys/fs/cgroup/unified", "/memory.max", "1048576\n");
-  const std::optional<MemoryLimit> limit = ReadCgroupMemoryLimit(files_);
-  ASSERT_TRUE(limit.has_value());
-  EXPECT_EQ(limit->bytes, 805306368);
+  EXPECT_EQ(LimitBytes(), 805306368);
 }
 
 TEST_F(FakeCgroupTree, ALimitAboveTheMachinesMemoryIsNone) {
@@ -204,9 +203,7 @@ TEST_F(FakeCgroupTree, ALimitAboveTheMachinesMemoryIsNone) {
   Limit("/sys/fs/cgroup/memory", "/process_api/26bc6aa8/memory.limit_in_bytes", "17179869184\n");
   EXPECT_FALSE(ReadCgroupMemoryLimit(files_).has_value());  // 16 GiB, on a 16 GiB machine
   Limit("/sys/fs/cgroup/memory", "/process_api/memory.limit_in_bytes", "17179865088\n");
-  const std::optional<MemoryLimit> limit = ReadCgroupMemoryLimit(files_);
-  ASSERT_TRUE(limit.has_value());
-  EXPECT_EQ(limit->bytes, 17179865088);
+  EXPECT_EQ(LimitBytes(), 17179865088);
 }
 
 TEST_F(FakeCgroupTree, NoLimitWhereNothingReadsAsOne) {
@@ -218,9 +215,7 @@ TEST_F(FakeCgroupTree, NoLimitWhereNothingReadsAsOne) {
   Limit("/sys/fs/cgroup", "/memory.max", std::string(8192, '1'));  // past the read cap
   EXPECT_FALSE(ReadCgroupMemoryLimit(files_).has_value());
   Limit("/sys/fs/cgroup", "/a/memory.max", "4096\n");
-  const std::optional<MemoryLimit> limit = ReadCgroupMemoryLimit(files_);
-  ASSERT_TRUE(limit.has_value());
-  EXPECT_EQ(limit->bytes, 4096);
+  EXPECT_EQ(LimitBytes(), 4096);
 }
 
 TEST_F(FakeCgroupTree, NoLimitWithoutItsProcFiles) {

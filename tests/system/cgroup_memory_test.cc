@@ -26,6 +26,7 @@
 
 #include "engine/memory_limit.h"
 #include "gtest/gtest.h"
+#include "large_requests.h"
 #include "posenc/v1/posenc.grpc.pb.h"
 #include "server_process.h"
 
@@ -135,17 +136,6 @@ class LimitedCgroup {
   bool v2_ = false;
 };
 
-// An fp32 RoPE request of `mib` MiB: query [1, tokens, 8, 128].
-v1::RopeRequest RopeOf(int64_t mib) {
-  const int64_t tokens = mib * kMiB / (8 * 128 * 4);
-  v1::RopeRequest req;
-  req.mutable_query()->set_dtype(v1::DATA_TYPE_FLOAT32);
-  for (int64_t d : {int64_t{1}, tokens, int64_t{8}, int64_t{128}})
-    req.mutable_query()->add_shape(d);
-  req.set_query_data(std::string(tokens * 8 * 128 * 4, '\x01'));
-  return req;
-}
-
 // `callers` callers sending 48 MiB requests for up to 6 s (each stops at
 // its first call that ends UNAVAILABLE: the server is gone): how many
 // calls ended with each code, and a message for each code.
@@ -154,7 +144,7 @@ struct Outcome {
   std::map<grpc::StatusCode, std::string> messages;
 };
 Outcome Load(testing::ServerProcess& server, int callers) {
-  const v1::RopeRequest req = RopeOf(48);
+  const v1::RopeRequest req = testing::RopeRequestOfMiB(48);
   Outcome out;
   std::mutex mu;
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(6);

@@ -532,9 +532,9 @@ class HostileKServe : public HostileInput {
                    &request, &response, [&](grpc::Status s) { done.set_value(s); });
     return done.get_future().get();
   }
-  // Field 5 (inputs), length-delimited, holding `body`.
-  static std::string Input(const std::string& body) {
-    std::string out = "\x2a";
+  // A length-delimited field: its tag byte, the length, `body`.
+  static std::string Delimited(char tag, const std::string& body) {
+    std::string out(1, tag);
     for (uint64_t n = body.size();; n >>= 7) {
       if (n < 0x80) {
         out.push_back(static_cast<char>(n));
@@ -544,6 +544,8 @@ class HostileKServe : public HostileInput {
     }
     return out + body;
   }
+  // Field 5 (inputs) holding `body`.
+  static std::string Input(const std::string& body) { return Delimited('\x2a', body); }
   static std::string RopeModel() { return std::string("\x0a\x04rope", 6); }
 };
 
@@ -591,25 +593,10 @@ TEST_F(HostileKServe, EmptyInputsCannotParseIntoMoreThanTheBudget) {
 TEST_F(HostileKServe, OneByteVarintsCannotParseIntoMoreThanTheBudget) {
   // One input whose int64 contents are zeros: a byte each on the wire, eight
   // in memory, and eight again when they become the tensor.
-  std::string zeros(kMaxMessage - 4096, '\0');
-  std::string packed = "\x1a";  // InferTensorContents field 3 (int64_contents), packed
-  for (uint64_t n = zeros.size();; n >>= 7) {
-    if (n < 0x80) {
-      packed.push_back(static_cast<char>(n));
-      break;
-    }
-    packed.push_back(static_cast<char>((n & 0x7f) | 0x80));
-  }
-  packed += zeros;
-  std::string contents = "\x2a";  // InferInputTensor field 5 (contents)
-  for (uint64_t n = packed.size();; n >>= 7) {
-    if (n < 0x80) {
-      contents.push_back(static_cast<char>(n));
-      break;
-    }
-    contents.push_back(static_cast<char>((n & 0x7f) | 0x80));
-  }
-  contents += packed;
+  const std::string zeros(kMaxMessage - 4096, '\0');
+  // InferTensorContents field 3 (int64_contents), packed, in
+  // InferInputTensor field 5 (contents).
+  const std::string contents = Delimited('\x2a', Delimited('\x1a', zeros));
   const std::string req =
       RopeModel() + Input(std::string("\x0a\x0cposition_ids\x12\x05INT64", 21) + contents);
   const grpc::Status s = Infer(req);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "large_requests.h"
 #include "posenc/client.h"
 #include "posenc/v1/posenc.grpc.pb.h"
 #include "server_process.h"
@@ -24,17 +25,6 @@ constexpr int64_t kMiB = int64_t{1} << 20;
 int64_t EnvInt(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
   return v != nullptr ? std::strtoll(v, nullptr, 10) : fallback;
-}
-
-// An fp32 RoPE request of `mib` MiB: query [1, tokens, 8, 128].
-v1::RopeRequest RopeOf(int64_t mib) {
-  const int64_t tokens = mib * kMiB / (8 * 128 * 4);
-  v1::RopeRequest req;
-  req.mutable_query()->set_dtype(v1::DATA_TYPE_FLOAT32);
-  for (int64_t d : {int64_t{1}, tokens, int64_t{8}, int64_t{128}})
-    req.mutable_query()->add_shape(d);
-  req.set_query_data(std::string(tokens * 8 * 128 * 4, '\x01'));
-  return req;
 }
 
 // `callers` callers for 6 s, each call of a size drawn from `sizes_mib`
@@ -63,7 +53,7 @@ void CheckBound(int callers, const std::vector<int64_t>& sizes_mib) {
   const int64_t baseline = testing::ProcStatusBytes(server.pid(), "VmRSS");
 
   std::vector<v1::RopeRequest> requests;
-  for (int64_t mib : sizes_mib) requests.push_back(RopeOf(mib));
+  for (int64_t mib : sizes_mib) requests.push_back(testing::RopeRequestOfMiB(mib));
   const uint64_t seed = std::random_device{}();
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
 
