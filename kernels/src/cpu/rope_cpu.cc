@@ -76,6 +76,7 @@ struct Scratch {
         wide_512(CpuHasAvx512()),
         wide_f32_512(CpuHasAvx512()),
         far_in_run(CpuIsIntel()),
+        nta_prefetch(!CpuIsIntel()),
         narrowing(CpuHasAvx512Bf16() ? Narrowing::kInstruction : Narrowing::kRounding),
         cp(paired ? kTokenBlock * p.half() : 0),
         np(paired ? kTokenBlock * p.half() : 0),
@@ -141,6 +142,9 @@ struct Scratch {
   // Whether runs ask for their own rows kFarAheadInRun on into L2 (in
   // head-major runs rather than the next head's: RopeBlock).
   const bool far_in_run;
+  // Whether the float32 512-bit loop asks for its lines with PREFETCHNTA
+  // (RotateF32Wide's kNonTemporal): on AMD CPUs.
+  const bool nta_prefetch;
   const Narrowing narrowing;
   std::vector<float> cp, np;
   std::vector<uint32_t> saved;  // a float16 head's rotary dims before rotation (2 x half)
@@ -477,8 +481,12 @@ POSENC_ALWAYS_INLINE void RotateRows(const RopePlan& p, const Rows<T>& rows, Scr
   if constexpr (kWide && std::is_same_v<T, float>) {
     const bool far = rows.far_bytes != 0;
     if (s.wide_f32_512) {
-      return far ? RotateF32Wide<kStyle, true>(rows, D, half)
-                 : RotateF32Wide<kStyle, false>(rows, D, half);
+      if (s.nta_prefetch) {
+        return far ? RotateF32Wide<kStyle, true, true>(rows, D, half)
+                   : RotateF32Wide<kStyle, false, true>(rows, D, half);
+      }
+      return far ? RotateF32Wide<kStyle, true, false>(rows, D, half)
+                 : RotateF32Wide<kStyle, false, false>(rows, D, half);
     }
     // 128 rotary dims take a copy compiled for them, as bfloat16's do.
     const int64_t k_end = half == 64 ? (far ? RotateF32Avx2<kStyle, true, 64>(rows, D, half)
@@ -577,7 +585,9 @@ POSENC_ALWAYS_INLINE void RopeBlock(const RopePlan& p, RowTable* table, T* q, T*
           // The next head's run is far away (1 MiB for a 4096-token
           // bfloat16 sequence of 128-dim heads) and the hardware prefetcher
           // restarts at every run: its rows are fetched into L2 while these
-          // rotate, and this run's into L1 kPrefetchAhead ahead. On Intel
+          // rotate, and this run's into L1 kPrefetchAhead ahead (float32's
+          // 512-bit loop on AMD CPUs asks for both with PREFETCHNTA, into
+          // L1: RotateF32Wide's kNonTemporal). On Intel
           // CPUs the rows kFarAheadInRun on go into L2 instead (in place,
           // this head's two blocks on, for 128-dim bfloat16; in a block
           // copied aside, a later head's): on the Xeon, five alternated
