@@ -25,6 +25,9 @@
 // positions 0-15 over and over, instead of 0-4095: tables that stay in L1,
 // or all 16 offset rows with one anchor row, to tell what the add's tables
 // cost (bench/RESULTS.md, "sixth session").
+// --samples also prints every repetition of every case to stderr: "NAME rep
+// I k GB/s c GB/s m GB/s r RATIO" (kernel, memcpy, read-modify-write, and
+// the read-modify-write's time over the kernel's).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -74,8 +77,12 @@ struct Result {
 
 class Bench {
  public:
-  Bench(int threads, int reps, std::string filter)
-      : threads_(threads), reps_(reps), filter_(std::move(filter)), pool_(threads) {}
+  Bench(int threads, int reps, std::string filter, bool samples)
+      : threads_(threads),
+        reps_(reps),
+        filter_(std::move(filter)),
+        samples_(samples),
+        pool_(threads) {}
 
   // Whether the case named `name` is to run.
   bool Wanted(const std::string& name) const { return name.find(filter_) != std::string::npos; }
@@ -111,12 +118,23 @@ class Bench {
       c.push_back(Seconds(copy));
       m.push_back(Seconds(modify));
     }
+    if (samples_) {
+      // Each repetition's three figures, in GB/s, and the read-modify-write's
+      // time over the kernel's: a case's median can hide the host's bursts,
+      // where memory ran faster for a few repetitions in a row.
+      for (int i = 0; i < reps_; ++i) {
+        std::fprintf(stderr, "%s rep %d k %.2f c %.2f m %.2f r %.3f\n", name.c_str(), i,
+                     2.0 * bytes / k[i] / 1e9, 2.0 * bytes / c[i] / 1e9, 2.0 * bytes / m[i] / 1e9,
+                     m[i] / k[i]);
+      }
+    }
     return {name, 2.0 * bytes, Median(k), Median(c), Median(m)};
   }
 
  private:
   int threads_, reps_;
   std::string filter_;
+  bool samples_;
   posenc::ThreadPool pool_;
 };
 
@@ -203,6 +221,7 @@ int main(int argc, char** argv) {
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   int reps = 15;
   std::string json, only, filter, positions;
+  bool samples = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--threads=", 0) == 0) threads = std::stoi(a.substr(10));
@@ -211,6 +230,7 @@ int main(int argc, char** argv) {
     if (a.rfind("--only=", 0) == 0) only = a.substr(7);
     if (a.rfind("--filter=", 0) == 0) filter = a.substr(9);
     if (a.rfind("--positions=", 0) == 0) positions = a.substr(12);
+    if (a == "--samples") samples = true;
   }
   if (!positions.empty() && positions != "one" && positions != "cycle16") {
     std::fprintf(stderr, "--positions: one or cycle16, not %s\n", positions.c_str());
@@ -218,7 +238,7 @@ int main(int argc, char** argv) {
   }
   auto wanted = [&](const char* section) { return only.empty() || only == section; };
   auto cpu = posenc::CreateCpuBackend(threads);
-  Bench bench(threads, reps, filter);
+  Bench bench(threads, reps, filter, samples);
   std::vector<Result> results;
 
   for (posenc::DType dtype : {posenc::DType::kFloat32, posenc::DType::kBFloat16}) {

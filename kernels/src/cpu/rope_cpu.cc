@@ -444,11 +444,24 @@ POSENC_ALWAYS_INLINE int64_t RotateRowsWide512(const Rows<BFloat16>& rows, int64
   // pointers in registers, bf16 NEOX BSHD 1.353 to 1.117 instructions per
   // element, one thread in L2 51 to 57-59 GB/s (GPT-J BHSD 58 to 60-62,
   // BSHD unchanged); from DRAM on a busy host unchanged (bench/RESULTS.md).
+  //
+  // A token's heads (rows.dt 0) rotate by one table row, whose 64 slots
+  // the copy with kHeld loads into registers once for the run: bf16 NEOX
+  // BSHD 1.012 to 0.935 instructions an element, GPT-J 1.215 to 0.907 (its
+  // four steps unrolled). On the Zen 5, one thread in L2, six alternated
+  // rounds: GPT-J 55.2 to 61.6 GB/s, NEOX 57.1 to 58.9; from DRAM within
+  // noise (bench/RESULTS.md). Only without kFar, that is not on Intel
+  // CPUs, whose BSHD runs were measured with the loop as it was: there an
+  // unrolled GPT-J row once ran 10% slower from DRAM (RotateBF16Wide).
+  constexpr bool kHold = !kFar;
   const int64_t k_end =
-      half == 64
-          ? RotateBF16Wide<kN, kStyle, kUnitScale, kFar, 64>(
+      half != 64 ? RotateBF16Wide<kN, kStyle, kUnitScale, kFar, 0>(rows, D, half, scale_f,
+                                                                  s.wide_k.data(), s.wide_u.data(),
+                                                                  s.wide_v.data(), &slow)
+      : kHold && rows.dt == 0 && rows.count > 1
+          ? RotateBF16Wide<kN, kStyle, kUnitScale, kFar, 64, kHold>(
                 rows, D, half, scale_f, s.wide_k.data(), s.wide_u.data(), s.wide_v.data(), &slow)
-          : RotateBF16Wide<kN, kStyle, kUnitScale, kFar, 0>(
+          : RotateBF16Wide<kN, kStyle, kUnitScale, kFar, 64>(
                 rows, D, half, scale_f, s.wide_k.data(), s.wide_u.data(), s.wide_v.data(), &slow);
   if (k_end < half) {
     RotateTailsBF16Wide<kN, kStyle, kUnitScale>(rows, D, half, k_end, scale_f, s.wide_k.data(),
