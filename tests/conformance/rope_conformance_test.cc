@@ -333,6 +333,33 @@ TEST_P(BackendTest, RopeLayoutsAndPositionForms) {
   }
 }
 
+// Head-major sequences longer than the CPU's token blocks: float32 BHSD
+// takes blocks of up to 256 tokens (128 for 256-dim heads: rope_cpu.cc's
+// BlockTokens), the other dtypes 32. 300 tokens a sequence end one block
+// part way through the next; each block's runs span both sequences where
+// the block crosses from one into the other.
+TEST_P(BackendTest, RopeHeadMajorSequencesLongerThanABlock) {
+  for (int64_t D : {64, 128, 256}) {
+    for (RopeStyle style : kStyles) {
+      for (DType dtype : kFloatTypes) {
+        SCOPED_TRACE(::testing::Message() << "head_dim " << D << " style " << int(style)
+                                          << " dtype " << DTypeName(dtype));
+        RopeCase c;
+        c.options.layout = RopeLayout::kBHSD;
+        c.options.style = style;
+        c.dtype = dtype;
+        c.pos = Pos::kOffsets;
+        c.batch = 2;
+        c.seq = 300;
+        c.query_heads = 3;
+        c.key_heads = 1;
+        c.head_dim = D;
+        CheckRope(*backend_, c);
+      }
+    }
+  }
+}
+
 TEST_P(BackendTest, RopeDecodeShapesWithoutKey) {
   // One token per sequence: the GPU splits heads across the grid here.
   for (int64_t batch : {1, 3, 64, 256}) {

@@ -25,12 +25,39 @@
 namespace posenc::internal {
 namespace {
 
-// Tokens whose cos/sin are kept at once: [kTokenBlock, R/2] floats twice
-// stay in L1/L2 for any published head size.
+// Tokens whose cos/sin are kept at once (a block): [kTokenBlock, R/2]
+// floats twice stay in L1/L2 for any published head size.
 constexpr int64_t kTokenBlock = 32;
 
+// float32 head-major (BHSD) tensors take longer blocks, up to
+// kLongBlockTokens and as many as keep each table within kLongBlockTable
+// bytes (256 tokens of a 128-dim head: 64 KiB each of c and n, read from
+// L2 for every head). A block visits every head of the tensor, one run of
+// its tokens each, and at 32 tokens a float32 run is 16 KiB: the memory
+// ran short streams, 40 of them a block. An in-place read-modify-write
+// walking BHSD's blocks that way ran at 0.79-0.90 of one along the
+// tensor on the Zen 5, 0.91-0.96 at 128 tokens and 0.96-0.99 at 512
+// (bench/cpu/zen5-2026-12-02-experiments/bhsd_pattern.cc); RoPE float32 BHSD
+// went from 0.870 / 0.875 (NEOX / GPT-J, of the read-modify-write) to
+// 0.930 / 0.945, ten alternated rounds, medians; BSHD unchanged
+// (bench/RESULTS.md). bfloat16 keeps 32: its
+// float tables are twice its rows' bytes, and NEOX's paired tables (cp,
+// np) fit L1 at 32 tokens; longer blocks left it within noise or slower.
+constexpr int64_t kLongBlockTokens = 256;
+constexpr int64_t kLongBlockTable = int64_t{64} << 10;
+
+// The tokens of plan p's blocks.
+int64_t BlockTokens(const RopePlan& p) {
+  if (p.dtype != DType::kFloat32 || p.layout != RopeLayout::kBHSD || p.half() <= 0) {
+    return kTokenBlock;
+  }
+  const int64_t fit = kLongBlockTable / (p.half() * static_cast<int64_t>(sizeof(float)));
+  return std::clamp<int64_t>(fit, kTokenBlock, kLongBlockTokens);
+}
+
 // Rows (heads) one RotateRows call takes at most: a token's heads, or a
-// head's tokens in a block. Bounds Scratch's wide_* lists.
+// head's tokens in a block (bfloat16's, whose blocks are kTokenBlock
+// long). Bounds Scratch's wide_* lists, which only bfloat16 fills.
 constexpr int64_t kMaxRowsPerCall = kTokenBlock;
 
 POSENC_ALWAYS_INLINE double SlotAngle(const RopePlan& p, int64_t t, int64_t k) {
@@ -65,21 +92,22 @@ constexpr int64_t kSlowSlack = 16;
 struct Scratch {
   explicit Scratch(const RopePlan& p)
       : half(p.half()),
-        c(kTokenBlock * p.half()),
-        n(kTokenBlock * p.half()),
+        block(BlockTokens(p)),
+        c(block * p.half()),
+        n(block * p.half()),
         wide(WideFor(p)),
         wide_f32(WideF32For(p)),
         spread(SpreadFor(p)),
-        c2(2 * kTokenBlock * p.half()),  // allocated (small) even when unused:
-        n2(2 * kTokenBlock * p.half()),  // callers offset into them
+        c2(2 * block * p.half()),  // allocated (small) even when unused:
+        n2(2 * block * p.half()),  // callers offset into them
         paired(wide && p.style == RopeStyle::kNeox),
         wide_512(CpuHasAvx512()),
         wide_f32_512(CpuHasAvx512()),
         far_in_run(CpuIsIntel()),
         nta_prefetch(!CpuIsIntel()),
         narrowing(CpuHasAvx512Bf16() ? Narrowing::kInstruction : Narrowing::kRounding),
-        cp(paired ? kTokenBlock * p.half() : 0),
-        np(paired ? kTokenBlock * p.half() : 0),
+        cp(paired ? block * p.half() : 0),
+        np(paired ? block * p.half() : 0),
         saved(p.half()),
         flag(p.half()),
         pending_k(p.half()),
@@ -104,33 +132,35 @@ struct Scratch {
   // Whether this Scratch's buffers serve plan p. It holds nothing else
   // between calls, so Restart has nothing to do.
   bool Serves(const RopePlan& p) const {
-    return half == p.half() && wide == WideFor(p) && wide_f32 == WideF32For(p) &&
-           spread == SpreadFor(p) && paired == (WideFor(p) && p.style == RopeStyle::kNeox);
+    return half == p.half() && block == BlockTokens(p) && wide == WideFor(p) &&
+           wide_f32 == WideF32For(p) && spread == SpreadFor(p) &&
+           paired == (WideFor(p) && p.style == RopeStyle::kNeox);
   }
   void Restart(const RopePlan&) {}
 
   // Roughly the bytes it holds.
-  int64_t Bytes() const { return (24 * kTokenBlock + 12 * kMaxRowsPerCall + 24) * half; }
+  int64_t Bytes() const { return (24 * block + 12 * kMaxRowsPerCall + 24) * half; }
 
   const int64_t half;
+  const int64_t block;  // BlockTokens
   // The token whose rows lie at the tensors' first element, and in BHSD
   // the tokens a head of such a block holds (RopeTokensCpu's `origin` and
   // `block_tokens`; 0 but for a block copied aside).
   int64_t origin = 0;
   int64_t block_tokens = 0;
-  std::vector<float> c, n;  // [kTokenBlock, half] s cos, +-s sin
+  std::vector<float> c, n;  // [block, half] s cos, +-s sin
   // bfloat16 on a CPU with RotateBF16Wide (AVX-512) or RotateBF16Avx2.
   const bool wide;
   // float32 on a CPU with RotateF32Wide (AVX-512) or RotateF32Avx2.
   const bool wide_f32;
   // GPT-J in bfloat16, or in float32 on an AVX2 CPU without AVX-512
-  // (spread): [kTokenBlock, 2 half] [c, c] and [-n, n] per slot, laid out
+  // (spread): [block, 2 half] [c, c] and [-n, n] per slot, laid out
   // like the pairs they rotate (RotateHeadBF16's 8-pair loop, not for the
   // tokens the wide bfloat16 loops take; RotateF32Avx2). RotateF32Wide
   // splits the pairs instead and reads c and n.
   const bool spread;
   std::vector<float> c2, n2;
-  // bfloat16 NEOX on a wide CPU (paired): [kTokenBlock, half] c and n with
+  // bfloat16 NEOX on a wide CPU (paired): [block, half] c and n with
   // each group's even slots first, then its odd ones, for the tokens that
   // take it: groups of 32 for RotateBF16Wide (PairSlots32), of 16 for
   // RotateBF16Avx2 (PairSlots16).
@@ -455,9 +485,9 @@ POSENC_ALWAYS_INLINE int64_t RotateRowsWide512(const Rows<BFloat16>& rows, int64
   // unrolled GPT-J row once ran 10% slower from DRAM (RotateBF16Wide).
   constexpr bool kHold = !kFar;
   const int64_t k_end =
-      half != 64 ? RotateBF16Wide<kN, kStyle, kUnitScale, kFar, 0>(rows, D, half, scale_f,
-                                                                  s.wide_k.data(), s.wide_u.data(),
-                                                                  s.wide_v.data(), &slow)
+      half != 64
+          ? RotateBF16Wide<kN, kStyle, kUnitScale, kFar, 0>(rows, D, half, scale_f, s.wide_k.data(),
+                                                            s.wide_u.data(), s.wide_v.data(), &slow)
       : kHold && rows.dt == 0 && rows.count > 1
           ? RotateBF16Wide<kN, kStyle, kUnitScale, kFar, 64, kHold>(
                 rows, D, half, scale_f, s.wide_k.data(), s.wide_u.data(), s.wide_v.data(), &slow)
@@ -646,9 +676,9 @@ template <typename T, RopeStyle kStyle, bool kWide = false>
 POSENC_ALWAYS_INLINE void RopeTokensTyped(const RopePlan& p, RowTable* table, void* q, void* k,
                                           int64_t begin, int64_t end, Scratch& s) {
   T* kq = p.has_key ? static_cast<T*>(k) : nullptr;
-  for (int64_t t0 = begin; t0 < end; t0 += kTokenBlock) {
-    RopeBlock<T, kStyle, kWide>(p, table, static_cast<T*>(q), kq, t0,
-                                std::min(end, t0 + kTokenBlock), s);
+  for (int64_t t0 = begin; t0 < end; t0 += s.block) {
+    RopeBlock<T, kStyle, kWide>(p, table, static_cast<T*>(q), kq, t0, std::min(end, t0 + s.block),
+                                s);
   }
 }
 
