@@ -173,7 +173,8 @@ struct Scratch {
   // head-major runs rather than the next head's: RopeBlock).
   const bool far_in_run;
   // Whether the float32 512-bit loop asks for its lines with PREFETCHNTA
-  // (RotateF32Wide's kNonTemporal): on AMD CPUs.
+  // (RotateF32Wide's kNonTemporal), and the bfloat16 one in head-major runs
+  // (RotateRowsWideAhead): on AMD CPUs.
   const bool nta_prefetch;
   const Narrowing narrowing;
   std::vector<float> cp, np;
@@ -465,7 +466,7 @@ POSENC_ALWAYS_INLINE int64_t RotateRowsAvx2(const Rows<BFloat16>& rows, int64_t 
 // The rows of a run by RotateBF16Wide and RotateTailsBF16Wide (AVX-512),
 // narrowing as kN says, or by RotateRowsAvx2, the pairs those leave
 // appended to s.wide_*; returns how many there are.
-template <Narrowing kN, RopeStyle kStyle, bool kUnitScale, bool kFar>
+template <Narrowing kN, RopeStyle kStyle, bool kUnitScale, bool kFar, bool kNonTemporal>
 POSENC_ALWAYS_INLINE int64_t RotateRowsWide512(const Rows<BFloat16>& rows, int64_t D, int64_t half,
                                                float scale_f, Scratch& s) {
   int64_t slow = 0;
@@ -486,12 +487,12 @@ POSENC_ALWAYS_INLINE int64_t RotateRowsWide512(const Rows<BFloat16>& rows, int64
   constexpr bool kHold = !kFar;
   const int64_t k_end =
       half != 64
-          ? RotateBF16Wide<kN, kStyle, kUnitScale, kFar, 0>(rows, D, half, scale_f, s.wide_k.data(),
-                                                            s.wide_u.data(), s.wide_v.data(), &slow)
-      : kHold && rows.dt == 0 && rows.count > 1
-          ? RotateBF16Wide<kN, kStyle, kUnitScale, kFar, 64, kHold>(
+          ? RotateBF16Wide<kN, kStyle, kUnitScale, kFar, kNonTemporal, 0>(
                 rows, D, half, scale_f, s.wide_k.data(), s.wide_u.data(), s.wide_v.data(), &slow)
-          : RotateBF16Wide<kN, kStyle, kUnitScale, kFar, 64>(
+      : kHold && rows.dt == 0 && rows.count > 1
+          ? RotateBF16Wide<kN, kStyle, kUnitScale, kFar, kNonTemporal, 64, kHold>(
+                rows, D, half, scale_f, s.wide_k.data(), s.wide_u.data(), s.wide_v.data(), &slow)
+          : RotateBF16Wide<kN, kStyle, kUnitScale, kFar, kNonTemporal, 64>(
                 rows, D, half, scale_f, s.wide_k.data(), s.wide_u.data(), s.wide_v.data(), &slow);
   if (k_end < half) {
     RotateTailsBF16Wide<kN, kStyle, kUnitScale>(rows, D, half, k_end, scale_f, s.wide_k.data(),
@@ -499,16 +500,37 @@ POSENC_ALWAYS_INLINE int64_t RotateRowsWide512(const Rows<BFloat16>& rows, int64
   }
   return slow;
 }
-template <RopeStyle kStyle, bool kUnitScale, bool kFar>
+template <RopeStyle kStyle, bool kUnitScale, bool kFar, bool kNonTemporal>
 POSENC_ALWAYS_INLINE int64_t RotateRowsWide(const Rows<BFloat16>& rows, int64_t D, int64_t half,
                                             float scale_f, Scratch& s) {
   if (!s.wide_512) return RotateRowsAvx2<kStyle, kUnitScale, kFar>(rows, D, half, scale_f, s);
   if (s.narrowing == Narrowing::kInstruction) {
-    return RotateRowsWide512<Narrowing::kInstruction, kStyle, kUnitScale, kFar>(rows, D, half,
-                                                                                scale_f, s);
+    return RotateRowsWide512<Narrowing::kInstruction, kStyle, kUnitScale, kFar, kNonTemporal>(
+        rows, D, half, scale_f, s);
   }
-  return RotateRowsWide512<Narrowing::kRounding, kStyle, kUnitScale, kFar>(rows, D, half, scale_f,
-                                                                           s);
+  return RotateRowsWide512<Narrowing::kRounding, kStyle, kUnitScale, kFar, kNonTemporal>(
+      rows, D, half, scale_f, s);
+}
+
+// RotateRowsWide with the lookahead the run asks for: its own rows only
+// (rows.far_bytes 0: token-major runs on AMD CPUs), or those far on as
+// well, into L2 (Intel CPUs), or both with PREFETCHNTA (head-major runs on
+// AMD CPUs, s.nta_prefetch, where far is the next head's rows). On the Zen
+// 5, two experiments of twelve alternated rounds (medians of the ratio to
+// the read-modify-write, bench/RESULTS.md): PREFETCHNTA in BHSD took bf16
+// NEOX from 0.855 to 0.94 and from 0.850 to 0.900, GPT-J from 0.85 to 0.88
+// and from 0.865 to 0.895. In BSHD runs as well it was slower there (NEOX
+// 0.895 to 0.865, GPT-J 0.93 to 0.885), so they keep PREFETCHT0.
+template <RopeStyle kStyle, bool kUnitScale>
+POSENC_ALWAYS_INLINE int64_t RotateRowsWideAhead(const Rows<BFloat16>& rows, int64_t D,
+                                                 int64_t half, float scale_f, Scratch& s) {
+  if (rows.far_bytes == 0) {
+    return RotateRowsWide<kStyle, kUnitScale, false, false>(rows, D, half, scale_f, s);
+  }
+  if (s.nta_prefetch) {
+    return RotateRowsWide<kStyle, kUnitScale, true, true>(rows, D, half, scale_f, s);
+  }
+  return RotateRowsWide<kStyle, kUnitScale, true, false>(rows, D, half, scale_f, s);
 }
 #endif
 
@@ -549,15 +571,9 @@ POSENC_ALWAYS_INLINE void RotateRows(const RopePlan& p, const Rows<T>& rows, Scr
   if constexpr (kWide && std::is_same_v<T, BFloat16>) {
     if (WideScale(p, rows.t0)) {
       const float scale_f = static_cast<float>(p.attention_scale[p.FreqSetOfToken(rows.t0)]);
-      const bool far = rows.far_bytes != 0;
-      int64_t slow;
-      if (scale_f == 1.0f) {
-        slow = far ? RotateRowsWide<kStyle, true, true>(rows, D, half, scale_f, s)
-                   : RotateRowsWide<kStyle, true, false>(rows, D, half, scale_f, s);
-      } else {
-        slow = far ? RotateRowsWide<kStyle, false, true>(rows, D, half, scale_f, s)
-                   : RotateRowsWide<kStyle, false, false>(rows, D, half, scale_f, s);
-      }
+      const int64_t slow = scale_f == 1.0f
+                               ? RotateRowsWideAhead<kStyle, true>(rows, D, half, scale_f, s)
+                               : RotateRowsWideAhead<kStyle, false>(rows, D, half, scale_f, s);
       RedoSlowPairs<kStyle>(p, rows, s.wide_k.data(), s.wide_u.data(), s.wide_v.data(), slow);
       return;
     }
