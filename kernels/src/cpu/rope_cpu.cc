@@ -98,8 +98,8 @@ struct Scratch {
         wide(WideFor(p)),
         wide_f32(WideF32For(p)),
         spread(SpreadFor(p)),
-        c2(2 * block * p.half()),  // allocated (small) even when unused:
-        n2(2 * block * p.half()),  // callers offset into them
+        c2(2 * block * p.half()),  // allocated even when unused (callers
+        n2(2 * block * p.half()),  // offset into them), counted in Bytes()
         paired(wide && p.style == RopeStyle::kNeox),
         wide_512(CpuHasAvx512()),
         wide_f32_512(CpuHasAvx512()),
