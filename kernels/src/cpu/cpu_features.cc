@@ -68,4 +68,14 @@ bool CpuIsIntel() {
 #endif
 }
 
+bool CpuTakesLaneTest() {
+  static const bool takes = [] {
+    if (const char* chosen = std::getenv("POSENC_LANE_TEST")) {
+      return std::string_view(chosen) == "1";
+    }
+    return !CpuIsIntel();
+  }();
+  return takes;
+}
+
 }  // namespace posenc::internal

@@ -120,6 +120,13 @@ bool CpuHasAvx512Bf16();
 // for true, any other value for false.
 bool CpuIsIntel();
 
+// Whether the 512-bit bfloat16 NEOX RoPE loop tests its pairs in 16-bit
+// lanes (rope_wide_exactness.h's PairTestBF16x32) rather than by
+// PairsToRedo: on CPUs other than Intel's (CpuIsIntel). POSENC_LANE_TEST
+// overrides that: "1" for true, any other value for false (A/B runs of
+// the bench on either kind of CPU, and tests).
+bool CpuTakesLaneTest();
+
 // Runs fn(scratch) with the calling thread's Scratch for `plan`, kept from
 // call to call: building one per call zeroed ~75-170 KiB, whose pages went
 // back to the kernel when it was freed, so every call faulted them in again

@@ -105,6 +105,7 @@ struct Scratch {
         wide_f32_512(CpuHasAvx512()),
         far_in_run(CpuIsIntel()),
         nta_prefetch(!CpuIsIntel()),
+        lane_test(CpuTakesLaneTest()),
         narrowing(CpuHasAvx512Bf16() ? Narrowing::kInstruction : Narrowing::kRounding),
         cp(paired ? block * p.half() : 0),
         np(paired ? block * p.half() : 0),
@@ -176,6 +177,10 @@ struct Scratch {
   // (RotateF32Wide's kNonTemporal), and the bfloat16 one in head-major runs
   // (RotateRowsWideAhead): on AMD CPUs.
   const bool nta_prefetch;
+  // Whether the 512-bit bfloat16 NEOX loop tests its pairs in 16-bit lanes
+  // (PairTestBF16x32) rather than by PairsToRedo (rope_wide_exactness.h):
+  // CpuTakesLaneTest, on AMD CPUs (RotateRowsWide512).
+  const bool lane_test;
   const Narrowing narrowing;
   std::vector<float> cp, np;
   std::vector<uint32_t> saved;  // a float16 head's rotary dims before rotation (2 x half)
@@ -466,7 +471,8 @@ POSENC_ALWAYS_INLINE int64_t RotateRowsAvx2(const Rows<BFloat16>& rows, int64_t 
 // The rows of a run by RotateBF16Wide and RotateTailsBF16Wide (AVX-512),
 // narrowing as kN says, or by RotateRowsAvx2, the pairs those leave
 // appended to s.wide_*; returns how many there are.
-template <Narrowing kN, RopeStyle kStyle, bool kUnitScale, bool kFar, bool kNonTemporal>
+template <Narrowing kN, RopeStyle kStyle, bool kUnitScale, bool kFar, bool kNonTemporal,
+          bool kLaneTest>
 POSENC_ALWAYS_INLINE int64_t RotateRowsWide512(const Rows<BFloat16>& rows, int64_t D, int64_t half,
                                                float scale_f, Scratch& s) {
   int64_t slow = 0;
@@ -487,12 +493,12 @@ POSENC_ALWAYS_INLINE int64_t RotateRowsWide512(const Rows<BFloat16>& rows, int64
   constexpr bool kHold = !kFar;
   const int64_t k_end =
       half != 64
-          ? RotateBF16Wide<kN, kStyle, kUnitScale, kFar, kNonTemporal, 0>(
+          ? RotateBF16Wide<kN, kStyle, kUnitScale, kFar, kNonTemporal, kLaneTest, 0>(
                 rows, D, half, scale_f, s.wide_k.data(), s.wide_u.data(), s.wide_v.data(), &slow)
       : kHold && rows.dt == 0 && rows.count > 1
-          ? RotateBF16Wide<kN, kStyle, kUnitScale, kFar, kNonTemporal, 64, kHold>(
+          ? RotateBF16Wide<kN, kStyle, kUnitScale, kFar, kNonTemporal, kLaneTest, 64, kHold>(
                 rows, D, half, scale_f, s.wide_k.data(), s.wide_u.data(), s.wide_v.data(), &slow)
-          : RotateBF16Wide<kN, kStyle, kUnitScale, kFar, kNonTemporal, 64>(
+          : RotateBF16Wide<kN, kStyle, kUnitScale, kFar, kNonTemporal, kLaneTest, 64>(
                 rows, D, half, scale_f, s.wide_k.data(), s.wide_u.data(), s.wide_v.data(), &slow);
   if (k_end < half) {
     RotateTailsBF16Wide<kN, kStyle, kUnitScale>(rows, D, half, k_end, scale_f, s.wide_k.data(),
@@ -504,12 +510,26 @@ template <RopeStyle kStyle, bool kUnitScale, bool kFar, bool kNonTemporal>
 POSENC_ALWAYS_INLINE int64_t RotateRowsWide(const Rows<BFloat16>& rows, int64_t D, int64_t half,
                                             float scale_f, Scratch& s) {
   if (!s.wide_512) return RotateRowsAvx2<kStyle, kUnitScale, kFar>(rows, D, half, scale_f, s);
+  // NEOX on AMD CPUs tests a step's pairs in 16-bit lanes (s.lane_test:
+  // PairTestBF16x32): integer operations, no VRANGEPS or VFPCLASSPS. On
+  // the Zen 5, where the loop is bound by its vector operations, the test
+  // PairsToRedo makes cost about 40% of its speed in L2
+  // (bench/RESULTS.md). Intel CPUs keep PairsToRedo, as their figures were
+  // measured. GPT-J keeps it everywhere: a pair's two results share a
+  // 32-bit lane, so a 16-bit bound would need a shuffle to reach both (as
+  // in rope_avx2.inc's GPT-J steps).
+  constexpr bool kNeox = kStyle == RopeStyle::kNeox;
   if (s.narrowing == Narrowing::kInstruction) {
-    return RotateRowsWide512<Narrowing::kInstruction, kStyle, kUnitScale, kFar, kNonTemporal>(
-        rows, D, half, scale_f, s);
+    return kNeox && s.lane_test
+               ? RotateRowsWide512<Narrowing::kInstruction, kStyle, kUnitScale, kFar, kNonTemporal,
+                                   kNeox>(rows, D, half, scale_f, s)
+               : RotateRowsWide512<Narrowing::kInstruction, kStyle, kUnitScale, kFar, kNonTemporal,
+                                   false>(rows, D, half, scale_f, s);
   }
-  return RotateRowsWide512<Narrowing::kRounding, kStyle, kUnitScale, kFar, kNonTemporal>(
-      rows, D, half, scale_f, s);
+  return kNeox && s.lane_test ? RotateRowsWide512<Narrowing::kRounding, kStyle, kUnitScale, kFar,
+                                                  kNonTemporal, kNeox>(rows, D, half, scale_f, s)
+                              : RotateRowsWide512<Narrowing::kRounding, kStyle, kUnitScale, kFar,
+                                                  kNonTemporal, false>(rows, D, half, scale_f, s);
 }
 
 // RotateRowsWide with the lookahead the run asks for: its own rows only

@@ -8,6 +8,10 @@
 #include "bf16_wide.h"
 
 #ifdef POSENC_CPU_BF16_WIDE
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
 #include "math/angle.h"
 #include "posenc/dtype.h"
 #include "x86_intrinsics.h"
@@ -52,6 +56,86 @@ POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE void PairsToRedo(__m512 a, __m512 b
   *odd = _mm512_fpclass_ps_mask(m, 0xb9);            // NaN, infinite or subnormal
   *low = _mm512_cmp_ps_mask(m, bound, _CMP_NGE_UQ);  // below the bound (or NaN)
 }
+
+// The NEOX steps' test where Scratch::lane_test is set (rope_cpu.cc: AMD
+// CPUs): the 32 pairs of a step at once, in the 16-bit lanes of their
+// stored bfloat16 inputs (uw, vw: pair j's in lane j) and of their
+// narrowed results (ra, rb, in the same lanes), with integer operations
+// only. It refuses a superset of PairsToRedo's pairs: the loop appends
+// them to the slow lists, where RedoSlowPairs decides each by the scalar
+// contract, so the output is the same either way. A pair passes when both
+// |ra| and |rb| (bit patterns) are at least Bound, which is
+// - 0 where both inputs are zero (zero-filled rows, padding, stay on the
+//   fast path: their results are exact zeros, which every narrowing keeps);
+// - else the larger of 0x81 (2^-126 (1 + 2^-7)) and T + 1, T being the
+//   bits of M 2^-S: M = max(|u|, |v|), 2^k the power of two at or above
+//   the scale, 2^-S = 2B 2^k (rope_avx2.inc's PairTestBF16x16 derives
+//   T >= B (|u| + |v|) scale as the scalar test forms it in float, where
+//   M < 2^(126 - k)); T + 1 is T plus one unit in its last place, so a
+//   rounded |r| at least that leaves |a| > T (rounding to nearest moves a
+//   value by half a unit at most);
+// - and every pair with M >= 2^(126 - k), or 2^127, fails (Huge): below
+//   that the products are under 2^126, so no result is NaN or infinite.
+// A pair that passes therefore has finite results over 2^-126, normal
+// (which VCVTNE2PS2BF16 and the integer rounding narrow as FloatToBFloat16
+// does: a subnormal result, read as zero or rounded, stays under 0x81 and
+// fails), at least the scalar bound: the scalar contract narrows it too.
+//
+// Against PairsToRedo on both halves of a NEOX step (14 vector operations,
+// two of them VRANGEPS and two VFPCLASSPS, which the Zen 5 runs on few
+// pipes: bench/cpu/zen5-2026-12-02-experiments/), 11 integer ones and a
+// mask OR. It refuses more: for uniform inputs in [-1, 1) and uniform
+// angles, 0.055% of pairs against 0.040% (one 32-pair step in 57 against
+// one in 79; bench/cpu/zen3-2026-12-02-experiments/pair_rate.py).
+class PairTestBF16x32 {
+ public:
+  // REQUIRES: scale_f >= 0 and finite.
+  POSENC_BF16_WIDE_TARGET explicit PairTestBF16x32(float scale_f) {
+    static_assert(2 * kCancellationBound<BFloat16> == 0x1p-11f, "2B = 2^-11");
+    // k as PairTestBF16x16 forms it: scale's exponent, one more unless
+    // scale is a power of two.
+    uint32_t bits;
+    std::memcpy(&bits, &scale_f, sizeof bits);
+    const int k = static_cast<int>(bits >> 23) - 127 + ((bits & 0x7fffffu) != 0 ? 1 : 0);
+    const int s = 11 - k;  // 2B 2^k = 2^-S
+    if (s >= 1) {
+      // m - (S << 7) + 1, saturated at 0: T + 1 where T is normal.
+      less_ = _mm512_set1_epi16(static_cast<int16_t>((s << 7) - 1));
+      const int huge = std::min((253 - k) << 7, 0x7f00);  // 2^(126 - k), or 2^127
+      below_huge_ = _mm512_set1_epi16(static_cast<int16_t>(huge - 1));
+    } else {
+      // S < 1 would raise M: every pair but zeros fails instead (not for
+      // the scales the wide loops take, kWideMinScale to kMaxAttentionScale).
+      less_ = _mm512_set1_epi16(0x7fff);
+      below_huge_ = _mm512_setzero_si512();
+    }
+  }
+
+  // Each lane's least |r| (bit patterns, unsigned), and in *huge the lanes
+  // that fail whatever their results.
+  POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE __m512i Bound(__m512i uw, __m512i vw,
+                                                             __mmask32* huge) const {
+    const __m512i magnitude = _mm512_set1_epi16(0x7fff);
+    const __m512i m =
+        _mm512_max_epu16(_mm512_and_si512(uw, magnitude), _mm512_and_si512(vw, magnitude));
+    *huge = _mm512_cmpgt_epu16_mask(m, below_huge_);
+    const __m512i scaled = _mm512_subs_epu16(m, less_);
+    return _mm512_mask_max_epu16(scaled, _mm512_cmpgt_epu16_mask(m, _mm512_setzero_si512()), scaled,
+                                 _mm512_set1_epi16(0x81));
+  }
+
+  // The lanes whose pair fails: the smaller |r| below the bound, or huge.
+  POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE static __mmask32 Fails(__m512i bound, __mmask32 huge,
+                                                                      __m512i ra, __m512i rb) {
+    const __m512i magnitude = _mm512_set1_epi16(0x7fff);
+    const __m512i least =
+        _mm512_min_epu16(_mm512_and_si512(ra, magnitude), _mm512_and_si512(rb, magnitude));
+    return static_cast<__mmask32>(_mm512_cmpgt_epu16_mask(bound, least) | huge);
+  }
+
+ private:
+  __m512i less_, below_huge_;
+};
 
 }  // namespace posenc::internal
 

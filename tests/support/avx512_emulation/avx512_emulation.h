@@ -458,6 +458,25 @@ POSENC_EMULATED __m512i mm512_sub_epi16(__m512i a, __m512i b) {
 POSENC_EMULATED __m512i mm512_avg_epu16(__m512i a, __m512i b) {
   return LaneByLane<uint16_t, 32>(a, b, [](uint32_t x, uint32_t y) { return (x + y + 1) >> 1; });
 }
+// Unsigned 16-bit maximum, minimum and difference saturated at zero.
+POSENC_EMULATED __m512i mm512_max_epu16(__m512i a, __m512i b) {
+  return LaneByLane<uint16_t, 32>(a, b, [](uint32_t x, uint32_t y) { return x > y ? x : y; });
+}
+POSENC_EMULATED __m512i mm512_min_epu16(__m512i a, __m512i b) {
+  return LaneByLane<uint16_t, 32>(a, b, [](uint32_t x, uint32_t y) { return x < y ? x : y; });
+}
+POSENC_EMULATED __m512i mm512_subs_epu16(__m512i a, __m512i b) {
+  return LaneByLane<uint16_t, 32>(a, b, [](uint32_t x, uint32_t y) { return x > y ? x - y : 0u; });
+}
+// The maximum in the lanes of k, src's lanes elsewhere.
+POSENC_EMULATED __m512i mm512_mask_max_epu16(__m512i src, __mmask32 k, __m512i a, __m512i b) {
+  auto r = Split<uint16_t, 32>(src);
+  const auto x = Split<uint16_t, 32>(a), y = Split<uint16_t, 32>(b);
+  for (int i = 0; i < 32; ++i) {
+    if ((k >> i) & 1) r.v[i] = x.v[i] > y.v[i] ? x.v[i] : y.v[i];
+  }
+  return Join<__m512i>(r);
+}
 // Shifts by more than the lane's bits: zero (logical), the sign (arithmetic).
 POSENC_EMULATED __m512i mm512_srli_epi32(__m512i a, unsigned int count) {
   auto x = Split<uint32_t, 16>(a);
@@ -666,6 +685,14 @@ POSENC_EMULATED __m512d mm512_insertf64x4(__m512d a, __m256d b, int imm) {
 #define _mm512_sub_epi16 POSENC_AVX512_EMULATE(mm512_sub_epi16)
 #undef _mm512_avg_epu16
 #define _mm512_avg_epu16 POSENC_AVX512_EMULATE(mm512_avg_epu16)
+#undef _mm512_max_epu16
+#define _mm512_max_epu16 POSENC_AVX512_EMULATE(mm512_max_epu16)
+#undef _mm512_min_epu16
+#define _mm512_min_epu16 POSENC_AVX512_EMULATE(mm512_min_epu16)
+#undef _mm512_subs_epu16
+#define _mm512_subs_epu16 POSENC_AVX512_EMULATE(mm512_subs_epu16)
+#undef _mm512_mask_max_epu16
+#define _mm512_mask_max_epu16 POSENC_AVX512_EMULATE(mm512_mask_max_epu16)
 #undef _mm512_srli_epi32
 #define _mm512_srli_epi32 POSENC_AVX512_EMULATE(mm512_srli_epi32)
 #undef _mm512_srai_epi16

@@ -150,6 +150,14 @@ using Operation = void (*)(const Inputs&, uint8_t*);
     STORE_SI(_mm512_avg_epu16(LH, LG));                                                            \
     _mm512_storeu_si512(out + 64, _mm512_add_epi32(LH, LG));                                       \
   })                                                                                               \
+  X(max_min_epu16, false, {                                                                        \
+    STORE_SI(_mm512_max_epu16(LH, LG));                                                            \
+    _mm512_storeu_si512(out + 64, _mm512_min_epu16(LH, LG));                                       \
+  })                                                                                               \
+  X(subs_mask_max_epu16, false, {                                                                  \
+    STORE_SI(_mm512_subs_epu16(LH, LG));                                                           \
+    _mm512_storeu_si512(out + 64, _mm512_mask_max_epu16(LI, in.k, LH, LG));                        \
+  })                                                                                               \
   X(permutex2var_epi16, false, { STORE_SI(_mm512_permutex2var_epi16(LH, LI, LG)); })               \
   X(castps_si512, false, { STORE_SI(_mm512_castps_si512(LA)); })                                   \
   X(cvtepu16_epi32, false, { STORE_SI(_mm512_cvtepu16_epi32(H256)); })                             \
