@@ -179,7 +179,7 @@ struct Scratch {
   const bool nta_prefetch;
   // Whether the 512-bit bfloat16 NEOX loop tests its pairs in 16-bit lanes
   // (PairTestBF16x32) rather than by PairsToRedo (rope_wide_exactness.h):
-  // CpuTakesLaneTest, on AMD CPUs (RotateRowsWide512).
+  // CpuTakesLaneTest, on CPUs other than Intel's (RotateRowsWide512).
   const bool lane_test;
   const Narrowing narrowing;
   std::vector<float> cp, np;
@@ -512,12 +512,13 @@ POSENC_ALWAYS_INLINE int64_t RotateRowsWide(const Rows<BFloat16>& rows, int64_t 
   if (!s.wide_512) return RotateRowsAvx2<kStyle, kUnitScale, kFar>(rows, D, half, scale_f, s);
   // NEOX on AMD CPUs tests a step's pairs in 16-bit lanes (s.lane_test:
   // PairTestBF16x32): integer operations, no VRANGEPS or VFPCLASSPS. On
-  // the Zen 5, where the loop is bound by its vector operations, the test
-  // PairsToRedo makes cost about 40% of its speed in L2
-  // (bench/RESULTS.md). Intel CPUs keep PairsToRedo, as their figures were
-  // measured. GPT-J keeps it everywhere: a pair's two results share a
-  // 32-bit lane, so a 16-bit bound would need a shuffle to reach both (as
-  // in rope_avx2.inc's GPT-J steps).
+  // the Zen 5, where the loop is bound by its vector operations, it ran
+  // 47% faster in L2 without PairsToRedo's bound and comparison, 73%
+  // without the test at all (wrong builds, bench/RESULTS.md). Intel CPUs
+  // keep PairsToRedo, as their figures were measured. GPT-J keeps it
+  // everywhere: a pair's two results share a 32-bit lane, so a 16-bit
+  // bound would need a shuffle to reach both (as in rope_avx2.inc's GPT-J
+  // steps).
   constexpr bool kNeox = kStyle == RopeStyle::kNeox;
   if (s.narrowing == Narrowing::kInstruction) {
     return kNeox && s.lane_test

@@ -57,23 +57,25 @@ POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE void PairsToRedo(__m512 a, __m512 b
   *low = _mm512_cmp_ps_mask(m, bound, _CMP_NGE_UQ);  // below the bound (or NaN)
 }
 
-// The NEOX steps' test where Scratch::lane_test is set (rope_cpu.cc: AMD
-// CPUs): the 32 pairs of a step at once, in the 16-bit lanes of their
-// stored bfloat16 inputs (uw, vw: pair j's in lane j) and of their
-// narrowed results (ra, rb, in the same lanes), with integer operations
-// only. It refuses a superset of PairsToRedo's pairs: the loop appends
-// them to the slow lists, where RedoSlowPairs decides each by the scalar
-// contract, so the output is the same either way. A pair passes when both
-// |ra| and |rb| (bit patterns) are at least Bound, which is
+// The NEOX steps' test where Scratch::lane_test is set (rope_cpu.cc:
+// CpuTakesLaneTest, CPUs other than Intel's): the 32 pairs of a step at
+// once, in the 16-bit lanes of their stored bfloat16 inputs (uw, vw: pair
+// j's in lane j) and of their narrowed results (ra, rb, in the same
+// lanes), with integer operations only. It refuses a superset of
+// PairsToRedo's pairs: the loop appends them to the slow lists, where
+// RedoSlowPairs decides each by the scalar contract, so the output is the
+// same either way. A pair passes when both |ra| and |rb| (bit patterns)
+// are at least Bound, which is
 // - 0 where both inputs are zero (zero-filled rows, padding, stay on the
 //   fast path: their results are exact zeros, which every narrowing keeps);
 // - else the larger of 0x81 (2^-126 (1 + 2^-7)) and T + 1, T being the
 //   bits of M 2^-S: M = max(|u|, |v|), 2^k the power of two at or above
 //   the scale, 2^-S = 2B 2^k (rope_avx2.inc's PairTestBF16x16 derives
 //   T >= B (|u| + |v|) scale as the scalar test forms it in float, where
-//   M < 2^(126 - k)); T + 1 is T plus one unit in its last place, so a
-//   rounded |r| at least that leaves |a| > T (rounding to nearest moves a
-//   value by half a unit at most);
+//   |u| + |v| does not overflow); T + 1 is the next bfloat16 value above
+//   T, so a narrowed |r| at least that leaves |a| > T: T is a bfloat16
+//   value, and rounding (or reading a subnormal as zero) takes no |a| <= T
+//   above T;
 // - and every pair with M >= 2^(126 - k), or 2^127, fails (Huge): below
 //   that the products are under 2^126, so no result is NaN or infinite.
 // A pair that passes therefore has finite results over 2^-126, normal

@@ -5,7 +5,11 @@
 // (neither NaN nor subnormal); and it refuses none with normal results
 // that the scalar contract narrows. Pairs from real rotations of bfloat16 inputs of every kind,
 // at attention scales 1 and 1.5, and pairs placed on and beside the bound,
-// where it is normal and where it is subnormal.
+// where it is normal and where it is subnormal. Then the NEOX loop's test
+// in 16-bit lanes (PairTestBF16x32), under both narrowings: a pair it
+// passes is one the scalar contract narrows, and it refuses none far from
+// its own bound; rotated pairs at scales 0.125 to 1000, results on and
+// beside its bound, zeros and huge inputs.
 //
 // Built twice, as bf16_wide_test is: against the emulated AVX-512
 // intrinsics (any x86-64 CPU with AVX2) and on the instructions.
