@@ -12,8 +12,9 @@
 # - on an AVX-512 CPU, run_no_avx512bf16.txt (POSENC_NO_AVX512BF16=1: the bf16
 #   loops of a CPU with AVX-512 but not its BF16 extension) and
 #   run_no_avx512.txt (POSENC_NO_AVX512=1: the AVX2 loops), one run each, and
-#   run_lane_test_{0,1}.txt (RoPE only, POSENC_LANE_TEST: bf16 NEOX's pairs
-#   tested by PairsToRedo, or in 16-bit lanes);
+#   run_lane_test_{0,1}.txt and compute_lane_test_{0,1}.txt (RoPE only, and
+#   posenc-bench-compute, under POSENC_LANE_TEST: bf16 NEOX's pairs tested by
+#   PairsToRedo, or in 16-bit lanes);
 # - emulation.txt: avx512_emulation_test, which on an AVX-512 BF16 CPU holds
 #   the emulation CI tests the 512-bit loops with against the instructions,
 #   then bf16_wide_native_test (both narrowings of bf16_wide.h, natively)
@@ -60,6 +61,7 @@ if grep -q avx512f /proc/cpuinfo; then
   # lanes (1), whichever this CPU takes by default (CpuTakesLaneTest).
   for lane in 0 1; do
     POSENC_LANE_TEST=$lane "$bin/posenc-bench-cpu" --reps=21 --only=rope > "$out/run_lane_test_$lane.txt"
+    POSENC_LANE_TEST=$lane "$bin/posenc-bench-compute" > "$out/compute_lane_test_$lane.txt"
   done
 fi
 
