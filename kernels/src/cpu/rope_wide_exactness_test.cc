@@ -219,8 +219,13 @@ POSENC_BF16_WIDE_TARGET __attribute__((noinline)) uint32_t LaneRefused(
   for (int j = 0; j < 32; ++j) {
     uh[j] = static_cast<uint16_t>(FloatBits(u[j]) >> 16);  // exact: u is a bfloat16 value
     vh[j] = static_cast<uint16_t>(FloatBits(v[j]) >> 16);
-    (j % 2 ? ao : ae)[j / 2] = a[j];
-    (j % 2 ? bo : be)[j / 2] = b[j];
+    if (j % 2 == 0) {
+      ae[j / 2] = a[j];
+      be[j / 2] = b[j];
+    } else {
+      ao[j / 2] = a[j];
+      bo[j / 2] = b[j];
+    }
   }
   const PairTestBF16x32 test(scale);
   __mmask32 huge;
@@ -398,7 +403,11 @@ TEST(RopeWideExactness, LaneTestPassesZerosAndRefusesHugeInputs) {
                           BitsFloat(0xff800000u),
                           std::ldexp(1.0f, 127)};
     for (int j = 16; j < 32; ++j) {
-      (j % 2 ? u : v)[j] = huge[j % 6];
+      if (j % 2 != 0) {
+        u[j] = huge[j % 6];
+      } else {
+        v[j] = huge[j % 6];
+      }
       a[j] = b[j] = BFloat16ToFloat(0x7f7f);
     }
     EXPECT_EQ(LaneRefusedBoth(a, b, u, v, scale), 0xffff0000u) << "scale " << scale;
