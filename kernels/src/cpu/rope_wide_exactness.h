@@ -57,6 +57,25 @@ POSENC_BF16_WIDE_TARGET POSENC_ALWAYS_INLINE void PairsToRedo(__m512 a, __m512 b
   *low = _mm512_cmp_ps_mask(m, bound, _CMP_NGE_UQ);  // below the bound (or NaN)
 }
 
+// What a cancellation test in 16-bit lanes (rope_avx2.inc's
+// PairTestBF16x16, PairTestBF16x32 below) takes from the attention scale:
+// s, where 2^-S = 2B 2^k and 2^k is the power of two at or above the scale
+// (a zero or subnormal scale gives k <= -126: a stricter bound, still
+// right); and the bfloat16 bits of 2^(126 - k), or of 2^127 where that is
+// less, from which inputs fail outright.
+struct LaneTestScale {
+  int s;
+  int huge;
+};
+// REQUIRES: scale_f >= 0 and finite.
+inline LaneTestScale LaneTestScaleOf(float scale_f) {
+  static_assert(2 * kCancellationBound<BFloat16> == 0x1p-11f, "2B = 2^-11");
+  uint32_t bits;
+  std::memcpy(&bits, &scale_f, sizeof bits);
+  const int k = static_cast<int>(bits >> 23) - 127 + ((bits & 0x7fffffu) != 0 ? 1 : 0);
+  return {11 - k, std::min((253 - k) << 7, 0x7f00)};
+}
+
 // The NEOX steps' test where Scratch::lane_test is set (rope_cpu.cc:
 // CpuTakesLaneTest, CPUs other than Intel's): the 32 pairs of a step at
 // once, in the 16-bit lanes of their stored bfloat16 inputs (uw, vw: pair
@@ -93,18 +112,11 @@ class PairTestBF16x32 {
  public:
   // REQUIRES: scale_f >= 0 and finite.
   POSENC_BF16_WIDE_TARGET explicit PairTestBF16x32(float scale_f) {
-    static_assert(2 * kCancellationBound<BFloat16> == 0x1p-11f, "2B = 2^-11");
-    // k as PairTestBF16x16 forms it: scale's exponent, one more unless
-    // scale is a power of two.
-    uint32_t bits;
-    std::memcpy(&bits, &scale_f, sizeof bits);
-    const int k = static_cast<int>(bits >> 23) - 127 + ((bits & 0x7fffffu) != 0 ? 1 : 0);
-    const int s = 11 - k;  // 2B 2^k = 2^-S
-    if (s >= 1) {
+    const LaneTestScale l = LaneTestScaleOf(scale_f);
+    if (l.s >= 1) {
       // m - (S << 7) + 1, saturated at 0: T + 1 where T is normal.
-      less_ = _mm512_set1_epi16(static_cast<int16_t>((s << 7) - 1));
-      const int huge = std::min((253 - k) << 7, 0x7f00);  // 2^(126 - k), or 2^127
-      below_huge_ = _mm512_set1_epi16(static_cast<int16_t>(huge - 1));
+      less_ = _mm512_set1_epi16(static_cast<int16_t>((l.s << 7) - 1));
+      below_huge_ = _mm512_set1_epi16(static_cast<int16_t>(l.huge - 1));
     } else {
       // S < 1 would raise M: every pair but zeros fails instead (not for
       // the scales the wide loops take, kWideMinScale to kMaxAttentionScale).

@@ -76,6 +76,22 @@ float DrawInput(std::mt19937_64& rng) {
 
 bool Subnormal(float x) { return std::fpclassify(x) == FP_SUBNORMAL; }
 
+// A pair of DrawInput's inputs rotated at attention scale `scale` as the
+// loops rotate it (RotateF32); `cancelling`: at an angle that puts a or b
+// near zero.
+void DrawRotatedPair(std::mt19937_64& rng, float scale, bool cancelling, float* u, float* v,
+                     float* a, float* b) {
+  *u = DrawInput(rng);
+  *v = DrawInput(rng);
+  const double angle = cancelling
+                           ? std::atan2(static_cast<double>(*u), static_cast<double>(*v)) +
+                                 std::ldexp(std::uniform_real_distribution<double>(-1, 1)(rng), -10)
+                           : std::uniform_real_distribution<double>(-7, 7)(rng);
+  const float c = static_cast<float>(std::cos(angle) * scale),
+              n = static_cast<float>(std::sin(angle) * scale);
+  RotateF32(*u, *v, c, n, a, b);
+}
+
 // What a lane's verdict must agree with. Passed: the scalar contract does
 // not recompute the pair, and neither result is NaN (the instruction keeps
 // a payload the contract replaces) or subnormal (read as zero). Refused:
@@ -103,18 +119,8 @@ TEST(RopeWideExactness, RotatedPairsOfEveryKindOfInput) {
   for (int round = 0; round < 20000; ++round) {
     const float scale = round % 2 ? 1.5f : 1.0f;  // unit, and YaRN's attention_factor
     alignas(64) float a[16], b[16], u[16], v[16];
-    for (int i = 0; i < 16; ++i) {
-      u[i] = DrawInput(rng);
-      v[i] = DrawInput(rng);
-      // Every fourth pair nearly cancels: the angle puts a or b near zero.
-      const double angle =
-          i % 4 == 0 ? std::atan2(static_cast<double>(u[i]), static_cast<double>(v[i])) +
-                           std::ldexp(std::uniform_real_distribution<double>(-1, 1)(rng), -10)
-                     : std::uniform_real_distribution<double>(-7, 7)(rng);
-      const float c = static_cast<float>(std::cos(angle) * scale),
-                  n = static_cast<float>(std::sin(angle) * scale);
-      RotateF32(u[i], v[i], c, n, &a[i], &b[i]);
-    }
+    for (int i = 0; i < 16; ++i)
+      DrawRotatedPair(rng, scale, i % 4 == 0, &u[i], &v[i], &a[i], &b[i]);
     const uint32_t refused = Refused(a, b, u, v, scale);
     for (int i = 0; i < 16; ++i) {
       CheckLane((refused >> i) & 1, a[i], b[i], u[i], v[i], scale, "rotated");
@@ -247,6 +253,12 @@ uint32_t LaneRefusedBoth(const float* a, const float* b, const float* u, const f
   return rounding;
 }
 
+// k: the exponent of the power of two at or above scale (scale > 0), formed
+// apart from the code under test.
+int ScaleExponentAbove(float scale) {
+  return std::ilogb(scale) + (std::ldexp(1.0f, std::ilogb(scale)) == scale ? 0 : 1);
+}
+
 // What a lane's verdict must agree with. Passed: the scalar contract does
 // not recompute the pair, and both results are normal and finite (every
 // narrowing gives FloatToBFloat16's result), or zeros from zero inputs.
@@ -267,7 +279,7 @@ void CheckLaneTest(bool refused, float a, float b, float u, float v, float scale
         << "passed a result that is not normal and finite";
     return;
   }
-  const int k = std::ilogb(scale) + (std::ldexp(1.0f, std::ilogb(scale)) == scale ? 0 : 1);
+  const int k = ScaleExponentAbove(scale);
   const double m = std::fmax(std::fabs(u), std::fabs(v));
   const double least = std::fmin(std::fabs(a), std::fabs(b));
   const double bound = std::fmax(std::ldexp(m, k - 11), std::ldexp(1.0, -126));
@@ -287,17 +299,8 @@ TEST(RopeWideExactness, LaneTestPassesOnlyWhatTheScalarContractNarrows) {
   for (int round = 0; round < 12000; ++round) {
     const float scale = scales[round % 4];
     alignas(64) float a[32], b[32], u[32], v[32];
-    for (int j = 0; j < 32; ++j) {
-      u[j] = DrawInput(rng);
-      v[j] = DrawInput(rng);
-      const double angle =
-          j % 4 == 0 ? std::atan2(static_cast<double>(u[j]), static_cast<double>(v[j])) +
-                           std::ldexp(std::uniform_real_distribution<double>(-1, 1)(rng), -10)
-                     : std::uniform_real_distribution<double>(-7, 7)(rng);
-      const float c = static_cast<float>(std::cos(angle) * scale),
-                  n = static_cast<float>(std::sin(angle) * scale);
-      RotateF32(u[j], v[j], c, n, &a[j], &b[j]);
-    }
+    for (int j = 0; j < 32; ++j)
+      DrawRotatedPair(rng, scale, j % 4 == 0, &u[j], &v[j], &a[j], &b[j]);
     const uint32_t refused = LaneRefusedBoth(a, b, u, v, scale);
     for (int j = 0; j < 32; ++j) {
       const bool got = (refused >> j) & 1;
@@ -325,7 +328,7 @@ TEST(RopeWideExactness, LaneTestOnAndBesideItsBound) {
   int passed_at_bound = 0;
   for (int round = 0; round < 4000; ++round) {
     const float scale = scales[round % 4];
-    const int k = std::ilogb(scale) + (std::ldexp(1.0f, std::ilogb(scale)) == scale ? 0 : 1);
+    const int k = ScaleExponentAbove(scale);
     alignas(64) float a[32], b[32], u[32], v[32];
     bool expect_refused[32];
     for (int j = 0; j < 32; ++j) {
