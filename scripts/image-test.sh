@@ -16,7 +16,8 @@
 #      runAsUser 10001, readOnlyRootFilesystem), then checks health,
 #      reflection, a RoPE call against a float64 reference, /metrics and a
 #      SIGTERM drain, and reports the image's size and contents;
-#   4. the same for the `cuda` target on stand-in bases (see below).
+#   4. the same for the `cuda` target on stand-in bases (see below), unless
+#      POSENC_IMAGE_CUDA=0 (what .ci/run sets, for CI's time).
 # Everything lives under one scratch directory removed at exit
 # (POSENC_IMAGE_KEEP=1 keeps it).
 set -euo pipefail
