@@ -324,11 +324,14 @@ class CudaBackend final : public Backend {
         CopyHostBytes(h + q_at, query, q_bytes);
         CopyHostBytes(h + k_at, key, k_bytes);
       }
-      std::memcpy(h + pos_at, plan.positions.values.data(), plan.positions.values.size() * 8);
-      if (per_token_sets) std::memcpy(h + set_at, token_set.data(), token_set.size() * 4);
-      std::memcpy(h + freq_at, plan.inv_freq.data(), plan.inv_freq.size() * 8);
-      std::memcpy(h + scale_at, plan.attention_scale.data(), plan.attention_scale.size() * 8);
-      std::memcpy(h + axis_at, plan.slot_axis.data(), plan.slot_axis.size() * 4);
+      // CopyHostBytes, not memcpy, for the side tables too: one may be empty
+      // (a learned table's omega, a call's k_starts), and memcpy from an empty
+      // vector's data() (null) is undefined even for no bytes.
+      CopyHostBytes(h + pos_at, plan.positions.values.data(), plan.positions.values.size() * 8);
+      if (per_token_sets) CopyHostBytes(h + set_at, token_set.data(), token_set.size() * 4);
+      CopyHostBytes(h + freq_at, plan.inv_freq.data(), plan.inv_freq.size() * 8);
+      CopyHostBytes(h + scale_at, plan.attention_scale.data(), plan.attention_scale.size() * 8);
+      CopyHostBytes(h + axis_at, plan.slot_axis.data(), plan.slot_axis.size() * 4);
       POSENC_CUDA(rt_.MemcpyAsync(w.device, h, staged ? l.size() : side_bytes,
                                   cudaMemcpyHostToDevice, w.stream));
       if (direct) {
@@ -457,11 +460,11 @@ class CudaBackend final : public Backend {
       }
       char* h = w.pinned;
       if (plan.has_input && staged) CopyHostBytes(h + x_at, x, x_bytes);
-      std::memcpy(h + pos_at, plan.positions.values.data(), plan.positions.values.size() * 8);
-      std::memcpy(h + omega_at, plan.omega.data(), plan.omega.size() * 8);
-      std::memcpy(h + step_at, plan.phase_step.data(), plan.phase_step.size() * 8);
-      std::memcpy(h + offset_sin_at, plan.offset_sin.data(), offsets_bytes);
-      std::memcpy(h + offset_cos_at, plan.offset_cos.data(), offsets_bytes);
+      CopyHostBytes(h + pos_at, plan.positions.values.data(), plan.positions.values.size() * 8);
+      CopyHostBytes(h + omega_at, plan.omega.data(), plan.omega.size() * 8);
+      CopyHostBytes(h + step_at, plan.phase_step.data(), plan.phase_step.size() * 8);
+      CopyHostBytes(h + offset_sin_at, plan.offset_sin.data(), offsets_bytes);
+      CopyHostBytes(h + offset_cos_at, plan.offset_cos.data(), offsets_bytes);
       // Without an input (a table) x is written whole: nothing to upload.
       POSENC_CUDA(rt_.MemcpyAsync(w.device, h, staged && plan.has_input ? l.size() : side_bytes,
                                   cudaMemcpyHostToDevice, w.stream));
@@ -534,9 +537,9 @@ class CudaBackend final : public Backend {
     return WithWorker(l.size(), st.host_bytes, [&](Worker& w) -> absl::Status {
       char* h = w.pinned;
       if (plan.add_to_logits && staged) CopyHostBytes(h + out_at, logits, out_bytes);
-      std::memcpy(h + slopes_at, plan.slopes.data(), plan.slopes.size() * 8);
-      std::memcpy(h + klens_at, plan.k_lens.data(), plan.k_lens.size() * 8);
-      std::memcpy(h + kstarts_at, plan.k_starts.data(), plan.k_starts.size() * 8);
+      CopyHostBytes(h + slopes_at, plan.slopes.data(), plan.slopes.size() * 8);
+      CopyHostBytes(h + klens_at, plan.k_lens.data(), plan.k_lens.size() * 8);
+      CopyHostBytes(h + kstarts_at, plan.k_starts.data(), plan.k_starts.size() * 8);
       // Built biases upload only their small side tables.
       POSENC_CUDA(rt_.MemcpyAsync(w.device, h, plan.add_to_logits && staged ? l.size() : side_bytes,
                                   cudaMemcpyHostToDevice, w.stream));
