@@ -32,6 +32,7 @@ optimise=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 
 common=("${optimise[@]}" -DPOSENC_ENABLE_CUDA=OFF -DPOSENC_BUILD_BENCH=OFF)
 
 asan=${POSENC_ASAN_DIR:-build-asan}
+echo "sanitize: clang ASan+UBSan build from ${SECONDS} s"
 cmake -S . -B "$asan" "${common[@]}" -DPOSENC_SANITIZE=address,undefined \
   -DPOSENC_BUILD_FUZZERS=ON -DPOSENC_FUZZ_SECONDS="${POSENC_FUZZ_SECONDS:-20}"
 cmake --build "$asan" -j "$jobs"
@@ -40,10 +41,12 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export LSAN_OPTIONS=suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0
 # install.find_package builds an uninstrumented consumer; deploy checks have
 # nothing to sanitize.
+echo "sanitize: clang ASan+UBSan tests from ${SECONDS} s"
 (cd "$asan" && ctest --output-on-failure -j "$jobs" --timeout 900 -L 'cpu|e2e|fuzz' \
   -E '^install\.')
 
 tsan=${POSENC_TSAN_DIR:-build-tsan}
+echo "sanitize: TSan build and tests from ${SECONDS} s"
 cmake -S . -B "$tsan" "${common[@]}" -DPOSENC_SANITIZE=thread
 cmake --build "$tsan" -j "$jobs" --target thread_pool_test row_cache_test rotation_cache_test \
   anchor_cache_test rope_through_test absolute_through_test bias_through_test admission_test \
@@ -76,10 +79,12 @@ if command -v nvcc > /dev/null; then
 else
   echo "sanitize: no nvcc here, so the CUDA backend's host side is not sanitized"
 fi
+echo "sanitize: gcc ASan+UBSan build from ${SECONDS} s"
 CC=gcc CXX=g++ cmake -S . -B "$gcc_asan" "${optimise[@]}" -DPOSENC_BUILD_BENCH=OFF \
   -DPOSENC_ENABLE_CUDA=$gcc_cuda -DCMAKE_C_COMPILER=gcc -DCMAKE_CXX_COMPILER=g++ \
   -DPOSENC_BUILD_SERVER=OFF -DPOSENC_SANITIZE=address,undefined
 cmake --build "$gcc_asan" -j "$jobs"
+echo "sanitize: gcc ASan+UBSan tests from ${SECONDS} s"
 (cd "$gcc_asan" && ctest --output-on-failure -j "$jobs" --timeout 900 -L cpu)
 if [ "$gcc_cuda" = ON ]; then
   # The CUDA backend's host side ran above (label cpu); say so if it did not.
@@ -87,4 +92,4 @@ if [ "$gcc_cuda" = ON ]; then
     [ -x "$gcc_asan/kernels/src/cuda/$t" ] || { echo "sanitize: $t was not built" >&2; exit 1; }
   done
 fi
-echo "sanitize: ASan+UBSan (clang, gcc over the intrinsic loops, and gcc over the CUDA backend's host side), fuzzers and TSan all passed"
+echo "sanitize: ASan+UBSan (clang, gcc over the intrinsic loops, and gcc over the CUDA backend's host side), fuzzers and TSan all passed in ${SECONDS} s"
