@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -144,10 +145,20 @@ absl::Status SharedMemoryRegion::CheckIntact(absl::string_view field) const {
 
 bool SharedMemoryRegion::SharesBytes(int64_t offset, int64_t size, const SharedMemoryRegion& other,
                                      int64_t other_offset, int64_t other_size) const {
-  if (on_device() || other.on_device() || !(object_ == other.object_)) return false;
+  if (size <= 0 || other_size <= 0) return false;
+  if (on_device() || other.on_device()) {
+    if (!on_device() || !other.on_device() || device_id() != other.device_id()) return false;
+    // One GPU's memory is one address space, and a handle opened twice in
+    // a process gives its one address (CUDA counts the opens): the same
+    // bytes are at the same device address.
+    const auto x = reinterpret_cast<uintptr_t>(At(offset));
+    const auto y = reinterpret_cast<uintptr_t>(other.At(other_offset));
+    return x < y + static_cast<uintptr_t>(other_size) && y < x + static_cast<uintptr_t>(size);
+  }
+  if (!(object_ == other.object_)) return false;
   // Within objects of at most 2^63 - 1 bytes: no sum overflows.
   const int64_t a = offset_ + offset, b = other.offset_ + other_offset;
-  return size > 0 && other_size > 0 && a < b + other_size && b < a + size;
+  return a < b + other_size && b < a + size;
 }
 
 absl::Status SharedMemoryRegion::Read(absl::string_view field, int64_t offset, int64_t size,

@@ -120,7 +120,8 @@ class SharedMemoryRegion {
   // Whether bytes [offset, offset + size) of this region and [other_offset,
   // other_offset + other_size) of `other` are partly the same bytes of one
   // object. Two registrations of one object map it at two addresses, where
-  // such slices look apart. System regions only (false for CUDA ones).
+  // such slices look apart. CUDA regions: by device address, on one GPU
+  // (a handle registered twice is one allocation at one address).
   // REQUIRES: both slices pass CheckSlice.
   bool SharesBytes(int64_t offset, int64_t size, const SharedMemoryRegion& other,
                    int64_t other_offset, int64_t other_size) const;

@@ -475,6 +475,45 @@ TEST(CudaSharedMemoryTest, RegionsOpenOnceShareTheNamespaceAndCloseAfterTheirLas
   EXPECT_EQ(dev.open, 0);
 }
 
+// Which slices are the same bytes: of one region, by their offsets; of two
+// registrations of one object, by where each lies in it, as for two CUDA
+// registrations of one handle (one allocation, one device address); of two
+// objects, or a system and a CUDA region, none.
+TEST(CudaSharedMemoryTest, SlicesShareBytesOfOneObjectOrOneRegion) {
+  StandInDevice dev;
+  SharedMemoryOptions o = CudaOn();
+  o.enabled = true;
+  o.max_regions = 8;
+  SharedMemoryRegistry r(o, Budget());
+  r.SetDeviceOpener(dev.Opener(), "");
+  ShmObject obj(4096), other(4096);
+  ASSERT_TRUE(r.Register("a", obj.key(), 0, 4096).ok());
+  ASSERT_TRUE(r.Register("b", obj.key(), 1024, 2048).ok());  // b:x is a:(1024 + x)
+  ASSERT_TRUE(r.Register("c", other.key(), 0, 4096).ok());
+  ASSERT_TRUE(r.RegisterCuda("g", "good-handle", 0, 4096).ok());
+  ASSERT_TRUE(r.RegisterCuda("h", "good-handle", 0, 4096).ok());
+  const auto find = [&](const char* name) { return *r.Find("test", name); };
+  const auto a = find("a"), b = find("b"), c = find("c"), g = find("g"), h = find("h");
+  // One region: [0, 100) and [99, 199) meet; [0, 100) and [100, 200) do not.
+  EXPECT_TRUE(a->SharesBytes(0, 100, *a, 99, 100));
+  EXPECT_FALSE(a->SharesBytes(0, 100, *a, 100, 100));
+  EXPECT_TRUE(g->SharesBytes(0, 100, *g, 99, 100));
+  EXPECT_FALSE(g->SharesBytes(0, 100, *g, 100, 100));
+  EXPECT_FALSE(g->SharesBytes(0, 0, *g, 0, 100)) << "an empty slice holds no bytes";
+  // Two registrations: a:[1000, 1025) holds b's first byte; a:[0, 1024) none of b.
+  EXPECT_TRUE(a->SharesBytes(1000, 25, *b, 0, 10));
+  EXPECT_TRUE(b->SharesBytes(0, 10, *a, 1000, 25));
+  EXPECT_FALSE(a->SharesBytes(0, 1024, *b, 0, 2048));
+  EXPECT_TRUE(b->SharesBytes(2047, 1, *a, 3071, 1));
+  EXPECT_FALSE(b->SharesBytes(2047, 1, *a, 3072, 1));
+  EXPECT_TRUE(g->SharesBytes(4000, 96, *h, 4095, 1));
+  EXPECT_FALSE(g->SharesBytes(0, 2048, *h, 2048, 2048));
+  // Two objects; a system and a CUDA region.
+  EXPECT_FALSE(a->SharesBytes(0, 4096, *c, 0, 4096));
+  EXPECT_FALSE(a->SharesBytes(0, 4096, *g, 0, 4096));
+  EXPECT_FALSE(g->SharesBytes(0, 4096, *a, 0, 4096));
+}
+
 TEST(CudaSharedMemoryTest, HandlesThatDoNotOpenAreRefusedNamingTheRegion) {
   StandInDevice dev;
   SharedMemoryRegistry r(CudaOn(), Budget());

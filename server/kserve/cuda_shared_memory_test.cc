@@ -230,6 +230,36 @@ std::string RandomQuery(int64_t bytes = kQueryBytes) {
   return q;
 }
 
+// Where a tensor of a query-and-key rope request lies: a slice of a region.
+struct SliceAt {
+  const char* region;
+  int64_t offset;
+};
+
+// A rope request on the CPU for query and key (each [1, tokens, kHeads,
+// kDim] FP32) in shared memory, each output to a slice.
+ModelInferRequest RopeQueryKeyRequest(int64_t tokens, SliceAt query, SliceAt key, SliceAt query_out,
+                                      SliceAt key_out) {
+  const int64_t bytes = tokens * kHeads * kDim * 4;
+  ModelInferRequest req;
+  req.set_model_name("rope");
+  for (const auto& [name, at] : {std::pair{"query", query}, std::pair{"key", key}}) {
+    auto* in = req.add_inputs();
+    in->set_name(name);
+    in->set_datatype("FP32");
+    for (int64_t d : {int64_t{1}, tokens, kHeads, kDim}) in->add_shape(d);
+    Slice(in->mutable_parameters(), bytes, at.offset, at.region);
+  }
+  for (const auto& [name, at] :
+       {std::pair{"query_out", query_out}, std::pair{"key_out", key_out}}) {
+    auto* out = req.add_outputs();
+    out->set_name(name);
+    Slice(out->mutable_parameters(), bytes, at.offset, at.region);
+  }
+  (*req.mutable_parameters())["backend"].set_string_param("cpu");
+  return req;
+}
+
 class CudaSharedMemoryOnFakeRuntime : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -297,6 +327,43 @@ TEST_F(CudaSharedMemoryOnFakeRuntime, ToTheAnswerOrAnotherSliceTheInputStaysAsIt
   EXPECT_EQ(DeviceBytes(2 * kQueryBytes, kQueryBytes), want);
   EXPECT_EQ(DeviceBytes(0, kQueryBytes), query_);
   EXPECT_EQ(DeviceBytes(kQueryBytes, kQueryBytes), std::string(kQueryBytes, '\x7f'));
+}
+
+// RoPE's query_out over the key's input on the device (one region), the
+// reverse, and both tensors in place on one device slice: each result is
+// that of its tensor's input as it was (both computed aside, in host
+// memory, and copied into their slices once done). In place on one slice,
+// the key used to be rotated from the rotated query.
+TEST_F(CudaSharedMemoryOnFakeRuntime, OneTensorsOutputOnTheOthersInputOnTheDevice) {
+  const std::string k = RandomQuery();
+  const std::string rq = Expected(), rk = CpuResult(*engine_, k);
+  struct Case {
+    const char* what;
+    int64_t query, key, query_out, key_out;
+  };
+  const Case cases[] = {
+      {"query_out on key", 0, kQueryBytes, kQueryBytes, 2 * kQueryBytes},
+      {"key_out on query", kQueryBytes, 0, 2 * kQueryBytes, kQueryBytes},
+      {"both in place on one slice", kQueryBytes, kQueryBytes, kQueryBytes, kQueryBytes},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const bool same = c.query == c.key;
+    std::memset(device_, 0x7f, kRegionBytes);
+    std::memcpy(device_ + c.query, query_.data(), kQueryBytes);
+    if (!same) std::memcpy(device_ + c.key, k.data(), kQueryBytes);
+    ModelInferResponse resp;
+    std::string backend;
+    ModelInferRequest req = RopeQueryKeyRequest(kTokens, {"gpu", c.query}, {"gpu", c.key},
+                                                {"gpu", c.query_out}, {"gpu", c.key_out});
+    req.mutable_parameters()->erase("backend");
+    const absl::Status s = Run(std::move(req), &resp, &backend);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(DeviceBytes(c.key_out, kQueryBytes), same ? rq : rk) << "key_out";
+    if (same || c.query_out + kQueryBytes <= c.key_out || c.key_out + kQueryBytes <= c.query_out) {
+      EXPECT_EQ(DeviceBytes(c.query_out, kQueryBytes), rq) << "query_out";
+    }
+  }
 }
 
 // perf_analyzer's way with --shared-memory=cuda: the output in a slice of
@@ -804,6 +871,117 @@ TEST(SystemSharedMemoryOnTheCpu, SlicesOfOneObjectRegisteredTwiceAreSeenToOverla
                       : model == ModelKind::kSinusoidal ? sinusoidal_want
                                                         : bias_want));
     EXPECT_EQ(engine.scratch().idle_buffers(), 1) << "through a scratch buffer";
+  }
+  ASSERT_TRUE(engine.shared_memory().Unregister("a").ok());
+  ASSERT_TRUE(engine.shared_memory().Unregister("b").ok());
+  ::close(fd);
+}
+
+// One tensor's output on the other tensor's input, in line with it or
+// shifted by half a tensor, or both tensors on the same bytes, each in
+// place; in one region, or through two registrations of one object ("a"
+// from its start, "b" from half a tensor in: b:x is a:x + kBytes / 2),
+// which the engine, comparing addresses, cannot see. Each output is the
+// result of its tensor's input as it was, as if every input were read
+// before any result went out; where both results go to the same bytes,
+// those hold both (the inputs were equal).
+TEST(SystemSharedMemoryOnTheCpu, OneTensorsOutputOnTheOthersInputGetsTheInputsAsTheyWere) {
+  std::unique_ptr<Engine> made = CpuEngine();
+  ASSERT_NE(made, nullptr);
+  Engine& engine = *made;
+  constexpr int64_t kT = 4096, kBytes = kT * kHeads * kDim * 4;  // 4 MiB, 21 blocks
+  const std::string q = RandomQuery(kBytes), k = RandomQuery(kBytes);
+  const std::string rq = CpuResult(engine, q, kT), rk = CpuResult(engine, k, kT);
+  const std::string key = absl::StrCat("/posenc-kserve-cross-", ::getpid());
+  const int fd = ::open(("/dev/shm" + key).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, 4 * kBytes), 0);
+  ASSERT_TRUE(engine.shared_memory().Register("a", key, 0, 4 * kBytes).ok());
+  ASSERT_TRUE(engine.shared_memory().Register("b", key, kBytes / 2, 3 * kBytes + kBytes / 2).ok());
+  ::unlink(("/dev/shm" + key).c_str());
+  const auto read = [&](int64_t at) {
+    std::string s(kBytes, '\0');
+    EXPECT_EQ(::pread(fd, s.data(), kBytes, at), kBytes);
+    return s;
+  };
+  struct Case {
+    const char* what;
+    SliceAt query, key, query_out, key_out;
+    bool same_input;  // key's bytes are query's (both in place on them)
+  };
+  constexpr int64_t kHalf = kBytes / 2;
+  const Case cases[] = {
+      {"query_out on key, another registration",
+       {"a", 0},
+       {"a", kBytes},
+       {"b", kHalf},
+       {"a", 2 * kBytes},
+       false},
+      {"query_out on key, one region",
+       {"a", 0},
+       {"a", kBytes},
+       {"a", kBytes},
+       {"a", 2 * kBytes},
+       false},
+      {"query_out on key's second half, another registration",
+       {"a", 2 * kBytes},
+       {"a", 0},
+       {"b", 0},
+       {"a", 3 * kBytes},
+       false},
+      {"key_out on query's second half, another registration",
+       {"a", 0},
+       {"a", 2 * kBytes},
+       {"a", 3 * kBytes},
+       {"b", 0},
+       false},
+      {"key_out on query, one region",
+       {"a", kBytes},
+       {"a", 0},
+       {"a", 2 * kBytes},
+       {"a", kBytes},
+       false},
+      {"each on the other's input, another registration",
+       {"a", 0},
+       {"a", kBytes},
+       {"b", kHalf},
+       {"a", 0},
+       false},
+      {"both in place on one slice",
+       {"a", kBytes},
+       {"a", kBytes},
+       {"a", kBytes},
+       {"a", kBytes},
+       true},
+      {"both in place on one slice, two registrations",
+       {"a", kBytes},
+       {"b", kHalf},
+       {"a", kBytes},
+       {"b", kHalf},
+       true},
+  };
+  const auto object_offset = [](SliceAt at) {
+    return (at.region[0] == 'b' ? kHalf : 0) + at.offset;
+  };
+  const std::string poison(4 * kBytes, '\xff');
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const std::string& k_in = c.same_input ? q : k;
+    ASSERT_EQ(::pwrite(fd, poison.data(), poison.size(), 0), 4 * kBytes);
+    ASSERT_EQ(::pwrite(fd, q.data(), kBytes, object_offset(c.query)), kBytes);
+    ASSERT_EQ(::pwrite(fd, k_in.data(), kBytes, object_offset(c.key)), kBytes);
+    ModelInferResponse r;
+    std::string served;
+    const absl::Status s =
+        RunOn(engine, RopeQueryKeyRequest(kT, c.query, c.key, c.query_out, c.key_out), &r, &served);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(served, "cpu");
+    EXPECT_TRUE(read(object_offset(c.key_out)) == (c.same_input ? rq : rk)) << "key_out";
+    // Written before key_out, which may lie over it.
+    if (c.same_input || object_offset(c.query_out) + kBytes <= object_offset(c.key_out) ||
+        object_offset(c.key_out) + kBytes <= object_offset(c.query_out)) {
+      EXPECT_TRUE(read(object_offset(c.query_out)) == rq) << "query_out";
+    }
   }
   ASSERT_TRUE(engine.shared_memory().Unregister("a").ok());
   ASSERT_TRUE(engine.shared_memory().Unregister("b").ok());

@@ -244,8 +244,11 @@ enum class EngineInto {
   kSystemOnly,  // absolute encodings and biases added to logits: system to system
 };
 
+// With `aside`, a tensor in shared memory is computed in a scratch buffer
+// whatever its output (see TensorsMeet).
 absl::Status Place(Input* t, absl::string_view output, OutputSet& want, Engine& engine,
-                   Engine::Admission& admission, EngineInto into = EngineInto::kNone) {
+                   Engine::Admission& admission, EngineInto into = EngineInto::kNone,
+                   bool aside = false) {
   if (t == nullptr || !t->shm.has_value()) return absl::OkStatus();
   const std::string field = absl::StrCat("input \"", t->name, "\"");
   const ShmRef* out = want.ShmOf(output);
@@ -261,7 +264,7 @@ absl::Status Place(Input* t, absl::string_view output, OutputSet& want, Engine& 
         absl::StrCat("requested output \"", output, "\" has ", t->size(),
                      " bytes; its shared_memory_byte_size is ", out->byte_size));
   }
-  if (out->region == in.region && out->offset == in.offset) {
+  if (!aside && out->region == in.region && out->offset == in.offset) {
     want.MarkInPlace(output);
     return absl::OkStatus();
   }
@@ -280,13 +283,36 @@ absl::Status Place(Input* t, absl::string_view output, OutputSet& want, Engine& 
   const bool aliased =
       in.region != out->region &&
       in.region->SharesBytes(in.offset, t->size(), *out->region, out->offset, t->size());
-  if (!aliased && ((into == EngineInto::kSameKind && same_kind) ||
-                   (into == EngineInto::kSystemOnly && system))) {
+  if (!aliased && !aside &&
+      ((into == EngineInto::kSameKind && same_kind) ||
+       (into == EngineInto::kSystemOnly && system))) {
     t->out = out->region->At(out->offset);
     want.MarkInPlace(output);
     return absl::OkStatus();
   }
   return t->MakeScratch(field, engine.scratch(), admission);
+}
+
+// Whether RoPE's query or key, computed in shared memory, would write its
+// result (in place, or into its output slice) on bytes of the other's
+// input there. Slices are compared as bytes of the object (SharesBytes):
+// two registrations of one object put the same bytes at two addresses, and
+// the engine, which compares addresses, would then write one tensor's
+// result over the other's input before reading it; and no engine path
+// takes two tensors in place on the same bytes. Such a call makes both
+// tensors aside (Place's `aside`): every input is read as the caller wrote
+// it before any result goes out, and the results are written in the order
+// of the outputs once every kernel is done. (Outputs that share bytes with
+// each other only are left to the engine: which result lands there is not
+// specified.)
+bool TensorsMeet(const Input* a, const ShmRef* a_out, const Input* b, const ShmRef* b_out) {
+  const auto writes_on = [](const Input* t, const ShmRef* out, const Input* other) {
+    return t != nullptr && t->shm.has_value() && out != nullptr && other != nullptr &&
+           other->shm.has_value() &&
+           out->region->SharesBytes(out->offset, t->size(), *other->shm->region, other->shm->offset,
+                                    other->size());
+  };
+  return writes_on(a, a_out, b) || writes_on(b, b_out, a);
 }
 
 // FAILED_PRECONDITION when the caller truncated the region of an input in
@@ -326,10 +352,12 @@ absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params
                       query != nullptr && !query->shape.empty() ? query->shape.back() : 0));
   POSENC_RETURN_IF_ERROR(params.Finish(model.name));
   POSENC_RETURN_IF_ERROR(CheckHeadDim(model, in));
+  const bool aside =
+      TensorsMeet(in.Find("query"), want.ShmOf("query_out"), in.Find("key"), want.ShmOf("key_out"));
+  POSENC_RETURN_IF_ERROR(Place(in.Find("query"), "query_out", want, engine, env.admission,
+                               EngineInto::kSameKind, aside));
   POSENC_RETURN_IF_ERROR(
-      Place(in.Find("query"), "query_out", want, engine, env.admission, EngineInto::kSameKind));
-  POSENC_RETURN_IF_ERROR(
-      Place(in.Find("key"), "key_out", want, engine, env.admission, EngineInto::kSameKind));
+      Place(in.Find("key"), "key_out", want, engine, env.admission, EngineInto::kSameKind, aside));
   env.tensors_on_device = OnDevice(in.Find("query")) || OnDevice(in.Find("key"));
   env.device = DeviceOf({in.Find("query"), in.Find("key")});
   if (const Input* q = in.Find("query"); q != nullptr) env.query_out = q->out;

@@ -82,6 +82,7 @@ absl::Status ApplyRope(Engine& engine, v1::RopeRequest* req, v1::RopeResponse* r
     resp->mutable_key_data()->swap(*req->mutable_key_data());
     POSENC_ASSIGN_OR_RETURN(t.key, wire::MutableOf("key", req->key(), resp->mutable_key_data()));
   }
+  POSENC_RETURN_IF_ERROR(shm.CheckApart());
   POSENC_ASSIGN_OR_RETURN(
       t.positions.position_ids,
       wire::ViewOf("position_ids", req->has_position_ids(), req->position_ids()));

@@ -1,10 +1,17 @@
 #include "v1/operations.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/engine.h"
 #include "gtest/gtest.h"
 #include "posenc/client.h"
@@ -210,6 +217,82 @@ TEST(Engine, ACudaRegionWithoutAGpuIsRefusedUntouched) {
       << t;
   EXPECT_EQ(device, std::string(1 << 16, '\x5a'));
   EXPECT_EQ(stand_in.copied, 0) << "nothing read or written through the device either";
+}
+
+// query_shm and key_shm on the same bytes (one slice, overlapping slices of
+// a region, or one object registered twice): both would be rotated in
+// place there, where two results cannot both be. The call is refused naming
+// both fields, the bytes left as they were; slices apart are rotated.
+TEST(Engine, QueryAndKeyInPlaceOnTheSameBytesAreRefused) {
+  EngineOptions o;
+  o.cpu_threads = 2;
+  o.shared_memory.enabled = true;
+  auto engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  constexpr int64_t kBytes = 64 * 4 * 64 * 4;
+  const std::string key = absl::StrCat("/posenc-v1-apart-", ::getpid());
+  const int fd = ::open(("/dev/shm" + key).c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, 2 * kBytes), 0);
+  // "b" begins half a tensor into the object: b:(kBytes / 2) is a:kBytes.
+  ASSERT_TRUE((*engine)->shared_memory().Register("a", key, 0, 2 * kBytes).ok());
+  ASSERT_TRUE((*engine)->shared_memory().Register("b", key, kBytes / 2, kBytes * 3 / 2).ok());
+  ::unlink(("/dev/shm" + key).c_str());
+  testing::Bytes q = testing::RandomTensor(DType::kFloat32, kBytes / 4);
+  testing::Bytes k = testing::RandomTensor(DType::kFloat32, kBytes / 4);
+  std::string object(2 * kBytes, '\0');
+  std::memcpy(object.data(), q.data(), kBytes);
+  std::memcpy(object.data() + kBytes, k.data(), kBytes);
+  const auto request = [&](const char* q_region, int64_t q_at, const char* k_region, int64_t k_at) {
+    v1::RopeRequest r;
+    for (auto [desc, slice, region, at] :
+         {std::tuple{r.mutable_query(), r.mutable_query_shm(), q_region, q_at},
+          std::tuple{r.mutable_key(), r.mutable_key_shm(), k_region, k_at}}) {
+      desc->set_dtype(v1::DATA_TYPE_FLOAT32);
+      for (int64_t d : {1, 64, 4, 64}) desc->add_shape(d);
+      slice->set_region(region);
+      slice->set_offset(static_cast<uint64_t>(at));
+      slice->set_byte_size(kBytes);
+    }
+    return r;
+  };
+  const auto contents = [&] {
+    std::string s(2 * kBytes, '\0');
+    EXPECT_EQ(::pread(fd, s.data(), s.size(), 0), 2 * kBytes);
+    return s;
+  };
+  for (const auto& [q_region, q_at, k_region, k_at] :
+       {std::tuple{"a", int64_t{0}, "a", int64_t{0}}, std::tuple{"a", int64_t{0}, "a", kBytes / 2},
+        std::tuple{"a", kBytes, "b", kBytes / 2}, std::tuple{"b", int64_t{0}, "a", int64_t{0}}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "query " << q_region << ":" << q_at << ", key " << k_region << ":" << k_at);
+    ASSERT_EQ(::pwrite(fd, object.data(), object.size(), 0), 2 * kBytes);
+    v1::RopeRequest req = request(q_region, q_at, k_region, k_at);
+    v1::RopeResponse resp;
+    const absl::Status s = ApplyRope(**engine, &req, &resp, {});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("query_shm and key_shm share bytes"), absl::string_view::npos) << s;
+    EXPECT_TRUE(contents() == object) << "nothing was written";
+  }
+  // Apart, through either registration: each rotated as in the message.
+  v1::RopeRequest by_message;
+  SetTensor(TensorView{DType::kFloat32, {1, 64, 4, 64}, q.data(), q.size()},
+            by_message.mutable_query(), by_message.mutable_query_data());
+  SetTensor(TensorView{DType::kFloat32, {1, 64, 4, 64}, k.data(), k.size()},
+            by_message.mutable_key(), by_message.mutable_key_data());
+  v1::RopeResponse want;
+  ASSERT_TRUE(ApplyRope(**engine, &by_message, &want, {}).ok());
+  ASSERT_EQ(::pwrite(fd, object.data(), object.size(), 0), 2 * kBytes);
+  v1::RopeRequest req = request("a", 0, "b", kBytes / 2);
+  v1::RopeResponse resp;
+  const absl::Status s = ApplyRope(**engine, &req, &resp, {});
+  ASSERT_TRUE(s.ok()) << s;
+  const std::string after = contents();
+  EXPECT_TRUE(after.substr(0, kBytes) == want.query_data());
+  EXPECT_TRUE(after.substr(kBytes) == want.key_data());
+  ASSERT_TRUE((*engine)->shared_memory().Unregister("a").ok());
+  ASSERT_TRUE((*engine)->shared_memory().Unregister("b").ok());
+  ::close(fd);
 }
 
 }  // namespace

@@ -43,7 +43,7 @@ absl::StatusOr<char*> ShmSlices::Resolve(absl::string_view field,
   POSENC_RETURN_IF_ERROR(
       region->CheckSlice(where, offset, static_cast<int64_t>(slice.byte_size())));
   char* at = region->At(offset);
-  held_.emplace_back(where, std::move(region));
+  held_.push_back({where, std::move(region), offset, static_cast<int64_t>(slice.byte_size())});
   return at;
 }
 
@@ -66,8 +66,25 @@ absl::StatusOr<OutputTarget> ShmSlices::Output(absl::string_view field,
   return OutputTarget(at, static_cast<int64_t>(slice.byte_size()));
 }
 
+absl::Status ShmSlices::CheckApart() const {
+  for (size_t i = 0; i < held_.size(); ++i) {
+    for (size_t j = i + 1; j < held_.size(); ++j) {
+      const Held& a = held_[i];
+      const Held& b = held_[j];
+      if (a.region->SharesBytes(a.offset, a.size, *b.region, b.offset, b.size)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            a.field, " and ", b.field, " share bytes (regions \"", Utf8Prefix(a.region->name(), 64),
+            "\" at offset ", a.offset, " and \"", Utf8Prefix(b.region->name(), 64), "\" at offset ",
+            b.offset, ", ", a.size, " and ", b.size,
+            " bytes): each tensor computed in place, and each output, needs bytes of its own"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ShmSlices::CheckIntact() const {
-  for (const auto& [field, region] : held_) POSENC_RETURN_IF_ERROR(region->CheckIntact(field));
+  for (const Held& h : held_) POSENC_RETURN_IF_ERROR(h.region->CheckIntact(h.field));
   return absl::OkStatus();
 }
 

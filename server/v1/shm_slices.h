@@ -33,6 +33,11 @@ class ShmSlices {
   // size once it is known).
   [[nodiscard]] absl::StatusOr<OutputTarget> Output(absl::string_view field,
                                                     const v1::SharedMemorySlice& slice);
+  // INVALID_ARGUMENT when two slices resolved so far share bytes (of one
+  // region, or of one object registered twice): every slice a posenc.v1
+  // call names is written (a tensor computed in place, or an output), and
+  // two results cannot both be in the same bytes.
+  [[nodiscard]] absl::Status CheckApart() const;
   // FAILED_PRECONDITION when the caller truncated a region the call used
   // while it ran: what the call read or wrote there is void.
   [[nodiscard]] absl::Status CheckIntact() const;
@@ -46,7 +51,12 @@ class ShmSlices {
                                 bool device_ok);
 
   Engine& engine_;
-  std::vector<std::pair<std::string, std::shared_ptr<const SharedMemoryRegion>>> held_;
+  struct Held {
+    std::string field;  // "query_shm"
+    std::shared_ptr<const SharedMemoryRegion> region;
+    int64_t offset, size;
+  };
+  std::vector<Held> held_;
   bool on_device_ = false;
   int device_ = 0;
 };
