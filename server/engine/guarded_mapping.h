@@ -34,8 +34,9 @@ namespace posenc::server {
 class GuardedMapping {
  public:
   // Maps [offset, offset + size) of `fd` (read and write, shared).
-  // REQUIRES: size > 0, offset >= 0, and the object holds those bytes now.
-  // RESOURCE_EXHAUSTED when every guard slot is taken.
+  // REQUIRES: the object holds those bytes now. RESOURCE_EXHAUSTED when
+  // every guard slot is taken, or the slice cannot be mapped as whole
+  // pages in 2^63 bytes; INVALID_ARGUMENT for size <= 0 or offset < 0.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<GuardedMapping>> Map(int fd, int64_t offset,
                                                                            int64_t size);
   ~GuardedMapping();

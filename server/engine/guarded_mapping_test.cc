@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -51,6 +53,26 @@ TEST(GuardedMapping, MapsTheSliceInPlace) {
   ASSERT_EQ(::pread(f.fd, &c, 1, 5000), 1);
   EXPECT_EQ(c, 'x');
   EXPECT_FALSE((*m)->broken());
+}
+
+// Sizes whose whole pages pass 2^63 (only an object that large, and
+// limits that admit it, reach here) are refused, with no overflow on the
+// way (UBSan checks it); empty and negative slices are refused as invalid.
+TEST(GuardedMapping, SlicesThatCannotBeMappedAreRefused) {
+  File f(4096);
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (const auto& [offset, size, code] :
+       {std::tuple{int64_t{0}, kMax, absl::StatusCode::kResourceExhausted},
+        std::tuple{int64_t{4097}, kMax - 4096, absl::StatusCode::kResourceExhausted},
+        std::tuple{int64_t{1}, kMax - 4096, absl::StatusCode::kResourceExhausted},
+        std::tuple{int64_t{0}, int64_t{0}, absl::StatusCode::kInvalidArgument},
+        std::tuple{int64_t{0}, int64_t{-1}, absl::StatusCode::kInvalidArgument},
+        std::tuple{int64_t{-1}, int64_t{100}, absl::StatusCode::kInvalidArgument}}) {
+    auto m = GuardedMapping::Map(f.fd, offset, size);
+    EXPECT_EQ(m.status().code(), code) << offset << " " << size << ": " << m.status();
+  }
+  auto m = GuardedMapping::Map(f.fd, 0, 4096);
+  EXPECT_TRUE(m.ok()) << "every slot was given back: " << m.status();
 }
 
 TEST(GuardedMapping, TruncationUnderItBecomesZeroPagesNotASignal) {

@@ -56,10 +56,19 @@ absl::StatusOr<std::string> ReadPemFile(absl::string_view flag, const std::strin
     return absl::InvalidArgumentError(
         absl::StrCat(flag, ": '", path, "' must be a regular PEM file of at most 1 MiB"));
   }
+  // Read at most one byte past the cap: the file may have been replaced
+  // since stat() (a certificate rotated by a swap), and is not trusted to
+  // have kept its size.
   std::ifstream in(path, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (!in.good() && !in.eof()) {
+  std::string bytes(static_cast<size_t>(kMaxPemBytes) + 1, '\0');
+  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (in.bad() || !in.is_open()) {
     return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot read '", path, "'"));
+  }
+  bytes.resize(static_cast<size_t>(in.gcount()));
+  if (bytes.size() > static_cast<size_t>(kMaxPemBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": '", path, "' must be a regular PEM file of at most 1 MiB"));
   }
   return bytes;
 }

@@ -228,6 +228,11 @@ class Backend {
 // CPU limit. At least 1.
 int UsableCpus();
 
+// `cpus` lowered to the quota a cgroup v2 cpu.max line states ("<quota>
+// <period>", rounded up to whole CPUs, at least 1); `cpus` itself for "max
+// <period>" or a line that does not parse (overflow-safe).
+int CpusWithinQuota(absl::string_view cpu_max, int cpus);
+
 // A CPU backend on `num_threads` threads (0: UsableCpus()).
 std::unique_ptr<Backend> CreateCpuBackend(int num_threads);
 

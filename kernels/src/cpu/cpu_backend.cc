@@ -4,13 +4,15 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "cpu/absolute_through.h"
 #include "cpu/anchor_cache.h"
 #include "cpu/bias_through.h"
@@ -209,18 +211,28 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
+int CpusWithinQuota(absl::string_view cpu_max, int cpus) {
+  // cgroup v2: "max 100000" (no limit) or "<quota> <period>", in
+  // microseconds; a quota of 1.5 periods takes 2 CPUs. Anything else,
+  // numbers out of range included, leaves `cpus`.
+  const std::vector<absl::string_view> words =
+      absl::StrSplit(cpu_max, absl::ByAnyChar(" \t\n"), absl::SkipEmpty());
+  int64_t quota = 0, period = 0;
+  if (words.size() != 2 || !absl::SimpleAtoi(words[0], &quota) ||
+      !absl::SimpleAtoi(words[1], &period) || quota <= 0 || period <= 0) {
+    return cpus;
+  }
+  const int64_t needed = quota / period + (quota % period != 0 ? 1 : 0);
+  return static_cast<int>(std::clamp<int64_t>(needed, 1, std::max(cpus, 1)));
+}
+
 int UsableCpus() {
   int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) cpus = std::max(1, CPU_COUNT(&set));
-  // cgroup v2: "max 100000" (no limit) or "<quota> <period>".
   std::ifstream in("/sys/fs/cgroup/cpu.max");
-  std::string quota;
-  int64_t period = 0;
-  if (in >> quota >> period && quota != "max" && period > 0) {
-    const int64_t q = std::atoll(quota.c_str());
-    if (q > 0) cpus = std::min<int64_t>(cpus, std::max<int64_t>(1, (q + period - 1) / period));
-  }
+  std::string line;
+  if (std::getline(in, line)) cpus = CpusWithinQuota(line, cpus);
   return cpus;
 }
 
