@@ -49,6 +49,20 @@ void AdmissionControl::StartDraining() {
   for (auto& [done, status] : ready) done(status);
 }
 
+void AdmissionControl::SetReclaimer(std::function<void(Ticket*)> reclaim) {
+  std::lock_guard<std::mutex> lock(reclaim_mu_);
+  reclaim_ = std::move(reclaim);
+}
+
+void AdmissionControl::Reclaim() {
+  Ticket freed = Holder();
+  {
+    std::lock_guard<std::mutex> lock(reclaim_mu_);
+    if (reclaim_) reclaim_(&freed);
+  }
+  freed.Reset();  // with no lock held: the grants' callbacks may run here
+}
+
 bool AdmissionControl::draining() const {
   std::lock_guard<std::mutex> lock(mu_);
   return draining_;
@@ -139,6 +153,14 @@ AdmissionControl::Ticket& AdmissionControl::Ticket::operator=(Ticket&& o) noexce
 }
 
 absl::Status AdmissionControl::Ticket::TryGrow(int64_t bytes, int64_t keep_free) {
+  if (absl::Status s = TryGrowOnce(bytes, keep_free); !s.ok()) {
+    control_->Reclaim();  // idle memory gives way first
+    return TryGrowOnce(bytes, keep_free);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AdmissionControl::Ticket::TryGrowOnce(int64_t bytes, int64_t keep_free) {
   if (bytes <= 0) return absl::OkStatus();
   std::lock_guard<std::mutex> lock(control_->mu_);
   const int64_t limit = control_->options_.max_bytes - std::max<int64_t>(keep_free, 0);
@@ -155,6 +177,12 @@ absl::Status AdmissionControl::Ticket::TryGrow(int64_t bytes, int64_t keep_free)
 }
 
 bool AdmissionControl::Ticket::TryReserve(int64_t bytes) {
+  if (TryReserveOnce(bytes)) return true;
+  control_->Reclaim();
+  return TryReserveOnce(bytes);
+}
+
+bool AdmissionControl::Ticket::TryReserveOnce(int64_t bytes) {
   if (bytes <= 0) return true;
   std::lock_guard<std::mutex> lock(control_->mu_);
   if (control_->draining_ || !control_->waiters_.empty() ||
@@ -184,6 +212,7 @@ void AdmissionControl::Ticket::GiveBytes(int64_t bytes, Ticket* to) {
 void AdmissionControl::Ticket::Reserve(int64_t bytes, absl::Time deadline,
                                        std::function<void(absl::Status)> done) {
   absl::Status refused;
+  bool queued = false;
   {
     std::lock_guard<std::mutex> lock(control_->mu_);
     const AdmissionOptions& o = control_->options_;
@@ -200,8 +229,13 @@ void AdmissionControl::Ticket::Reserve(int64_t bytes, absl::Time deadline,
       control_->waiters_.push_back(
           Waiter{this, bytes, std::min(deadline, absl::Now() + o.max_wait), std::move(done)});
       control_->cv_.notify_all();  // the timer learns the new deadline
-      return;
+      queued = true;
     }
+  }
+  if (queued) {
+    // Idle memory given back grants this waiter (and any before it) now.
+    control_->Reclaim();
+    return;
   }
   done(refused);
 }

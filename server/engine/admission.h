@@ -51,6 +51,15 @@ class AdmissionControl {
   // between calls (idle scratch buffers): held, but not work in progress.
   Ticket Holder();
 
+  // Memory the server keeps between calls and can give up (idle scratch
+  // buffers, ScratchPool): `reclaim` is run when a reservation would
+  // otherwise wait, or a growth or read-ahead be refused, so that such
+  // bytes never keep a call out (they would stay idle until a call that
+  // was let in asked for a buffer). It moves what it gives up into the
+  // ticket it is handed (GiveBytes), which is released once no lock is
+  // held, granting the waiters that then fit. Null clears it.
+  void SetReclaimer(std::function<void(Ticket* freed)> reclaim);
+
   // Refuses new calls (UNAVAILABLE) and ends waiting reservations.
   void StartDraining();
   bool draining() const;
@@ -71,6 +80,8 @@ class AdmissionControl {
     std::function<void(absl::Status)> done;
   };
   void Release(int64_t bytes, bool slot);
+  // Runs the reclaimer, if any. REQUIRES: mu_ not held.
+  void Reclaim();
   // Grants waiters that fit, in order, and expires those past deadline;
   // returns the callbacks to run (outside the lock) with their statuses.
   std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> ServiceQueueLocked(
@@ -86,6 +97,10 @@ class AdmissionControl {
   bool stopping_ = false;
   absl::Time last_entry_ = absl::InfinitePast();
   std::deque<Waiter> waiters_;
+  // Before mu_ (and the reclaimer's own locks) in lock order; held while
+  // the reclaimer runs, so that clearing it waits for a run to end.
+  std::mutex reclaim_mu_;
+  std::function<void(Ticket*)> reclaim_;
   std::thread timer_;
 };
 
@@ -140,6 +155,9 @@ class AdmissionControl::Ticket {
 
  private:
   friend class AdmissionControl;
+  // TryGrow and TryReserve without the reclaimer.
+  [[nodiscard]] absl::Status TryGrowOnce(int64_t bytes, int64_t keep_free);
+  [[nodiscard]] bool TryReserveOnce(int64_t bytes);
   Ticket(AdmissionControl* control, bool slot) : control_(control), slot_(slot) {}
   AdmissionControl* control_ = nullptr;
   int64_t bytes_ = 0;

@@ -31,7 +31,20 @@ void ScratchPool::Buffer::Reset() {
 }
 
 ScratchPool::ScratchPool(AdmissionControl* admission, int64_t max_idle_bytes)
-    : max_idle_bytes_(std::max<int64_t>(max_idle_bytes, 0)), held_(admission->Holder()) {}
+    : admission_(admission),
+      max_idle_bytes_(std::max<int64_t>(max_idle_bytes, 0)),
+      held_(admission->Holder()) {
+  // Idle buffers are the first memory to give up (see SetReclaimer).
+  admission_->SetReclaimer([this](AdmissionControl::Ticket* freed) {
+    std::lock_guard<std::mutex> lock(mu_);
+    int64_t idle = 0;
+    for (const Block& b : idle_) idle += b.size;
+    idle_.clear();
+    held_.GiveBytes(idle, freed);
+  });
+}
+
+ScratchPool::~ScratchPool() { admission_->SetReclaimer(nullptr); }
 
 absl::StatusOr<ScratchPool::Buffer> ScratchPool::Lend(int64_t bytes,
                                                       AdmissionControl::Ticket& call) {

@@ -66,7 +66,10 @@ class ScratchPool {
 
   // Idle bytes are held against `admission`'s budget (not owned; outlives
   // the pool).
+  // Registers itself as `admission`'s reclaimer (idle buffers give way to
+  // calls that would otherwise wait), until it goes.
   ScratchPool(AdmissionControl* admission, int64_t max_idle_bytes);
+  ~ScratchPool();
   ScratchPool(const ScratchPool&) = delete;
   ScratchPool& operator=(const ScratchPool&) = delete;
 
@@ -84,6 +87,7 @@ class ScratchPool {
   void Return(Block block, AdmissionControl::Ticket* call);
   void ReleaseIdleLocked();
 
+  AdmissionControl* const admission_;
   const int64_t max_idle_bytes_;
   mutable std::mutex mu_;
   AdmissionControl::Ticket held_;  // the idle buffers' bytes

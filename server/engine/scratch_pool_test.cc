@@ -110,6 +110,53 @@ TEST(ScratchPool, IdleBuffersGiveWayToACallThatNeedsTheBudget) {
   EXPECT_EQ(pool.Lend(INT64_MAX, other).status().code(), absl::StatusCode::kResourceExhausted);
 }
 
+// Idle buffers never keep a call out: a reservation that would wait for
+// their bytes, a read-ahead and a growth (a region registered, say) get
+// them at once. (They used to stay idle, charged, until a call already let
+// in asked the pool for a buffer, so a budget held by regions and one idle
+// buffer refused every call after --admission_wait.)
+TEST(ScratchPool, IdleBuffersGiveWayToReservationsAndGrowth) {
+  AdmissionControl admission({64, 10 << 20, absl::Seconds(30)});
+  ScratchPool pool(&admission, 10 << 20);
+  Ticket regions = admission.Holder();  // memory held between calls
+  ASSERT_TRUE(regions.TryGrow(3 << 20).ok());
+  const auto idle_buffer = [&] {
+    Ticket call = *admission.Enter();
+    ScratchPool::Buffer a = *pool.Lend(6 << 20, call);
+  };
+  idle_buffer();
+  ASSERT_EQ(pool.idle_buffers(), 1);
+  ASSERT_EQ(admission.bytes(), 9 << 20);
+  // A reservation of 4 MiB fits only once the idle 6 MiB are given back:
+  // granted at once, not after the wait.
+  Ticket call = *admission.Enter();
+  absl::Status granted = absl::UnknownError("not yet");
+  const absl::Time start = absl::Now();
+  call.Reserve(4 << 20, absl::InfiniteFuture(), [&](absl::Status s) { granted = s; });
+  EXPECT_TRUE(granted.ok()) << granted;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(pool.idle_buffers(), 0);
+  EXPECT_EQ(admission.bytes(), 7 << 20);
+  call.Reset();
+  // A read-ahead.
+  idle_buffer();
+  ASSERT_EQ(admission.bytes(), 9 << 20);
+  Ticket reader = *admission.Enter();
+  EXPECT_TRUE(reader.TryReserve(2 << 20));
+  EXPECT_EQ(pool.idle_buffers(), 0);
+  reader.Reset();
+  // A growth that keeps room free (as registering a region does).
+  idle_buffer();
+  EXPECT_TRUE(regions.TryGrow(4 << 20, /*keep_free=*/2 << 20).ok());
+  EXPECT_EQ(pool.idle_buffers(), 0);
+  EXPECT_EQ(admission.bytes(), 7 << 20);
+  // With nothing idle, refusals stand, holding nothing more.
+  Ticket over = *admission.Enter();
+  EXPECT_FALSE(over.TryReserve(4 << 20));
+  EXPECT_EQ(over.TryGrow(4 << 20).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(over.bytes(), 0);
+}
+
 TEST(ScratchPool, CallsLendingAtOnceKeepEveryByteAccounted) {
   const unsigned seed = std::random_device{}();
   std::printf("seed %u\n", seed);
