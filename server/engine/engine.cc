@@ -112,14 +112,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithGpus(
   e->cpu_ = std::move(cpu);
   e->gpus_ = std::move(gpus);
   e->cuda_unavailable_reason_ = std::move(cuda_unavailable_reason);
-  // The GPUs' staging kept between calls, held in the budget for good.
+  // The GPUs' staging kept between calls, held in the budget for good, and
+  // still leaving what the largest call reserves before it is read (twice
+  // the message limit): a budget that could not would start a server that
+  // refuses every tensor call after --admission_wait.
   int64_t resident = 0;
   for (const Gpu& g : e->gpus_) resident += g.backend->ResidentHostBytes();
   e->staging_held_ = e->admission_.Holder();
-  if (absl::Status s = e->staging_held_.TryGrow(resident); !s.ok()) {
+  if (absl::Status s = e->staging_held_.TryGrow(resident, 2 * options.message_limit()); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_inflight_bytes (", options.max_inflight_bytes, ") cannot hold the ", resident,
-        " bytes of pinned staging the GPUs keep; raise it or serve fewer GPUs"));
+        " bytes of pinned staging the GPUs keep and still leave twice --max_message_bytes (",
+        2 * options.message_limit(), ") for a call; raise it or serve fewer GPUs"));
   }
   if (options.default_backend == BackendChoice::kCuda && e->primary() == nullptr) {
     return absl::FailedPreconditionError(

@@ -1441,12 +1441,15 @@ TEST(GpuStaging, IsHeldInTheBudget) {
   EngineOptions o;
   o.auto_by_measured_cost = false;
   o.auto_gpu_min_bytes = 0;
-  o.max_inflight_bytes = resident + kQueryBytes + kQueryBytes / 2;
   o.max_request_tensor_bytes = kQueryBytes;
+  o.max_inflight_bytes = resident + 2 * o.message_limit();  // the least it may be
   auto made = Engine::CreateWith(o, CreateCpuBackend(1), std::move(*cuda), "");
   ASSERT_TRUE(made.ok()) << made.status();
   Engine& engine = **made;
   EXPECT_EQ(engine.inflight_bytes(), resident) << "held from the start";
+  // Other calls hold all but one and a half queries' bytes.
+  AdmissionControl::Ticket others = engine.admission().Holder();
+  ASSERT_TRUE(others.TryGrow(2 * o.message_limit() - kQueryBytes - kQueryBytes / 2).ok());
   const std::string query = RandomQuery();
   // The request (kQueryBytes, admitted) plus its staging does not fit.
   ModelInferRequest req = RopeRequest(query, -1, -1);
@@ -1475,6 +1478,18 @@ TEST(GpuStaging, IsHeldInTheBudget) {
       Engine::CreateWith(tiny, CreateCpuBackend(1), std::move(*cuda2), "").status();
   EXPECT_EQ(start.code(), absl::StatusCode::kInvalidArgument) << start;
   EXPECT_NE(start.message().find("pinned staging"), std::string::npos) << start;
+  // Nor does one that holds it but not, beside it, what every call reserves
+  // before it is read (such a server refused every tensor call after
+  // --admission_wait, its readiness OK).
+  auto cuda3 = cuda::CreateCudaBackendOn(rt, 0, info, 132);
+  ASSERT_TRUE(cuda3.ok());
+  EngineOptions short_by_one = o;
+  short_by_one.max_inflight_bytes = resident + 2 * o.message_limit() - 1;
+  const absl::Status short_start =
+      Engine::CreateWith(short_by_one, CreateCpuBackend(1), std::move(*cuda3), "").status();
+  EXPECT_EQ(short_start.code(), absl::StatusCode::kInvalidArgument) << short_start;
+  EXPECT_NE(short_start.message().find("still leave twice --max_message_bytes"), std::string::npos)
+      << short_start;
 }
 
 // The other process of the GPU test below: a model server's part. It runs
