@@ -81,15 +81,15 @@ void InstallHandler() {
 absl::StatusOr<std::unique_ptr<GuardedMapping>> GuardedMapping::Map(int fd, int64_t offset,
                                                                     int64_t size) {
   InstallHandler();
+  if (offset < 0 || size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot map ", size, " bytes at offset ", offset, ": nothing to map"));
+  }
   const int64_t page = sysconf(_SC_PAGESIZE);
   const int64_t aligned = offset - offset % page;
   const int64_t delta = offset - aligned;
   // Whole pages from `aligned`, in overflow-safe arithmetic: a size near
   // 2^63 (an object that large, with limits that admit it) is refused.
-  if (offset < 0 || size <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot map ", size, " bytes at offset ", offset, ": nothing to map"));
-  }
   if (size > std::numeric_limits<int64_t>::max() - delta - page) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot map ", size, " bytes at offset ",
                                                      offset, " of a shared-memory object"));

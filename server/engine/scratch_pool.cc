@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "posenc/status_macros.h"
 
 namespace posenc::server {
 namespace {
@@ -37,8 +38,7 @@ ScratchPool::ScratchPool(AdmissionControl* admission, int64_t max_idle_bytes)
   // Idle buffers are the first memory to give up (see SetReclaimer).
   admission_->SetReclaimer([this](AdmissionControl::Ticket* freed) {
     std::lock_guard<std::mutex> lock(mu_);
-    int64_t idle = 0;
-    for (const Block& b : idle_) idle += b.size;
+    const int64_t idle = IdleBytesLocked();
     idle_.clear();
     held_.GiveBytes(idle, freed);
   });
@@ -72,16 +72,9 @@ absl::StatusOr<ScratchPool::Buffer> ScratchPool::Lend(int64_t bytes,
       return Buffer(this, &call, std::move(block));
     }
   }
-  absl::Status grown = call.TryGrow(size);
-  if (!grown.ok()) {
-    // Idle buffers are the first memory to give up.
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (idle_.empty()) return grown;
-      ReleaseIdleLocked();
-    }
-    if (absl::Status again = call.TryGrow(size); !again.ok()) return again;
-  }
+  // Short of budget, TryGrow has the idle buffers given back first (the
+  // reclaimer above) and tries again.
+  POSENC_RETURN_IF_ERROR(call.TryGrow(size));
   Memory memory(static_cast<char*>(std::aligned_alloc(kAlign, static_cast<size_t>(size))));
   if (memory == nullptr) {
     call.Shrink(size);
@@ -93,8 +86,7 @@ absl::StatusOr<ScratchPool::Buffer> ScratchPool::Lend(int64_t bytes,
 
 void ScratchPool::Return(Block block, AdmissionControl::Ticket* call) {
   std::lock_guard<std::mutex> lock(mu_);
-  int64_t idle = 0;
-  for (const Block& b : idle_) idle += b.size;
+  const int64_t idle = IdleBytesLocked();
   // Over the bound (or the call no longer holds its bytes to hand over):
   // freed here, its bytes released with the call's ticket.
   if (block.size > max_idle_bytes_ - idle || call->bytes() < block.size) return;
@@ -102,18 +94,15 @@ void ScratchPool::Return(Block block, AdmissionControl::Ticket* call) {
   idle_.push_back(std::move(block));
 }
 
-void ScratchPool::ReleaseIdleLocked() {
+int64_t ScratchPool::IdleBytesLocked() const {
   int64_t idle = 0;
   for (const Block& b : idle_) idle += b.size;
-  idle_.clear();
-  held_.Shrink(idle);
+  return idle;
 }
 
 int64_t ScratchPool::idle_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
-  int64_t idle = 0;
-  for (const Block& b : idle_) idle += b.size;
-  return idle;
+  return IdleBytesLocked();
 }
 
 int ScratchPool::idle_buffers() const {

@@ -65,9 +65,9 @@ class ScratchPool {
   };
 
   // Idle bytes are held against `admission`'s budget (not owned; outlives
-  // the pool).
-  // Registers itself as `admission`'s reclaimer (idle buffers give way to
-  // calls that would otherwise wait), until it goes.
+  // the pool). Registers itself as `admission`'s reclaimer (idle buffers
+  // give way to calls that would otherwise wait or be refused), until it
+  // goes.
   ScratchPool(AdmissionControl* admission, int64_t max_idle_bytes);
   ~ScratchPool();
   ScratchPool(const ScratchPool&) = delete;
@@ -85,7 +85,7 @@ class ScratchPool {
 
  private:
   void Return(Block block, AdmissionControl::Ticket* call);
-  void ReleaseIdleLocked();
+  int64_t IdleBytesLocked() const;
 
   AdmissionControl* const admission_;
   const int64_t max_idle_bytes_;

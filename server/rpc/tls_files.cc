@@ -52,10 +52,11 @@ absl::StatusOr<std::string> ReadPemFile(absl::string_view flag, const std::strin
     return absl::InvalidArgumentError(
         absl::StrCat(flag, ": cannot read '", path, "': ", std::strerror(errno)));
   }
-  if (!S_ISREG(st.st_mode) || st.st_size > kMaxPemBytes) {
+  const auto not_a_pem_file = [&] {
     return absl::InvalidArgumentError(
         absl::StrCat(flag, ": '", path, "' must be a regular PEM file of at most 1 MiB"));
-  }
+  };
+  if (!S_ISREG(st.st_mode) || st.st_size > kMaxPemBytes) return not_a_pem_file();
   // Read at most one byte past the cap: the file may have been replaced
   // since stat() (a certificate rotated by a swap), and is not trusted to
   // have kept its size.
@@ -66,10 +67,7 @@ absl::StatusOr<std::string> ReadPemFile(absl::string_view flag, const std::strin
     return absl::InvalidArgumentError(absl::StrCat(flag, ": cannot read '", path, "'"));
   }
   bytes.resize(static_cast<size_t>(in.gcount()));
-  if (bytes.size() > static_cast<size_t>(kMaxPemBytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": '", path, "' must be a regular PEM file of at most 1 MiB"));
-  }
+  if (bytes.size() > static_cast<size_t>(kMaxPemBytes)) return not_a_pem_file();
   return bytes;
 }
 
