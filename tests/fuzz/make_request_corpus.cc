@@ -189,6 +189,9 @@ int main(int argc, char** argv) {
     for (int64_t d : {1, 4, 1, 8}) r.mutable_key()->add_shape(d);
     slice(r.mutable_key_shm(), 1024, 4 * 1 * 8 * 4);
     write("rope_shm_query_key", 0, r);
+    // The key on the query's second half: refused (ShmSlices::CheckApart).
+    slice(r.mutable_key_shm(), 4 * 8 * 4, 4 * 1 * 8 * 4);
+    write("rope_shm_query_key_overlapping", 0, r);
   }
   {
     v1::AbsoluteEncodingRequest r;
