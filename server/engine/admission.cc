@@ -111,10 +111,15 @@ AdmissionControl::ServiceQueueLocked(absl::Time now) {
     if (it->deadline <= now) {
       ready.emplace_back(
           std::move(it->done),
-          absl::ResourceExhaustedError(absl::StrCat(
-              "server is saturated: waited ", absl::FormatDuration(options_.max_wait),
-              " or until the deadline for ", it->bytes, " bytes while ", bytes_, " of ",
-              options_.max_bytes, " are in flight (--max_inflight_bytes); retry with backoff")));
+          // Labelled by the limit that applied, however late the timer ran.
+          it->call_deadline <= it->deadline
+              ? absl::DeadlineExceededError(absl::StrCat(
+                    "the call's deadline passed while it waited for ", it->bytes, " bytes (",
+                    bytes_, " of ", options_.max_bytes, " in flight, --max_inflight_bytes)"))
+              : absl::ResourceExhaustedError(absl::StrCat(
+                    "server is saturated: waited ", absl::FormatDuration(options_.max_wait),
+                    " for ", it->bytes, " bytes while ", bytes_, " of ", options_.max_bytes,
+                    " are in flight (--max_inflight_bytes); retry with backoff")));
       it = waiters_.erase(it);
     } else {
       ++it;
@@ -147,6 +152,7 @@ AdmissionControl::Ticket& AdmissionControl::Ticket::operator=(Ticket&& o) noexce
     control_ = o.control_;
     bytes_ = o.bytes_;
     slot_ = o.slot_;
+    cancelled_ = std::exchange(o.cancelled_, std::nullopt);
     o.control_ = nullptr;
   }
   return *this;
@@ -216,7 +222,9 @@ void AdmissionControl::Ticket::Reserve(int64_t bytes, absl::Time deadline,
   {
     std::lock_guard<std::mutex> lock(control_->mu_);
     const AdmissionOptions& o = control_->options_;
-    if (control_->draining_) {
+    if (cancelled_) {
+      refused = *cancelled_;
+    } else if (control_->draining_) {
       refused = absl::UnavailableError("server is draining; retry on another replica");
     } else if (bytes > o.max_bytes) {
       refused = absl::ResourceExhaustedError(
@@ -226,8 +234,8 @@ void AdmissionControl::Ticket::Reserve(int64_t bytes, absl::Time deadline,
       control_->bytes_ += bytes;
       bytes_ += bytes;
     } else {
-      control_->waiters_.push_back(
-          Waiter{this, bytes, std::min(deadline, absl::Now() + o.max_wait), std::move(done)});
+      control_->waiters_.push_back(Waiter{this, bytes, std::min(deadline, absl::Now() + o.max_wait),
+                                          deadline, std::move(done)});
       control_->cv_.notify_all();  // the timer learns the new deadline
       queued = true;
     }
@@ -251,6 +259,7 @@ void AdmissionControl::Ticket::CancelWait(const absl::Status& why) {
         break;
       }
     }
+    if (!done) cancelled_ = why;
   }
   if (done) done(why);
 }

@@ -7,9 +7,10 @@
 //
 // Reservations that do not fit wait in arrival order (a call that has not
 // been read holds no memory: its body stays behind HTTP/2 flow control)
-// until bytes are released, the call's deadline or --admission_wait passes
-// (RESOURCE_EXHAUSTED), the caller cancels, or the server drains
-// (UNAVAILABLE).
+// until bytes are released, --admission_wait passes (RESOURCE_EXHAUSTED),
+// the call's deadline passes first (DEADLINE_EXCEEDED: the caller ran out
+// of time, which logs and metrics must not count as the server's refusal),
+// the caller cancels, or the server drains (UNAVAILABLE).
 #ifndef POSENC_SERVER_ENGINE_ADMISSION_H_
 #define POSENC_SERVER_ENGINE_ADMISSION_H_
 
@@ -19,7 +20,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -76,7 +79,8 @@ class AdmissionControl {
   struct Waiter {
     Ticket* ticket;
     int64_t bytes;
-    absl::Time deadline;
+    absl::Time deadline;       // the earlier of the two below
+    absl::Time call_deadline;  // the caller's
     std::function<void(absl::Status)> done;
   };
   void Release(int64_t bytes, bool slot);
@@ -108,7 +112,11 @@ class AdmissionControl {
 class AdmissionControl::Ticket {
  public:
   Ticket() = default;
-  Ticket(Ticket&& o) noexcept : control_(o.control_), bytes_(o.bytes_), slot_(o.slot_) {
+  Ticket(Ticket&& o) noexcept
+      : control_(o.control_),
+        bytes_(o.bytes_),
+        slot_(o.slot_),
+        cancelled_(std::exchange(o.cancelled_, std::nullopt)) {
     o.control_ = nullptr;
   }
   Ticket& operator=(Ticket&& o) noexcept;
@@ -125,7 +133,11 @@ class AdmissionControl::Ticket {
   // runs exactly once, perhaps on this thread before Reserve returns,
   // perhaps on another. At most one Reserve may wait per ticket.
   void Reserve(int64_t bytes, absl::Time deadline, std::function<void(absl::Status)> done);
-  // Ends a waiting Reserve with `why` (e.g. CANCELLED); no effect otherwise.
+  // Ends a waiting Reserve with `why` (e.g. CANCELLED), or, when none waits,
+  // has every later Reserve on this ticket end with it at once: a caller
+  // that leaves between a reactor choosing to reserve and its Reserve call
+  // must not leave that reservation waiting out --admission_wait (holding
+  // its slot meanwhile). The ticket is not moved while CancelWait may run.
   void CancelWait(const absl::Status& why);
   // Returns bytes to the budget (at most what it holds).
   void Shrink(int64_t bytes);
@@ -162,6 +174,7 @@ class AdmissionControl::Ticket {
   AdmissionControl* control_ = nullptr;
   int64_t bytes_ = 0;
   bool slot_ = true;
+  std::optional<absl::Status> cancelled_;  // under control_->mu_: CancelWait came first
 };
 
 }  // namespace posenc::server

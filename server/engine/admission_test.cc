@@ -119,7 +119,7 @@ TEST(Admission, WaitersAreGrantedInOrderWhenBytesReturn) {
   EXPECT_EQ(a.waiting(), 0);
 }
 
-TEST(Admission, WaitEndsAtTheDeadlineWithResourceExhausted) {
+TEST(Admission, WaitEndsAtAdmissionWaitWithResourceExhausted) {
   AdmissionControl a(Options(4, 100, absl::Milliseconds(50)));
   auto holder = a.Enter();
   ASSERT_TRUE(holder->TryGrow(100).ok());
@@ -136,6 +136,59 @@ TEST(Admission, WaitEndsAtTheDeadlineWithResourceExhausted) {
   EXPECT_NE(result.message().find("--max_inflight_bytes"), absl::string_view::npos);
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(45));
   EXPECT_EQ(t->bytes(), 0);
+}
+
+// The call's own deadline passing first is the caller's lack of time, not
+// the server's refusal.
+TEST(Admission, WaitEndsAtTheCallsDeadlineWithDeadlineExceeded) {
+  AdmissionControl a(Options(4, 100, absl::Seconds(30)));
+  auto holder = a.Enter();
+  ASSERT_TRUE(holder->TryGrow(100).ok());
+  auto t = a.Enter();
+  Event done;
+  absl::Status result;
+  const absl::Time start = absl::Now();
+  t->Reserve(10, start + absl::Milliseconds(50), [&](absl::Status s) {
+    result = s;
+    done.Notify();
+  });
+  ASSERT_TRUE(done.WaitFor(absl::Seconds(10)));
+  EXPECT_EQ(result.code(), absl::StatusCode::kDeadlineExceeded) << result;
+  EXPECT_NE(result.message().find("10 bytes"), absl::string_view::npos) << result;
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(45));
+  EXPECT_EQ(t->bytes(), 0);
+  EXPECT_EQ(a.waiting(), 0);
+}
+
+// A cancellation that comes before the Reserve it was meant for (a reactor
+// chose to reserve, then gRPC cancelled the call before it did) ends that
+// Reserve at once instead of leaving it to wait out --admission_wait.
+TEST(Admission, CancelBeforeReserveEndsItAtOnce) {
+  AdmissionControl a(Options(4, 100, absl::Seconds(30)));
+  auto holder = a.Enter();
+  ASSERT_TRUE(holder->TryGrow(100).ok());
+  auto t = a.Enter();
+  t->CancelWait(absl::CancelledError("gone"));
+  Ticket moved = std::move(*t);  // the cancellation goes with the ticket
+  int calls = 0;
+  absl::Status result;
+  moved.Reserve(10, absl::InfiniteFuture(), [&](absl::Status s) {
+    ++calls;
+    result = s;
+  });
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(result.code(), absl::StatusCode::kCancelled) << result;
+  EXPECT_EQ(a.waiting(), 0);
+  EXPECT_EQ(moved.bytes(), 0);
+  // Bytes free now are not taken either.
+  holder->Reset();
+  moved.Reserve(10, absl::InfiniteFuture(), [&](absl::Status s) {
+    ++calls;
+    result = s;
+  });
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(result.code(), absl::StatusCode::kCancelled) << result;
+  EXPECT_EQ(a.bytes(), 0);
 }
 
 TEST(Admission, DrainEndsWaitersAndRefusesNewCalls) {

@@ -8,12 +8,32 @@
 
 namespace posenc::server {
 
+namespace {
+
+// A caller's own deadline timer cancels its call (RST_STREAM) a little
+// before the server's copy of that deadline passes: the server's is its
+// receipt of the headers (late on a loaded machine) plus the timeout,
+// rounded up. A cancellation this close to the deadline is taken for it.
+constexpr std::chrono::milliseconds kDeadlineGrace{50};
+
+bool DeadlineReached(grpc::CallbackServerContext* ctx) {
+  return ctx->deadline() <= std::chrono::system_clock::now() + kDeadlineGrace;
+}
+
+}  // namespace
+
 absl::Status CheckCallAlive(grpc::CallbackServerContext* ctx) {
-  if (ctx->IsCancelled()) return absl::CancelledError("the caller cancelled the call");
-  if (ctx->deadline() < std::chrono::system_clock::now()) {
+  if (ctx->deadline() <= std::chrono::system_clock::now() ||
+      (ctx->IsCancelled() && DeadlineReached(ctx))) {
     return absl::DeadlineExceededError("the call's deadline passed before work started");
   }
+  if (ctx->IsCancelled()) return absl::CancelledError("the caller cancelled the call");
   return absl::OkStatus();
+}
+
+absl::Status WhyCancelled(grpc::CallbackServerContext* ctx) {
+  if (DeadlineReached(ctx)) return absl::DeadlineExceededError("the call's deadline passed");
+  return absl::CancelledError("the caller cancelled the call");
 }
 
 RunContext ContextOf(grpc::CallbackServerContext* ctx) {

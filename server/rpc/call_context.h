@@ -16,6 +16,12 @@ namespace posenc::server {
 // not started.
 absl::Status CheckCallAlive(grpc::CallbackServerContext* ctx);
 
+// Why gRPC cancelled a call (its OnCancel): the deadline passed
+// (DEADLINE_EXCEEDED; a cancellation within 50 ms of it counts, as the
+// caller's own deadline timer sends it) or the caller left (CANCELLED), so
+// that logs and metrics tell a caller out of time from one that went away.
+absl::Status WhyCancelled(grpc::CallbackServerContext* ctx);
+
 // The kernels' view of a call: cancelled when the caller leaves or its
 // deadline passes.
 RunContext ContextOf(grpc::CallbackServerContext* ctx);

@@ -34,7 +34,8 @@ class EngineCollector : public prometheus::Collectable {
         OneGauge("posenc_inflight_requests", "Requests computing now (the HPA's scaling signal)",
                  engine_->inflight()),
         // Near the limit, the next large call waits and then gets
-        // RESOURCE_EXHAUSTED: what to alert on before callers see it.
+        // RESOURCE_EXHAUSTED (DEADLINE_EXCEEDED if its own deadline is
+        // shorter): what to alert on before callers see it.
         OneGauge("posenc_inflight_bytes",
                  "Memory held now under --max_inflight_bytes: calls in flight, and what the "
                  "server keeps between calls (GPU staging, idle scratch)",

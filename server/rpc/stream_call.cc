@@ -68,16 +68,19 @@ class StreamCall final : public grpc::ServerGenericBidiReactor {
   }
 
   void OnCancel() override {
+    const absl::Status why = WhyCancelled(ctx_);
     Steps steps;
     bool reserving;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!end_) end_ = absl::CancelledError("the caller cancelled the call");
+      if (!end_) end_ = why;
       reserving = read_state_ == ReadState::kReserving;
       steps = DecideLocked();
     }
-    // Ends a wait for read bytes at once (its callback finishes the stream).
-    if (reserving) read_bytes_->CancelWait(absl::CancelledError("the caller cancelled the call"));
+    // Ends a wait for read bytes at once (its callback finishes the stream),
+    // or, when the thread that chose to reserve has not reserved yet, has
+    // its Reserve end at once.
+    if (reserving) read_bytes_->CancelWait(why);
     Perform(this, std::move(steps));
   }
 

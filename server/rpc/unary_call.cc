@@ -43,7 +43,7 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
   }
 
   void OnCancel() override {
-    if (ticket_) ticket_->CancelWait(absl::CancelledError("the caller cancelled the call"));
+    if (ticket_) ticket_->CancelWait(WhyCancelled(ctx_));
   }
 
   void OnReadDone(bool ok) override {

@@ -4,6 +4,8 @@
 // nothing accounted.
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -16,6 +18,7 @@
 #include "posenc/wire/requests.h"
 #include "posenc/wire/tensors.h"
 #include "server.h"
+#include "server_process.h"
 #include "test_tensors.h"
 
 namespace posenc {
@@ -235,6 +238,73 @@ TEST(StreamRope, AdmissionRefusesMidStreamWhenTheBudgetIsTaken) {
 
   b_ctx.TryCancel();
   (void)b->Finish();
+  EXPECT_TRUE(Eventually([&] { return admission.bytes() == 0 && admission.calls() == 0; }))
+      << admission.bytes() << " bytes and " << admission.calls() << " calls still accounted";
+}
+
+// A call whose deadline passes while it waits for memory ran out of time;
+// the server did not refuse it. The caller sees DEADLINE_EXCEEDED, and so do
+// the server's metrics and logs: they used to count it RESOURCE_EXHAUSTED
+// (or CANCELLED), telling operators the server was saturated when the
+// caller's own deadline was short.
+TEST(StreamRope, ACallOutOfTimeWaitingForMemoryIsCountedDeadlineExceeded) {
+  constexpr int64_t kMessage = 1 << 20;
+  server::ServerOptions o;
+  o.listen_address = "127.0.0.1:0";
+  o.metrics_listen = "127.0.0.1:0";
+  o.request_threads = kRequestThreads;
+  o.engine.max_request_tensor_bytes = kMessage - (64 << 10);
+  o.engine.max_message_bytes = kMessage;
+  o.engine.max_inflight_bytes = 2 * kMessage;
+  o.engine.admission_wait = absl::Seconds(20);
+  o.engine.cpu_threads = 1;
+  o.engine.enable_cuda = false;
+  auto started = server::Server::Start(o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  auto& server = *started;
+  auto& admission = server->engine().admission();
+  auto stub = StubFor(*server);
+
+  // A stream holds the whole budget for its first read.
+  grpc::ClientContext a_ctx;
+  a_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto a = stub->StreamRope(&a_ctx);
+  ASSERT_TRUE(Eventually([&] { return admission.bytes() == 2 * kMessage; }));
+
+  constexpr int kCalls = 3;
+  const auto start = Clock::now();
+  for (int i = 0; i < kCalls; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+    v1::RopeResponse resp;
+    const grpc::Status s =
+        stub->ApplyRope(&ctx, MakeCase("late" + std::to_string(i), 16, false).request, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(15)) << "they waited out --admission_wait";
+
+  // The caller's deadline timer cancels its call about when the server's
+  // copy of the deadline passes; which the server hears first is a race
+  // (WhyCancelled allows 50 ms), so a very late-scheduled server may still
+  // count one CANCELLED. Never RESOURCE_EXHAUSTED: it did not refuse.
+  auto count = [&](const std::string& text, const std::string& code) {
+    const std::string key = R"(posenc_requests_total{code=")" + code + R"(",method="ApplyRope"} )";
+    const size_t at = text.find(key);
+    return at == std::string::npos ? 0 : std::atoi(text.c_str() + at + key.size());
+  };
+  std::string text;
+  ASSERT_TRUE(Eventually([&] {
+    text = testing::HttpGet(server->metrics_port(), "/metrics");
+    return count(text, "DEADLINE_EXCEEDED") + count(text, "CANCELLED") == kCalls;
+  })) << text;
+  std::printf("the server counted %d DEADLINE_EXCEEDED, %d CANCELLED\n",
+              count(text, "DEADLINE_EXCEEDED"), count(text, "CANCELLED"));
+  EXPECT_GE(count(text, "DEADLINE_EXCEEDED"), 1) << text;
+  EXPECT_EQ(text.find(R"(code="RESOURCE_EXHAUSTED")"), std::string::npos) << text;
+  EXPECT_EQ(admission.waiting(), 0);
+
+  a_ctx.TryCancel();
+  (void)a->Finish();
   EXPECT_TRUE(Eventually([&] { return admission.bytes() == 0 && admission.calls() == 0; }))
       << admission.bytes() << " bytes and " << admission.calls() << " calls still accounted";
 }
