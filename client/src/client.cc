@@ -14,6 +14,7 @@
 #include "device_memory.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "pending_calls.h"
 #include "posenc/host_copy.h"
 #include "posenc/status_macros.h"
 #include "posenc/wire/enums.h"
@@ -50,19 +51,44 @@ std::string ServiceConfig(const ClientOptions& o) {
       o.retry_resource_exhausted ? R"(,"RESOURCE_EXHAUSTED")" : "");
 }
 
+bool SameDesc(const v1::TensorDesc& desc, const MutableTensor& t) {
+  return desc.dtype() == wire::ToProto(t.dtype) &&
+         std::equal(desc.shape().begin(), desc.shape().end(), t.shape.begin(), t.shape.end());
+}
+
+std::string DescString(const v1::TensorDesc& desc) {
+  return absl::StrCat(v1::DataType_Name(desc.dtype()), " ",
+                      ShapeString(std::vector<int64_t>(desc.shape().begin(), desc.shape().end())));
+}
+
 // Copies a response tensor back into the caller's buffer, checking that the
-// server returned what was sent.
+// server returned what was sent: the same dtype and shape (equal byte
+// counts alone would take bfloat16 for float16), and its bytes.
 absl::Status CopyBack(absl::string_view field, const v1::TensorDesc& desc, const std::string& data,
                       MutableTensor& out) {
-  if (data.size() != out.nbytes ||
-      !std::equal(desc.shape().begin(), desc.shape().end(), out.shape.begin(), out.shape.end())) {
-    return absl::InternalError(
-        absl::StrCat("server returned ", field, " of ", data.size(), " bytes, shape ",
-                     ShapeString(std::vector<int64_t>(desc.shape().begin(), desc.shape().end())),
-                     "; expected ", out.nbytes, " bytes, shape ", ShapeString(out.shape)));
+  if (data.size() != out.nbytes || !SameDesc(desc, out)) {
+    return absl::InternalError(absl::StrCat("server returned ", field, " of ", data.size(),
+                                            " bytes, ", DescString(desc), "; expected ", out.nbytes,
+                                            " bytes, ", v1::DataType_Name(wire::ToProto(out.dtype)),
+                                            " ", ShapeString(out.shape)));
   }
   if (!data.empty()) std::memcpy(out.data, data.data(), data.size());
   return absl::OkStatus();
+}
+
+// A tensor computed in place (in a shared-memory region or registered
+// device memory): the answer describes it as sent and carries none of its
+// bytes. An answer that carries them, or describes another tensor, is not
+// one the client can trust the region's bytes for (it would hand back the
+// caller's own input, or an earlier call's result, as the answer).
+absl::Status CheckInPlace(absl::string_view field, const v1::TensorDesc& desc,
+                          const std::string& data, const MutableTensor& t) {
+  if (data.empty() && SameDesc(desc, t)) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("the server's answer is malformed: ", field,
+                   " was sent to be computed in place (", v1::DataType_Name(wire::ToProto(t.dtype)),
+                   " ", ShapeString(t.shape), ") but the answer describes ", DescString(desc),
+                   " and carries ", data.size(), " bytes of it"));
 }
 
 }  // namespace
@@ -155,6 +181,31 @@ bool RegionFailed(const absl::Status& s) {
          absl::StrContains(s.message(), "shared memory");
 }
 
+// After a call on a region failed with `s` (not RegionFailed): the region
+// goes back to the pool only when the server answered having finished with
+// it, having refused the call before any work or done it. A failure this
+// side or the connection made (a deadline, a cancellation, a lost
+// connection, an unreadable answer) leaves the server perhaps still
+// computing into it: it is dropped and unregistered, or the next call to
+// take it would have its tensors overwritten.
+void LeaveRegion(std::optional<client_internal::Lease>& lease, const absl::Status& s) {
+  if (!lease) return;
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kUnimplemented:
+      return;
+    default:
+      lease->Discard();
+  }
+}
+
 absl::StatusOr<ServerTensor> TensorOf(absl::string_view field, const v1::TensorDesc& desc,
                                       std::string* data, const std::string& backend) {
   ServerTensor out;
@@ -228,7 +279,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& opti
   c->stub_ = v1::PositionalEncoding::NewStub(c->channel_);
   c->shm_ = std::make_unique<client_internal::SharedMemoryPool>(
       c->stub_.get(), options.shared_memory != SharedMemoryUse::kOff,
-      absl::StartsWith(options.target, "unix:"));
+      absl::StartsWith(options.target, "unix:"), c->pending_);
   c->device_ = std::make_unique<client_internal::DeviceRegions>(c->stub_.get());
   return c;
 }
@@ -257,48 +308,6 @@ void Client::Prepare(grpc::ClientContext* ctx, const CallOptions& call) const {
   if (!call.request_id.empty()) ctx->AddMetadata("x-request-id", call.request_id);
   if (!call.traceparent.empty()) ctx->AddMetadata("traceparent", call.traceparent);
 }
-
-namespace client_internal {
-
-// Asynchronous calls whose state gRPC still holds. The future of a call is
-// set inside its callback, but gRPC destroys the callback (and with it the
-// call's ClientContext) on its own thread afterwards: a caller that got its
-// result and then destroyed the client raced that clean-up (an assertion
-// "prior > 0" in gRPC's reference counting at shutdown, seen once in about
-// 40 runs of EndToEnd.AsyncCallsAndStreamKeepOrderAndReportErrorsPerMessage).
-// ~Client waits for the count to reach zero.
-class PendingCalls {
- public:
-  // Held by each call's state, released after its ClientContext is gone.
-  class Token {
-   public:
-    explicit Token(std::shared_ptr<PendingCalls> p) : p_(std::move(p)) {
-      std::lock_guard<std::mutex> l(p_->mu_);
-      ++p_->count_;
-    }
-    ~Token() {
-      std::lock_guard<std::mutex> l(p_->mu_);
-      if (--p_->count_ == 0) p_->none_.notify_all();
-    }
-    Token(const Token&) = delete;
-    Token& operator=(const Token&) = delete;
-
-   private:
-    std::shared_ptr<PendingCalls> p_;
-  };
-
-  void WaitForNone() {
-    std::unique_lock<std::mutex> l(mu_);
-    none_.wait(l, [this] { return count_ == 0; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable none_;
-  int count_ = 0;
-};
-
-}  // namespace client_internal
 
 namespace {
 
@@ -360,11 +369,25 @@ void PlaceRope(const RopeTensors& t, std::optional<Placement>& place, v1::RopeRe
   }
 }
 
+// Rotated in registered device memory: nothing comes back to copy.
+absl::Status RopeInPlace(const v1::RopeResponse& resp, const MutableTensor& query,
+                         const MutableTensor& key) {
+  POSENC_RETURN_IF_ERROR(CheckInPlace("query", resp.query(), resp.query_data(), query));
+  if (key.present()) {
+    POSENC_RETURN_IF_ERROR(CheckInPlace("key", resp.key(), resp.key_data(), key));
+  }
+  return absl::OkStatus();
+}
+
 // The rotated tensors back into the caller's buffers.
 absl::Status RopeBack(const v1::RopeRequest& req, const v1::RopeResponse& resp,
                       const std::optional<Placement>& place, MutableTensor query,
                       MutableTensor key) {
   if (place) {
+    POSENC_RETURN_IF_ERROR(CheckInPlace("query", resp.query(), resp.query_data(), query));
+    if (key.present()) {
+      POSENC_RETURN_IF_ERROR(CheckInPlace("key", resp.key(), resp.key_data(), key));
+    }
     place->Get(req.query_shm(), query);
     if (key.present()) place->Get(req.key_shm(), key);
     return absl::OkStatus();
@@ -387,6 +410,7 @@ absl::Status AbsoluteBack(const v1::AbsoluteEncodingRequest& req,
                           const v1::AbsoluteEncodingResponse& resp,
                           const std::optional<Placement>& place, MutableTensor x) {
   if (place) {
+    POSENC_RETURN_IF_ERROR(CheckInPlace("y", resp.y(), resp.y_data(), x));
     place->Get(req.x_shm(), x);
     return absl::OkStatus();
   }
@@ -410,8 +434,13 @@ std::future<absl::Status> Client::ApplyRopeAsync(const RopeOptions& options, con
     *state->request.mutable_query_shm() = (**on_device)[0];
     if (t.key.present()) *state->request.mutable_key_shm() = (**on_device)[1];
     Prepare(&state->ctx, call);
+    MutableTensor query = t.query, key = t.key;
     stub_->async()->ApplyRope(&state->ctx, &state->request, &state->response,
-                              [state](grpc::Status s) { state->done.set_value(FromGrpc(s)); });
+                              [state, query, key](grpc::Status s) {
+                                absl::Status st = FromGrpc(s);
+                                if (st.ok()) st = RopeInPlace(state->response, query, key);
+                                state->done.set_value(st);
+                              });
     return f;
   }
   state->lease = shm_->Take(RopeBytes(t));
@@ -432,11 +461,11 @@ std::future<absl::Status> Client::ApplyRopeAsync(const RopeOptions& options, con
               RopeBack(state->request, state->response, state->place, query, key));
           return;
         }
+        if (state->lease && RegionFailed(st)) state->lease->Discard();
         if (state->lease && RegionFailed(st) &&
             options_.shared_memory != SharedMemoryUse::kRequire) {
           // The region failed, not the tensors: the same call on the socket
           // completes this one (the pool now declines regions).
-          state->lease->Discard();
           shm_->Disable(st);
           auto again = std::make_shared<AsyncCall<v1::RopeRequest, v1::RopeResponse>>(pending_);
           again->request = RopeRequestOf(options, t, call);
@@ -453,6 +482,7 @@ std::future<absl::Status> Client::ApplyRopeAsync(const RopeOptions& options, con
               });
           return;
         }
+        LeaveRegion(state->lease, st);
         state->done.set_value(st);
       });
   return f;
@@ -473,7 +503,8 @@ absl::Status Client::ApplyRope(const RopeOptions& options, const RopeTensors& t,
     grpc::ClientContext ctx;
     Prepare(&ctx, call);
     v1::RopeResponse resp;
-    return FromGrpc(stub_->ApplyRope(&ctx, req, &resp));  // the results are in place
+    POSENC_RETURN_IF_ERROR(FromGrpc(stub_->ApplyRope(&ctx, req, &resp)));
+    return RopeInPlace(resp, t.query, t.key);  // the results are in place
   }
   POSENC_TAKE_REGION(lease, RopeBytes(t));
   for (;;) {
@@ -486,10 +517,12 @@ absl::Status Client::ApplyRope(const RopeOptions& options, const RopeTensors& t,
     v1::RopeResponse resp;
     absl::Status st = FromGrpc(stub_->ApplyRope(&ctx, req, &resp));
     if (st.ok()) return RopeBack(req, resp, place, t.query, t.key);
-    if (!lease || !RegionFailed(st) || options_.shared_memory == SharedMemoryUse::kRequire) {
+    if (!lease || !RegionFailed(st)) {
+      LeaveRegion(lease, st);
       return st;
     }
-    lease->Discard();  // then again on the socket
+    lease->Discard();  // then, unless shared memory is required, again on the socket
+    if (options_.shared_memory == SharedMemoryUse::kRequire) return st;
     shm_->Disable(st);
     lease.reset();
   }
@@ -511,9 +544,13 @@ std::future<absl::Status> Client::AddAbsoluteEncodingAsync(const AbsoluteOptions
     }
     *state->request.mutable_x_shm() = (**on_device)[0];
     Prepare(&state->ctx, call);
+    MutableTensor x = t.x;
     stub_->async()->AddAbsoluteEncoding(
-        &state->ctx, &state->request, &state->response,
-        [state](grpc::Status s) { state->done.set_value(FromGrpc(s)); });
+        &state->ctx, &state->request, &state->response, [state, x](grpc::Status s) {
+          absl::Status st = FromGrpc(s);
+          if (st.ok()) st = CheckInPlace("y", state->response.y(), state->response.y_data(), x);
+          state->done.set_value(st);
+        });
     return f;
   }
   state->lease = shm_->Take(Placement::Aligned(t.x.nbytes));
@@ -533,9 +570,9 @@ std::future<absl::Status> Client::AddAbsoluteEncodingAsync(const AbsoluteOptions
           state->done.set_value(AbsoluteBack(state->request, state->response, state->place, x));
           return;
         }
+        if (state->lease && RegionFailed(st)) state->lease->Discard();
         if (state->lease && RegionFailed(st) &&
             options_.shared_memory != SharedMemoryUse::kRequire) {
-          state->lease->Discard();
           shm_->Disable(st);
           auto again = std::make_shared<
               AsyncCall<v1::AbsoluteEncodingRequest, v1::AbsoluteEncodingResponse>>(pending_);
@@ -551,6 +588,7 @@ std::future<absl::Status> Client::AddAbsoluteEncodingAsync(const AbsoluteOptions
               });
           return;
         }
+        LeaveRegion(state->lease, st);
         state->done.set_value(st);
       });
   return f;
@@ -565,7 +603,8 @@ absl::Status Client::AddAbsoluteEncoding(const AbsoluteOptions& options, const A
     grpc::ClientContext ctx;
     Prepare(&ctx, call);
     v1::AbsoluteEncodingResponse resp;
-    return FromGrpc(stub_->AddAbsoluteEncoding(&ctx, req, &resp));
+    POSENC_RETURN_IF_ERROR(FromGrpc(stub_->AddAbsoluteEncoding(&ctx, req, &resp)));
+    return CheckInPlace("y", resp.y(), resp.y_data(), t.x);
   }
   POSENC_TAKE_REGION(lease, Placement::Aligned(t.x.nbytes));
   for (;;) {
@@ -578,10 +617,12 @@ absl::Status Client::AddAbsoluteEncoding(const AbsoluteOptions& options, const A
     v1::AbsoluteEncodingResponse resp;
     absl::Status st = FromGrpc(stub_->AddAbsoluteEncoding(&ctx, req, &resp));
     if (st.ok()) return AbsoluteBack(req, resp, place, t.x);
-    if (!lease || !RegionFailed(st) || options_.shared_memory == SharedMemoryUse::kRequire) {
+    if (!lease || !RegionFailed(st)) {
+      LeaveRegion(lease, st);
       return st;
     }
     lease->Discard();
+    if (options_.shared_memory == SharedMemoryUse::kRequire) return st;
     shm_->Disable(st);
     lease.reset();
   }
@@ -600,6 +641,7 @@ absl::Status Client::ApplyAttentionBias(const BiasOptions& options, MutableTenso
     Prepare(&ctx, call);
     v1::AttentionBiasResponse resp;
     absl::Status st = FromGrpc(stub_->AttentionBias(&ctx, req, &resp));
+    if (st.ok()) st = CheckInPlace("bias", resp.bias(), resp.bias_data(), logits);
     if (st.ok() && slopes != nullptr) slopes->assign(resp.slopes().begin(), resp.slopes().end());
     return st;
   }
@@ -622,17 +664,20 @@ absl::Status Client::ApplyAttentionBias(const BiasOptions& options, MutableTenso
     absl::Status st = FromGrpc(stub_->AttentionBias(&ctx, req, &resp));
     if (st.ok()) {
       if (place) {
-        place->Get(req.logits_shm(), logits);
+        st = CheckInPlace("bias", resp.bias(), resp.bias_data(), logits);
+        if (st.ok()) place->Get(req.logits_shm(), logits);
       } else {
         st = CopyBack("bias", resp.bias(), resp.bias_data(), logits);
       }
       if (st.ok() && slopes != nullptr) slopes->assign(resp.slopes().begin(), resp.slopes().end());
       return st;
     }
-    if (!lease || !RegionFailed(st) || options_.shared_memory == SharedMemoryUse::kRequire) {
+    if (!lease || !RegionFailed(st)) {
+      LeaveRegion(lease, st);
       return st;
     }
     lease->Discard();
+    if (options_.shared_memory == SharedMemoryUse::kRequire) return st;
     shm_->Disable(st);
     lease.reset();
   }
@@ -658,21 +703,34 @@ int64_t BuiltBiasBytes(const BiasOptions& o) {
 }
 
 // A built tensor out of the region, as the socket would have returned it.
+// The answer must describe a tensor of `dtype` filling the slice exactly
+// and carry none of its bytes (`data`): a region is reused, so bytes the
+// server did not write there are an earlier call's.
 absl::StatusOr<ServerTensor> TensorFromSlice(absl::string_view field, const v1::TensorDesc& desc,
+                                             const std::string& data, DType dtype,
                                              const Placement& place,
                                              const v1::SharedMemorySlice& slice,
                                              const std::string& backend) {
-  absl::StatusOr<DType> dtype = wire::FromProto(absl::StrCat(field, ".dtype"), desc.dtype());
-  int64_t bytes = dtype.ok() ? static_cast<int64_t>(SizeOf(*dtype)) : -1;
+  int64_t bytes = desc.dtype() == wire::ToProto(dtype) ? static_cast<int64_t>(SizeOf(dtype)) : -1;
   for (int64_t d : desc.shape()) {
     if (bytes < 0 || d < 0 || __builtin_mul_overflow(bytes, d, &bytes)) bytes = -1;
   }
-  if (bytes < 0 || bytes > static_cast<int64_t>(slice.byte_size())) {
-    return absl::InternalError(absl::StrCat("the server's answer is malformed: its ", field,
-                                            " does not fit the shared-memory slice"));
+  if (!data.empty() || bytes != static_cast<int64_t>(slice.byte_size())) {
+    return absl::InternalError(absl::StrCat(
+        "the server's answer is malformed: its ", field, " (", DescString(desc), ", ", data.size(),
+        " bytes in the answer) is not the ", v1::DataType_Name(wire::ToProto(dtype)), " tensor of ",
+        slice.byte_size(), " bytes it was to build in shared memory"));
   }
-  std::string data(place.At(slice), static_cast<size_t>(bytes));
-  return TensorOf(field, desc, &data, backend);
+  std::string copy(place.At(slice), static_cast<size_t>(bytes));
+  return TensorOf(field, desc, &copy, backend);
+}
+
+// kRequire, and a built tensor whose size the options do not tell.
+absl::Status SizeUnknownError(absl::string_view what) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("ClientOptions.shared_memory is kRequire but the size of this ", what,
+                   " is not known before the server builds it (give every dimension), so it "
+                   "cannot be placed in shared memory"));
 }
 
 }  // namespace
@@ -680,8 +738,11 @@ absl::StatusOr<ServerTensor> TensorFromSlice(absl::string_view field, const v1::
 absl::StatusOr<ServerTensor> Client::AttentionBias(const BiasOptions& options,
                                                    const CallOptions& call) {
   const int64_t bytes = BuiltBiasBytes(options);
+  const bool required = options_.shared_memory == SharedMemoryUse::kRequire;
+  if (required && bytes == 0) return SizeUnknownError("bias");
   std::optional<client_internal::Lease> lease;
   if (bytes > 0) lease = shm_->Take(bytes);
+  if (required && !lease) return NoRegionError(*shm_);
   for (;;) {
     std::optional<Placement> place;
     if (lease) place.emplace(*lease);
@@ -695,13 +756,18 @@ absl::StatusOr<ServerTensor> Client::AttentionBias(const BiasOptions& options,
     absl::Status st = FromGrpc(stub_->AttentionBias(&ctx, req, &resp));
     if (st.ok()) {
       absl::StatusOr<ServerTensor> out =
-          place ? TensorFromSlice("bias", resp.bias(), *place, req.bias_shm(), resp.backend())
+          place ? TensorFromSlice("bias", resp.bias(), resp.bias_data(), options.dtype, *place,
+                                  req.bias_shm(), resp.backend())
                 : TensorOf("bias", resp.bias(), resp.mutable_bias_data(), resp.backend());
       if (out.ok()) out->slopes.assign(resp.slopes().begin(), resp.slopes().end());
       return out;
     }
-    if (!lease || !RegionFailed(st)) return st;
+    if (!lease || !RegionFailed(st)) {
+      LeaveRegion(lease, st);
+      return st;
+    }
     lease->Discard();
+    if (required) return st;
     shm_->Disable(st);
     lease.reset();
   }
@@ -718,8 +784,11 @@ absl::StatusOr<ServerTensor> Client::EncodingTable(const AbsoluteOptions& option
       __builtin_mul_overflow(bytes, rows, &bytes)) {
     bytes = 0;
   }
+  const bool required = options_.shared_memory == SharedMemoryUse::kRequire;
+  if (required && bytes == 0) return SizeUnknownError("table");
   std::optional<client_internal::Lease> lease;
   if (bytes > 0) lease = shm_->Take(bytes);
+  if (required && !lease) return NoRegionError(*shm_);
   for (;;) {
     std::optional<Placement> place;
     if (lease) place.emplace(*lease);
@@ -736,11 +805,16 @@ absl::StatusOr<ServerTensor> Client::EncodingTable(const AbsoluteOptions& option
     v1::EncodingTableResponse resp;
     absl::Status st = FromGrpc(stub_->GetEncodingTable(&ctx, req, &resp));
     if (st.ok()) {
-      return place ? TensorFromSlice("table", resp.table(), *place, req.table_shm(), resp.backend())
+      return place ? TensorFromSlice("table", resp.table(), resp.table_data(), dtype, *place,
+                                     req.table_shm(), resp.backend())
                    : TensorOf("table", resp.table(), resp.mutable_table_data(), resp.backend());
     }
-    if (!lease || !RegionFailed(st)) return st;
+    if (!lease || !RegionFailed(st)) {
+      LeaveRegion(lease, st);
+      return st;
+    }
     lease->Discard();
+    if (required) return st;
     shm_->Disable(st);
     lease.reset();
   }

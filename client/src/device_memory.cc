@@ -12,17 +12,19 @@ absl::Status FromGrpc(const grpc::Status& s) {
                 : absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
+void UnregisterName(v1::PositionalEncoding::Stub* stub, const std::string& name) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  v1::UnregisterSharedMemoryRequest req;
+  req.set_name(name);
+  v1::SharedMemoryStatus resp;
+  (void)stub->UnregisterSharedMemory(&ctx, req, &resp);  // best effort
+}
+
 }  // namespace
 
 DeviceRegions::~DeviceRegions() {
-  for (const auto& [base, a] : allocations_) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    v1::UnregisterSharedMemoryRequest req;
-    req.set_name(a.name);
-    v1::SharedMemoryStatus resp;
-    stub_->UnregisterSharedMemory(&ctx, req, &resp);  // best effort
-  }
+  for (const auto& [base, a] : allocations_) UnregisterName(stub_, a.name);
 }
 
 absl::Status DeviceRegions::Register(const DeviceAllocation& a, grpc::ClientContext* ctx) {
@@ -47,6 +49,7 @@ absl::Status DeviceRegions::Register(const DeviceAllocation& a, grpc::ClientCont
     }
     name = absl::StrCat("posenc-cpp-dev-", ::getpid(), "-", reinterpret_cast<uintptr_t>(this), "-",
                         next_++);
+    allocations_[base] = Allocation{a.bytes, name, /*pending=*/true};
   }
   v1::RegisterSharedMemoryRequest req;
   req.set_name(name);
@@ -54,9 +57,19 @@ absl::Status DeviceRegions::Register(const DeviceAllocation& a, grpc::ClientCont
   req.set_cuda_device(a.device);
   req.set_byte_size(a.bytes);
   v1::SharedMemoryStatus resp;
-  if (absl::Status s = FromGrpc(stub_->RegisterSharedMemory(ctx, req, &resp)); !s.ok()) return s;
+  const absl::Status s = FromGrpc(stub_->RegisterSharedMemory(ctx, req, &resp));
+  if (!s.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      allocations_.erase(base);
+    }
+    // The server may have registered it and its answer been lost (a
+    // deadline, a dropped connection): it would keep the allocation open.
+    if (s.code() != absl::StatusCode::kInvalidArgument) UnregisterName(stub_, name);
+    return s;
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  allocations_[base] = Allocation{a.bytes, std::move(name)};
+  allocations_[base].pending = false;
   return absl::OkStatus();
 }
 
@@ -65,7 +78,7 @@ absl::Status DeviceRegions::Unregister(const void* base, grpc::ClientContext* ct
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = allocations_.find(reinterpret_cast<uintptr_t>(base));
-    if (it == allocations_.end()) {
+    if (it == allocations_.end() || it->second.pending) {
       return absl::NotFoundError("no device memory is registered at this base");
     }
     name = it->second.name;
@@ -90,7 +103,7 @@ absl::StatusOr<std::optional<std::vector<v1::SharedMemorySlice>>> DeviceRegions:
     bool inside = false;
     if (it != allocations_.begin()) {
       --it;
-      const bool starts_in = at - it->first < it->second.bytes;
+      const bool starts_in = !it->second.pending && at - it->first < it->second.bytes;
       inside = starts_in && t->nbytes <= it->second.bytes - (at - it->first);
       if (starts_in && !inside) {
         return absl::InvalidArgumentError(absl::StrCat(

@@ -40,6 +40,10 @@ class DeviceRegions {
   struct Allocation {
     size_t bytes;
     std::string name;
+    // Its registration is on the wire: held so that a concurrent Register
+    // of the same or overlapping memory is refused, but not used by calls
+    // (nor unregistered by base) until the server has it.
+    bool pending = false;
   };
   v1::PositionalEncoding::Stub* const stub_;
   mutable std::mutex mu_;

@@ -19,6 +19,8 @@ namespace posenc::client_internal {
 namespace {
 
 constexpr int64_t kMinRegionBytes = int64_t{1} << 20;
+// Larger regions are not asked for (the call uses the socket).
+constexpr int64_t kMaxRegionBytes = int64_t{1} << 46;
 constexpr size_t kMaxIdleRegions = 4;
 constexpr std::chrono::milliseconds kFirstBackoff{100}, kMaxBackoff{5000};
 
@@ -53,7 +55,7 @@ void Lease::Release() {
 }
 
 SharedMemoryPool::~SharedMemoryPool() {
-  for (const auto& r : idle_) Unregister(r->name());
+  for (const auto& r : idle_) UnregisterNow(r->name());
 }
 
 bool SharedMemoryPool::disabled() const {
@@ -63,7 +65,10 @@ bool SharedMemoryPool::disabled() const {
 
 absl::Status SharedMemoryPool::WhyNot() const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (why_not_.code() == absl::StatusCode::kResourceExhausted) return why_not_;
+  if (why_not_.code() == absl::StatusCode::kResourceExhausted ||
+      why_not_.code() == absl::StatusCode::kUnavailable) {
+    return why_not_;
+  }
   return absl::FailedPreconditionError(
       why_not_.ok() ? "this server cannot share memory with this process (not on this node, "
                       "another /dev/shm, or turned off)"
@@ -98,6 +103,14 @@ bool SharedMemoryPool::Usable() {
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::ServerInfo info;
   const grpc::Status s = stub_->GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info);
+  if (!s.ok() && s.error_code() != grpc::StatusCode::UNIMPLEMENTED) {
+    // Not an answer (the server starting, unreachable): the next call asks
+    // again, and this one uses the socket.
+    std::lock_guard<std::mutex> lock(mu_);
+    why_not_ = absl::UnavailableError(
+        absl::StrCat("could not ask the server whether it shares memory: ", s.error_message()));
+    return false;
+  }
   const bool same_node =
       s.ok() && info.shared_memory_enabled() &&
       (unix_target_ || (!info.shared_memory_domain().empty() &&
@@ -108,12 +121,11 @@ bool SharedMemoryPool::Usable() {
 }
 
 std::optional<Lease> SharedMemoryPool::Take(int64_t bytes) {
-  if (!enabled_ || !Usable()) return std::nullopt;
+  if (!enabled_ || bytes <= 0 || bytes > kMaxRegionBytes || !Usable()) return std::nullopt;
   int64_t size = 0;
-  std::vector<std::unique_ptr<ClientRegion>> outgrown;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!*usable_) return std::nullopt;
+    if (!usable_.value_or(false)) return std::nullopt;
     for (auto it = idle_.begin(); it != idle_.end(); ++it) {
       if ((*it)->size() >= bytes) {
         std::unique_ptr<ClientRegion> r = std::move(*it);
@@ -123,8 +135,16 @@ std::optional<Lease> SharedMemoryPool::Take(int64_t bytes) {
     }
     if (std::chrono::steady_clock::now() < retry_at_) return std::nullopt;  // deferred
     // Geometric growth: a caller whose tensors grow reuses regions after a
-    // few calls instead of registering one per size.
-    size = RoundUpToPages(std::max({bytes, 2 * largest_, kMinRegionBytes}));
+    // few calls instead of registering one per size. At most twice this
+    // call's bytes: calls in flight together need a region each, and
+    // growth from the largest alone doubled with every one of them.
+    size = RoundUpToPages(std::max({bytes, std::min(2 * largest_, 2 * bytes), kMinRegionBytes}));
+  }
+  std::unique_ptr<ClientRegion> region = Create(size);
+  if (region == nullptr) return std::nullopt;
+  std::vector<std::unique_ptr<ClientRegion>> outgrown;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
     largest_ = std::max(largest_, size);
     // Idle regions outgrown by this one are given back.
     for (auto it = idle_.begin(); it != idle_.end();) {
@@ -137,8 +157,6 @@ std::optional<Lease> SharedMemoryPool::Take(int64_t bytes) {
     }
   }
   for (const auto& r : outgrown) Unregister(r->name());
-  std::unique_ptr<ClientRegion> region = Create(size);
-  if (region == nullptr) return std::nullopt;
   return Lease(this, std::move(region));
 }
 
@@ -178,11 +196,20 @@ std::unique_ptr<ClientRegion> SharedMemoryPool::Create(int64_t bytes) {
   // Registered, the server maps the object; no file is needed after that.
   ::shm_unlink(key.c_str());
   if (!s.ok()) {
+    // The server may have registered it and its answer been lost (a
+    // deadline, a dropped connection): the name goes, whatever came.
+    Unregister(key);
     const absl::Status why(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-    if (why.code() == absl::StatusCode::kResourceExhausted) {
-      Defer(why);
-    } else {
-      Disable(why);
+    switch (why.code()) {
+      case absl::StatusCode::kResourceExhausted:  // no room now
+      case absl::StatusCode::kUnavailable:        // a moment's trouble
+      case absl::StatusCode::kDeadlineExceeded:
+      case absl::StatusCode::kCancelled:
+      case absl::StatusCode::kAborted:
+        Defer(why);
+        break;
+      default:  // the server cannot map our regions
+        Disable(why);
     }
     return nullptr;
   }
@@ -209,6 +236,25 @@ void SharedMemoryPool::Return(std::unique_ptr<ClientRegion> region) {
 }
 
 void SharedMemoryPool::Unregister(const std::string& name) {
+  // The token first: released after the context, once gRPC is done.
+  struct Call {
+    explicit Call(std::shared_ptr<PendingCalls> p) : token(std::move(p)) {}
+    PendingCalls::Token token;
+    grpc::ClientContext ctx;
+    v1::UnregisterSharedMemoryRequest req;
+    v1::SharedMemoryStatus resp;
+  };
+  auto call = std::make_shared<Call>(pending_);
+  // The server removes the name at once, and answers once no request holds
+  // the region (a call past its deadline may still be computing there);
+  // ~Client waits for the answer, so not long.
+  call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  call->req.set_name(name);
+  stub_->async()->UnregisterSharedMemory(&call->ctx, &call->req, &call->resp,
+                                         [call](grpc::Status) {});
+}
+
+void SharedMemoryPool::UnregisterNow(const std::string& name) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   v1::UnregisterSharedMemoryRequest req;

@@ -15,10 +15,21 @@
 // memory, in another /dev/shm, restarted and without our registration)
 // turns shared memory off for the client, which then uses the socket. A
 // region refused for want of room (the server's memory budget or region
-// caps, a full /dev/shm: RESOURCE_EXHAUSTED) is not that: the client uses
-// the socket for a while (100 ms, doubling to 5 s while refusals go on) and
-// then asks again, so that a busy moment does not cost it shared memory
-// for good.
+// caps, a full /dev/shm: RESOURCE_EXHAUSTED) or for a moment's trouble
+// (the server starting or unreachable, a registration out of time) is not
+// that: the client uses the socket for a while (100 ms, doubling to 5 s
+// while refusals go on) and then asks again, so that a busy moment does not
+// cost it shared memory for good.
+//
+// A region goes back to the pool only after a call the server finished
+// with (it answered, or refused the call before any work). After a call
+// that ended on this side (its deadline, a cancellation, a lost
+// connection) the server may still be computing into the region, so it is
+// unregistered instead and never serves another call.
+//
+// Unregistering never blocks a call: it is sent asynchronously (counted in
+// the client's PendingCalls, which ~Client waits for), except by the pool's
+// destructor.
 #ifndef POSENC_CLIENT_SRC_SHARED_MEMORY_H_
 #define POSENC_CLIENT_SRC_SHARED_MEMORY_H_
 
@@ -31,6 +42,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "pending_calls.h"
 #include "posenc/v1/posenc.grpc.pb.h"
 
 namespace posenc::client_internal {
@@ -89,8 +101,10 @@ class Lease {
 class SharedMemoryPool {
  public:
   // `stub` outlives the pool. `enabled` false: Take always declines.
-  SharedMemoryPool(v1::PositionalEncoding::Stub* stub, bool enabled, bool unix_target)
-      : stub_(stub), enabled_(enabled), unix_target_(unix_target) {}
+  // `pending` counts the unregistrations in flight.
+  SharedMemoryPool(v1::PositionalEncoding::Stub* stub, bool enabled, bool unix_target,
+                   std::shared_ptr<PendingCalls> pending)
+      : stub_(stub), enabled_(enabled), unix_target_(unix_target), pending_(std::move(pending)) {}
   // Unregisters every region (best effort, bounded) and unmaps it.
   ~SharedMemoryPool();
 
@@ -108,23 +122,27 @@ class SharedMemoryPool {
  private:
   friend class Lease;
   void Return(std::unique_ptr<ClientRegion> region);
-  // Whether this server can share memory with us (asked once).
+  // Whether this server can share memory with us (asked until it answers).
   bool Usable();
   std::unique_ptr<ClientRegion> Create(int64_t bytes);
+  // Sends the unregistration and returns (best effort).
   void Unregister(const std::string& name);
+  // Waits for it, at most 2 s (the destructor's).
+  void UnregisterNow(const std::string& name);
   // No region for a while (see the file comment).
   void Defer(const absl::Status& why);
 
   v1::PositionalEncoding::Stub* const stub_;
   const bool enabled_;
   const bool unix_target_;
+  const std::shared_ptr<PendingCalls> pending_;
   mutable std::mutex mu_;
   std::optional<bool> usable_;                      // decided on first use
   absl::Status why_not_;                            // the last reason Take declined
   std::chrono::steady_clock::time_point retry_at_;  // Defer: no region before
   std::chrono::milliseconds backoff_{100};
   std::vector<std::unique_ptr<ClientRegion>> idle_;
-  int64_t largest_ = 0;  // grows geometrically
+  int64_t largest_ = 0;  // the largest region created
 };
 
 }  // namespace posenc::client_internal
