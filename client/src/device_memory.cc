@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <random>
+
 #include "absl/strings/str_cat.h"
 
 namespace posenc::client_internal {
@@ -47,8 +49,11 @@ absl::Status DeviceRegions::Register(const DeviceAllocation& a, grpc::ClientCont
       return absl::AlreadyExistsError(
           "this device memory overlaps an allocation already registered");
     }
-    name = absl::StrCat("posenc-cpp-dev-", ::getpid(), "-", reinterpret_cast<uintptr_t>(this), "-",
-                        next_++);
+    // A nonce beside the pid: names must not collide with another
+    // process's (another pid namespace) or an earlier client's at this address.
+    static const uint64_t nonce = std::random_device{}() * uint64_t{0x9e3779b97f4a7c15};
+    name = absl::StrCat("posenc-cpp-dev-", ::getpid(), "-", absl::Hex(nonce), "-",
+                        reinterpret_cast<uintptr_t>(this), "-", next_++);
     allocations_[base] = Allocation{a.bytes, name, /*pending=*/true};
   }
   v1::RegisterSharedMemoryRequest req;
@@ -63,9 +68,20 @@ absl::Status DeviceRegions::Register(const DeviceAllocation& a, grpc::ClientCont
       std::lock_guard<std::mutex> lock(mu_);
       allocations_.erase(base);
     }
-    // The server may have registered it and its answer been lost (a
-    // deadline, a dropped connection): it would keep the allocation open.
-    if (s.code() != absl::StatusCode::kInvalidArgument) UnregisterName(stub_, name);
+    // The outcome is unknown (a deadline, a dropped connection): the server
+    // may have registered it, and would keep the allocation open.
+    switch (s.code()) {
+      case absl::StatusCode::kUnavailable:
+      case absl::StatusCode::kDeadlineExceeded:
+      case absl::StatusCode::kCancelled:
+      case absl::StatusCode::kUnknown:
+      case absl::StatusCode::kInternal:
+      case absl::StatusCode::kAborted:
+        UnregisterName(stub_, name);
+        break;
+      default:
+        break;
+    }
     return s;
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -103,7 +119,12 @@ absl::StatusOr<std::optional<std::vector<v1::SharedMemorySlice>>> DeviceRegions:
     bool inside = false;
     if (it != allocations_.begin()) {
       --it;
-      const bool starts_in = !it->second.pending && at - it->first < it->second.bytes;
+      const bool starts_in = at - it->first < it->second.bytes;
+      if (starts_in && it->second.pending) {
+        // Not host memory either: the host must not read it.
+        return absl::UnavailableError(absl::StrCat(
+            field, " lies in device memory whose registration is still in flight; call again"));
+      }
       inside = starts_in && t->nbytes <= it->second.bytes - (at - it->first);
       if (starts_in && !inside) {
         return absl::InvalidArgumentError(absl::StrCat(

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -65,9 +66,17 @@ bool SharedMemoryPool::disabled() const {
 
 absl::Status SharedMemoryPool::WhyNot() const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (why_not_.code() == absl::StatusCode::kResourceExhausted ||
-      why_not_.code() == absl::StatusCode::kUnavailable) {
-    return why_not_;
+  switch (why_not_.code()) {
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kUnavailable:
+      return why_not_;
+    case absl::StatusCode::kDeadlineExceeded:  // deferred: worth asking again
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kAborted:
+      return absl::UnavailableError(
+          absl::StrCat("a shared-memory region was not registered now: ", why_not_.message()));
+    default:
+      break;
   }
   return absl::FailedPreconditionError(
       why_not_.ok() ? "this server cannot share memory with this process (not on this node, "
@@ -97,6 +106,8 @@ bool SharedMemoryPool::Usable() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (usable_.has_value()) return *usable_;
+    // The last ask got no answer: not again before its backoff.
+    if (std::chrono::steady_clock::now() < ask_at_) return false;
   }
   // Once, outside the lock: concurrent first calls may both ask.
   grpc::ClientContext ctx;
@@ -104,11 +115,13 @@ bool SharedMemoryPool::Usable() {
   v1::ServerInfo info;
   const grpc::Status s = stub_->GetServerInfo(&ctx, v1::GetServerInfoRequest(), &info);
   if (!s.ok() && s.error_code() != grpc::StatusCode::UNIMPLEMENTED) {
-    // Not an answer (the server starting, unreachable): the next call asks
-    // again, and this one uses the socket.
+    // Not an answer (the server starting, unreachable): this call uses the
+    // socket, and a call after a backoff (100 ms doubling to 5 s) asks again.
     std::lock_guard<std::mutex> lock(mu_);
     why_not_ = absl::UnavailableError(
         absl::StrCat("could not ask the server whether it shares memory: ", s.error_message()));
+    ask_at_ = std::chrono::steady_clock::now() + ask_backoff_;
+    ask_backoff_ = std::min(2 * ask_backoff_, kMaxBackoff);
     return false;
   }
   const bool same_node =
@@ -116,7 +129,10 @@ bool SharedMemoryPool::Usable() {
       (unix_target_ || (!info.shared_memory_domain().empty() &&
                         info.shared_memory_domain() == LocalSharedMemoryDomain()));
   std::lock_guard<std::mutex> lock(mu_);
-  if (!usable_.has_value()) usable_ = same_node;
+  if (!usable_.has_value()) {
+    usable_ = same_node;
+    why_not_ = absl::OkStatus();  // the answer, not an earlier failure to ask
+  }
   return *usable_;
 }
 
@@ -126,12 +142,17 @@ std::optional<Lease> SharedMemoryPool::Take(int64_t bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!usable_.value_or(false)) return std::nullopt;
+    // The smallest idle region that holds the call.
+    auto best = idle_.end();
     for (auto it = idle_.begin(); it != idle_.end(); ++it) {
-      if ((*it)->size() >= bytes) {
-        std::unique_ptr<ClientRegion> r = std::move(*it);
-        idle_.erase(it);
-        return Lease(this, std::move(r));
+      if ((*it)->size() >= bytes && (best == idle_.end() || (*it)->size() < (*best)->size())) {
+        best = it;
       }
+    }
+    if (best != idle_.end()) {
+      std::unique_ptr<ClientRegion> r = std::move(*best);
+      idle_.erase(best);
+      return Lease(this, std::move(r));
     }
     if (std::chrono::steady_clock::now() < retry_at_) return std::nullopt;  // deferred
     // Geometric growth: a caller whose tensors grow reuses regions after a
@@ -142,13 +163,15 @@ std::optional<Lease> SharedMemoryPool::Take(int64_t bytes) {
   }
   std::unique_ptr<ClientRegion> region = Create(size);
   if (region == nullptr) return std::nullopt;
+  // Idle regions too small for this call are outgrown (a caller whose
+  // tensors grow keeps one region, not one per size); those that would
+  // have held it stay, for callers of other sizes.
   std::vector<std::unique_ptr<ClientRegion>> outgrown;
   {
     std::lock_guard<std::mutex> lock(mu_);
     largest_ = std::max(largest_, size);
-    // Idle regions outgrown by this one are given back.
     for (auto it = idle_.begin(); it != idle_.end();) {
-      if ((*it)->size() * 2 <= largest_) {
+      if ((*it)->size() < bytes) {
         outgrown.push_back(std::move(*it));
         it = idle_.erase(it);
       } else {
@@ -192,14 +215,26 @@ std::unique_ptr<ClientRegion> SharedMemoryPool::Create(int64_t bytes) {
   req.set_key(key);
   req.set_byte_size(static_cast<uint64_t>(bytes));
   v1::SharedMemoryStatus resp;
-  const grpc::Status s = stub_->RegisterSharedMemory(&ctx, req, &resp);
+  grpc::Status s = stub_->RegisterSharedMemory(&ctx, req, &resp);
   // Registered, the server maps the object; no file is needed after that.
   ::shm_unlink(key.c_str());
+  // The name is ours alone (the nonce): taken means an attempt of this very
+  // registration got through and its answer was lost before gRPC retried it.
+  if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS) s = grpc::Status::OK;
   if (!s.ok()) {
-    // The server may have registered it and its answer been lost (a
-    // deadline, a dropped connection): the name goes, whatever came.
-    Unregister(key);
     const absl::Status why(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+    switch (why.code()) {
+      case absl::StatusCode::kUnavailable:       // the outcome is unknown: the
+      case absl::StatusCode::kDeadlineExceeded:  // server may have it
+      case absl::StatusCode::kCancelled:
+      case absl::StatusCode::kUnknown:
+      case absl::StatusCode::kInternal:
+      case absl::StatusCode::kAborted:
+        Unregister(key);
+        break;
+      default:
+        break;
+    }
     switch (why.code()) {
       case absl::StatusCode::kResourceExhausted:  // no room now
       case absl::StatusCode::kUnavailable:        // a moment's trouble
@@ -224,12 +259,18 @@ std::unique_ptr<ClientRegion> SharedMemoryPool::Create(int64_t bytes) {
 void SharedMemoryPool::Return(std::unique_ptr<ClientRegion> region) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // Kept while shared memory is in use, it is not outgrown and the pool
-    // is not full; otherwise given back.
-    if (usable_.value_or(false) && region->size() * 2 > largest_ &&
-        idle_.size() < kMaxIdleRegions) {
-      idle_.push_back(std::move(region));
-      return;
+    // Kept while shared memory is in use; a full pool gives back its
+    // smallest region (this one, or an idle one smaller), so callers of
+    // mixed sizes each keep a region.
+    if (usable_.value_or(false)) {
+      if (idle_.size() < kMaxIdleRegions) {
+        idle_.push_back(std::move(region));
+        return;
+      }
+      auto smallest =
+          std::min_element(idle_.begin(), idle_.end(),
+                           [](const auto& a, const auto& b) { return a->size() < b->size(); });
+      if ((*smallest)->size() < region->size()) std::swap(*smallest, region);
     }
   }
   Unregister(region->name());

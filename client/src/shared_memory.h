@@ -141,6 +141,9 @@ class SharedMemoryPool {
   absl::Status why_not_;                            // the last reason Take declined
   std::chrono::steady_clock::time_point retry_at_;  // Defer: no region before
   std::chrono::milliseconds backoff_{100};
+  // GetServerInfo got no answer: not asked again before ask_at_.
+  std::chrono::steady_clock::time_point ask_at_;
+  std::chrono::milliseconds ask_backoff_{100};
   std::vector<std::unique_ptr<ClientRegion>> idle_;
   int64_t largest_ = 0;  // the largest region created
 };

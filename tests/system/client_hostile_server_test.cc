@@ -38,13 +38,16 @@ using Clock = std::chrono::steady_clock;
 // first word.
 //   "echo"          the right answer for an identity operation: in place
 //                   (descriptor as sent, no bytes) or the bytes sent back
-//   "slow-echo"     the same, 400 ms later
+//   "slow-echo"     the same, 400 ms later ("pause": 20 ms later)
 //   "bytes"         OK, but the result in the answer's bytes although the
 //                   tensor was sent in shared memory
 //   "dtype"         OK, with the bytes, but described as the other 16-bit
 //                   float type
-//   "late-write"    answers after 300 ms (past the caller's deadline) and
-//                   then writes 0xAB over the tensor's slice in the region
+//   "late-write"    answers after 1.5 s (past the caller's 1 s deadline)
+//                   and then writes 0xAB over the tensor's slice
+//   "after-late"    the right answer, once a late write has landed
+//   "gather"        the right answer, once 8 gather calls are in (so all 8
+//                   are in flight together, however slow the machine)
 class ScriptedService final : public v1::PositionalEncoding::CallbackService {
  public:
   ~ScriptedService() override {
@@ -126,12 +129,25 @@ class ScriptedService final : public v1::PositionalEncoding::CallbackService {
       r->Finish(grpc::Status::OK);
     } else if (script == "slow-echo") {
       Later(400, [r] { r->Finish(grpc::Status::OK); });
+    } else if (script == "pause") {
+      Later(20, [r] { r->Finish(grpc::Status::OK); });
     } else if (script == "late-write") {
       char* at = Region(req->query_shm().region());
       const uint64_t offset = req->query_shm().offset(), bytes = req->query_shm().byte_size();
-      Later(300, [r, at, offset, bytes, this] {
+      Later(1500, [r, at, offset, bytes, this] {
         if (at != nullptr) std::memset(at + offset, 0xAB, bytes);
         ++late_writes;
+        r->Finish(grpc::Status::OK);
+      });
+    } else if (script == "after-late") {
+      Later(0, [r, this] {
+        WaitFor([&] { return late_writes.load() > 0; });
+        r->Finish(grpc::Status::OK);
+      });
+    } else if (script == "gather") {
+      ++gathered;
+      Later(0, [r, this] {
+        WaitFor([&] { return gathered.load() >= 8; });
         r->Finish(grpc::Status::OK);
       });
     } else {
@@ -177,9 +193,15 @@ class ScriptedService final : public v1::PositionalEncoding::CallbackService {
     return false;
   }
 
-  std::atomic<int> info_calls{0}, tensor_calls{0}, late_writes{0};
+  std::atomic<int> info_calls{0}, tensor_calls{0}, late_writes{0}, gathered{0};
 
  private:
+  // At most 20 s: a scripted answer never hangs the test.
+  static void WaitFor(const std::function<bool()>& done) {
+    for (const auto end = Clock::now() + std::chrono::seconds(20); !done() && Clock::now() < end;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
   char* Region(const std::string& name) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = regions_.find(name);
@@ -313,15 +335,15 @@ TEST_F(HostileServer, ARegionACallRanOutOfTimeOnIsNeverReused) {
   const uint32_t seed = Seed();
   Tensor first(DType::kFloat32, 256, seed);
   const absl::Status late =
-      client->ApplyRope({}, first.Rope(), Script("late-write", absl::Milliseconds(100)));
+      client->ApplyRope({}, first.Rope(), Script("late-write", absl::Seconds(1)));
   ASSERT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
   ASSERT_EQ(service_.Registered().size(), 1u);
   const std::string first_region = service_.Registered()[0].name;
 
-  // While the first call's work goes on, the next call's takes 400 ms.
+  // The next call is answered only after the first call's late write.
   Tensor second(DType::kFloat32, 256, seed + 1);
   const std::vector<char> sent = second.bytes;
-  ASSERT_TRUE(client->ApplyRope({}, second.Rope(), Script("slow-echo")).ok());
+  ASSERT_TRUE(client->ApplyRope({}, second.Rope(), Script("after-late")).ok());
   EXPECT_EQ(service_.late_writes.load(), 1);
   EXPECT_EQ(second.bytes, sent) << "the first call's late write came back as the second's result";
   ASSERT_EQ(service_.Registered().size(), 2u);
@@ -343,7 +365,7 @@ TEST_F(HostileServer, CallsInFlightTogetherGetRegionsOfTheirOwnSize) {
   std::vector<std::future<absl::Status>> calls;
   for (int i = 0; i < 8; ++i) {
     tensors.push_back(std::make_unique<Tensor>(DType::kFloat32, 2048, seed + i));  // 1 MiB
-    calls.push_back(client->ApplyRopeAsync({}, tensors.back()->Rope(), Script("slow-echo")));
+    calls.push_back(client->ApplyRopeAsync({}, tensors.back()->Rope(), Script("gather")));
   }
   for (auto& c : calls) EXPECT_TRUE(c.get().ok());
   const auto regs = service_.Registered();
@@ -351,6 +373,43 @@ TEST_F(HostileServer, CallsInFlightTogetherGetRegionsOfTheirOwnSize) {
   for (const auto& r : regs) {
     EXPECT_LE(r.bytes, uint64_t{2} << 20) << r.name;
   }
+}
+
+// Callers of two sizes in flight together each keep a region: a small
+// region is pooled beside a large one (it used to be dropped as outgrown,
+// and registered afresh by nearly every small call).
+TEST_F(HostileServer, CallersOfMixedSizesKeepTheirRegions) {
+  auto client = Connect(SharedMemoryUse::kAuto);
+  const uint32_t seed = Seed();
+  auto caller = [&](int tokens, int calls, uint32_t s) {
+    Tensor t(DType::kFloat32, tokens, s);
+    const std::vector<char> sent = t.bytes;
+    for (int i = 0; i < calls; ++i) {
+      EXPECT_TRUE(client->ApplyRope({}, t.Rope(), Script("pause")).ok());
+    }
+    EXPECT_EQ(t.bytes, sent);
+  };
+  std::thread large(caller, 16384, 20, seed);     // 8 MiB
+  std::thread small(caller, 2048, 40, seed + 1);  // 1 MiB
+  large.join();
+  small.join();
+  const auto regs = service_.Registered();
+  std::printf("%zu regions registered for 60 calls\n", regs.size());
+  EXPECT_LE(regs.size(), 4u);
+}
+
+// A registration gRPC retried after the server took the first attempt (its
+// answer lost) meets ALREADY_EXISTS: the name is the client's alone, so the
+// region is registered, and shared memory stays on.
+TEST_F(HostileServer, ARetriedRegistrationThatFindsItselfIsTaken) {
+  auto client = Connect(SharedMemoryUse::kAuto);
+  service_.register_code = grpc::StatusCode::ALREADY_EXISTS;
+  Tensor t(DType::kFloat32, 64, Seed());
+  ASSERT_TRUE(client->ApplyRope({}, t.Rope(), Script("echo")).ok());
+  EXPECT_TRUE(client->UsesSharedMemory());
+  EXPECT_EQ(service_.Registered().size(), 1u);
+  EXPECT_TRUE(service_.Unregistered().empty());
+  EXPECT_EQ(service_.tensor_calls.load(), 1);
 }
 
 // A registration whose answer is lost (here: UNAVAILABLE after the server
@@ -383,9 +442,16 @@ TEST_F(HostileServer, AServerThatCouldNotBeAskedIsAskedAgain) {
   Tensor t(DType::kFloat32, 64, Seed());
   ASSERT_TRUE(client->ApplyRope({}, t.Rope(), Script("echo")).ok());
   EXPECT_TRUE(service_.Registered().empty());
-  service_.info_unavailable = false;
+  // Not asked again at once (a backoff, 100 ms doubling to 5 s), so a
+  // server that is down does not cost every call an extra round trip.
+  const int asked = service_.info_calls.load();
   ASSERT_TRUE(client->ApplyRope({}, t.Rope(), Script("echo")).ok());
-  EXPECT_EQ(service_.Registered().size(), 1u) << "shared memory stayed off";
+  EXPECT_EQ(service_.info_calls.load(), asked);
+  service_.info_unavailable = false;
+  EXPECT_TRUE(Eventually([&] {
+    return client->ApplyRope({}, t.Rope(), Script("echo")).ok() &&
+           service_.Registered().size() == 1;
+  })) << "shared memory stayed off";
 }
 
 // kRequire holds for the built tensors too: a bias or table that cannot be

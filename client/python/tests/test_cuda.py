@@ -104,11 +104,12 @@ class FakeStub:
 
     def ApplyRope(self, request, timeout=None, metadata=None):
         self.calls.append(request)
-        return pb.RopeResponse(backend="cuda:3")
+        # In place: the tensors described as sent, none of their bytes.
+        return pb.RopeResponse(query=request.query, key=request.key, backend="cuda:3")
 
     def AddAbsoluteEncoding(self, request, timeout=None, metadata=None):
         self.calls.append(request)
-        return pb.AbsoluteEncodingResponse(backend="cuda:3")
+        return pb.AbsoluteEncodingResponse(y=request.x, backend="cuda:3")
 
 
 def regions(stub=None, unix=True):

@@ -27,7 +27,9 @@ import threading
 import grpc
 
 from posenc import _shm
+from posenc import _tensors as T
 from posenc._proto.posenc.v1 import posenc_pb2 as pb
+from posenc.errors import PosencError
 
 # Registrations kept (least recently used first out): each holds the
 # server's mapping of one allocation, which keeps that device memory alive
@@ -39,7 +41,15 @@ _MAX_REGIONS = 16
 IN_PLACE = object()
 
 
-def in_place_reader(_response, _data: str, _desc: str, _slice: str):
+def in_place_reader(response, data: str, desc: str, _slice: str, expect=None):
+    """The answer must describe the tensor as sent and carry none of its
+    bytes; the result is the caller's tensor, computed in place."""
+    T.check_desc(getattr(response, desc), expect, desc)
+    if getattr(response, data):
+        raise PosencError(grpc.StatusCode.INTERNAL,
+                          f"the server's answer is malformed: {desc} was computed in place in "
+                          f"device memory, yet the answer carries {len(getattr(response, data))} "
+                          f"bytes of it")
     return IN_PLACE
 
 
@@ -101,6 +111,11 @@ class DeviceRegions:
         self.mode, self.unix_target = mode, unix_target
         self.runtime = runtime or Runtime()
         self._lock = threading.Lock()
+        # Held across a registration (lookup, RPC, insert): two threads with
+        # the same allocation must not both register it (the second entry
+        # would replace the first, whose name no one would unregister).
+        # Registrations are rare: once per allocation.
+        self._registering = threading.Lock()
         self._usable: bool | None = None if mode != "off" else False
         self._devices: dict[str, int] = {}  # the server's GPUs: uuid -> its index
         self._regions: collections.OrderedDict[int, tuple[str, int]] = collections.OrderedDict()
@@ -169,6 +184,11 @@ class DeviceRegions:
         return True
 
     def _region(self, stub, base: int, size: int, handle: bytes, index: int) -> str | None:
+        with self._registering:
+            return self._region_locked(stub, base, size, handle, index)
+
+    def _region_locked(self, stub, base: int, size: int, handle: bytes,
+                       index: int) -> str | None:
         with self._lock:
             known = self._regions.get(base)
             if known is not None and known[1] == size:
@@ -183,9 +203,12 @@ class DeviceRegions:
                 pb.RegisterSharedMemoryRequest(name=name, cuda_handle=handle, cuda_device=index,
                                                byte_size=size), timeout=10)
         except grpc.RpcError as e:
-            # Refused for room: another time. Anything else: host memory
-            # from now on.
-            if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+            # The server may have registered it and the answer been lost.
+            if e.code() in _shm.UNKNOWN_OUTCOME:
+                self._unregister(stub, name)
+            # Refused for room, or a moment's trouble: another time.
+            # Anything else: host memory from now on.
+            if e.code() not in _shm.TRANSIENT:
                 self.disable(f"the server refused device memory: {e.details()}")
             return None
         evicted = []

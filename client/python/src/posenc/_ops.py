@@ -44,12 +44,14 @@ class BiasResult:
 
 
 # Reads a tensor of an answer: (response, data field, descriptor field, the
-# request's shared-memory slice field) -> array. On the socket the bytes are
-# the answer's data field; through shared memory, the region's slice.
-Reader = Callable[[Any, str, str, str], Any]
+# request's shared-memory slice field, what it must be: (DataType, shape or
+# None) or None) -> array. On the socket the bytes are the answer's data
+# field; through shared memory, the region's slice.
+Reader = Callable[[Any, str, str, str, Any], Any]
 
 
-def socket_reader(response, data: str, desc: str, _slice: str):
+def socket_reader(response, data: str, desc: str, _slice: str, expect=None):
+    T.check_desc(getattr(response, desc), expect, desc)
     return T.from_desc(getattr(response, desc), getattr(response, data), desc)
 
 
@@ -67,6 +69,9 @@ class Op:
     # (slice field, bytes) of a tensor the server builds, when its size is
     # known from the request.
     output: tuple | None = None
+    # It builds a tensor (a table, a bias without logits): without `output`
+    # its size is the server's to decide, and it cannot use shared memory.
+    builds: bool = False
 
     def on_socket(self):
         """The request with its tensors in the message."""
@@ -205,20 +210,23 @@ def rope_request(query, key=None, **options) -> tuple[pb.RopeRequest, T.Origin, 
 
 
 def rope_result(resp: pb.RopeResponse, q_origin: T.Origin, k_origin: T.Origin | None,
-                read: Reader = socket_reader) -> RopeResult:
+                read: Reader = socket_reader, request: pb.RopeRequest | None = None) -> RopeResult:
+    """`request`: what was sent, which the answer must describe."""
     if resp.error_code != 0:
         return RopeResult(None, None, resp.backend, resp.request_id,
                           PosencError.from_status(resp.error_code, resp.error_message))
-    query = q_origin.restore(read(resp, "query_data", "query", "query_shm"))
+    q_expect = T.expect_of(request.query) if request is not None else None
+    k_expect = T.expect_of(request.key) if request is not None else None
+    query = q_origin.restore(read(resp, "query_data", "query", "query_shm", q_expect))
     key = None
     if k_origin is not None:
-        key = k_origin.restore(read(resp, "key_data", "key", "key_shm"))
+        key = k_origin.restore(read(resp, "key_data", "key", "key_shm", k_expect))
     return RopeResult(query, key, resp.backend, resp.request_id)
 
 
 def apply_rope(query, key=None, **options) -> Op:
     r, tensors, qo, ko = _rope_parts(query, key, **options)
-    return Op("ApplyRope", r, lambda resp, read: rope_result(resp, qo, ko, read), tensors)
+    return Op("ApplyRope", r, lambda resp, read: rope_result(resp, qo, ko, read, r), tensors)
 
 
 def _encoding(request, table: str | None, layout, base) -> None:
@@ -243,8 +251,9 @@ def add_absolute(x, *, table: str | None = None, layout=None, base=None, positio
     _positions(r, position_ids, offsets, cu_seqlens)
     if x_scale is not None:
         r.x_scale = float(x_scale)
+    expect = T.expect_of(r.x)
     return Op("AddAbsoluteEncoding", r,
-              lambda resp, read: origin.restore(read(resp, "y_data", "y", "x_shm")),
+              lambda resp, read: origin.restore(read(resp, "y_data", "y", "x_shm", expect)),
               ((a, "x_data", "x_shm"),))
 
 
@@ -260,9 +269,10 @@ def encoding_table(*, table: str | None = None, dim: int = 0, count: int = 0, po
         rows = p.shape[0] if p.ndim == 1 else 0
     # Its size is known unless a learned table's own dim or rows decide it.
     nbytes = rows * int(dim) * T.itemsize(r.dtype)
+    expect = (r.dtype, (rows, int(dim)) if nbytes > 0 else None)
     return Op("GetEncodingTable", r,
-              lambda resp, read: read(resp, "table_data", "table", "table_shm"),
-              output=("table_shm", nbytes) if nbytes > 0 else None)
+              lambda resp, read: read(resp, "table_data", "table", "table_shm", expect),
+              output=("table_shm", nbytes) if nbytes > 0 else None, builds=True)
 
 
 def attention_bias(*, num_heads: int = 0, q_len: int = 0, k_len: int = 0, form=None,
@@ -287,19 +297,22 @@ def attention_bias(*, num_heads: int = 0, q_len: int = 0, k_len: int = 0, form=N
         a, origin = T.as_array(logits, "logits", T.FLOATS)
         T.set_desc(a, r.logits)
         tensors = ((a, "logits_data", "logits_shm"),)
+        expect = T.expect_of(r.logits)
     else:
         rows = int(batch) or (r.k_lens.shape[0] if r.k_lens.shape else
                               r.k_starts.shape[0] if r.k_starts.shape else 1)
         dims = (rows, int(num_heads), int(q_len), int(k_len))
+        expect = (r.dtype, None)
         if min(dims) > 0:
             output = ("bias_shm", math.prod(dims) * T.itemsize(r.dtype))
+            expect = (r.dtype, dims)
     where = "logits_shm" if logits is not None else "bias_shm"
 
     def parse(resp, read):
-        bias = origin.restore(read(resp, "bias_data", "bias", where))
+        bias = origin.restore(read(resp, "bias_data", "bias", where, expect))
         return BiasResult(bias, list(resp.slopes), resp.backend)
 
-    return Op("AttentionBias", r, parse, tensors, output)
+    return Op("AttentionBias", r, parse, tensors, output, builds=logits is None)
 
 
 def control(method: str) -> Op:

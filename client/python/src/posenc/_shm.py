@@ -8,6 +8,12 @@ replaced by one at least twice as large when a call needs more, registered
 once and unlinked from /dev/shm at once (the server's mapping and ours keep
 them alive). The first failure of a region turns shared memory off for the
 client, which then uses the socket.
+
+A region goes back to the pool only after a call the server finished with
+(server_done): after a call that ended on the client's side (a deadline, a
+cancellation, a lost connection) the server may still be computing into it,
+so it is unregistered and never carries another call. An answer is trusted
+only if it describes each tensor as sent and carries none of its bytes.
 """
 
 from __future__ import annotations
@@ -48,6 +54,34 @@ def local_domain() -> str:
     return f"{boot}/{st.st_dev}:{st.st_ino}"
 
 
+# Refusals that leave shared memory worth asking for again later: no room
+# now, or a moment's trouble (the server starting, a registration out of time).
+TRANSIENT = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE,
+             grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+             grpc.StatusCode.ABORTED)
+
+# Failures the server sends having finished with a call's region (it refused
+# the call before any work, or did it). Any other (a deadline, a
+# cancellation, a lost connection, an unreadable answer) may leave it still
+# computing there.
+_SERVER_DONE = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
+                grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.ALREADY_EXISTS,
+                grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED,
+                grpc.StatusCode.UNIMPLEMENTED)
+
+
+# Failures that leave unknown whether the server took a registration.
+UNKNOWN_OUTCOME = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                   grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
+                   grpc.StatusCode.INTERNAL, grpc.StatusCode.ABORTED)
+
+
+def server_done(code) -> bool:
+    """Whether a call that failed with `code` left its region free for reuse."""
+    return code in _SERVER_DONE
+
+
 def region_failed(code, message: str) -> bool:
     """Whether a call failed for its region, not its tensors: then the same
     call goes over the socket."""
@@ -82,16 +116,22 @@ class Lease:
         if a.nbytes:
             np.frombuffer(self.region.map, np.uint8, a.nbytes, at)[:] = a.reshape(-1).view(np.uint8)
 
-    def array(self, slice_: pb.SharedMemorySlice, desc: pb.TensorDesc, field: str) -> np.ndarray:
+    def array(self, slice_: pb.SharedMemorySlice, desc: pb.TensorDesc, field: str,
+              data: bytes = b"", expect=None) -> np.ndarray:
         """The server's result in the region, as the socket would have
-        returned it (a copy: the region is reused by the next call)."""
+        returned it (a copy: the region is reused by the next call). The
+        answer must describe what was sent (`expect`), fill the slice and
+        carry none of the bytes (`data`): bytes the server did not write are
+        the caller's input, or an earlier call's result."""
+        T.check_desc(desc, expect, field)
         dtype = T.dtype_of(desc.dtype)
         shape = tuple(desc.shape)
-        if dtype is None or any(d < 0 for d in shape) or \
-                math.prod(shape) * dtype.itemsize > slice_.byte_size:
+        if dtype is None or any(d < 0 for d in shape) or data or \
+                math.prod(shape) * dtype.itemsize != slice_.byte_size:
             raise PosencError(grpc.StatusCode.INTERNAL,
                               f"the server's answer is malformed: {field} of dtype {desc.dtype}, "
-                              f"shape {list(shape)} does not fit its shared-memory slice")
+                              f"shape {list(shape)} ({len(data)} bytes in the answer) is not the "
+                              f"{slice_.byte_size} bytes of its shared-memory slice")
         n = math.prod(shape)
         return np.frombuffer(self.region.map, dtype, n, slice_.offset).reshape(shape).copy()
 
@@ -128,7 +168,10 @@ class Pool:
             grpc.StatusCode.FAILED_PRECONDITION,
             "this server cannot share memory with this process (not on this node, another "
             "/dev/shm, or turned off)")
-        return PosencError(code if code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        if code in TRANSIENT and code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+            code = grpc.StatusCode.UNAVAILABLE  # deferred: worth asking again
+        return PosencError(code if code in (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                            grpc.StatusCode.UNAVAILABLE)
                            else grpc.StatusCode.FAILED_PRECONDITION,
                            f"shared_memory='require' but {why}")
 
@@ -140,6 +183,13 @@ class Pool:
 
     # -- deciding and registering (the caller passes its blocking stub) --
 
+    def undecided(self, why: str) -> None:
+        """The server could not be asked (starting, unreachable): this call
+        uses the socket, and the next asks again."""
+        with self._lock:
+            self.why_not = (grpc.StatusCode.UNAVAILABLE,
+                            f"could not ask the server whether it shares memory: {why}")
+
     def decide(self, info: pb.ServerInfo | None) -> bool:
         same = bool(info is not None and info.shared_memory_enabled and
                     (self.unix_target or (info.shared_memory_domain and
@@ -147,6 +197,7 @@ class Pool:
         with self._lock:
             if self._usable is None:
                 self._usable = same
+                self.why_not = None  # the answer, not an earlier failure to ask
             return self._usable
 
     @property
@@ -171,22 +222,31 @@ class Pool:
         with self._lock:
             if not self._usable:
                 return None
-            for i, r in enumerate(self._idle):
-                if r.size >= nbytes:
-                    return Lease(self, self._idle.pop(i))
+            fits = [i for i, r in enumerate(self._idle) if r.size >= nbytes]
+            if fits:  # the smallest that holds the call
+                return Lease(self, self._idle.pop(min(fits, key=lambda i: self._idle[i].size)))
             if time.monotonic() < self._retry_at:
                 return None  # deferred
-            size = max(nbytes, 2 * self._largest, _MIN_REGION)
+            # Geometric growth for a caller whose tensors grow, but at most
+            # twice this call's bytes: calls in flight together need a region
+            # each, and growth from the largest alone doubled with each.
+            size = max(nbytes, min(2 * self._largest, 2 * nbytes), _MIN_REGION)
             size = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
-            self._largest = max(self._largest, size)
-            outgrown = [r for r in self._idle if 2 * r.size <= self._largest]
-            self._idle = [r for r in self._idle if 2 * r.size > self._largest]
             n = self._created
             self._created += 1
+        region = self._create(size, n)
+        if region is None:
+            return None
+        # Idle regions too small for this call are outgrown (a caller whose
+        # tensors grow keeps one region); those that would have held it stay,
+        # for callers of other sizes.
+        with self._lock:
+            self._largest = max(self._largest, size)
+            outgrown = [r for r in self._idle if r.size < nbytes]
+            self._idle = [r for r in self._idle if r.size >= nbytes]
         for r in outgrown:
             self._drop(r)
-        region = self._create(size, n)
-        return Lease(self, region) if region is not None else None
+        return Lease(self, region)
 
     def _create(self, size: int, n: int) -> Region | None:
         name = f"/posenc-py-{os.getpid()}-{self._nonce}-{n}"
@@ -210,12 +270,19 @@ class Pool:
             self._stub.RegisterSharedMemory(
                 pb.RegisterSharedMemoryRequest(name=name, key=name, byte_size=size), timeout=10)
         except grpc.RpcError as e:
-            mapping.close()
-            if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                self._defer(e.code(), e.details() or "the server refused a region")
-            else:
-                self.disable(f"the server refused a region: {e.details()}")
-            return None
+            # The name is ours alone (the nonce): taken means an attempt of
+            # this very registration got through and its answer was lost
+            # before gRPC retried it.
+            if e.code() != grpc.StatusCode.ALREADY_EXISTS:
+                mapping.close()
+                # The server may have registered it and the answer been lost.
+                if e.code() in UNKNOWN_OUTCOME:
+                    self._unregister(name)
+                if e.code() in TRANSIENT:
+                    self._defer(e.code(), e.details() or "the server refused a region")
+                else:
+                    self.disable(f"the server refused a region: {e.details()}")
+                return None
         finally:
             # Registered, the server maps the object; no file is needed now.
             try:
@@ -228,20 +295,26 @@ class Pool:
 
     def _give_back(self, region: Region, discard: bool) -> None:
         with self._lock:
-            keep = (not discard and self._usable and 2 * region.size > self._largest
-                    and len(self._idle) < _MAX_IDLE)
-            if keep:
+            # Kept while shared memory is in use; a full pool gives back its
+            # smallest region (this one, or an idle one smaller).
+            if not discard and self._usable:
                 self._idle.append(region)
-                return
+                if len(self._idle) <= _MAX_IDLE:
+                    return
+                region = min(self._idle, key=lambda r: r.size)
+                self._idle.remove(region)
         self._drop(region)
 
-    def _drop(self, region: Region) -> None:
+    def _unregister(self, name: str) -> None:
         try:
             if self._stub is not None:
                 self._stub.UnregisterSharedMemory(
-                    pb.UnregisterSharedMemoryRequest(name=region.name), timeout=2)
+                    pb.UnregisterSharedMemoryRequest(name=name), timeout=2)
         except grpc.RpcError:
             pass
+
+    def _drop(self, region: Region) -> None:
+        self._unregister(region.name)
         try:
             region.map.close()
         except (BufferError, ValueError):
@@ -252,6 +325,16 @@ class Pool:
             idle, self._idle = self._idle, []
         for r in idle:
             self._drop(r)
+
+
+def size_unknown(op) -> PosencError:
+    """shared_memory='require', and a built tensor whose size the server
+    decides (a learned table's own rows or dim, a bias without every
+    dimension): it cannot be placed in a region."""
+    return PosencError(grpc.StatusCode.FAILED_PRECONDITION,
+                       f"shared_memory='require' but the size of {op.method}'s result is not "
+                       f"known before the server builds it (give every dimension), so it cannot "
+                       f"be placed in shared memory")
 
 
 def bytes_needed(op) -> int:
@@ -282,6 +365,7 @@ def unplace(op) -> None:
 
 def reader(lease: Lease, request):
     """An _ops.Reader taking the answer's tensors out of the region."""
-    def read(response, _data: str, desc: str, slice_field: str):
-        return lease.array(getattr(request, slice_field), getattr(response, desc), desc)
+    def read(response, data: str, desc: str, slice_field: str, expect=None):
+        return lease.array(getattr(request, slice_field), getattr(response, desc), desc,
+                           getattr(response, data), expect)
     return read

@@ -167,6 +167,28 @@ def dtype_proto(dtype, field: str) -> int:
     return _TO_PROTO[d]
 
 
+def expect_of(desc: pb.TensorDesc) -> tuple[int, tuple]:
+    """What an answer must describe for a tensor sent as `desc`."""
+    return desc.dtype, tuple(desc.shape)
+
+
+def check_desc(desc: pb.TensorDesc, expect: tuple[int, tuple | None] | None, field: str) -> None:
+    """Refuses an answer's tensor that is not the one asked for: another
+    dtype (float16 bytes read as bfloat16 would be silently wrong) or another
+    shape. `expect` is (DataType, shape, or None when the server decides it);
+    None checks nothing."""
+    if expect is None:
+        return
+    dtype, shape = expect[0] or pb.DATA_TYPE_FLOAT32, expect[1]
+    if desc.dtype != dtype or (shape is not None and tuple(desc.shape) != tuple(shape)):
+        want = pb.DataType.Name(dtype) + (f" {list(shape)}" if shape is not None else "")
+        got = (pb.DataType.Name(desc.dtype) if desc.dtype in pb.DataType.values()
+               else str(desc.dtype))
+        raise PosencError(grpc.StatusCode.INTERNAL,
+                          f"the server's answer is malformed: {field} is {got} "
+                          f"{list(desc.shape)}; expected {want}")
+
+
 def from_desc(desc: pb.TensorDesc, data: bytes, field: str) -> np.ndarray:
     """The server's tensor as a writable array, checked against its description."""
     dtype = _FROM_PROTO.get(desc.dtype)

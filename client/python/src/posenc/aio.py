@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -33,14 +34,17 @@ class AsyncClient:
         self._shm = _shm.Pool(self.config.shared_memory, target.startswith("unix:"))
         self._device = _cuda.DeviceRegions(self.config.shared_memory, target.startswith("unix:"))
         self._info_asked = False
-        # Registering and unregistering regions (rare: first use, growth)
-        # go over a small blocking channel of their own.
+        self._info_lock: asyncio.Lock | None = None  # made in the loop, on first use
+        self._ask_at, self._ask_backoff = 0.0, 0.1  # Client._decide's backoff
+        # Registering and unregistering regions (rare: first use, growth, a
+        # call that ran out of time) go over a small blocking channel of
+        # their own, on a worker thread: never in the event loop.
         self._control = None
 
     async def close(self) -> None:
         if self._control is not None:
-            self._device.close(self._control_stub())
-        self._shm.close()
+            await asyncio.to_thread(self._device.close, self._control_stub())
+        await asyncio.to_thread(self._shm.close)
         if self._control is not None:
             self._control[0].close()
         await self._channel.close()
@@ -76,16 +80,26 @@ class AsyncClient:
             raise PosencError.from_rpc_error(e) from None
 
     async def _decide(self) -> None:
-        """Asks the server, once, what it shares with this process."""
-        if self._info_asked:
+        """Client._decide: asked until the server answers, one task at a time."""
+        if self._info_asked or time.monotonic() < self._ask_at:
             return
-        self._info_asked = True
-        try:
-            info = await self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
-        except grpc.RpcError:
-            info = None
-        self._shm.decide(info)
-        self._device.decide(info)
+        if self._info_lock is None:
+            self._info_lock = asyncio.Lock()
+        async with self._info_lock:
+            if self._info_asked:
+                return
+            try:
+                info = await self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    self._shm.undecided(e.details() or str(e.code()))
+                    self._ask_at = time.monotonic() + self._ask_backoff
+                    self._ask_backoff = min(2 * self._ask_backoff, 5.0)
+                    return
+                info = None
+            self._shm.decide(info)
+            self._device.decide(info)
+            self._info_asked = True
 
     async def _on_device(self, op: _ops.Op) -> bool:
         """Client._on_device: the registrations are blocking calls (rare:
@@ -93,15 +107,19 @@ class AsyncClient:
         if self.config.shared_memory == "off" or _cuda.device_tensors(op) is None:
             return False
         await self._decide()
-        return self._device.place(op, self._control_stub())
+        return await asyncio.to_thread(self._device.place, op, self._control_stub())
 
     async def _lease(self, op: _ops.Op) -> _shm.Lease | None:
         """A region for the call's tensors, when shared memory is in use."""
         needed = _shm.bytes_needed(op)
-        if self.config.shared_memory == "off" or needed <= 0:
+        if self.config.shared_memory == "off":
+            return None
+        if needed <= 0:
+            if op.builds and self.config.shared_memory == "require":
+                raise _shm.size_unknown(op)
             return None
         await self._decide()
-        lease = (self._shm.take(self._control_stub(), needed)
+        lease = (await asyncio.to_thread(self._shm.take, self._control_stub(), needed)
                  if self._shm.usable else None)
         if lease is None and self.config.shared_memory == "require":
             raise self._shm.error()
@@ -124,15 +142,22 @@ class AsyncClient:
                 response = await self._call(op.method, op.request, timeout, request_id)
                 return op.parse(response, _shm.reader(lease, op.request))
             except PosencError as e:
-                if self.config.shared_memory == "require" or not _shm.region_failed(e.code,
-                                                                                    e.message):
+                if not _shm.region_failed(e.code, e.message):
+                    lease.discard = not _shm.server_done(e.code)
                     raise
                 # The region failed, not the tensors: the socket from now on.
                 lease.discard = True
-                self._shm.disable()
+                if self.config.shared_memory == "require":
+                    raise
+                await asyncio.to_thread(self._shm.disable)
                 _shm.unplace(op)
+            except BaseException:  # cancelled: the server may be computing there
+                lease.discard = True
+                raise
             finally:
-                lease.release()
+                # Unregistering a discarded region waits for the server:
+                # off the loop, and done even if this task is cancelled.
+                await asyncio.shield(asyncio.to_thread(lease.release))
         response = await self._call(op.method, op.on_socket(), timeout, request_id)
         return op.parse(response, _ops.socket_reader)
 
@@ -162,7 +187,7 @@ class AsyncClient:
             try:
                 async for item in each():
                     request, qo, ko = _ops.stream_item(item)
-                    origins.append((qo, ko))
+                    origins.append((qo, ko, _ops.socket_reader, request))
                     yield request
             except PosencError as e:
                 refused.append(e)

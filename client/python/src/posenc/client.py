@@ -5,6 +5,8 @@ about the call carry it) and raises PosencError on failure."""
 from __future__ import annotations
 
 import collections
+import threading
+import time
 from collections.abc import Iterable, Iterator
 
 import grpc
@@ -35,6 +37,10 @@ class Client:
         self._shm = _shm.Pool(self.config.shared_memory, target.startswith("unix:"))
         self._device = _cuda.DeviceRegions(self.config.shared_memory, target.startswith("unix:"))
         self._info_asked = False
+        self._info_lock = threading.Lock()
+        # GetServerInfo got no answer: not asked again before _ask_at, so a
+        # server that is down does not cost every call an extra round trip.
+        self._ask_at, self._ask_backoff = 0.0, 0.1
 
     def close(self) -> None:
         self._device.close(self._stub)
@@ -68,16 +74,28 @@ class Client:
             raise PosencError.from_rpc_error(e) from None
 
     def _decide(self) -> None:
-        """Asks the server, once, what it shares with this process."""
-        if self._info_asked:
+        """Asks the server what it shares with this process, until it answers
+        (one caller at a time: the others wait for the answer rather than
+        finding it undecided)."""
+        if self._info_asked or time.monotonic() < self._ask_at:
             return
-        self._info_asked = True
-        try:
-            info = self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
-        except grpc.RpcError:
-            info = None
-        self._shm.decide(info)
-        self._device.decide(info)
+        with self._info_lock:
+            if self._info_asked:
+                return
+            try:
+                info = self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    # Starting or unreachable: a call after a backoff (0.1 s
+                    # doubling to 5 s) asks again.
+                    self._shm.undecided(e.details() or str(e.code()))
+                    self._ask_at = time.monotonic() + self._ask_backoff
+                    self._ask_backoff = min(2 * self._ask_backoff, 5.0)
+                    return
+                info = None
+            self._shm.decide(info)
+            self._device.decide(info)
+            self._info_asked = True
 
     def _on_device(self, op: _ops.Op) -> bool:
         """Names the call's torch CUDA tensors in registered device memory
@@ -90,7 +108,11 @@ class Client:
     def _lease(self, op: _ops.Op) -> _shm.Lease | None:
         """A region for the call's tensors, when shared memory is in use."""
         needed = _shm.bytes_needed(op)
-        if self.config.shared_memory == "off" or needed <= 0:
+        if self.config.shared_memory == "off":
+            return None
+        if needed <= 0:
+            if op.builds and self.config.shared_memory == "require":
+                raise _shm.size_unknown(op)
             return None
         self._decide()
         lease = (self._shm.take(self._stub, needed)
@@ -118,13 +140,18 @@ class Client:
                 response = self._call(op.method, op.request, timeout, request_id)
                 return op.parse(response, _shm.reader(lease, op.request))
             except PosencError as e:
-                if self.config.shared_memory == "require" or not _shm.region_failed(e.code,
-                                                                                    e.message):
+                if not _shm.region_failed(e.code, e.message):
+                    lease.discard = not _shm.server_done(e.code)
                     raise
                 # The region failed, not the tensors: the socket from now on.
                 lease.discard = True
+                if self.config.shared_memory == "require":
+                    raise
                 self._shm.disable()
                 _shm.unplace(op)
+            except BaseException:  # interrupted: the server may be computing there
+                lease.discard = True
+                raise
             finally:
                 lease.release()
         response = self._call(op.method, op.on_socket(), timeout, request_id)
@@ -157,7 +184,7 @@ class Client:
             try:
                 for item in items:
                     request, qo, ko = _ops.stream_item(item)
-                    origins.append((qo, ko))
+                    origins.append((qo, ko, _ops.socket_reader, request))
                     yield request
             except PosencError as e:
                 refused.append(e)
