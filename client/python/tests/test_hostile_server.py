@@ -105,6 +105,12 @@ class Scripted(pb_grpc.PositionalEncodingServicer):
             self.tensor_calls += 1
         context.abort(grpc.StatusCode.INTERNAL, "not scripted")
 
+    def close(self) -> None:
+        with self._lock:
+            for m in self._maps.values():
+                m.close()
+            self._maps.clear()
+
     def was_unregistered(self, name) -> bool:
         with self._lock:
             return name in self.unregistered
@@ -129,6 +135,7 @@ def scripted():
     server.start()
     yield service, "unix:" + os.path.join(folder, "hostile.sock")
     server.stop(None)
+    service.close()
     shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -186,7 +193,11 @@ def test_an_async_call_cancelled_leaves_its_region_unpooled(scripted, rng):
     async def run():
         async with posenc.AsyncClient(target, health_check_service="") as c:
             task = asyncio.ensure_future(c.apply_rope(tensor(rng), request_id="slow-echo call"))
-            await asyncio.sleep(0.15)
+            for _ in range(2000):  # until the call is on the server, however slow the machine
+                if service.tensor_calls:
+                    break
+                await asyncio.sleep(0.005)
+            assert service.tensor_calls == 1
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import os
+import secrets
 import threading
 
 import grpc
@@ -120,6 +122,7 @@ class DeviceRegions:
         self._devices: dict[str, int] = {}  # the server's GPUs: uuid -> its index
         self._regions: collections.OrderedDict[int, tuple[str, int]] = collections.OrderedDict()
         self._created = 0
+        self._nonce = secrets.token_hex(8)
         self.why_not = ""
 
     def decide(self, info: pb.ServerInfo | None) -> None:
@@ -184,6 +187,11 @@ class DeviceRegions:
         return True
 
     def _region(self, stub, base: int, size: int, handle: bytes, index: int) -> str | None:
+        with self._lock:  # known: no wait behind another allocation's registration
+            known = self._regions.get(base)
+            if known is not None and known[1] == size:
+                self._regions.move_to_end(base)
+                return known[0]
         with self._registering:
             return self._region_locked(stub, base, size, handle, index)
 
@@ -194,23 +202,31 @@ class DeviceRegions:
             if known is not None and known[1] == size:
                 self._regions.move_to_end(base)
                 return known[0]
-            name = f"/posenc-py-cuda-{id(self):x}-{self._created}"
+            # Names are the server's to share among all its clients: the pid
+            # and a nonce keep ours apart from other processes' and clients'.
+            name = f"/posenc-py-cuda-{os.getpid()}-{self._nonce}-{self._created}"
             self._created += 1
-        if known is not None:  # freed and allocated again, of another size
+            if known is not None:  # freed and allocated again, of another size
+                del self._regions[base]
+        if known is not None:
             self._unregister(stub, known[0])
         try:
             stub.RegisterSharedMemory(
                 pb.RegisterSharedMemoryRequest(name=name, cuda_handle=handle, cuda_device=index,
                                                byte_size=size), timeout=10)
         except grpc.RpcError as e:
-            # The server may have registered it and the answer been lost.
-            if e.code() in _shm.UNKNOWN_OUTCOME:
-                self._unregister(stub, name)
-            # Refused for room, or a moment's trouble: another time.
-            # Anything else: host memory from now on.
-            if e.code() not in _shm.TRANSIENT:
-                self.disable(f"the server refused device memory: {e.details()}")
-            return None
+            # Taken means an attempt of this very registration got through
+            # and its answer was lost before gRPC retried it (the name is
+            # ours alone): registered.
+            if e.code() != grpc.StatusCode.ALREADY_EXISTS:
+                # The server may have registered it and the answer been lost.
+                if e.code() in _shm.UNKNOWN_OUTCOME:
+                    self._unregister(stub, name)
+                # Refused for room, or a moment's trouble: another time.
+                # Anything else: host memory from now on.
+                if e.code() not in _shm.TRANSIENT:
+                    self.disable(f"the server refused device memory: {e.details()}")
+                return None
         evicted = []
         with self._lock:
             self._regions[base] = (name, size)
@@ -224,7 +240,7 @@ class DeviceRegions:
     def _unregister(stub, name: str) -> None:
         try:
             stub.UnregisterSharedMemory(pb.UnregisterSharedMemoryRequest(name=name), timeout=2)
-        except grpc.RpcError:
+        except (grpc.RpcError, ValueError):  # ValueError: the channel is closed
             pass
 
     def close(self, stub) -> None:

@@ -209,14 +209,18 @@ def rope_request(query, key=None, **options) -> tuple[pb.RopeRequest, T.Origin, 
     return r, q_origin, k_origin
 
 
+def rope_expects(request: pb.RopeRequest) -> tuple:
+    """What a RoPE answer must describe: the query and key as sent."""
+    return T.expect_of(request.query), T.expect_of(request.key)
+
+
 def rope_result(resp: pb.RopeResponse, q_origin: T.Origin, k_origin: T.Origin | None,
-                read: Reader = socket_reader, request: pb.RopeRequest | None = None) -> RopeResult:
-    """`request`: what was sent, which the answer must describe."""
+                read: Reader = socket_reader, expects: tuple = (None, None)) -> RopeResult:
+    """`expects`: rope_expects of the request (None checks nothing)."""
     if resp.error_code != 0:
         return RopeResult(None, None, resp.backend, resp.request_id,
                           PosencError.from_status(resp.error_code, resp.error_message))
-    q_expect = T.expect_of(request.query) if request is not None else None
-    k_expect = T.expect_of(request.key) if request is not None else None
+    q_expect, k_expect = expects
     query = q_origin.restore(read(resp, "query_data", "query", "query_shm", q_expect))
     key = None
     if k_origin is not None:
@@ -226,7 +230,9 @@ def rope_result(resp: pb.RopeResponse, q_origin: T.Origin, k_origin: T.Origin | 
 
 def apply_rope(query, key=None, **options) -> Op:
     r, tensors, qo, ko = _rope_parts(query, key, **options)
-    return Op("ApplyRope", r, lambda resp, read: rope_result(resp, qo, ko, read, r), tensors)
+    expects = rope_expects(r)
+    return Op("ApplyRope", r, lambda resp, read: rope_result(resp, qo, ko, read, expects),
+              tensors)
 
 
 def _encoding(request, table: str | None, layout, base) -> None:

@@ -310,7 +310,7 @@ class Pool:
             if self._stub is not None:
                 self._stub.UnregisterSharedMemory(
                     pb.UnregisterSharedMemoryRequest(name=name), timeout=2)
-        except grpc.RpcError:
+        except (grpc.RpcError, ValueError):  # ValueError: the channel is closed
             pass
 
     def _drop(self, region: Region) -> None:
@@ -320,8 +320,20 @@ class Pool:
         except (BufferError, ValueError):
             pass
 
+    def take_idle(self, nbytes: int) -> Lease | None:
+        """An idle region that holds `nbytes`, without any call to the server
+        (None: take() would have to make one)."""
+        with self._lock:
+            if not self._usable:
+                return None
+            fits = [i for i, r in enumerate(self._idle) if r.size >= nbytes]
+            if not fits:
+                return None
+            return Lease(self, self._idle.pop(min(fits, key=lambda i: self._idle[i].size)))
+
     def close(self) -> None:
         with self._lock:
+            self._usable = False  # a lease released after this is dropped, not pooled
             idle, self._idle = self._idle, []
         for r in idle:
             self._drop(r)

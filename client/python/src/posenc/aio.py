@@ -19,6 +19,21 @@ from posenc.client import _metadata
 from posenc.errors import PosencError
 
 
+async def _off_loop(f, *args):
+    """f(*args) on a worker thread, carried through even if the awaiting task
+    is cancelled meanwhile (a Lease it returns is then released)."""
+    done = asyncio.ensure_future(asyncio.to_thread(f, *args))
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        def release(fut):
+            if not fut.cancelled() and fut.exception() is None and \
+                    isinstance(fut.result(), _shm.Lease):
+                fut.result().release()
+        done.add_done_callback(release)
+        raise
+
+
 class AsyncClient:
     """AsyncClient("host:port", **ChannelConfig fields); use `async with` or
     `await close()`."""
@@ -86,7 +101,7 @@ class AsyncClient:
         if self._info_lock is None:
             self._info_lock = asyncio.Lock()
         async with self._info_lock:
-            if self._info_asked:
+            if self._info_asked or time.monotonic() < self._ask_at:
                 return
             try:
                 info = await self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
@@ -107,7 +122,9 @@ class AsyncClient:
         if self.config.shared_memory == "off" or _cuda.device_tensors(op) is None:
             return False
         await self._decide()
-        return await asyncio.to_thread(self._device.place, op, self._control_stub())
+        # In the loop's thread: it synchronizes the caller's current CUDA
+        # stream, which is per thread.
+        return self._device.place(op, self._control_stub())
 
     async def _lease(self, op: _ops.Op) -> _shm.Lease | None:
         """A region for the call's tensors, when shared memory is in use."""
@@ -119,8 +136,11 @@ class AsyncClient:
                 raise _shm.size_unknown(op)
             return None
         await self._decide()
-        lease = (await asyncio.to_thread(self._shm.take, self._control_stub(), needed)
-                 if self._shm.usable else None)
+        lease = None
+        if self._shm.usable:
+            # An idle region at once; making one (a registration) off the loop.
+            lease = self._shm.take_idle(needed) or await _off_loop(
+                self._shm.take, self._control_stub(), needed)
         if lease is None and self.config.shared_memory == "require":
             raise self._shm.error()
         return lease
@@ -155,9 +175,12 @@ class AsyncClient:
                 lease.discard = True
                 raise
             finally:
-                # Unregistering a discarded region waits for the server:
-                # off the loop, and done even if this task is cancelled.
-                await asyncio.shield(asyncio.to_thread(lease.release))
+                if lease.discard:
+                    # Unregistering waits for the server: off the loop, and
+                    # done even if this task is cancelled.
+                    await _off_loop(lease.release)
+                else:
+                    lease.release()  # back to the pool
         response = await self._call(op.method, op.on_socket(), timeout, request_id)
         return op.parse(response, _ops.socket_reader)
 
@@ -187,7 +210,7 @@ class AsyncClient:
             try:
                 async for item in each():
                     request, qo, ko = _ops.stream_item(item)
-                    origins.append((qo, ko, _ops.socket_reader, request))
+                    origins.append((qo, ko, _ops.socket_reader, _ops.rope_expects(request)))
                     yield request
             except PosencError as e:
                 refused.append(e)

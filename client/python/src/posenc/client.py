@@ -80,7 +80,7 @@ class Client:
         if self._info_asked or time.monotonic() < self._ask_at:
             return
         with self._info_lock:
-            if self._info_asked:
+            if self._info_asked or time.monotonic() < self._ask_at:
                 return
             try:
                 info = self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
@@ -184,7 +184,7 @@ class Client:
             try:
                 for item in items:
                     request, qo, ko = _ops.stream_item(item)
-                    origins.append((qo, ko, _ops.socket_reader, request))
+                    origins.append((qo, ko, _ops.socket_reader, _ops.rope_expects(request)))
                     yield request
             except PosencError as e:
                 refused.append(e)
