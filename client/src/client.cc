@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "call_outcome.h"
 #include "device_memory.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -181,29 +182,13 @@ bool RegionFailed(const absl::Status& s) {
          absl::StrContains(s.message(), "shared memory");
 }
 
-// After a call on a region failed with `s` (not RegionFailed): the region
-// goes back to the pool only when the server answered having finished with
-// it, having refused the call before any work or done it. A failure this
-// side or the connection made (a deadline, a cancellation, a lost
-// connection, an unreadable answer) leaves the server perhaps still
-// computing into it: it is dropped and unregistered, or the next call to
-// take it would have its tensors overwritten.
+// After a call on a region failed with `s`: the region goes back to the
+// pool only when the server finished with the call. One the server lost
+// (RegionFailed) is useless; after a failure of unknown outcome the server
+// may still be computing into it, and the next call to take it would have
+// its tensors overwritten. Either is dropped and unregistered.
 void LeaveRegion(std::optional<client_internal::Lease>& lease, const absl::Status& s) {
-  if (!lease) return;
-  switch (s.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kResourceExhausted:
-    case absl::StatusCode::kNotFound:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kAlreadyExists:
-    case absl::StatusCode::kPermissionDenied:
-    case absl::StatusCode::kUnauthenticated:
-    case absl::StatusCode::kUnimplemented:
-      return;
-    default:
-      lease->Discard();
-  }
+  if (lease && (RegionFailed(s) || client_internal::OutcomeUnknown(s.code()))) lease->Discard();
 }
 
 absl::StatusOr<ServerTensor> TensorOf(absl::string_view field, const v1::TensorDesc& desc,
@@ -461,7 +446,7 @@ std::future<absl::Status> Client::ApplyRopeAsync(const RopeOptions& options, con
               RopeBack(state->request, state->response, state->place, query, key));
           return;
         }
-        if (state->lease && RegionFailed(st)) state->lease->Discard();
+        LeaveRegion(state->lease, st);
         if (state->lease && RegionFailed(st) &&
             options_.shared_memory != SharedMemoryUse::kRequire) {
           // The region failed, not the tensors: the same call on the socket
@@ -482,7 +467,6 @@ std::future<absl::Status> Client::ApplyRopeAsync(const RopeOptions& options, con
               });
           return;
         }
-        LeaveRegion(state->lease, st);
         state->done.set_value(st);
       });
   return f;
@@ -517,12 +501,10 @@ absl::Status Client::ApplyRope(const RopeOptions& options, const RopeTensors& t,
     v1::RopeResponse resp;
     absl::Status st = FromGrpc(stub_->ApplyRope(&ctx, req, &resp));
     if (st.ok()) return RopeBack(req, resp, place, t.query, t.key);
-    if (!lease || !RegionFailed(st)) {
-      LeaveRegion(lease, st);
+    LeaveRegion(lease, st);
+    // A region the server lost: the call again on the socket, unless required.
+    if (!lease || !RegionFailed(st) || options_.shared_memory == SharedMemoryUse::kRequire)
       return st;
-    }
-    lease->Discard();  // then, unless shared memory is required, again on the socket
-    if (options_.shared_memory == SharedMemoryUse::kRequire) return st;
     shm_->Disable(st);
     lease.reset();
   }
@@ -570,7 +552,7 @@ std::future<absl::Status> Client::AddAbsoluteEncodingAsync(const AbsoluteOptions
           state->done.set_value(AbsoluteBack(state->request, state->response, state->place, x));
           return;
         }
-        if (state->lease && RegionFailed(st)) state->lease->Discard();
+        LeaveRegion(state->lease, st);
         if (state->lease && RegionFailed(st) &&
             options_.shared_memory != SharedMemoryUse::kRequire) {
           shm_->Disable(st);
@@ -588,7 +570,6 @@ std::future<absl::Status> Client::AddAbsoluteEncodingAsync(const AbsoluteOptions
               });
           return;
         }
-        LeaveRegion(state->lease, st);
         state->done.set_value(st);
       });
   return f;
@@ -617,12 +598,10 @@ absl::Status Client::AddAbsoluteEncoding(const AbsoluteOptions& options, const A
     v1::AbsoluteEncodingResponse resp;
     absl::Status st = FromGrpc(stub_->AddAbsoluteEncoding(&ctx, req, &resp));
     if (st.ok()) return AbsoluteBack(req, resp, place, t.x);
-    if (!lease || !RegionFailed(st)) {
-      LeaveRegion(lease, st);
+    LeaveRegion(lease, st);
+    // A region the server lost: the call again on the socket, unless required.
+    if (!lease || !RegionFailed(st) || options_.shared_memory == SharedMemoryUse::kRequire)
       return st;
-    }
-    lease->Discard();
-    if (options_.shared_memory == SharedMemoryUse::kRequire) return st;
     shm_->Disable(st);
     lease.reset();
   }
@@ -672,12 +651,10 @@ absl::Status Client::ApplyAttentionBias(const BiasOptions& options, MutableTenso
       if (st.ok() && slopes != nullptr) slopes->assign(resp.slopes().begin(), resp.slopes().end());
       return st;
     }
-    if (!lease || !RegionFailed(st)) {
-      LeaveRegion(lease, st);
+    LeaveRegion(lease, st);
+    // A region the server lost: the call again on the socket, unless required.
+    if (!lease || !RegionFailed(st) || options_.shared_memory == SharedMemoryUse::kRequire)
       return st;
-    }
-    lease->Discard();
-    if (options_.shared_memory == SharedMemoryUse::kRequire) return st;
     shm_->Disable(st);
     lease.reset();
   }
@@ -762,12 +739,9 @@ absl::StatusOr<ServerTensor> Client::AttentionBias(const BiasOptions& options,
       if (out.ok()) out->slopes.assign(resp.slopes().begin(), resp.slopes().end());
       return out;
     }
-    if (!lease || !RegionFailed(st)) {
-      LeaveRegion(lease, st);
-      return st;
-    }
-    lease->Discard();
-    if (required) return st;
+    LeaveRegion(lease, st);
+    // A region the server lost: the call again on the socket, unless required.
+    if (!lease || !RegionFailed(st) || required) return st;
     shm_->Disable(st);
     lease.reset();
   }
@@ -809,12 +783,9 @@ absl::StatusOr<ServerTensor> Client::EncodingTable(const AbsoluteOptions& option
                                      req.table_shm(), resp.backend())
                    : TensorOf("table", resp.table(), resp.mutable_table_data(), resp.backend());
     }
-    if (!lease || !RegionFailed(st)) {
-      LeaveRegion(lease, st);
-      return st;
-    }
-    lease->Discard();
-    if (required) return st;
+    LeaveRegion(lease, st);
+    // A region the server lost: the call again on the socket, unless required.
+    if (!lease || !RegionFailed(st) || required) return st;
     shm_->Disable(st);
     lease.reset();
   }

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "call_outcome.h"
 
 namespace posenc::client_internal {
 namespace {
@@ -70,18 +71,7 @@ absl::Status DeviceRegions::Register(const DeviceAllocation& a, grpc::ClientCont
     }
     // The outcome is unknown (a deadline, a dropped connection): the server
     // may have registered it, and would keep the allocation open.
-    switch (s.code()) {
-      case absl::StatusCode::kUnavailable:
-      case absl::StatusCode::kDeadlineExceeded:
-      case absl::StatusCode::kCancelled:
-      case absl::StatusCode::kUnknown:
-      case absl::StatusCode::kInternal:
-      case absl::StatusCode::kAborted:
-        UnregisterName(stub_, name);
-        break;
-      default:
-        break;
-    }
+    if (OutcomeUnknown(s.code())) UnregisterName(stub_, name);
     return s;
   }
   std::lock_guard<std::mutex> lock(mu_);

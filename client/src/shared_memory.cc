@@ -15,6 +15,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "call_outcome.h"
 
 namespace posenc::client_internal {
 namespace {
@@ -24,6 +25,14 @@ constexpr int64_t kMinRegionBytes = int64_t{1} << 20;
 constexpr int64_t kMaxRegionBytes = int64_t{1} << 46;
 constexpr size_t kMaxIdleRegions = 4;
 constexpr std::chrono::milliseconds kFirstBackoff{100}, kMaxBackoff{5000};
+
+// Refusals that leave shared memory worth asking for again later (Defer):
+// no room now, or a moment's trouble.
+bool Transient(absl::StatusCode code) {
+  return code == absl::StatusCode::kResourceExhausted || code == absl::StatusCode::kUnavailable ||
+         code == absl::StatusCode::kDeadlineExceeded || code == absl::StatusCode::kCancelled ||
+         code == absl::StatusCode::kAborted;
+}
 
 int64_t RoundUpToPages(int64_t bytes) {
   const int64_t page = sysconf(_SC_PAGESIZE);
@@ -66,17 +75,13 @@ bool SharedMemoryPool::disabled() const {
 
 absl::Status SharedMemoryPool::WhyNot() const {
   std::lock_guard<std::mutex> lock(mu_);
-  switch (why_not_.code()) {
-    case absl::StatusCode::kResourceExhausted:
-    case absl::StatusCode::kUnavailable:
-      return why_not_;
-    case absl::StatusCode::kDeadlineExceeded:  // deferred: worth asking again
-    case absl::StatusCode::kCancelled:
-    case absl::StatusCode::kAborted:
-      return absl::UnavailableError(
-          absl::StrCat("a shared-memory region was not registered now: ", why_not_.message()));
-    default:
-      break;
+  if (why_not_.code() == absl::StatusCode::kResourceExhausted ||
+      why_not_.code() == absl::StatusCode::kUnavailable) {
+    return why_not_;
+  }
+  if (Transient(why_not_.code())) {  // deferred: worth asking again
+    return absl::UnavailableError(
+        absl::StrCat("a shared-memory region was not registered now: ", why_not_.message()));
   }
   return absl::FailedPreconditionError(
       why_not_.ok() ? "this server cannot share memory with this process (not on this node, "
@@ -223,28 +228,11 @@ std::unique_ptr<ClientRegion> SharedMemoryPool::Create(int64_t bytes) {
   if (s.error_code() == grpc::StatusCode::ALREADY_EXISTS) s = grpc::Status::OK;
   if (!s.ok()) {
     const absl::Status why(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-    switch (why.code()) {
-      case absl::StatusCode::kUnavailable:       // the outcome is unknown: the
-      case absl::StatusCode::kDeadlineExceeded:  // server may have it
-      case absl::StatusCode::kCancelled:
-      case absl::StatusCode::kUnknown:
-      case absl::StatusCode::kInternal:
-      case absl::StatusCode::kAborted:
-        Unregister(key);
-        break;
-      default:
-        break;
-    }
-    switch (why.code()) {
-      case absl::StatusCode::kResourceExhausted:  // no room now
-      case absl::StatusCode::kUnavailable:        // a moment's trouble
-      case absl::StatusCode::kDeadlineExceeded:
-      case absl::StatusCode::kCancelled:
-      case absl::StatusCode::kAborted:
-        Defer(why);
-        break;
-      default:  // the server cannot map our regions
-        Disable(why);
+    if (OutcomeUnknown(why.code())) Unregister(key);  // the server may have it
+    if (Transient(why.code())) {
+      Defer(why);
+    } else {
+      Disable(why);  // the server cannot map our regions
     }
     return nullptr;
   }

@@ -220,7 +220,7 @@ class DeviceRegions:
             # ours alone): registered.
             if e.code() != grpc.StatusCode.ALREADY_EXISTS:
                 # The server may have registered it and the answer been lost.
-                if e.code() in _shm.UNKNOWN_OUTCOME:
+                if _shm.outcome_unknown(e.code()):
                     self._unregister(stub, name)
                 # Refused for room, or a moment's trouble: another time.
                 # Anything else: host memory from now on.

@@ -10,7 +10,7 @@ them alive). The first failure of a region turns shared memory off for the
 client, which then uses the socket.
 
 A region goes back to the pool only after a call the server finished with
-(server_done): after a call that ended on the client's side (a deadline, a
+(outcome_unknown): after a call that ended on the client's side (a deadline, a
 cancellation, a lost connection) the server may still be computing into it,
 so it is unregistered and never carries another call. An answer is trusted
 only if it describes each tensor as sent and carries none of its bytes.
@@ -60,10 +60,8 @@ TRANSIENT = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE,
              grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
              grpc.StatusCode.ABORTED)
 
-# Failures the server sends having finished with a call's region (it refused
-# the call before any work, or did it). Any other (a deadline, a
-# cancellation, a lost connection, an unreadable answer) may leave it still
-# computing there.
+# Failures the server sends having finished with a call (it refused it
+# before any work, or did it).
 _SERVER_DONE = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
                 grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
                 grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.ALREADY_EXISTS,
@@ -71,15 +69,12 @@ _SERVER_DONE = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAU
                 grpc.StatusCode.UNIMPLEMENTED)
 
 
-# Failures that leave unknown whether the server took a registration.
-UNKNOWN_OUTCOME = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                   grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
-                   grpc.StatusCode.INTERNAL, grpc.StatusCode.ABORTED)
-
-
-def server_done(code) -> bool:
-    """Whether a call that failed with `code` left its region free for reuse."""
-    return code in _SERVER_DONE
+def outcome_unknown(code) -> bool:
+    """Whether a call that failed with `code` may still be running on the
+    server or have taken effect there (any failure but _SERVER_DONE's: a
+    deadline, a cancellation, a lost connection, an unreadable answer): its
+    region may still be written, its registration may have been made."""
+    return code not in _SERVER_DONE
 
 
 def region_failed(code, message: str) -> bool:
@@ -160,6 +155,7 @@ class Pool:
         self._stub = None
         self._retry_at = 0.0
         self._backoff = _FIRST_BACKOFF_S
+        self._ask_at, self._ask_backoff = 0.0, _FIRST_BACKOFF_S
         self.why_not: tuple[grpc.StatusCode, str] | None = None  # the last refusal
 
     def error(self) -> PosencError:
@@ -168,12 +164,11 @@ class Pool:
             grpc.StatusCode.FAILED_PRECONDITION,
             "this server cannot share memory with this process (not on this node, another "
             "/dev/shm, or turned off)")
-        if code in TRANSIENT and code != grpc.StatusCode.RESOURCE_EXHAUSTED:
-            code = grpc.StatusCode.UNAVAILABLE  # deferred: worth asking again
-        return PosencError(code if code in (grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                            grpc.StatusCode.UNAVAILABLE)
-                           else grpc.StatusCode.FAILED_PRECONDITION,
-                           f"shared_memory='require' but {why}")
+        if code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+            # Deferred, or not asked yet: worth trying again.
+            code = (grpc.StatusCode.UNAVAILABLE if code in TRANSIENT
+                    else grpc.StatusCode.FAILED_PRECONDITION)
+        return PosencError(code, f"shared_memory='require' but {why}")
 
     def _defer(self, code: grpc.StatusCode, why: str) -> None:
         with self._lock:
@@ -183,12 +178,21 @@ class Pool:
 
     # -- deciding and registering (the caller passes its blocking stub) --
 
+    def may_ask(self) -> bool:
+        """Whether the server may be asked what it shares (GetServerInfo)
+        now: not within the backoff after it got no answer, so a server that
+        is down does not cost every call an extra round trip."""
+        return time.monotonic() >= self._ask_at
+
     def undecided(self, why: str) -> None:
         """The server could not be asked (starting, unreachable): this call
-        uses the socket, and the next asks again."""
+        uses the socket, and one after a backoff (0.1 s doubling to 5 s)
+        asks again."""
         with self._lock:
             self.why_not = (grpc.StatusCode.UNAVAILABLE,
                             f"could not ask the server whether it shares memory: {why}")
+            self._ask_at = time.monotonic() + self._ask_backoff
+            self._ask_backoff = min(2 * self._ask_backoff, _MAX_BACKOFF_S)
 
     def decide(self, info: pb.ServerInfo | None) -> bool:
         same = bool(info is not None and info.shared_memory_enabled and
@@ -222,9 +226,9 @@ class Pool:
         with self._lock:
             if not self._usable:
                 return None
-            fits = [i for i, r in enumerate(self._idle) if r.size >= nbytes]
-            if fits:  # the smallest that holds the call
-                return Lease(self, self._idle.pop(min(fits, key=lambda i: self._idle[i].size)))
+            lease = self._pop_idle_locked(nbytes)
+            if lease is not None:
+                return lease
             if time.monotonic() < self._retry_at:
                 return None  # deferred
             # Geometric growth for a caller whose tensors grow, but at most
@@ -276,7 +280,7 @@ class Pool:
             if e.code() != grpc.StatusCode.ALREADY_EXISTS:
                 mapping.close()
                 # The server may have registered it and the answer been lost.
-                if e.code() in UNKNOWN_OUTCOME:
+                if outcome_unknown(e.code()):
                     self._unregister(name)
                 if e.code() in TRANSIENT:
                     self._defer(e.code(), e.details() or "the server refused a region")
@@ -324,12 +328,16 @@ class Pool:
         """An idle region that holds `nbytes`, without any call to the server
         (None: take() would have to make one)."""
         with self._lock:
-            if not self._usable:
-                return None
-            fits = [i for i, r in enumerate(self._idle) if r.size >= nbytes]
-            if not fits:
-                return None
-            return Lease(self, self._idle.pop(min(fits, key=lambda i: self._idle[i].size)))
+            return self._pop_idle_locked(nbytes) if self._usable else None
+
+    def _pop_idle_locked(self, nbytes: int) -> Lease | None:
+        """The smallest idle region that holds `nbytes`, leased."""
+        fits = [r for r in self._idle if r.size >= nbytes]
+        if not fits:
+            return None
+        region = min(fits, key=lambda r: r.size)
+        self._idle.remove(region)
+        return Lease(self, region)
 
     def close(self) -> None:
         with self._lock:

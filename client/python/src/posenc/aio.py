@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -50,7 +49,6 @@ class AsyncClient:
         self._device = _cuda.DeviceRegions(self.config.shared_memory, target.startswith("unix:"))
         self._info_asked = False
         self._info_lock: asyncio.Lock | None = None  # made in the loop, on first use
-        self._ask_at, self._ask_backoff = 0.0, 0.1  # Client._decide's backoff
         # Registering and unregistering regions (rare: first use, growth, a
         # call that ran out of time) go over a small blocking channel of
         # their own, on a worker thread: never in the event loop.
@@ -96,20 +94,18 @@ class AsyncClient:
 
     async def _decide(self) -> None:
         """Client._decide: asked until the server answers, one task at a time."""
-        if self._info_asked or time.monotonic() < self._ask_at:
+        if self._info_asked or not self._shm.may_ask():
             return
         if self._info_lock is None:
             self._info_lock = asyncio.Lock()
         async with self._info_lock:
-            if self._info_asked or time.monotonic() < self._ask_at:
+            if self._info_asked or not self._shm.may_ask():
                 return
             try:
                 info = await self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
             except grpc.RpcError as e:
                 if e.code() != grpc.StatusCode.UNIMPLEMENTED:
                     self._shm.undecided(e.details() or str(e.code()))
-                    self._ask_at = time.monotonic() + self._ask_backoff
-                    self._ask_backoff = min(2 * self._ask_backoff, 5.0)
                     return
                 info = None
             self._shm.decide(info)
@@ -163,7 +159,7 @@ class AsyncClient:
                 return op.parse(response, _shm.reader(lease, op.request))
             except PosencError as e:
                 if not _shm.region_failed(e.code, e.message):
-                    lease.discard = not _shm.server_done(e.code)
+                    lease.discard = _shm.outcome_unknown(e.code)
                     raise
                 # The region failed, not the tensors: the socket from now on.
                 lease.discard = True

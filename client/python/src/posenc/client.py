@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import threading
-import time
 from collections.abc import Iterable, Iterator
 
 import grpc
@@ -38,9 +37,6 @@ class Client:
         self._device = _cuda.DeviceRegions(self.config.shared_memory, target.startswith("unix:"))
         self._info_asked = False
         self._info_lock = threading.Lock()
-        # GetServerInfo got no answer: not asked again before _ask_at, so a
-        # server that is down does not cost every call an extra round trip.
-        self._ask_at, self._ask_backoff = 0.0, 0.1
 
     def close(self) -> None:
         self._device.close(self._stub)
@@ -77,20 +73,16 @@ class Client:
         """Asks the server what it shares with this process, until it answers
         (one caller at a time: the others wait for the answer rather than
         finding it undecided)."""
-        if self._info_asked or time.monotonic() < self._ask_at:
+        if self._info_asked or not self._shm.may_ask():
             return
         with self._info_lock:
-            if self._info_asked or time.monotonic() < self._ask_at:
+            if self._info_asked or not self._shm.may_ask():
                 return
             try:
                 info = self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
             except grpc.RpcError as e:
                 if e.code() != grpc.StatusCode.UNIMPLEMENTED:
-                    # Starting or unreachable: a call after a backoff (0.1 s
-                    # doubling to 5 s) asks again.
-                    self._shm.undecided(e.details() or str(e.code()))
-                    self._ask_at = time.monotonic() + self._ask_backoff
-                    self._ask_backoff = min(2 * self._ask_backoff, 5.0)
+                    self._shm.undecided(e.details() or str(e.code()))  # asked again later
                     return
                 info = None
             self._shm.decide(info)
@@ -141,7 +133,7 @@ class Client:
                 return op.parse(response, _shm.reader(lease, op.request))
             except PosencError as e:
                 if not _shm.region_failed(e.code, e.message):
-                    lease.discard = not _shm.server_done(e.code)
+                    lease.discard = _shm.outcome_unknown(e.code)
                     raise
                 # The region failed, not the tensors: the socket from now on.
                 lease.discard = True
