@@ -62,8 +62,10 @@ def main():
     config = configs["posenc-config"]
     env = config["data"]
     pod = deploy["spec"]["template"]["spec"]
-    # posenc's own container; the sidecar overlay's pod has the model server's too.
-    (container,) = [c for c in pod["containers"] if c["name"] == "posenc"]
+    # posenc's own container: the pod's only one, or in the sidecar overlay
+    # a native sidecar (an init container) beside the model server's.
+    (container,) = [c for c in pod["containers"] + pod.get("initContainers", [])
+                    if c["name"] == "posenc"]
 
     # The KServe model repository: the posenc-models ConfigMap mounted at
     # POSENC_MODEL_DIR, each key a <name>.json object naming an operation.
@@ -169,12 +171,26 @@ def main():
         for r in ("cpu", "memory"):
             check(r in resources.get(kind, {}), f"container {kind} must set {r}")
     memory_limit = quantity(limits.get("memory", "0"))
+    request = int(env.get("POSENC_MAX_REQUEST_BYTES", 0))
     message = int(env.get("POSENC_MAX_MESSAGE_BYTES", 0))
     inflight = int(env.get("POSENC_MAX_INFLIGHT_BYTES", 0))
     tables = int(env.get("POSENC_MAX_TABLE_BYTES", 0))
-    check(inflight > 0 and tables > 0 and message > 0,
-          "POSENC_MAX_MESSAGE_BYTES, POSENC_MAX_INFLIGHT_BYTES and POSENC_MAX_TABLE_BYTES must be set")
-    check(inflight >= 2 * message, f"max_inflight_bytes {inflight} < 2 x max_message_bytes {message}")
+    check(inflight > 0 and tables > 0 and message > 0 and request > 0,
+          "POSENC_MAX_REQUEST_BYTES, POSENC_MAX_MESSAGE_BYTES, POSENC_MAX_INFLIGHT_BYTES and "
+          "POSENC_MAX_TABLE_BYTES must be set")
+    # Every call being read, and every open stream between messages, holds
+    # 2 x the message limit (docs/server.md "Memory"); a message limit past
+    # the largest request (+ the server's 4 MiB of framing) only lowers how
+    # many fit, and the HPA must add pods before that many are computing.
+    check(request + (4 << 20) <= message <= request + (8 << 20),
+          f"max_message_bytes {message} must be max_request_bytes {request} + 4 to 8 MiB")
+    reads = inflight // (2 * message) if message > 0 else 0
+    (hpa_target,) = [int(m["pods"]["target"]["averageValue"])
+                     for m in by_kind["HorizontalPodAutoscaler"][0]["spec"]["metrics"]
+                     if m["type"] == "Pods" and m["pods"]["metric"]["name"] == "posenc_inflight_requests"]
+    check(reads > hpa_target,
+          f"max_inflight_bytes {inflight} holds {reads} calls being read (2 x {message} each), "
+          f"not more than the HPA's in-flight target {hpa_target}")
     budget = inflight + tables + PROCESS_OVERHEAD
     check(budget <= memory_limit,
           f"in-flight {inflight} + tables {tables} + {PROCESS_OVERHEAD} overhead = {budget} bytes "
@@ -191,7 +207,8 @@ def main():
     # pins it: see check_deploy.sh), and a pinned image is always re-checked.
     check(container.get("imagePullPolicy") == "Always", "imagePullPolicy must be Always")
 
-    # NetworkPolicy: these pods, the container's two ports in, nothing out.
+    # NetworkPolicy: these pods, the container's two ports in, nothing out
+    # (the sidecar overlay's below).
     (policy,) = by_kind.get("NetworkPolicy", [None]) or [None]
     check(policy is not None, "a NetworkPolicy must restrict the pods")
     if policy:
@@ -200,8 +217,12 @@ def main():
         check(set(spec.get("policyTypes", [])) == {"Ingress", "Egress"},
               "NetworkPolicy must govern Ingress and Egress")
         allowed = {p["port"] for rule in spec.get("ingress", []) for p in rule.get("ports", [])}
-        check(allowed == {"grpc", "metrics"}, f"NetworkPolicy must admit exactly grpc and metrics, got {allowed}")
-        check(spec.get("egress") == [], "NetworkPolicy must deny all egress (the server dials nothing)")
+        check(all(rule.get("ports") for rule in spec.get("ingress", [])),
+              "every NetworkPolicy ingress rule must name its ports")
+        if overlay != "sidecar":
+            check(allowed == {"grpc", "metrics"},
+                  f"NetworkPolicy must admit exactly grpc and metrics, got {allowed}")
+            check(spec.get("egress") == [], "NetworkPolicy must deny all egress (the server dials nothing)")
 
     # The table volume: an emptyDir, or a claim that exists and binds
     # somewhere (a storage class named).
@@ -241,13 +262,37 @@ def main():
         check(env.get("POSENC_ENABLE_SYSTEM_SHARED_MEMORY") == "true",
               "sidecar overlay must set POSENC_ENABLE_SYSTEM_SHARED_MEMORY=true")
         check(len(sockets) == 1, "sidecar overlay must listen on a Unix socket too")
+        check(container in pod.get("initContainers", []) and container.get("restartPolicy") == "Always",
+              "sidecar overlay must run posenc as a native sidecar (an init container with "
+              "restartPolicy Always: up before the model server starts, down after it stops)")
         others = [c for c in pod["containers"] if c["name"] != "posenc"]
         check(len(others) == 1, "sidecar overlay must run one model-server container beside posenc")
+        # Shared memory is for the pod: posenc's gRPC port is closed to other
+        # pods, and every port of the model server is open (the policy
+        # covers its container too), as is egress.
+        numbers = {**ports, **{p["name"]: p["containerPort"] for c in others for p in c.get("ports", [])}}
+        admitted = {numbers.get(p, p) for p in allowed} if policy else set()
+        check(grpc_port not in admitted,
+              f"sidecar NetworkPolicy must not admit posenc's gRPC port {grpc_port}: "
+              "other pods could have it map and write the pod's /dev/shm")
+        for c in others:
+            for p in c.get("ports", []):
+                check(p["containerPort"] in admitted,
+                      f"sidecar NetworkPolicy blocks {c['name']}'s port {p['containerPort']}")
+        check(metrics_port in admitted, "sidecar NetworkPolicy must admit the metrics port")
+        check(policy is None or policy["spec"].get("egress") != [],
+              "sidecar NetworkPolicy must not deny the model server's egress")
+        shm_bytes = int(env.get("POSENC_MAX_SHARED_MEMORY_BYTES", 0))
         for c in [container] + others:
             mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
             shm = volumes.get(mounts.get("/dev/shm", ""), {})
             check(shm.get("emptyDir", {}).get("medium") == "Memory",
                   f"container {c['name']} must mount a memory emptyDir at /dev/shm")
+            size = quantity(shm.get("emptyDir", {}).get("sizeLimit", "0"))
+            check(0 < shm_bytes <= size,
+                  f"POSENC_MAX_SHARED_MEMORY_BYTES {shm_bytes} must be set and within "
+                  f"{c['name']}'s /dev/shm sizeLimit {size} (a client writing past a full "
+                  "tmpfs gets SIGBUS)")
             if sockets:
                 folder = sockets[0].rsplit("/", 1)[0]
                 check(folder in mounts, f"container {c['name']} must mount {folder} (the socket)")
