@@ -9,6 +9,7 @@
 #include "kserve/parameters.h"
 #include "kserve/tensors.h"
 #include "posenc/host_copy.h"
+#include "posenc/limits.h"
 #include "posenc/status_macros.h"
 
 namespace posenc::server::kserve {
@@ -91,6 +92,19 @@ class OutputSet {
   }
   bool Wants(absl::string_view name) const { return wanted_.empty() || Find(name) != nullptr; }
 
+  // INVALID_ARGUMENT when the output `name` goes to a slice too small for
+  // `size` bytes. Each operation checks all its outputs before any work
+  // (Add checks again): a refused call leaves the caller's memory as it
+  // was, also where one output's slice fits and would be written before
+  // another's was found too small.
+  absl::Status CheckFits(absl::string_view name, int64_t size) const {
+    const ShmRef* ref = ShmOf(name);
+    if (ref == nullptr || size <= ref->byte_size) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("requested output \"", name, "\" has ", size,
+                                                   " bytes; its shared_memory_byte_size is ",
+                                                   ref->byte_size));
+  }
+
   // The slice the output `name` goes to, or null (the answer, or not wanted).
   const ShmRef* ShmOf(absl::string_view name) const {
     const Wanted* w = Find(name);
@@ -139,10 +153,7 @@ class OutputSet {
     }
     const ShmRef& ref = *w->shm;
     const std::string field = absl::StrCat("requested output \"", name, "\"");
-    if (size > ref.byte_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, " has ", size, " bytes; its shared_memory_byte_size is ", ref.byte_size));
-    }
+    POSENC_RETURN_IF_ERROR(CheckFits(name, size));
     if (!w->in_place) {
       POSENC_RETURN_IF_ERROR(ref.region->Write(
           field, ref.offset,
@@ -259,11 +270,7 @@ absl::Status Place(Input* t, absl::string_view output, OutputSet& want, Engine& 
   const ShmRef& in = *t->shm;
   // Before anything is written, in place too: a refused call leaves the
   // caller's memory as it was.
-  if (t->size() > out->byte_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("requested output \"", output, "\" has ", t->size(),
-                     " bytes; its shared_memory_byte_size is ", out->byte_size));
-  }
+  POSENC_RETURN_IF_ERROR(want.CheckFits(output, t->size()));
   if (!aside && out->region == in.region && out->offset == in.offset) {
     want.MarkInPlace(output);
     return absl::OkStatus();
@@ -352,6 +359,13 @@ absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params
                       query != nullptr && !query->shape.empty() ? query->shape.back() : 0));
   POSENC_RETURN_IF_ERROR(params.Finish(model.name));
   POSENC_RETURN_IF_ERROR(CheckHeadDim(model, in));
+  // Every output's slice before any is written, and before TensorsMeet
+  // compares slices of the inputs' sizes.
+  for (const char* input : {"query", "key"}) {
+    if (const Input* t = in.Find(input); t != nullptr) {
+      POSENC_RETURN_IF_ERROR(want.CheckFits(absl::StrCat(input, "_out"), t->size()));
+    }
+  }
   const bool aside =
       TensorsMeet(in.Find("query"), want.ShmOf("query_out"), in.Find("key"), want.ShmOf("key_out"));
   POSENC_RETURN_IF_ERROR(Place(in.Find("query"), "query_out", want, engine, env.admission,
@@ -417,6 +431,18 @@ absl::Status RunBias(Engine& engine, const Model& model, ParameterReader& params
   options.k_lens = in.View("k_lens");
   options.k_starts = in.View("k_starts");
   Input* l = in.Find("logits");
+  // Both outputs' slices before the bias is written (added to logits in
+  // place, or built into its slice): the slopes are one FP64 per head, the
+  // heads the logits' dimension 1, else num_heads (the plan refuses any
+  // other count before it writes).
+  if (l != nullptr) POSENC_RETURN_IF_ERROR(want.CheckFits("bias", l->size()));
+  if (want.ShmOf("slopes") != nullptr) {
+    const int64_t heads =
+        l != nullptr ? (l->shape.size() == 4 ? l->shape[1] : 0) : options.num_heads;
+    if (heads > 0 && heads <= kMaxHeads) {
+      POSENC_RETURN_IF_ERROR(want.CheckFits("slopes", heads * int64_t{sizeof(double)}));
+    }
+  }
   POSENC_RETURN_IF_ERROR(Place(l, "bias", want, engine, env.admission, EngineInto::kSystemOnly));
   env.tensors_on_device = OnDevice(l);
   env.device = DeviceOf({l});
@@ -496,6 +522,8 @@ absl::Status RunInfer(Engine& engine, const Model& model, inference::ModelInferR
       POSENC_RETURN_IF_ERROR(i.MakePrivate(absl::StrCat("input \"", i.name, "\"")));
     }
   }
+  // Before ParametersFor copies them beside a model file's.
+  POSENC_RETURN_IF_ERROR(CheckParameterCount(req->parameters()));
   Parameters merged;
   POSENC_ASSIGN_OR_RETURN(const Parameters* given,
                           ParametersFor(model, req->parameters(), &merged));

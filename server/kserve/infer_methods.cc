@@ -45,6 +45,10 @@ absl::Status SerializeInferResponse(ModelInferResponse& resp, grpc::ByteBuffer* 
   return absl::OkStatus();
 }
 
+// The stream answer's parameter that says no more answers to its request
+// follow.
+constexpr char kFinalResponse[] = "triton_final_response";
+
 }  // namespace
 
 std::vector<Method> KServeService::InferMethods() {
@@ -84,7 +88,10 @@ std::vector<Method> KServeService::InferMethods() {
   };
 
   // A stream's answer is a ModelStreamInferResponse whose infer_response
-  // (field 2) is the unary answer, nested without a copy.
+  // (field 2) is the unary answer, nested without a copy. Each request has
+  // one answer, so each is its request's last: marked so as Triton marks
+  // every stream answer (triton_final_response), which clients of
+  // decoupled models wait for.
   Method stream;
   stream.service = kKServeService;
   stream.name = "ModelStreamInfer";
@@ -93,6 +100,7 @@ std::vector<Method> KServeService::InferMethods() {
   stream.run = [infer](MethodCall& call, grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
     ModelInferResponse resp;
     POSENC_RETURN_IF_ERROR(infer(call, in, &resp));
+    (*resp.mutable_parameters())[kFinalResponse].set_bool_param(true);
     grpc::ByteBuffer inner;
     POSENC_RETURN_IF_ERROR(SerializeInferResponse(resp, &inner));
     *out = NestedMessage(2, inner);
@@ -105,7 +113,9 @@ std::vector<Method> KServeService::InferMethods() {
     answer.set_error_message(ValidUtf8(s.message()));
     ModelInferResponse* r = answer.mutable_infer_response();
     r->set_model_name(facts.model_name);
+    if (!facts.model_name.empty()) r->set_model_version(kserve::kModelVersion);
     r->set_id(facts.message_id);
+    (*r->mutable_parameters())[kFinalResponse].set_bool_param(true);
     return SerializeMessage(answer, out);
   };
   return {std::move(unary), std::move(stream)};

@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "engine/utf8.h"
+#include "posenc/limits.h"
 #include "posenc/status_macros.h"
 #include "posenc/wire/enums.h"
 #include "posenc/wire/hf_config.h"
@@ -132,22 +133,59 @@ absl::Status ParameterReader::Bool(absl::string_view name, bool* out) {
   return absl::OkStatus();
 }
 
-absl::Status ParameterReader::String(absl::string_view name, std::string* out) {
+absl::Status CheckParameterCount(const Parameters& parameters) {
+  if (parameters.size() <= static_cast<size_t>(kMaxParameters)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("a request has at most ", kMaxParameters,
+                                                 " parameters, got ", parameters.size()));
+}
+
+absl::Status ParameterReader::Text(absl::string_view name, absl::string_view* out) {
+  *out = absl::string_view();
   const InferParameter* p = Find(name);
   if (p == nullptr) return absl::OkStatus();
   if (p->parameter_choice_case() != InferParameter::kStringParam) {
     return WrongKind(name, "a string", *p);
   }
+  if (p->string_param().size() > kMaxParameterBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("parameter \"", name, "\" must be at most ",
+                                                   kMaxParameterBytes, " bytes, got ",
+                                                   p->string_param().size()));
+  }
   *out = p->string_param();
   return absl::OkStatus();
 }
 
-absl::Status ParameterReader::Doubles(absl::string_view name, std::vector<double>* out) {
-  std::string text;
-  POSENC_RETURN_IF_ERROR(String(name, &text));
+absl::Status ParameterReader::String(absl::string_view name, std::string* out) {
+  absl::string_view text;
+  POSENC_RETURN_IF_ERROR(Text(name, &text));
+  if (parameters_.contains(std::string(name))) *out = std::string(text);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterReader::Items(absl::string_view name, size_t max_items,
+                                    std::vector<absl::string_view>* items) {
+  absl::string_view text;
+  POSENC_RETURN_IF_ERROR(Text(name, &text));
+  items->clear();
   if (text.empty()) return absl::OkStatus();
+  // Counted before anything is split or parsed: the list's memory and time
+  // stay within what the model can use.
+  const size_t count = static_cast<size_t>(std::count(text.begin(), text.end(), ',')) + 1;
+  if (count > max_items) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter \"", name, "\" holds at most ", max_items, " values, got ", count));
+  }
+  *items = absl::StrSplit(text, ',');
+  return absl::OkStatus();
+}
+
+absl::Status ParameterReader::Doubles(absl::string_view name, size_t max_items,
+                                      std::vector<double>* out) {
+  std::vector<absl::string_view> items;
+  POSENC_RETURN_IF_ERROR(Items(name, max_items, &items));
+  if (items.empty()) return absl::OkStatus();
   out->clear();
-  for (absl::string_view item : absl::StrSplit(text, ',')) {
+  for (absl::string_view item : items) {
     double v = 0;
     if (!absl::SimpleAtod(absl::StripAsciiWhitespace(item), &v) || !std::isfinite(v)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -159,12 +197,13 @@ absl::Status ParameterReader::Doubles(absl::string_view name, std::vector<double
   return absl::OkStatus();
 }
 
-absl::Status ParameterReader::Ints(absl::string_view name, std::vector<int64_t>* out) {
-  std::string text;
-  POSENC_RETURN_IF_ERROR(String(name, &text));
-  if (text.empty()) return absl::OkStatus();
+absl::Status ParameterReader::Ints(absl::string_view name, size_t max_items,
+                                   std::vector<int64_t>* out) {
+  std::vector<absl::string_view> items;
+  POSENC_RETURN_IF_ERROR(Items(name, max_items, &items));
+  if (items.empty()) return absl::OkStatus();
   out->clear();
-  for (absl::string_view item : absl::StrSplit(text, ',')) {
+  for (absl::string_view item : items) {
     int64_t v = 0;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(item), &v)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -182,8 +221,8 @@ bool ParameterReader::WasRead(absl::string_view name) const {
 
 template <typename E>
 absl::Status ParameterReader::Enum(absl::string_view name, E* out) {
-  std::string text;
-  POSENC_RETURN_IF_ERROR(String(name, &text));
+  absl::string_view text;
+  POSENC_RETURN_IF_ERROR(Text(name, &text));
   if (!parameters_.contains(std::string(name))) return absl::OkStatus();
   POSENC_ASSIGN_OR_RETURN(*out, wire::Parse<E>(absl::StrCat("parameter \"", name, "\""), text));
   return absl::OkStatus();
@@ -237,13 +276,14 @@ absl::Status ReadRopeOptions(ParameterReader& p, RopeOptions* o, BackendChoice* 
   POSENC_RETURN_IF_ERROR(p.Bool("truncate", &s.truncate));
   POSENC_RETURN_IF_ERROR(p.Double("low_freq_factor", &s.low_freq_factor));
   POSENC_RETURN_IF_ERROR(p.Double("high_freq_factor", &s.high_freq_factor));
-  POSENC_RETURN_IF_ERROR(p.Doubles("short_factor", &s.short_factor));
-  POSENC_RETURN_IF_ERROR(p.Doubles("long_factor", &s.long_factor));
+  // LongRoPE's factors: one per frequency, half the head at most.
+  POSENC_RETURN_IF_ERROR(p.Doubles("short_factor", kMaxDim / 2, &s.short_factor));
+  POSENC_RETURN_IF_ERROR(p.Doubles("long_factor", kMaxDim / 2, &s.long_factor));
   POSENC_RETURN_IF_ERROR(p.Enum("longrope_mode", &s.longrope_mode));
   // Several position axes (Qwen2-VL M-RoPE: position_ids [axes, batch, seq]).
   POSENC_RETURN_IF_ERROR(p.Enum("axis_mode", &o->axis_mode));
-  POSENC_RETURN_IF_ERROR(p.Ints("axis_dims", &o->axis_dims));
-  POSENC_RETURN_IF_ERROR(p.Ints("sections", &o->sections));
+  POSENC_RETURN_IF_ERROR(p.Ints("axis_dims", kMaxAxes, &o->axis_dims));
+  POSENC_RETURN_IF_ERROR(p.Ints("sections", kMaxAxes, &o->sections));
   std::string hf_config;
   POSENC_RETURN_IF_ERROR(p.String("hf_config", &hf_config));
   if (!hf_config.empty()) {
@@ -276,7 +316,7 @@ absl::Status ReadAbsoluteOptions(ParameterReader& p, bool learned, AbsoluteOptio
 absl::Status ReadBiasOptions(ParameterReader& p, BiasOptions* o, BackendChoice* backend) {
   POSENC_RETURN_IF_ERROR(p.Enum("backend", backend));
   POSENC_RETURN_IF_ERROR(p.Enum("form", &o->form));
-  POSENC_RETURN_IF_ERROR(p.Doubles("slopes", &o->slopes));
+  POSENC_RETURN_IF_ERROR(p.Doubles("slopes", kMaxHeads, &o->slopes));
   POSENC_RETURN_IF_ERROR(p.Int("batch", &o->batch));
   POSENC_RETURN_IF_ERROR(p.Int("num_heads", &o->num_heads));
   POSENC_RETURN_IF_ERROR(p.Int("q_len", &o->q_len));

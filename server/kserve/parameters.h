@@ -23,6 +23,17 @@ namespace posenc::server::kserve {
 
 using Parameters = google::protobuf::Map<std::string, inference::InferParameter>;
 
+// Bounds on what a request's parameters may hold, checked before anything
+// is parsed or copied out of them. A model reads under thirty parameters,
+// and every other one is refused (Finish), so more than kMaxParameters is
+// refused at once. The longest string a model reads is an hf_config (at
+// most wire::kMaxHfConfigBytes) or a list of kMaxHeads slopes, each a
+// double to 17 digits: 2 MiB holds either.
+inline constexpr int kMaxParameters = 64;
+inline constexpr size_t kMaxParameterBytes = size_t{2} << 20;
+// INVALID_ARGUMENT when `parameters` has more than kMaxParameters entries.
+[[nodiscard]] absl::Status CheckParameterCount(const Parameters& parameters);
+
 // Reads named parameters of one request, remembering which were read, so
 // that Finish can refuse the rest. Errors name the parameter, what it must
 // be and what came.
@@ -38,11 +49,15 @@ class ParameterReader {
   [[nodiscard]] absl::Status Int(absl::string_view name, int64_t* out);
   [[nodiscard]] absl::Status Int(absl::string_view name, std::optional<int64_t>* out);
   [[nodiscard]] absl::Status Bool(absl::string_view name, bool* out);
+  // Strings of at most kMaxParameterBytes.
   [[nodiscard]] absl::Status String(absl::string_view name, std::string* out);
-  // A list of numbers as a string "0.5,1,2" (InferParameter has no lists).
-  [[nodiscard]] absl::Status Doubles(absl::string_view name, std::vector<double>* out);
-  // A list of integers as a string "16,24,24".
-  [[nodiscard]] absl::Status Ints(absl::string_view name, std::vector<int64_t>* out);
+  // A list of at most `max_items` numbers as a string "0.5,1,2"
+  // (InferParameter has no lists); more is refused before any is parsed.
+  [[nodiscard]] absl::Status Doubles(absl::string_view name, size_t max_items,
+                                     std::vector<double>* out);
+  // A list of at most `max_items` integers as a string "16,24,24".
+  [[nodiscard]] absl::Status Ints(absl::string_view name, size_t max_items,
+                                  std::vector<int64_t>* out);
   // An enum by name, through wire::Parse.
   template <typename Enum>
   [[nodiscard]] absl::Status Enum(absl::string_view name, Enum* out);
@@ -58,6 +73,11 @@ class ParameterReader {
 
  private:
   const inference::InferParameter* Find(absl::string_view name);
+  // A string parameter's text, in the request (empty when absent).
+  [[nodiscard]] absl::Status Text(absl::string_view name, absl::string_view* out);
+  // Text split at commas, at most `max_items` items (empty when absent).
+  [[nodiscard]] absl::Status Items(absl::string_view name, size_t max_items,
+                                   std::vector<absl::string_view>* items);
   const Parameters& parameters_;
   std::vector<std::string> read_;
 };

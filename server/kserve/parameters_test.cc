@@ -104,6 +104,13 @@ TEST(KServeParameters, WrongKindsAndUnknownNamesAreRefusedByName) {
       {"hf_config", param([](auto& p) { p.set_int64_param(1); }), "hf_config"},
       {"short_factor", param([](auto& p) { p.set_string_param("1,x,3"); }), "\"x\""},
       {"rotary_dm", param([](auto& p) { p.set_int64_param(4); }), "rotary_dim"},
+      // Counted and measured before anything is parsed or copied.
+      {"sections", param([](auto& p) { p.set_string_param("1,1,1,1,1,1,1,1,1"); }),
+       "at most 8 values, got 9"},
+      {"long_factor", param([](auto& p) { p.set_string_param(std::string(40000, ',')); }),
+       "at most 32768 values, got 40001"},
+      {"hf_config", param([](auto& p) { p.set_string_param(std::string(3 << 20, ' ')); }),
+       "at most 2097152 bytes, got 3145728"},
   };
   for (const Case& c : cases) {
     ModelInferRequest req;

@@ -627,6 +627,39 @@ def test_malformed_requests_are_refused_by_name(server):
     assert "classification" in call(req)
 
 
+def test_parameters_are_bounded_before_they_are_parsed(server):
+    """A list parameter is counted, and a string measured, before anything
+    is parsed or copied out of it: a 3 MiB string of commas once became
+    hundreds of MiB of doubles, none of it admitted."""
+    def call(model, inputs, parameters):
+        req = service_pb2.ModelInferRequest(model_name=model)
+        for name, array in inputs:
+            req.inputs.add(name=name, datatype="FP32", shape=list(array.shape))
+            req.raw_input_contents.append(array.tobytes())
+        for name, value in parameters.items():
+            req.parameters[name].string_param = value
+        with grpc.insecure_channel(server["url"],
+                                   options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
+            with pytest.raises(grpc.RpcError) as e:
+                stub.ModelInfer(req, timeout=30)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+        return e.value.details()
+
+    logits = np.zeros((1, 4, 2, 2), np.float32)
+    q = np.zeros((1, 2, 1, 8), np.float32)
+    msg = call("attention_bias", [("logits", logits)], {"slopes": "0," * 70000 + "0"})
+    assert "slopes" in msg and "at most 65536 values, got 70001" in msg, msg
+    msg = call("attention_bias", [("logits", logits)], {"slopes": "0" * (3 << 20)})
+    assert "slopes" in msg and "at most 2097152 bytes" in msg, msg
+    msg = call("rope", [("query", q)], {"sections": "1," * 8 + "1"})
+    assert "sections" in msg and "at most 8 values" in msg, msg
+    msg = call("rope", [("query", q)], {"short_factor": ",".join(["1"] * 40000)})
+    assert "short_factor" in msg and "at most 32768 values" in msg, msg
+    msg = call("rope", [("query", q)], {f"p{i}": "x" for i in range(65)})
+    assert "at most 64 parameters, got 65" in msg, msg
+
+
 def test_statistics_count_requests(client):
     before = client.get_inference_statistics("sinusoidal", as_json=True)["model_stats"][0]
     x = np.zeros((1, 3, 4), np.float32)
@@ -665,6 +698,8 @@ def test_stream_answers_in_order_and_survives_a_bad_request(client):
         result, error = results[n]
         assert error is None, error
         assert result.get_response().id == str(n)
+        # Each request's only answer says it is its last, as Triton's do.
+        assert result.get_response().parameters["triton_final_response"].bool_param
         q = qs[n].astype(np.float64)
         pos = np.arange(q.shape[1], dtype=np.float64)[None, :]
         assert_close(result.as_numpy("query_out").astype(np.float64),

@@ -332,6 +332,54 @@ def test_hostile_references_are_refused(client, regions):
     assert code == "StatusCode.INVALID_ARGUMENT" and "raw_input_contents" in msg, msg
 
 
+def test_a_refused_output_leaves_every_slice_as_it_was(client, regions):
+    """An output whose slice is too small is found before any work, so a
+    refused call has not already rotated (or written) another output that
+    fitted: a caller who fixes the slice and calls again must not rotate
+    its query twice."""
+    rng = np.random.default_rng([SEED, 31])
+    q = rng.standard_normal((1, 4, 2, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 4, 1, 8)).astype(np.float32)
+    r = regions("refused", 2 * q.nbytes)
+    r.put([q])
+    client.register_system_shared_memory("refused", r.key, 2 * q.nbytes)
+    # query in place in its slice, key from the socket into a slice too small.
+    code, msg = infer_error(
+        client, "rope", [shm_input("query", q, "FP32", "refused"), input_of("key", k, "FP32")],
+        outputs=[shm_output("query_out", "refused", q.nbytes),
+                 shm_output("key_out", "refused", k.nbytes - 4, q.nbytes)])
+    assert code == "StatusCode.INVALID_ARGUMENT" and "key_out" in msg, msg
+    np.testing.assert_array_equal(r.get(np.float32, q.shape), q)
+    # Both from the socket, query_out's slice right and key_out's too small.
+    poison = np.full(q.shape, 7.5, np.float32)
+    r.put([poison])
+    code, msg = infer_error(
+        client, "rope", [input_of("query", q, "FP32"), input_of("key", k, "FP32")],
+        outputs=[shm_output("query_out", "refused", q.nbytes),
+                 shm_output("key_out", "refused", k.nbytes - 4, q.nbytes)])
+    assert code == "StatusCode.INVALID_ARGUMENT" and "key_out" in msg, msg
+    np.testing.assert_array_equal(r.get(np.float32, q.shape), poison)
+    # The bias added to logits in place, its slopes' slice too small.
+    logits = rng.standard_normal((1, 2, 4, 4)).astype(np.float32)
+    r.put([logits])
+    code, msg = infer_error(
+        client, "attention_bias", [shm_input("logits", logits, "FP32", "refused")],
+        outputs=[shm_output("bias", "refused", logits.nbytes),
+                 shm_output("slopes", "refused", 8, logits.nbytes)],
+        parameters={"causal": True})
+    assert code == "StatusCode.INVALID_ARGUMENT" and "slopes" in msg, msg
+    np.testing.assert_array_equal(r.get(np.float32, logits.shape), logits)
+    # With room for both, the same call adds the bias in place.
+    result = client.infer(
+        "attention_bias", [shm_input("logits", logits, "FP32", "refused")],
+        outputs=[shm_output("bias", "refused", logits.nbytes),
+                 shm_output("slopes", "refused", 16, logits.nbytes)],
+        parameters={"causal": True})
+    assert result.get_output("slopes") is not None
+    assert not np.array_equal(r.get(np.float32, logits.shape), logits)
+    client.unregister_system_shared_memory("refused")
+
+
 def test_truncated_after_registering(client, regions):
     rng = np.random.default_rng([SEED, 22])
     q = rng.standard_normal((1, 64, 4, 64)).astype(np.float32)
