@@ -1,10 +1,14 @@
 #include "posenc/client.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <random>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -191,13 +195,22 @@ void LeaveRegion(std::optional<client_internal::Lease>& lease, const absl::Statu
   if (lease && (RegionFailed(s) || client_internal::OutcomeUnknown(s.code()))) lease->Discard();
 }
 
+// A tensor the server built, of the dtype and rank the request asked for:
+// a float16 answer to a bfloat16 request has the right byte count and
+// would read as garbage.
 absl::StatusOr<ServerTensor> TensorOf(absl::string_view field, const v1::TensorDesc& desc,
-                                      std::string* data, const std::string& backend) {
+                                      std::string* data, const std::string& backend,
+                                      DType want_dtype, size_t want_rank) {
   ServerTensor out;
   absl::StatusOr<MutableTensor> checked = wire::MutableOf(field, desc, data);
   if (!checked.ok()) {
     return absl::InternalError(
         absl::StrCat("the server's answer is malformed: ", checked.status().message()));
+  }
+  if (checked->dtype != want_dtype || checked->shape.size() != want_rank) {
+    return absl::InternalError(absl::StrCat(
+        "the server's answer is malformed: its ", field, " is ", DescString(desc), ", not the ",
+        want_rank, "-D ", v1::DataType_Name(wire::ToProto(want_dtype)), " tensor asked for"));
   }
   out.dtype = checked->dtype;
   out.shape = checked->shape;
@@ -292,6 +305,15 @@ void Client::Prepare(grpc::ClientContext* ctx, const CallOptions& call) const {
   ctx->set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(t));
   if (!call.request_id.empty()) ctx->AddMetadata("x-request-id", call.request_id);
   if (!call.traceparent.empty()) ctx->AddMetadata("traceparent", call.traceparent);
+  // An id of this call's own, the same on each attempt gRPC makes of it: a
+  // server that already started an in-place call (shared or device memory)
+  // refuses a retry of it (ABORTED) rather than compute on its result
+  // (docs/shared-memory.md). Unique across processes by a random nonce.
+  static const std::string nonce =
+      absl::StrFormat("%016x", (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^
+                                   (uint64_t(::getpid()) << 16));
+  static std::atomic<uint64_t> calls{0};
+  ctx->AddMetadata("posenc-call-id", absl::StrCat(nonce, "-", calls.fetch_add(1)));
 }
 
 namespace {
@@ -684,7 +706,7 @@ int64_t BuiltBiasBytes(const BiasOptions& o) {
 // and carry none of its bytes (`data`): a region is reused, so bytes the
 // server did not write there are an earlier call's.
 absl::StatusOr<ServerTensor> TensorFromSlice(absl::string_view field, const v1::TensorDesc& desc,
-                                             const std::string& data, DType dtype,
+                                             const std::string& data, DType dtype, size_t rank,
                                              const Placement& place,
                                              const v1::SharedMemorySlice& slice,
                                              const std::string& backend) {
@@ -699,7 +721,7 @@ absl::StatusOr<ServerTensor> TensorFromSlice(absl::string_view field, const v1::
         slice.byte_size(), " bytes it was to build in shared memory"));
   }
   std::string copy(place.At(slice), static_cast<size_t>(bytes));
-  return TensorOf(field, desc, &copy, backend);
+  return TensorOf(field, desc, &copy, backend, dtype, rank);
 }
 
 // kRequire, and a built tensor whose size the options do not tell.
@@ -733,9 +755,10 @@ absl::StatusOr<ServerTensor> Client::AttentionBias(const BiasOptions& options,
     absl::Status st = FromGrpc(stub_->AttentionBias(&ctx, req, &resp));
     if (st.ok()) {
       absl::StatusOr<ServerTensor> out =
-          place ? TensorFromSlice("bias", resp.bias(), resp.bias_data(), options.dtype, *place,
+          place ? TensorFromSlice("bias", resp.bias(), resp.bias_data(), options.dtype, 4, *place,
                                   req.bias_shm(), resp.backend())
-                : TensorOf("bias", resp.bias(), resp.mutable_bias_data(), resp.backend());
+                : TensorOf("bias", resp.bias(), resp.mutable_bias_data(), resp.backend(),
+                           options.dtype, 4);
       if (out.ok()) out->slopes.assign(resp.slopes().begin(), resp.slopes().end());
       return out;
     }
@@ -779,9 +802,10 @@ absl::StatusOr<ServerTensor> Client::EncodingTable(const AbsoluteOptions& option
     v1::EncodingTableResponse resp;
     absl::Status st = FromGrpc(stub_->GetEncodingTable(&ctx, req, &resp));
     if (st.ok()) {
-      return place ? TensorFromSlice("table", resp.table(), resp.table_data(), dtype, *place,
+      return place ? TensorFromSlice("table", resp.table(), resp.table_data(), dtype, 2, *place,
                                      req.table_shm(), resp.backend())
-                   : TensorOf("table", resp.table(), resp.mutable_table_data(), resp.backend());
+                   : TensorOf("table", resp.table(), resp.mutable_table_data(), resp.backend(),
+                              dtype, 2);
     }
     LeaveRegion(lease, st);
     // A region the server lost: the call again on the socket, unless required.

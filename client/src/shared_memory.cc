@@ -200,13 +200,17 @@ std::unique_ptr<ClientRegion> SharedMemoryPool::Create(int64_t bytes) {
     Disable(absl::InternalError(absl::StrCat("shm_open: ", std::strerror(errno))));
     return nullptr;
   }
+  // posix_fallocate, not ftruncate alone: it takes the object's pages from
+  // /dev/shm now, so a full tmpfs (a pod's sizeLimit) is ENOSPC here instead
+  // of SIGBUS when a tensor is first written into a page it never got.
   void* p = MAP_FAILED;
-  if (::ftruncate(fd, bytes) == 0) {
+  int e = ::posix_fallocate(fd, 0, bytes);
+  if (e == 0) {
     p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) e = errno;
   }
   ::close(fd);
   if (p == MAP_FAILED) {
-    const int e = errno;
     ::shm_unlink(key.c_str());
     Defer(absl::ResourceExhaustedError(absl::StrCat(
         "could not size or map a shared-memory region of ", bytes, " bytes: ", std::strerror(e))));

@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "engine/admission.h"
+#include "engine/attempt_ledger.h"
 #include "engine/backend_cost.h"
 #include "engine/scratch_pool.h"
 #include "engine/shared_memory_registry.h"
@@ -208,6 +209,9 @@ class Engine {
   // Reused buffers for work that cannot be done where a tensor lies
   // (scratch_pool.h); up to --max_request_bytes of them are kept idle.
   ScratchPool& scratch() { return scratch_; }
+  // The in-place calls started, by their callers' ids: a retried attempt of
+  // one is refused (attempt_ledger.h).
+  AttemptLedger& attempts() { return attempts_; }
   // TableRepository::Reload: a drain abandons a reload in progress
   // (CANCELLED; the old tables stay), and a third reload while one runs and
   // one waits is RESOURCE_EXHAUSTED.
@@ -341,6 +345,7 @@ class Engine {
   SharedMemoryRegistry shared_memory_;     // after admission_, which it admits against
   ScratchPool scratch_;                    // likewise
   AdmissionControl::Ticket staging_held_;  // the GPUs' resident staging, likewise
+  AttemptLedger attempts_;
 };
 
 }  // namespace posenc::server

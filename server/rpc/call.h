@@ -72,6 +72,10 @@ struct MethodCall {
   // The caller's x-request-id and trace id, for lines a method writes
   // itself (a setting changed, a model unloaded).
   CallIds caller;
+  // The posenc-call-id the caller gave this call ("" when none): the same on
+  // every attempt gRPC makes of it, so an in-place call refuses a retry
+  // (engine/attempt_ledger.h). Unary calls only.
+  std::string call_id;
 };
 
 // The largest request a control method (not admitted: server info,

@@ -55,6 +55,13 @@ std::string CallerTraceId(grpc::CallbackServerContext* ctx) {
   return TraceIdOf(absl::string_view(first->second.data(), first->second.size()));
 }
 
+std::string CallIdOf(grpc::CallbackServerContext* ctx) {
+  const auto& md = ctx->client_metadata();
+  const auto [first, last] = md.equal_range("posenc-call-id");
+  if (first == last || std::next(first) != last) return "";
+  return std::string(first->second.data(), first->second.size());
+}
+
 std::string RequestIdOf(grpc::CallbackServerContext* ctx) {
   const auto& md = ctx->client_metadata();
   const auto it = md.find("x-request-id");

@@ -32,6 +32,9 @@ absl::Time DeadlineOf(grpc::CallbackServerContext* ctx);
 // The caller's x-request-id metadata, cleaned for logs (CleanRequestId);
 // empty when it sent none.
 std::string RequestIdOf(grpc::CallbackServerContext* ctx);
+// The caller's posenc-call-id metadata, as sent ("" when absent or given
+// more than once).
+std::string CallIdOf(grpc::CallbackServerContext* ctx);
 
 // The trace id of the caller's traceparent metadata (TraceIdOf,
 // rpc/trace_context.h); empty when it sent none, one it may not use, or

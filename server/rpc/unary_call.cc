@@ -91,9 +91,14 @@ class UnaryCall final : public grpc::ServerGenericBidiReactor {
     absl::Status s = CheckCallAlive(ctx_);
     if (s.ok()) {
       const RunContext rc = ContextOf(ctx_);
-      MethodCall call{
-          rc,     ticket_ ? &*ticket_ : nullptr, start_, &facts_, DeadlineOf(ctx_), ctx_->peer(),
-          caller_};
+      MethodCall call{rc,
+                      ticket_ ? &*ticket_ : nullptr,
+                      start_,
+                      &facts_,
+                      DeadlineOf(ctx_),
+                      ctx_->peer(),
+                      caller_,
+                      CallIdOf(ctx_)};
       s = RunMethod(method_, &request_, &answer_, call);
     }
     Complete(s);

@@ -41,6 +41,15 @@ absl::string_view MessageRequestId(const v1::AbsoluteEncodingRequest& m) { retur
 absl::string_view MessageRequestId(const v1::EncodingTableRequest&) { return ""; }
 absl::string_view MessageRequestId(const v1::AttentionBiasRequest&) { return ""; }
 
+// Whether a request computes on a tensor in place in the caller's shared or
+// device memory, where a second run would compute on the first's result.
+// (Built outputs, a table or bias written to a slice, are the same each
+// time.)
+bool InPlace(const v1::RopeRequest& m) { return m.has_query_shm() || m.has_key_shm(); }
+bool InPlace(const v1::AbsoluteEncodingRequest& m) { return m.has_x_shm(); }
+bool InPlace(const v1::EncodingTableRequest&) { return false; }
+bool InPlace(const v1::AttentionBiasRequest& m) { return m.has_logits_shm(); }
+
 // Parse, run on the engine, serialise. The typed messages live only inside
 // this function, so the request's and the answer's memory is back in a
 // ByteBuffer (or gone) before the answer is written.
@@ -56,6 +65,9 @@ Method Tensor(Engine* engine, const char* name, Method::Kind kind = Method::Kind
     Request req;
     POSENC_RETURN_IF_ERROR(ParseAdmitted(call, in, &req, LargeFieldsOf(&req)));
     call.facts->message_id = Utf8Prefix(MessageRequestId(req), kMaxEchoedBytes);
+    // Claimed before anything is computed: an attempt refused earlier (a
+    // drain, admission) leaves the id free for gRPC's retry of it.
+    if (InPlace(req)) POSENC_RETURN_IF_ERROR(engine->attempts().Claim(call.call_id));
     Response resp;
     POSENC_RETURN_IF_ERROR(Op(*engine, &req, &resp, call.ctx, *call.admission));
     call.facts->backend = resp.backend();

@@ -165,14 +165,35 @@ class ScriptedService final : public v1::PositionalEncoding::CallbackService {
     return r;
   }
 
+  // Answers a table of the bytes asked for on the socket, described by
+  // `table_answer` (its shape's product times its dtype's size must be the
+  // bytes: a malformed answer is a different check).
   grpc::ServerUnaryReactor* GetEncodingTable(grpc::CallbackServerContext* ctx,
-                                             const v1::EncodingTableRequest*,
-                                             v1::EncodingTableResponse*) override {
+                                             const v1::EncodingTableRequest* req,
+                                             v1::EncodingTableResponse* resp) override {
     ++tensor_calls;
     auto* r = ctx->DefaultReactor();
-    r->Finish(grpc::Status(grpc::StatusCode::INTERNAL, "not scripted"));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (table_answer.shape_size() == 0) {
+        r->Finish(grpc::Status(grpc::StatusCode::INTERNAL, "not scripted"));
+        return r;
+      }
+      *resp->mutable_table() = table_answer;
+    }
+    const size_t bytes =
+        static_cast<size_t>(req->count() * req->dim()) * (req->dtype() == v1::DATA_TYPE_FLOAT32 ? 4 : 2);
+    resp->set_table_data(std::string(bytes, '\0'));
+    r->Finish(grpc::Status::OK);
     return r;
   }
+  void SetTable(v1::DataType dtype, const std::vector<int64_t>& shape) {
+    std::lock_guard<std::mutex> lock(mu_);
+    table_answer.set_dtype(dtype);
+    table_answer.clear_shape();
+    for (int64_t d : shape) table_answer.add_shape(d);
+  }
+  v1::TensorDesc table_answer;  // under mu_
 
   struct Registration {
     std::string name;
@@ -477,6 +498,32 @@ TEST_F(HostileServer, RequireRefusesBuiltTensorsItCannotPlace) {
   EXPECT_EQ(b.status().code(), absl::StatusCode::kFailedPrecondition) << b.status();
   EXPECT_TRUE(absl::StrContains(b.status().message(), "not known")) << b.status();
   EXPECT_EQ(service_.tensor_calls.load(), 0) << "a call went over the socket under kRequire";
+}
+
+// A built tensor of the right byte count but another dtype or rank than the
+// request's: a float16 table read as bfloat16 is garbage, and a 1-D one
+// indexed as [rows, dim] reads past its end.
+TEST_F(HostileServer, ABuiltTensorOfAnotherDtypeOrRankIsRefused) {
+  service_.shares_memory = false;
+  auto client = Connect(SharedMemoryUse::kOff);
+  AbsoluteOptions table;
+  struct Case {
+    v1::DataType dtype;
+    std::vector<int64_t> shape;
+    bool ok;
+  };
+  for (const Case& c : {Case{v1::DATA_TYPE_FLOAT16, {4, 16}, false}, Case{v1::DATA_TYPE_BFLOAT16, {64}, false},
+                        Case{v1::DATA_TYPE_BFLOAT16, {4, 16}, true}}) {
+    service_.SetTable(c.dtype, c.shape);
+    auto e = client->EncodingTable(table, 16, 4, TensorView{}, DType::kBFloat16);
+    if (c.ok) {
+      EXPECT_TRUE(e.ok()) << e.status();
+    } else {
+      EXPECT_EQ(e.status().code(), absl::StatusCode::kInternal) << e.status();
+      EXPECT_TRUE(absl::StrContains(e.status().message(), "BFLOAT16 tensor asked for"))
+          << e.status();
+    }
+  }
 }
 
 // Device memory: two threads registering the same allocation at once get

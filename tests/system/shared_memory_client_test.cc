@@ -345,6 +345,74 @@ TEST_F(SharedMemoryClient, MisalignedSlicesGiveTheSocketsResults) {
   ::munmap(region, kRegion);
 }
 
+// gRPC retries a call whose connection dropped before its answer came, on
+// the same server when it is still up. For a call rotating a region in
+// place the first attempt may have finished there, so an attempt carrying
+// a posenc-call-id the server already started is refused (ABORTED) and the
+// region holds one rotation, not two. Calls on the socket, and each new
+// call (a new id), run as always.
+TEST_F(SharedMemoryClient, AnInPlaceCallsRetriedAttemptIsRefusedNotRunTwice) {
+  constexpr int64_t kRegion = 1 << 14;
+  const std::string key = "/posenc-retried-" + std::to_string(::getpid());
+  const int fd = ::shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, kRegion), 0);
+  char* region =
+      static_cast<char*>(::mmap(nullptr, kRegion, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  ::close(fd);
+  ASSERT_NE(region, MAP_FAILED);
+  v1::PositionalEncoding::Stub& stub = socket_client_->stub();
+  {
+    grpc::ClientContext ctx;
+    v1::RegisterSharedMemoryRequest req;
+    req.set_name("retried");
+    req.set_key(key);
+    req.set_byte_size(kRegion);
+    v1::SharedMemoryStatus resp;
+    ASSERT_TRUE(stub.RegisterSharedMemory(&ctx, req, &resp).ok());
+  }
+  ::shm_unlink(key.c_str());
+  const Bytes q = testing::RandomTensor(DType::kFloat32, 1 * 8 * 2 * 32);
+  v1::RopeRequest rope;
+  rope.mutable_query()->set_dtype(v1::DATA_TYPE_FLOAT32);
+  for (int64_t d : {1, 8, 2, 32}) rope.mutable_query()->add_shape(d);
+  v1::RopeRequest by_socket = rope;
+  by_socket.set_query_data(std::string(q.begin(), q.end()));
+  rope.mutable_query_shm()->set_region("retried");
+  rope.mutable_query_shm()->set_byte_size(static_cast<int64_t>(q.size()));
+  std::memcpy(region, q.data(), q.size());
+  const auto call = [&](const v1::RopeRequest& req, const std::string& id, v1::RopeResponse* r) {
+    grpc::ClientContext ctx;
+    if (!id.empty()) ctx.AddMetadata("posenc-call-id", id);
+    return stub.ApplyRope(&ctx, req, r);
+  };
+  v1::RopeResponse once, resp;
+  ASSERT_TRUE(call(by_socket, "", &once).ok());
+  const std::string id = "retried-" + std::to_string(::getpid());
+  ASSERT_TRUE(call(rope, id, &resp).ok());
+  EXPECT_EQ(std::string(region, q.size()), once.query_data());
+  // The same call again, as gRPC's retry sends it: refused, nothing rotated.
+  const grpc::Status again = call(rope, id, &resp);
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::ABORTED) << again.error_message();
+  EXPECT_NE(again.error_message().find(id), std::string::npos) << again.error_message();
+  EXPECT_EQ(std::string(region, q.size()), once.query_data()) << "rotated twice";
+  // On the socket the same id changes nothing (nothing in place to guard),
+  // and a new call rotates the region again, as asked.
+  EXPECT_TRUE(call(by_socket, id, &resp).ok());
+  EXPECT_TRUE(call(rope, id + "-next", &resp).ok());
+  EXPECT_NE(std::string(region, q.size()), once.query_data());
+  // The client gives each call an id of its own: its in-place calls on
+  // this server all run.
+  for (int i = 0; i < 3; ++i) {
+    std::vector<char> mine(q.begin(), q.end());
+    RopeTensors t;
+    t.query = MutableTensor{DType::kFloat32, {1, 8, 2, 32}, mine.data(), mine.size()};
+    ASSERT_TRUE(shm_->ApplyRope({}, t).ok());
+    EXPECT_EQ(std::string(mine.data(), mine.size()), once.query_data());
+  }
+  ::munmap(region, kRegion);
+}
+
 // A region refused for want of room (here the cap of one region) sends the
 // client to the socket for a while, not for good: once there is room again
 // it registers one.

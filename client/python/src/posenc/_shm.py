@@ -261,7 +261,9 @@ class Pool:
             self.disable(f"creating {path}: {e}")
             return None
         try:
-            os.ftruncate(fd, size)
+            # The object's pages now, not at first touch: a full /dev/shm
+            # (a pod's sizeLimit) is ENOSPC here, not SIGBUS in a copy.
+            os.posix_fallocate(fd, 0, size)
             mapping = mmap.mmap(fd, size)
         except OSError as e:
             os.close(fd)

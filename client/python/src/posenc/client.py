@@ -5,6 +5,9 @@ about the call carry it) and raises PosencError on failure."""
 from __future__ import annotations
 
 import collections
+import itertools
+import os
+import secrets
 import threading
 from collections.abc import Iterable, Iterator
 
@@ -17,8 +20,17 @@ from posenc._proto.posenc.v1 import posenc_pb2_grpc as pb_grpc
 from posenc.errors import PosencError
 
 
+_CALL_NONCE = f"{os.getpid():x}-{secrets.token_hex(8)}"
+_call_count = itertools.count()
+
+
 def _metadata(request_id: str):
-    return (("x-request-id", request_id),) if request_id else None
+    """A call's metadata: its request id, and an id of its own that is the
+    same on every attempt gRPC makes of it, so a server that already started
+    an in-place call (shared or device memory) refuses a retry of it
+    (ABORTED) rather than compute on its result."""
+    call_id = ("posenc-call-id", f"{_CALL_NONCE}-{next(_call_count)}")
+    return (("x-request-id", request_id), call_id) if request_id else (call_id,)
 
 
 class Client:
