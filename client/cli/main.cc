@@ -33,8 +33,10 @@
 ABSL_FLAG(std::string, target, "localhost:50051", "Server address, or dns:///name:port.");
 ABSL_FLAG(double, timeout_s, 30, "Call deadline in seconds.");
 ABSL_FLAG(std::string, tls_ca, "", "PEM file of CA certificates; enables TLS.");
-ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate for mutual TLS.");
-ABSL_FLAG(std::string, tls_key, "", "PEM client key for mutual TLS.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM client certificate for mutual TLS (with --tls_key; enables TLS, checking the "
+          "server against --tls_ca or else the system's roots).");
+ABSL_FLAG(std::string, tls_key, "", "PEM client key for mutual TLS (with --tls_cert).");
 ABSL_FLAG(std::string, backend, "", "auto, cpu or cuda (gpu); default: the server's.");
 ABSL_FLAG(std::string, dtype, "float32", "float32 (fp32), float16 (fp16) or bfloat16 (bf16).");
 ABSL_FLAG(std::string, shape, "",
@@ -454,12 +456,22 @@ absl::Status Bias(Client& client, const CallOptions& call) {
 absl::Status Run(const std::string& command) {
   ClientOptions o;
   o.target = absl::GetFlag(FLAGS_target);
-  if (!absl::GetFlag(FLAGS_tls_ca).empty()) {
+  // Any TLS flag means TLS: a client certificate without --tls_ca checks
+  // the server against the system's roots, never falls back to plaintext.
+  const std::string ca = absl::GetFlag(FLAGS_tls_ca), cert = absl::GetFlag(FLAGS_tls_cert),
+                    key = absl::GetFlag(FLAGS_tls_key);
+  if (cert.empty() != key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_cert and --tls_key go together (mutual TLS needs both), got only one");
+  }
+  if (!ca.empty() || !cert.empty()) {
     o.use_tls = true;
-    POSENC_ASSIGN_OR_RETURN(o.root_certs_pem, ReadFile(absl::GetFlag(FLAGS_tls_ca)));
-    if (!absl::GetFlag(FLAGS_tls_cert).empty()) {
-      POSENC_ASSIGN_OR_RETURN(o.client_cert_pem, ReadFile(absl::GetFlag(FLAGS_tls_cert)));
-      POSENC_ASSIGN_OR_RETURN(o.client_key_pem, ReadFile(absl::GetFlag(FLAGS_tls_key)));
+    if (!ca.empty()) {
+      POSENC_ASSIGN_OR_RETURN(o.root_certs_pem, ReadFile(ca));
+    }
+    if (!cert.empty()) {
+      POSENC_ASSIGN_OR_RETURN(o.client_cert_pem, ReadFile(cert));
+      POSENC_ASSIGN_OR_RETURN(o.client_key_pem, ReadFile(key));
     }
   }
   POSENC_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Create(o));

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -515,13 +516,31 @@ absl::Status WriteNpy(const std::string& path, DType dtype, const std::vector<in
     return Invalid("shape", absl::StrCat(shape.size(), " dimensions make a header over ",
                                          kMaxNpyHeaderBytes, " bytes"));
   }
-  std::ofstream out(path, std::ios::binary);
-  out.write("\x93NUMPY\x01\x00", 8);
   const uint16_t len = static_cast<uint16_t>(header.size());
-  out.put(static_cast<char>(len & 0xff));
-  out.put(static_cast<char>(len >> 8));
-  out << header << body;
-  if (!out) return absl::FailedPreconditionError(absl::StrCat("cannot write ", path));
+  const std::string head =
+      absl::StrCat(absl::string_view("\x93NUMPY\x01\x00", 8),
+                   std::string{static_cast<char>(len & 0xff), static_cast<char>(len >> 8)}, header);
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+  }
+  // A full disk shows only when the buffered bytes are flushed, so the
+  // close is checked too (an output under the buffer's size was once
+  // reported written, and left empty).
+  int write_errno = 0;
+  if (std::fwrite(head.data(), 1, head.size(), f) != head.size() ||
+      std::fwrite(body.data(), 1, body.size(), f) != body.size() || std::fflush(f) != 0) {
+    write_errno = errno;
+  }
+  if (std::fclose(f) != 0 && write_errno == 0) write_errno = errno;
+  if (write_errno != 0) {
+    // Only a file of ours: the path may name a device (/dev/full) or a pipe.
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) std::remove(path.c_str());
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot write ", path, ": ", std::strerror(write_errno)));
+  }
   return absl::OkStatus();
 }
 

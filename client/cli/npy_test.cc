@@ -134,6 +134,21 @@ TEST(NpyWrite, RefusesDataThatDoesNotMatchTheShape) {
   EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr("needs 24 bytes"), HasSubstr("got 20")));
 }
 
+TEST(NpyWrite, AFullDeviceIsAnErrorEvenForASmallArray) {
+  // 16 floats stay in the stream's buffer until it is closed: the close's
+  // failure must be the caller's error, not a file reported written.
+  if (::access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no writable /dev/full here";
+  const absl::Status s = WriteNpy("/dev/full", DType::kFloat32, {4, 4}, std::string(64, '\0'));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("No space left"));
+}
+
+TEST(NpyWrite, ADirectoryIsRefusedByName) {
+  const absl::Status s = WriteNpy("/tmp", DType::kFloat32, {1}, std::string(4, '\0'));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("/tmp"));
+}
+
 // ---------------------------------------------------------------------------
 // <f8 narrowing.
 

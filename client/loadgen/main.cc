@@ -254,6 +254,8 @@ int main(int argc, char** argv) {
   }
   const bool stream = api == "stream";
   if (stream && !mix->AllRope()) return Usage("--api=stream carries RoPE operations only");
+  // The open loop sends unary calls; its results must not be labelled stream.
+  if (stream && open) return Usage("--api=stream runs closed loop only (--mode=closed)");
 
   std::ofstream json, csv;
   if (!absl::GetFlag(FLAGS_json).empty()) {

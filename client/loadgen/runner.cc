@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <mutex>
 #include <random>
@@ -59,9 +60,13 @@ std::string CodeName(grpc::StatusCode c) {
   return absl::StatusCodeToString(static_cast<absl::StatusCode>(c));
 }
 
+// Nearest rank: the smallest value with at least p of the values at or
+// below it (p90 of 10 is the 9th, not the largest).
 double Percentile(const std::vector<double>& sorted, double p) {
   if (sorted.empty()) return 0;
-  return sorted[std::min(sorted.size() - 1, static_cast<size_t>(p * sorted.size()))];
+  const double rank = std::ceil(p * static_cast<double>(sorted.size()) - 1e-9);
+  const size_t i = rank < 1 ? 0 : static_cast<size_t>(rank) - 1;
+  return sorted[std::min(sorted.size() - 1, i)];
 }
 
 // Calls by the measurement window they completed in (arrivals of the open
@@ -163,27 +168,35 @@ void SetDeadline(grpc::ClientContext& ctx, double timeout_s) {
                    std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6)));
 }
 
-Outcome CallSync(v1::PositionalEncoding::Stub& stub, const Op& op, const RunConfig& c) {
+// One call; *end is when its answer came, before --check compares it (the
+// comparison is the load generator's time, not the server's).
+Outcome CallSync(v1::PositionalEncoding::Stub& stub, const Op& op, const RunConfig& c,
+                 Clock::time_point* end) {
   grpc::ClientContext ctx;
   SetDeadline(ctx, c.timeout_s);
+  const auto judged = [&](const grpc::Status& s, const auto& resp) {
+    *end = Clock::now();
+    return Judge(op, s, resp, c.check);
+  };
   switch (op.kind) {
     case OpKind::kRope: {
       v1::RopeResponse resp;
-      return Judge(op, stub.ApplyRope(&ctx, op.rope, &resp), resp, c.check);
+      return judged(stub.ApplyRope(&ctx, op.rope, &resp), resp);
     }
     case OpKind::kAbsolute: {
       v1::AbsoluteEncodingResponse resp;
-      return Judge(op, stub.AddAbsoluteEncoding(&ctx, op.absolute, &resp), resp, c.check);
+      return judged(stub.AddAbsoluteEncoding(&ctx, op.absolute, &resp), resp);
     }
     case OpKind::kTable: {
       v1::EncodingTableResponse resp;
-      return Judge(op, stub.GetEncodingTable(&ctx, op.table, &resp), resp, c.check);
+      return judged(stub.GetEncodingTable(&ctx, op.table, &resp), resp);
     }
     case OpKind::kBias: {
       v1::AttentionBiasResponse resp;
-      return Judge(op, stub.AttentionBias(&ctx, op.bias, &resp), resp, c.check);
+      return judged(stub.AttentionBias(&ctx, op.bias, &resp), resp);
     }
   }
+  *end = Clock::now();
   return Outcome{grpc::StatusCode::INTERNAL};
 }
 
@@ -210,32 +223,42 @@ class Picker {
   std::discrete_distribution<size_t> pick_;
 };
 
-// Closed loop: one caller, one call at a time, until `stop`.
+// Closed loop: one caller, one call at a time, until `stop`. A stream that
+// breaks is counted as an error and opened again, so the point keeps its
+// callers. `stream_deadline` ends a stream whose server stopped answering
+// (a stream has no per-message deadline), so the run cannot hang.
 void Caller(v1::PositionalEncoding::Stub& stub, const Mix& mix, const RunConfig& c, int index,
-            const std::atomic<bool>& stop, Recorder& rec) {
+            const std::atomic<bool>& stop, Recorder& rec,
+            std::chrono::system_clock::time_point stream_deadline) {
   Picker picker(mix, 1234 + index);
   std::unique_ptr<grpc::ClientContext> sctx;
   std::unique_ptr<grpc::ClientReaderWriter<v1::RopeRequest, v1::RopeResponse>> stream;
-  if (c.stream) {
-    sctx = std::make_unique<grpc::ClientContext>();
-    stream = stub.StreamRope(sctx.get());
-  }
   while (!stop) {
+    if (c.stream && stream == nullptr) {
+      sctx = std::make_unique<grpc::ClientContext>();
+      sctx->set_deadline(stream_deadline);
+      stream = stub.StreamRope(sctx.get());
+    }
     const Op& op = picker.Next();
     const Clock::time_point t0 = Clock::now();
+    Clock::time_point end;
     Outcome o;
     if (c.stream) {
       v1::RopeResponse resp;
       if (!stream->Write(op.rope) || !stream->Read(&resp)) {
         grpc::Status s = stream->Finish();
         rec.Add(op, t0, Clock::now(), Outcome{s.ok() ? grpc::StatusCode::UNKNOWN : s.error_code()});
-        return;
+        stream.reset();
+        // Past the stream's deadline every new stream fails at once.
+        if (std::chrono::system_clock::now() >= stream_deadline) return;
+        continue;
       }
+      end = Clock::now();
       o = Judge(op, grpc::Status::OK, resp, c.check);
     } else {
-      o = CallSync(stub, op, c);
+      o = CallSync(stub, op, c, &end);
     }
-    rec.Add(op, t0, Clock::now(), o);
+    rec.Add(op, t0, end, o);
   }
   if (stream) {
     stream->WritesDone();
@@ -290,7 +313,9 @@ class Sender {
     SetDeadline(call->ctx, c_.timeout_s);
     ++outstanding_;
     auto finish = [this, call](grpc::Status s, const auto& resp) {
-      rec_.Add(*call->op, call->scheduled, Clock::now(), Judge(*call->op, s, resp, c_.check));
+      // The answer's time first: --check's comparison is not the server's.
+      const Clock::time_point end = Clock::now();
+      rec_.Add(*call->op, call->scheduled, end, Judge(*call->op, s, resp, c_.check));
       delete call;
       --outstanding_;
     };
@@ -353,8 +378,15 @@ RunResult Run(v1::PositionalEncoding::Stub& stub, const Mix& mix, const RunConfi
     sender = std::make_unique<Sender>(stub, mix, c, rec, start);
     threads.emplace_back([&] { sender->Run(stop); });
   } else {
+    // Streams outlive calls: each ends by this at the latest, the whole run
+    // at most (warm-up and every window) and one call's timeout after it.
+    const auto stream_deadline =
+        std::chrono::system_clock::now() +
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(
+            Seconds(c.warmup_s) + window * max_trials + Seconds(c.timeout_s) + window);
     for (int w = 0; w < c.concurrency; ++w) {
-      threads.emplace_back([&, w] { Caller(stub, mix, c, w, stop, rec); });
+      threads.emplace_back(
+          [&, w, stream_deadline] { Caller(stub, mix, c, w, stop, rec, stream_deadline); });
     }
   }
 
