@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The sanitizer and fuzzing checks CI runs after scripts/test.sh:
 #  1. clang ASan + UBSan (every UB finding fatal) build of everything but
-#     CUDA, with the libFuzzer harnesses: the cpu and e2e suites, every seed
-#     corpus replayed, and each fuzzer run for POSENC_FUZZ_SECONDS (default
-#     20) from its corpus;
+#     CUDA and the kernel library's own tests and conformance suites (the
+#     third build runs those, POSENC_KERNEL_TESTS), with the libFuzzer
+#     harnesses: the cpu and e2e suites (the server, clients, wire and
+#     tools, and the kernels as they reach them), every seed corpus
+#     replayed, and each fuzzer run for POSENC_FUZZ_SECONDS (default 20)
+#     from its corpus;
 #  2. clang TSan build of the concurrency tests of our own code (thread pool,
 #     the kept rows of RoPE and the sinusoidal add, admission control,
 #     engine, the reload gate and table reloads). gRPC from Debian is not instrumented, so
@@ -35,7 +38,7 @@ common=("${optimise[@]}" -DPOSENC_ENABLE_CUDA=OFF -DPOSENC_BUILD_BENCH=OFF)
 asan=${POSENC_ASAN_DIR:-build-asan}
 echo "sanitize: clang ASan+UBSan build from ${SECONDS} s"
 cmake -S . -B "$asan" "${common[@]}" -DPOSENC_SANITIZE=address,undefined \
-  -DPOSENC_BUILD_FUZZERS=ON -DPOSENC_FUZZ_SECONDS="${POSENC_FUZZ_SECONDS:-20}"
+  -DPOSENC_KERNEL_TESTS=OFF -DPOSENC_BUILD_FUZZERS=ON -DPOSENC_FUZZ_SECONDS="${POSENC_FUZZ_SECONDS:-20}"
 cmake --build "$asan" -j "$jobs"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:symbolize=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
