@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -223,20 +224,54 @@ class Picker {
   std::discrete_distribution<size_t> pick_;
 };
 
+// The closed loop's open streams: the end of a run cancels those still
+// waiting for an answer rather than wait out their deadline.
+class OpenStreams {
+ public:
+  void Add(grpc::ClientContext* ctx) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cancelled_) ctx->TryCancel();
+    open_.insert(ctx);
+  }
+  void Remove(grpc::ClientContext* ctx) {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_.erase(ctx);
+  }
+  void CancelAll() {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    for (grpc::ClientContext* ctx : open_) ctx->TryCancel();
+  }
+
+ private:
+  std::mutex mu_;
+  std::set<grpc::ClientContext*> open_;
+  bool cancelled_ = false;
+};
+
 // Closed loop: one caller, one call at a time, until `stop`. A stream that
-// breaks is counted as an error and opened again, so the point keeps its
-// callers. `stream_deadline` ends a stream whose server stopped answering
-// (a stream has no per-message deadline), so the run cannot hang.
+// breaks is counted as an error and opened again (after a backoff, 1 ms
+// doubling to 100 ms while they keep breaking at once, so a server that
+// refuses streams is not hammered), so the point keeps its callers.
+// `stream_deadline` ends a stream whose server stopped answering (a stream
+// has no per-message deadline), so the run cannot hang.
 void Caller(v1::PositionalEncoding::Stub& stub, const Mix& mix, const RunConfig& c, int index,
             const std::atomic<bool>& stop, Recorder& rec,
-            std::chrono::system_clock::time_point stream_deadline) {
+            std::chrono::system_clock::time_point stream_deadline, OpenStreams& streams) {
   Picker picker(mix, 1234 + index);
   std::unique_ptr<grpc::ClientContext> sctx;
   std::unique_ptr<grpc::ClientReaderWriter<v1::RopeRequest, v1::RopeResponse>> stream;
+  const auto close = [&] {
+    stream.reset();
+    if (sctx) streams.Remove(sctx.get());
+    sctx.reset();
+  };
+  int broken = 0;  // streams in a row that broke before an answer
   while (!stop) {
     if (c.stream && stream == nullptr) {
       sctx = std::make_unique<grpc::ClientContext>();
       sctx->set_deadline(stream_deadline);
+      streams.Add(sctx.get());
       stream = stub.StreamRope(sctx.get());
     }
     const Op& op = picker.Next();
@@ -247,12 +282,17 @@ void Caller(v1::PositionalEncoding::Stub& stub, const Mix& mix, const RunConfig&
       v1::RopeResponse resp;
       if (!stream->Write(op.rope) || !stream->Read(&resp)) {
         grpc::Status s = stream->Finish();
+        close();
+        if (stop) break;  // cancelled at the end of the run: not the server's
         rec.Add(op, t0, Clock::now(), Outcome{s.ok() ? grpc::StatusCode::UNKNOWN : s.error_code()});
-        stream.reset();
         // Past the stream's deadline every new stream fails at once.
         if (std::chrono::system_clock::now() >= stream_deadline) return;
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds(std::min(100, 1 << std::min(broken, 7))));
+        ++broken;
         continue;
       }
+      broken = 0;
       end = Clock::now();
       o = Judge(op, grpc::Status::OK, resp, c.check);
     } else {
@@ -264,6 +304,7 @@ void Caller(v1::PositionalEncoding::Stub& stub, const Mix& mix, const RunConfig&
     stream->WritesDone();
     (void)stream->Finish();
   }
+  close();
 }
 
 // Open loop: arrivals on a schedule until `stop`. Latency counts from the
@@ -373,6 +414,7 @@ RunResult Run(v1::PositionalEncoding::Stub& stub, const Mix& mix, const RunConfi
   std::atomic<bool> stop{false};
 
   std::vector<std::thread> threads;
+  OpenStreams streams;
   std::unique_ptr<Sender> sender;
   if (c.open_loop) {
     sender = std::make_unique<Sender>(stub, mix, c, rec, start);
@@ -385,8 +427,9 @@ RunResult Run(v1::PositionalEncoding::Stub& stub, const Mix& mix, const RunConfi
         std::chrono::duration_cast<std::chrono::system_clock::duration>(
             Seconds(c.warmup_s) + window * max_trials + Seconds(c.timeout_s) + window);
     for (int w = 0; w < c.concurrency; ++w) {
-      threads.emplace_back(
-          [&, w, stream_deadline] { Caller(stub, mix, c, w, stop, rec, stream_deadline); });
+      threads.emplace_back([&, w, stream_deadline] {
+        Caller(stub, mix, c, w, stop, rec, stream_deadline, streams);
+      });
     }
   }
 
@@ -411,6 +454,7 @@ RunResult Run(v1::PositionalEncoding::Stub& stub, const Mix& mix, const RunConfi
     result.sender_lag_ms = sender->LagMs();
   }
   stop = true;
+  streams.CancelAll();
   for (auto& t : threads) t.join();
   if (sender) sender->WaitForCalls();
   rec.Fill(std::max(0, trials - kStableWindows), trials, result);

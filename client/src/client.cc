@@ -308,12 +308,14 @@ void Client::Prepare(grpc::ClientContext* ctx, const CallOptions& call) const {
   // An id of this call's own, the same on each attempt gRPC makes of it: a
   // server that already started an in-place call (shared or device memory)
   // refuses a retry of it (ABORTED) rather than compute on its result
-  // (docs/shared-memory.md). Unique across processes by a random nonce.
-  static const std::string nonce =
-      absl::StrFormat("%016x", (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}() ^
-                                   (uint64_t(::getpid()) << 16));
+  // (docs/shared-memory.md). A random nonce tells processes apart; the pid,
+  // read each time, tells a forked child (which copies the nonce and the
+  // count) from its parent and siblings.
+  static const uint64_t nonce =
+      (uint64_t{std::random_device{}()} << 32) ^ uint64_t { std::random_device{}() };
   static std::atomic<uint64_t> calls{0};
-  ctx->AddMetadata("posenc-call-id", absl::StrCat(nonce, "-", calls.fetch_add(1)));
+  ctx->AddMetadata("posenc-call-id",
+                   absl::StrFormat("%016x-%d-%d", nonce, ::getpid(), calls.fetch_add(1)));
 }
 
 namespace {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -204,7 +205,10 @@ std::unique_ptr<ClientRegion> SharedMemoryPool::Create(int64_t bytes) {
   // /dev/shm now, so a full tmpfs (a pod's sizeLimit) is ENOSPC here instead
   // of SIGBUS when a tensor is first written into a page it never got.
   void* p = MAP_FAILED;
-  int e = ::posix_fallocate(fd, 0, bytes);
+  int e;
+  do {
+    e = ::posix_fallocate(fd, 0, bytes);  // glibc does not retry a signal's EINTR
+  } while (e == EINTR);
   if (e == 0) {
     p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) e = errno;

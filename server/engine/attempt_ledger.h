@@ -35,7 +35,8 @@ class AttemptLedger {
     // within its backoffs (the clients' at most 5 attempts, 2 s apart at
     // most), well inside this.
     absl::Duration keep = absl::Seconds(60);
-    // The most ids remembered (16 bytes each); past it the oldest go first,
+    // The most ids remembered (about 32 bytes each: a 64-bit hash and its
+    // time, and the hash set's slot; 8 MiB at most); past it the oldest go first,
     // so a retry could then run again: only above capacity / keep in-place
     // calls a second (4369/s with the defaults: far more than a node's
     // shared memory serves at useful sizes).

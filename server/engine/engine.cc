@@ -388,6 +388,7 @@ absl::Status CheckDeviceAligned(const MutableTensor& t, absl::string_view what) 
 
 absl::Status Engine::RunWithFallback(const CallEnv& env, int64_t charged, Backend** backend,
                                      const std::function<absl::Status(Backend*)>& run) {
+  if (env.before_compute) POSENC_RETURN_IF_ERROR(env.before_compute());
   absl::Status s = run(*backend);
   if (!s.ok() && LeavesToTheCpu(env.backend, **backend, s)) {
     // The GPU's staging is done with: the CPU's retry needs none, and other
@@ -476,6 +477,7 @@ absl::StatusOr<std::string> Engine::ApplyRope(const RopeOptions& options, RopeTe
       POSENC_ASSIGN_OR_RETURN(Backend * gpu, DeviceBackend(env.backend, env.device));
       POSENC_RETURN_IF_ERROR(CheckDeviceAligned(t.query, "query"));
       POSENC_RETURN_IF_ERROR(CheckDeviceAligned(t.key, "key"));
+      if (env.before_compute) POSENC_RETURN_IF_ERROR(env.before_compute());
       if (env.query_out != nullptr || env.key_out != nullptr) {
         // Into other slices: a tensor without one of its own stays in place.
         char* q_out = env.query_out != nullptr ? env.query_out : static_cast<char*>(t.query.data);
@@ -667,6 +669,7 @@ absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTenso
     if (env.tensors_on_device) {
       POSENC_ASSIGN_OR_RETURN(Backend * gpu, DeviceBackend(env.backend, env.device));
       POSENC_RETURN_IF_ERROR(CheckDeviceAligned(t.x, "x"));
+      if (env.before_compute) POSENC_RETURN_IF_ERROR(env.before_compute());
       POSENC_RETURN_IF_ERROR(gpu->ApplyAbsolute(plan, t.x.data, env.ctx));
       served = BackendName(gpu);
       return absl::OkStatus();
@@ -806,6 +809,7 @@ absl::StatusOr<Produced> Engine::AttentionBias(const BiasOptions& o, MutableTens
       if (!has_logits) return absl::InternalError("a device bias without logits");
       POSENC_ASSIGN_OR_RETURN(Backend * gpu, DeviceBackend(env.backend, env.device));
       POSENC_RETURN_IF_ERROR(CheckDeviceAligned(logits, "logits"));
+      if (env.before_compute) POSENC_RETURN_IF_ERROR(env.before_compute());
       POSENC_RETURN_IF_ERROR(gpu->ApplyAttentionBias(plan, logits.data, env.ctx));
       produced.backend = BackendName(gpu);
       return absl::OkStatus();

@@ -127,6 +127,12 @@ struct CallEnv {
   // reads as zeros, see GuardedMapping), so that a call whose inputs were
   // lost writes nothing there. Null: nothing to check.
   std::function<absl::Status()> inputs_intact;
+  // Called once a call has passed every refusal that leaves the caller's
+  // tensors as they were (plans, memory, staging), just before its first
+  // write to a tensor computed in place: a posenc.v1 call in shared or
+  // device memory claims its call id here (attempt_ledger.h), so gRPC's
+  // retry of a call refused before this point runs. Null: nothing to do.
+  std::function<absl::Status()> before_compute;
 };
 
 // Where a tensor an operation produces (a table, a built bias) goes: a

@@ -59,7 +59,8 @@ int64_t RequestBytes(const v1::AttentionBiasRequest& r) {
 }
 
 absl::Status ApplyRope(Engine& engine, v1::RopeRequest* req, v1::RopeResponse* resp,
-                       const RunContext& ctx, Engine::Admission& admission) {
+                       const RunContext& ctx, Engine::Admission& admission,
+                       const BeforeCompute& before_compute) {
   POSENC_RETURN_IF_ERROR(engine.CheckRequestSize(RequestBytes(*req)));
   POSENC_ASSIGN_OR_RETURN(const RopeOptions options, wire::RopeOptionsOf(*req));
   POSENC_ASSIGN_OR_RETURN(const BackendChoice backend, wire::FromProto("backend", req->backend()));
@@ -94,6 +95,7 @@ absl::Status ApplyRope(Engine& engine, v1::RopeRequest* req, v1::RopeResponse* r
   resp->set_backend(engine.LongestBackendName());
   CallEnv env{ctx, admission, backend,
               Overhead(*resp, resp->query_data().size() + resp->key_data().size())};
+  env.before_compute = before_compute;
   env.tensors_in_answer = !req->has_query_shm() || (has_key && !req->has_key_shm());
   env.tensors_on_device = shm.on_device();
   env.device = shm.device();
@@ -108,12 +110,13 @@ absl::Status ApplyRope(Engine& engine, v1::RopeRequest* req, v1::RopeResponse* r
 absl::Status ApplyRope(Engine& engine, v1::RopeRequest* req, v1::RopeResponse* resp,
                        const RunContext& ctx) {
   POSENC_ASSIGN_OR_RETURN(Engine::Admission admission, engine.Admit(RequestBytes(*req)));
-  return ApplyRope(engine, req, resp, ctx, admission);
+  return ApplyRope(engine, req, resp, ctx, admission, {});
 }
 
 absl::Status AddAbsoluteEncoding(Engine& engine, v1::AbsoluteEncodingRequest* req,
                                  v1::AbsoluteEncodingResponse* resp, const RunContext& ctx,
-                                 Engine::Admission& admission) {
+                                 Engine::Admission& admission,
+                                 const BeforeCompute& before_compute) {
   POSENC_RETURN_IF_ERROR(engine.CheckRequestSize(RequestBytes(*req)));
   POSENC_ASSIGN_OR_RETURN(AbsoluteOptions options, wire::AbsoluteOptionsOf(*req));
   POSENC_ASSIGN_OR_RETURN(const BackendChoice backend, wire::FromProto("backend", req->backend()));
@@ -135,6 +138,7 @@ absl::Status AddAbsoluteEncoding(Engine& engine, v1::AbsoluteEncodingRequest* re
   resp->set_request_id(req->request_id());
   resp->set_backend(engine.LongestBackendName());
   CallEnv env{ctx, admission, backend, Overhead(*resp, resp->y_data().size())};
+  env.before_compute = before_compute;
   env.tensors_in_answer = !req->has_x_shm();
   env.tensors_on_device = shm.on_device();
   env.device = shm.device();
@@ -147,7 +151,7 @@ absl::Status AddAbsoluteEncoding(Engine& engine, v1::AbsoluteEncodingRequest* re
 
 absl::Status GetEncodingTable(Engine& engine, v1::EncodingTableRequest* req,
                               v1::EncodingTableResponse* resp, const RunContext& ctx,
-                              Engine::Admission& admission) {
+                              Engine::Admission& admission, const BeforeCompute&) {
   POSENC_RETURN_IF_ERROR(engine.CheckRequestSize(RequestBytes(*req)));
   POSENC_ASSIGN_OR_RETURN(AbsoluteOptions options, wire::AbsoluteOptionsOf(*req));
   POSENC_ASSIGN_OR_RETURN(const BackendChoice backend, wire::FromProto("backend", req->backend()));
@@ -176,7 +180,7 @@ absl::Status GetEncodingTable(Engine& engine, v1::EncodingTableRequest* req,
 
 absl::Status AttentionBias(Engine& engine, v1::AttentionBiasRequest* req,
                            v1::AttentionBiasResponse* resp, const RunContext& ctx,
-                           Engine::Admission& admission) {
+                           Engine::Admission& admission, const BeforeCompute& before_compute) {
   POSENC_RETURN_IF_ERROR(engine.CheckRequestSize(RequestBytes(*req)));
   POSENC_ASSIGN_OR_RETURN(const BiasOptions options, wire::BiasOptionsOf(*req));
   POSENC_ASSIGN_OR_RETURN(const BackendChoice backend, wire::FromProto("backend", req->backend()));
@@ -202,6 +206,7 @@ absl::Status AttentionBias(Engine& engine, v1::AttentionBiasRequest* req,
   }
   resp->set_backend(engine.LongestBackendName());
   CallEnv env{ctx, admission, backend, Overhead(*resp, resp->bias_data().size())};
+  env.before_compute = before_compute;
   env.tensors_in_answer = !req->has_logits_shm() && !req->has_bias_shm();
   env.tensors_on_device = shm.on_device();
   env.device = shm.device();

@@ -6,6 +6,7 @@
 #define POSENC_SERVER_V1_OPERATIONS_H_
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/status/status.h"
 #include "engine/engine.h"
@@ -20,18 +21,25 @@ int64_t RequestBytes(const v1::EncodingTableRequest& r);
 int64_t RequestBytes(const v1::AttentionBiasRequest& r);
 
 // The operations on an admitted call (`admission` already holds the
-// request). `req` is left without its tensors.
+// request). `req` is left without its tensors. `before_compute`, when
+// given, is CallEnv::before_compute: called once the call can no longer be
+// refused without having changed a tensor it computes on in place.
+using BeforeCompute = std::function<absl::Status()>;
 [[nodiscard]] absl::Status ApplyRope(Engine& engine, v1::RopeRequest* req, v1::RopeResponse* resp,
-                                     const RunContext& ctx, Engine::Admission& admission);
+                                     const RunContext& ctx, Engine::Admission& admission,
+                                     const BeforeCompute& before_compute);
 [[nodiscard]] absl::Status AddAbsoluteEncoding(Engine& engine, v1::AbsoluteEncodingRequest* req,
                                                v1::AbsoluteEncodingResponse* resp,
-                                               const RunContext& ctx, Engine::Admission& admission);
+                                               const RunContext& ctx, Engine::Admission& admission,
+                                               const BeforeCompute& before_compute);
 [[nodiscard]] absl::Status GetEncodingTable(Engine& engine, v1::EncodingTableRequest* req,
                                             v1::EncodingTableResponse* resp, const RunContext& ctx,
-                                            Engine::Admission& admission);
+                                            Engine::Admission& admission,
+                                            const BeforeCompute& before_compute);
 [[nodiscard]] absl::Status AttentionBias(Engine& engine, v1::AttentionBiasRequest* req,
                                          v1::AttentionBiasResponse* resp, const RunContext& ctx,
-                                         Engine::Admission& admission);
+                                         Engine::Admission& admission,
+                                         const BeforeCompute& before_compute);
 
 // Admit, then run (for callers holding a whole request: tests, tools).
 [[nodiscard]] absl::Status ApplyRope(Engine& engine, v1::RopeRequest* req, v1::RopeResponse* resp,

@@ -28,6 +28,42 @@ v1::RopeRequest Request(testing::Bytes& q) {
   return r;
 }
 
+// before_compute (the in-place call's claim of its id) runs once a call
+// can no longer be refused with its tensors as they were: not for a call
+// refused earlier, and its own refusal stops the call before any write.
+TEST(Engine, BeforeComputeRunsOnceJustBeforeTheFirstWrite) {
+  EngineOptions o;
+  o.cpu_threads = 1;
+  auto engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  testing::Bytes q = testing::RandomTensor(DType::kFloat32, 64 * 4 * 64);
+  const std::string original(q.begin(), q.end());
+  int calls = 0;
+  const auto run = [&](v1::RopeRequest r, absl::Status claim, v1::RopeResponse* resp) {
+    auto admission = (*engine)->Admit(RequestBytes(r));
+    EXPECT_TRUE(admission.ok());
+    return ApplyRope(**engine, &r, resp, RunContext{}, *admission, [&, claim] {
+      ++calls;
+      return claim;
+    });
+  };
+  v1::RopeResponse resp;
+  ASSERT_TRUE(run(Request(q), absl::OkStatus(), &resp).ok());
+  EXPECT_EQ(calls, 1);
+  EXPECT_NE(resp.query_data(), original) << "rotated";
+  // Refused by its plan (an odd rotary_dim): no claim.
+  v1::RopeRequest odd = Request(q);
+  odd.set_rotary_dim(7);
+  EXPECT_EQ(run(odd, absl::OkStatus(), &resp).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(calls, 1);
+  // A refused claim: the call ends with it, its tensor unwritten.
+  v1::RopeResponse refused;
+  EXPECT_EQ(run(Request(q), absl::AbortedError("seen"), &refused).code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(refused.query_data(), original);
+}
+
 TEST(Engine, SaturatedServerSaysResourceExhaustedAndKeepsServing) {
   EngineOptions o;
   o.max_inflight_requests = 1;
@@ -210,7 +246,8 @@ TEST(Engine, ACudaRegionWithoutAGpuIsRefusedUntouched) {
   v1::EncodingTableResponse table_resp;
   auto admission = (*engine)->Admit(0);
   ASSERT_TRUE(admission.ok());
-  const absl::Status t = GetEncodingTable(**engine, &table, &table_resp, RunContext{}, *admission);
+  const absl::Status t =
+      GetEncodingTable(**engine, &table, &table_resp, RunContext{}, *admission, {});
   EXPECT_EQ(t.code(), absl::StatusCode::kInvalidArgument) << t;
   EXPECT_NE(t.message().find("table_shm: region \"gpu\" is CUDA shared memory"),
             absl::string_view::npos)

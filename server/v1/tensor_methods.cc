@@ -54,7 +54,8 @@ bool InPlace(const v1::AttentionBiasRequest& m) { return m.has_logits_shm(); }
 // this function, so the request's and the answer's memory is back in a
 // ByteBuffer (or gone) before the answer is written.
 template <typename Request, typename Response,
-          absl::Status (*Op)(Engine&, Request*, Response*, const RunContext&, Engine::Admission&)>
+          absl::Status (*Op)(Engine&, Request*, Response*, const RunContext&, Engine::Admission&,
+                             const BeforeCompute&)>
 Method Tensor(Engine* engine, const char* name, Method::Kind kind = Method::Kind::kTensor) {
   Method m;
   m.service = kPositionalEncodingService;
@@ -65,11 +66,15 @@ Method Tensor(Engine* engine, const char* name, Method::Kind kind = Method::Kind
     Request req;
     POSENC_RETURN_IF_ERROR(ParseAdmitted(call, in, &req, LargeFieldsOf(&req)));
     call.facts->message_id = Utf8Prefix(MessageRequestId(req), kMaxEchoedBytes);
-    // Claimed before anything is computed: an attempt refused earlier (a
-    // drain, admission) leaves the id free for gRPC's retry of it.
-    if (InPlace(req)) POSENC_RETURN_IF_ERROR(engine->attempts().Claim(call.call_id));
+    // Claimed just before the first write in place: an attempt refused
+    // before it (a drain, admission, the plan's or the staging's memory)
+    // leaves the id free for gRPC's retry of it.
+    BeforeCompute claim;
+    if (InPlace(req) && !call.call_id.empty()) {
+      claim = [engine, &call] { return engine->attempts().Claim(call.call_id); };
+    }
     Response resp;
-    POSENC_RETURN_IF_ERROR(Op(*engine, &req, &resp, call.ctx, *call.admission));
+    POSENC_RETURN_IF_ERROR(Op(*engine, &req, &resp, call.ctx, *call.admission, claim));
     call.facts->backend = resp.backend();
     return SerializeMessage(resp, out, LargeFieldsOf(&resp));
   };

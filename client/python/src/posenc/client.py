@@ -20,8 +20,17 @@ from posenc._proto.posenc.v1 import posenc_pb2_grpc as pb_grpc
 from posenc.errors import PosencError
 
 
-_CALL_NONCE = f"{os.getpid():x}-{secrets.token_hex(8)}"
-_call_count = itertools.count()
+def _new_call_ids() -> None:
+    """A nonce and count of this process's own; a forked child (a model
+    server's workers) makes new ones, or its calls' ids would be its
+    parent's and siblings', and the server would refuse them as retries."""
+    global _CALL_NONCE, _call_count
+    _CALL_NONCE = f"{os.getpid():x}-{secrets.token_hex(8)}"
+    _call_count = itertools.count()
+
+
+_new_call_ids()
+os.register_at_fork(after_in_child=_new_call_ids)
 
 
 def _metadata(request_id: str):
