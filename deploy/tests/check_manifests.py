@@ -144,7 +144,11 @@ def main():
     for name, svc in services.items():
         check(selects(svc["spec"].get("selector")), f"Service {name} does not select the pods")
         for p in svc["spec"]["ports"]:
-            check(p["targetPort"] in ports, f"Service {name} targets unknown port {p['targetPort']}")
+            check(p["targetPort"] in ports or p["targetPort"] in ports.values(),
+                  f"Service {name} targets unknown port {p['targetPort']}")
+            # A native sidecar's named ports are not resolved everywhere.
+            check(overlay != "sidecar" or isinstance(p["targetPort"], int),
+                  f"sidecar overlay: Service {name} must target port {p['targetPort']} by number")
     (hpa,) = by_kind["HorizontalPodAutoscaler"]
     check(hpa["apiVersion"] == "autoscaling/v2", "HPA must be autoscaling/v2")
     check(hpa["spec"]["scaleTargetRef"]["name"] == deploy["metadata"]["name"], "HPA must target the Deployment")
