@@ -268,9 +268,8 @@ absl::Status Place(Input* t, absl::string_view output, OutputSet& want, Engine& 
     return t->MakePrivate(field);
   }
   const ShmRef& in = *t->shm;
-  // Before anything is written, in place too: a refused call leaves the
-  // caller's memory as it was.
-  POSENC_RETURN_IF_ERROR(want.CheckFits(output, t->size()));
+  // REQUIRES: the output's slice holds the tensor (each Run* checks every
+  // output with OutputSet::CheckFits before it places any tensor).
   if (!aside && out->region == in.region && out->offset == in.offset) {
     want.MarkInPlace(output);
     return absl::OkStatus();
@@ -404,6 +403,9 @@ absl::Status RunAbsolute(Engine& engine, const Model& model, ParameterReader& pa
   POSENC_RETURN_IF_ERROR(
       ReadAbsoluteOptions(params, model.kind == ModelKind::kLearned, &options, &env.backend));
   POSENC_RETURN_IF_ERROR(params.Finish(model.name));
+  if (const Input* x = in.Find("x"); x != nullptr) {
+    POSENC_RETURN_IF_ERROR(want.CheckFits("y", x->size()));
+  }
   POSENC_RETURN_IF_ERROR(
       Place(in.Find("x"), "y", want, engine, env.admission, EngineInto::kSystemOnly));
   env.tensors_on_device = OnDevice(in.Find("x"));

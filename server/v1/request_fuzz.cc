@@ -11,6 +11,9 @@
 // CUDA shared memory is on, with region "g" on a stand-in device
 // (stand_in_device.h): *_shm fields naming it reach the device checks, and
 // the engine, which has no GPU, refuses what would run there.
+// Every call carries a posenc-call-id, the input's hash: an in-place call
+// claims it (engine/attempt_ledger.h) the first time, and an input run again
+// (a replay, a repeated mutation) takes the path of gRPC's retry, refused.
 // Invariants: nothing crashes, leaks or hangs; an OK answer (and a stream's
 // error answer) parses as the method's response, strings valid UTF-8 as a
 // strict client requires; the admission's bytes never exceed the budget.
@@ -23,8 +26,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "engine/engine.h"
 #include "engine/safetensors.h"
@@ -129,6 +134,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   posenc::server::CallFacts facts;
   posenc::server::MethodCall call{rc, method.admitted() ? &*admission : nullptr,
                                   std::chrono::steady_clock::now(), &facts};
+  call.call_id =
+      std::to_string(std::hash<std::string_view>{}({reinterpret_cast<const char*>(data), size}));
   const absl::Status s = posenc::server::RunMethod(method, &request, &answer, call);
   if (admission->bytes() > engine->options().max_inflight_bytes) std::abort();
   static const bool verbose = std::getenv("POSENC_FUZZ_VERBOSE") != nullptr;

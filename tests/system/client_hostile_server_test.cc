@@ -181,8 +181,8 @@ class ScriptedService final : public v1::PositionalEncoding::CallbackService {
       }
       *resp->mutable_table() = table_answer;
     }
-    const size_t bytes =
-        static_cast<size_t>(req->count() * req->dim()) * (req->dtype() == v1::DATA_TYPE_FLOAT32 ? 4 : 2);
+    const size_t bytes = static_cast<size_t>(req->count() * req->dim()) *
+                         (req->dtype() == v1::DATA_TYPE_FLOAT32 ? 4 : 2);
     resp->set_table_data(std::string(bytes, '\0'));
     r->Finish(grpc::Status::OK);
     return r;
@@ -512,8 +512,9 @@ TEST_F(HostileServer, ABuiltTensorOfAnotherDtypeOrRankIsRefused) {
     std::vector<int64_t> shape;
     bool ok;
   };
-  for (const Case& c : {Case{v1::DATA_TYPE_FLOAT16, {4, 16}, false}, Case{v1::DATA_TYPE_BFLOAT16, {64}, false},
-                        Case{v1::DATA_TYPE_BFLOAT16, {4, 16}, true}}) {
+  for (const Case& c :
+       {Case{v1::DATA_TYPE_FLOAT16, {4, 16}, false}, Case{v1::DATA_TYPE_BFLOAT16, {64}, false},
+        Case{v1::DATA_TYPE_BFLOAT16, {4, 16}, true}}) {
     service_.SetTable(c.dtype, c.shape);
     auto e = client->EncodingTable(table, 16, 4, TensorView{}, DType::kBFloat16);
     if (c.ok) {

@@ -116,11 +116,15 @@ TEST_F(DeviceMemoryClient, RopeAbsoluteAndBiasInPlaceInDeviceMemory) {
                   .ok());
   char* l = device + 131072;
   std::memcpy(l, logits.data(), logits.size());
+  const size_t claimed = server_->engine().attempts().size();
   ASSERT_TRUE(client_
                   ->ApplyAttentionBias(
                       bo, MutableTensor{DType::kFloat32, {2, 4, 6, 6}, l, logits.size()}, &slopes)
                   .ok());
   EXPECT_EQ(Bytes(l, l + logits.size()), cl);
+  // The device path claimed the call's id before it wrote (a retry of it
+  // would be refused); the CPU's call on the socket above claimed none.
+  EXPECT_EQ(server_->engine().attempts().size(), claimed + 1);
   EXPECT_EQ(slopes, cpu_slopes);
 }
 

@@ -457,8 +457,8 @@ TEST(LoadgenBinary, FlagErrorsExit2NamingTheFlag) {
   }
   // The open loop sends unary calls: asked for a stream, it says so rather
   // than label unary results "stream".
-  Exit e = RunLoadgen({"--target=127.0.0.1:1", "--op=rope_decode", "--request_rate=100",
-                       "--api=stream"});
+  Exit e = RunLoadgen(
+      {"--target=127.0.0.1:1", "--op=rope_decode", "--request_rate=100", "--api=stream"});
   EXPECT_EQ(e.code, 2) << e.output;
   EXPECT_NE(e.output.find("--mode=closed"), std::string::npos) << e.output;
 }

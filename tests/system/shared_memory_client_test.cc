@@ -69,6 +69,27 @@ class SharedMemoryClient : public ::testing::Test {
     std::filesystem::remove(socket_);
   }
   int Regions() { return server_->engine().shared_memory().count(); }
+  // A /dev/shm object of `bytes` mapped here and registered with the server
+  // by hand as region `name` (then unlinked: the server holds it).
+  void MapAndRegister(const std::string& name, int64_t bytes, char** region) {
+    const std::string key = "/posenc-" + name + "-" + std::to_string(::getpid());
+    const int fd = ::shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, bytes), 0);
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    ASSERT_NE(p, MAP_FAILED);
+    *region = static_cast<char*>(p);
+    grpc::ClientContext ctx;
+    v1::RegisterSharedMemoryRequest req;
+    req.set_name(name);
+    req.set_key(key);
+    req.set_byte_size(bytes);
+    v1::SharedMemoryStatus resp;
+    const grpc::Status s = socket_client_->stub().RegisterSharedMemory(&ctx, req, &resp);
+    ::shm_unlink(key.c_str());
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
 
   std::string socket_, tcp_;
   std::unique_ptr<server::Server> server_;
@@ -237,25 +258,9 @@ TEST_F(SharedMemoryClient, ClientsOfOneProcessHaveTheirOwnRegions) {
 // in the same misaligned place, and the bytes around them stay as they were.
 TEST_F(SharedMemoryClient, MisalignedSlicesGiveTheSocketsResults) {
   constexpr int64_t kRegion = 1 << 16;
-  const std::string key = "/posenc-misaligned-" + std::to_string(::getpid());
-  const int fd = ::shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::ftruncate(fd, kRegion), 0);
-  char* region =
-      static_cast<char*>(::mmap(nullptr, kRegion, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-  ::close(fd);
-  ASSERT_NE(region, MAP_FAILED);
+  char* region = nullptr;
+  ASSERT_NO_FATAL_FAILURE(MapAndRegister("odd", kRegion, &region));
   v1::PositionalEncoding::Stub& stub = socket_client_->stub();
-  {
-    grpc::ClientContext ctx;
-    v1::RegisterSharedMemoryRequest req;
-    req.set_name("odd");
-    req.set_key(key);
-    req.set_byte_size(kRegion);
-    v1::SharedMemoryStatus resp;
-    ASSERT_TRUE(stub.RegisterSharedMemory(&ctx, req, &resp).ok());
-  }
-  ::shm_unlink(key.c_str());
   auto slice = [](v1::SharedMemorySlice* s, int64_t offset, int64_t bytes) {
     s->set_region("odd");
     s->set_offset(offset);
@@ -353,25 +358,9 @@ TEST_F(SharedMemoryClient, MisalignedSlicesGiveTheSocketsResults) {
 // call (a new id), run as always.
 TEST_F(SharedMemoryClient, AnInPlaceCallsRetriedAttemptIsRefusedNotRunTwice) {
   constexpr int64_t kRegion = 1 << 14;
-  const std::string key = "/posenc-retried-" + std::to_string(::getpid());
-  const int fd = ::shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::ftruncate(fd, kRegion), 0);
-  char* region =
-      static_cast<char*>(::mmap(nullptr, kRegion, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-  ::close(fd);
-  ASSERT_NE(region, MAP_FAILED);
+  char* region = nullptr;
+  ASSERT_NO_FATAL_FAILURE(MapAndRegister("retried", kRegion, &region));
   v1::PositionalEncoding::Stub& stub = socket_client_->stub();
-  {
-    grpc::ClientContext ctx;
-    v1::RegisterSharedMemoryRequest req;
-    req.set_name("retried");
-    req.set_key(key);
-    req.set_byte_size(kRegion);
-    v1::SharedMemoryStatus resp;
-    ASSERT_TRUE(stub.RegisterSharedMemory(&ctx, req, &resp).ok());
-  }
-  ::shm_unlink(key.c_str());
   const Bytes q = testing::RandomTensor(DType::kFloat32, 1 * 8 * 2 * 32);
   v1::RopeRequest rope;
   rope.mutable_query()->set_dtype(v1::DATA_TYPE_FLOAT32);
