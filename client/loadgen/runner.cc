@@ -84,7 +84,12 @@ class Recorder {
       ++errors_[CodeName(o.code)];
       return;
     }
-    if (o.check_failed) ++check_failures_;
+    // A wrong answer is not throughput: it is counted apart (and fails the
+    // run), not among the calls whose rate and latency are reported.
+    if (o.check_failed) {
+      ++check_failures_;
+      return;
+    }
     Bucket* b = Find(end);
     if (b == nullptr) return;
     b->latencies_us.push_back(std::chrono::duration<double, std::micro>(end - start).count());

@@ -6,7 +6,7 @@
 
 namespace posenc::server {
 
-absl::Status AttemptLedger::Claim(absl::string_view call_id, absl::Time now) {
+absl::Status AttemptLedger::Claim(absl::string_view call_id, Clock::time_point now) {
   if (call_id.empty()) return absl::OkStatus();
   // A hash, not the id: 16 bytes an entry whatever the caller sends. Two of
   // a quarter million remembered 64-bit hashes collide with odds of about
@@ -30,8 +30,8 @@ absl::Status AttemptLedger::Claim(absl::string_view call_id, absl::Time now) {
   return absl::OkStatus();
 }
 
-void AttemptLedger::ForgetOld(absl::Time now) {
-  while (!order_.empty() && now - order_.front().second > options_.keep) {
+void AttemptLedger::ForgetOld(Clock::time_point now) {
+  while (!order_.empty() && absl::FromChrono(now - order_.front().second) > options_.keep) {
     claimed_.erase(order_.front().first);
     order_.pop_front();
   }

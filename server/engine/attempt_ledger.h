@@ -15,6 +15,7 @@
 #ifndef POSENC_SERVER_ENGINE_ATTEMPT_LEDGER_H_
 #define POSENC_SERVER_ENGINE_ATTEMPT_LEDGER_H_
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -45,18 +46,22 @@ class AttemptLedger {
   AttemptLedger() : AttemptLedger(Options()) {}
   explicit AttemptLedger(Options options) : options_(options) {}
 
+  // Claims are aged by the monotonic clock: a step of the wall clock (NTP,
+  // a VM resumed) must neither forget them early nor keep them forever.
+  using Clock = std::chrono::steady_clock;
+
   // OK the first time `call_id` is claimed, which is then remembered;
   // ABORTED, naming the id, every time after. An empty id claims nothing.
-  [[nodiscard]] absl::Status Claim(absl::string_view call_id, absl::Time now = absl::Now());
+  [[nodiscard]] absl::Status Claim(absl::string_view call_id, Clock::time_point now = Clock::now());
 
   size_t size() const;
 
  private:
-  void ForgetOld(absl::Time now);  // REQUIRES: mu_ held
+  void ForgetOld(Clock::time_point now);  // REQUIRES: mu_ held
 
   const Options options_;
   mutable std::mutex mu_;
-  std::deque<std::pair<uint64_t, absl::Time>> order_;  // oldest first
+  std::deque<std::pair<uint64_t, Clock::time_point>> order_;  // oldest first
   absl::flat_hash_set<uint64_t> claimed_;
 };
 

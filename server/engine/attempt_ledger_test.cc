@@ -1,5 +1,6 @@
 #include "engine/attempt_ledger.h"
 
+#include <chrono>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -32,20 +33,20 @@ TEST(AttemptLedger, IdsAreForgottenAfterKeepAndBeyondCapacity) {
   o.keep = absl::Seconds(10);
   o.capacity = 3;
   AttemptLedger ledger(o);
-  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  const AttemptLedger::Clock::time_point t0 = AttemptLedger::Clock::now();
   ASSERT_TRUE(ledger.Claim("a", t0).ok());
-  ASSERT_TRUE(ledger.Claim("b", t0 + absl::Seconds(5)).ok());
+  ASSERT_TRUE(ledger.Claim("b", t0 + std::chrono::seconds(5)).ok());
   // Within keep: remembered.
-  EXPECT_FALSE(ledger.Claim("a", t0 + absl::Seconds(9)).ok());
+  EXPECT_FALSE(ledger.Claim("a", t0 + std::chrono::seconds(9)).ok());
   // Past keep: "a" is forgotten, "b" is not.
-  EXPECT_TRUE(ledger.Claim("a", t0 + absl::Seconds(11)).ok());
-  EXPECT_FALSE(ledger.Claim("b", t0 + absl::Seconds(11)).ok());
+  EXPECT_TRUE(ledger.Claim("a", t0 + std::chrono::seconds(11)).ok());
+  EXPECT_FALSE(ledger.Claim("b", t0 + std::chrono::seconds(11)).ok());
   // Capacity 3: a fourth claim pushes out the oldest ("b").
-  ASSERT_TRUE(ledger.Claim("c", t0 + absl::Seconds(12)).ok());
-  ASSERT_TRUE(ledger.Claim("d", t0 + absl::Seconds(12)).ok());
+  ASSERT_TRUE(ledger.Claim("c", t0 + std::chrono::seconds(12)).ok());
+  ASSERT_TRUE(ledger.Claim("d", t0 + std::chrono::seconds(12)).ok());
   EXPECT_EQ(ledger.size(), 3u);
-  EXPECT_TRUE(ledger.Claim("b", t0 + absl::Seconds(12)).ok());
-  EXPECT_FALSE(ledger.Claim("d", t0 + absl::Seconds(12)).ok());
+  EXPECT_TRUE(ledger.Claim("b", t0 + std::chrono::seconds(12)).ok());
+  EXPECT_FALSE(ledger.Claim("d", t0 + std::chrono::seconds(12)).ok());
 }
 
 TEST(AttemptLedger, ManyIdsAreAllTold) {

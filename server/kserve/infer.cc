@@ -105,6 +105,26 @@ class OutputSet {
                                                    ref->byte_size));
   }
 
+  // INVALID_ARGUMENT when the outputs `a` and `b`, of `a_size` and `b_size`
+  // bytes, go to slices that share bytes (of one region, or of one object
+  // registered twice): both are written, so one result would land over the
+  // other. posenc.v1 refuses the same (ShmSlices::CheckApart).
+  // REQUIRES: CheckFits(a, a_size) and CheckFits(b, b_size) are OK.
+  absl::Status CheckApart(absl::string_view a, int64_t a_size, absl::string_view b,
+                          int64_t b_size) const {
+    const ShmRef* ra = ShmOf(a);
+    const ShmRef* rb = ShmOf(b);
+    if (ra == nullptr || rb == nullptr ||
+        !ra->region->SharesBytes(ra->offset, a_size, *rb->region, rb->offset, b_size)) {
+      return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "requested outputs \"", a, "\" (", a_size, " bytes at offset ", ra->offset,
+        " of shared memory region ", Utf8Prefix(ra->region->name(), 64), ") and \"", b, "\" (",
+        b_size, " bytes at offset ", rb->offset, " of region ", Utf8Prefix(rb->region->name(), 64),
+        ") share bytes: each output needs a slice of its own"));
+  }
+
   // The slice the output `name` goes to, or null (the answer, or not wanted).
   const ShmRef* ShmOf(absl::string_view name) const {
     const Wanted* w = Find(name);
@@ -309,8 +329,7 @@ absl::Status Place(Input* t, absl::string_view output, OutputSet& want, Engine& 
 // tensors aside (Place's `aside`): every input is read as the caller wrote
 // it before any result goes out, and the results are written in the order
 // of the outputs once every kernel is done. (Outputs that share bytes with
-// each other only are left to the engine: which result lands there is not
-// specified.)
+// each other are refused before: OutputSet::CheckApart.)
 bool TensorsMeet(const Input* a, const ShmRef* a_out, const Input* b, const ShmRef* b_out) {
   const auto writes_on = [](const Input* t, const ShmRef* out, const Input* other) {
     return t != nullptr && t->shm.has_value() && out != nullptr && other != nullptr &&
@@ -364,6 +383,9 @@ absl::Status RunRope(Engine& engine, const Model& model, ParameterReader& params
     if (const Input* t = in.Find(input); t != nullptr) {
       POSENC_RETURN_IF_ERROR(want.CheckFits(absl::StrCat(input, "_out"), t->size()));
     }
+  }
+  if (const Input* q = in.Find("query"), *k = in.Find("key"); q != nullptr && k != nullptr) {
+    POSENC_RETURN_IF_ERROR(want.CheckApart("query_out", q->size(), "key_out", k->size()));
   }
   const bool aside =
       TensorsMeet(in.Find("query"), want.ShmOf("query_out"), in.Find("key"), want.ShmOf("key_out"));
@@ -442,7 +464,12 @@ absl::Status RunBias(Engine& engine, const Model& model, ParameterReader& params
     const int64_t heads =
         l != nullptr ? (l->shape.size() == 4 ? l->shape[1] : 0) : options.num_heads;
     if (heads > 0 && heads <= kMaxHeads) {
-      POSENC_RETURN_IF_ERROR(want.CheckFits("slopes", heads * int64_t{sizeof(double)}));
+      const int64_t slopes_bytes = heads * int64_t{sizeof(double)};
+      POSENC_RETURN_IF_ERROR(want.CheckFits("slopes", slopes_bytes));
+      // The bias goes to the logits' bytes, or, built, to its whole slice.
+      const ShmRef* bias = want.ShmOf("bias");
+      const int64_t bias_bytes = l != nullptr ? l->size() : bias != nullptr ? bias->byte_size : 0;
+      POSENC_RETURN_IF_ERROR(want.CheckApart("bias", bias_bytes, "slopes", slopes_bytes));
     }
   }
   POSENC_RETURN_IF_ERROR(Place(l, "bias", want, engine, env.admission, EngineInto::kSystemOnly));

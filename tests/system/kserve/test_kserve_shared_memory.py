@@ -380,6 +380,52 @@ def test_a_refused_output_leaves_every_slice_as_it_was(client, regions):
     client.unregister_system_shared_memory("refused")
 
 
+def test_outputs_sharing_bytes_are_refused_before_any_work(client, regions):
+    """Two outputs whose slices share bytes cannot both hold their results
+    (one would land over the other): refused up front, as posenc.v1 refuses
+    them, with every slice left as it was; slices side by side work."""
+    rng = np.random.default_rng([SEED, 32])
+    q = rng.standard_normal((1, 4, 2, 8)).astype(np.float32)
+    k = rng.standard_normal((1, 4, 1, 8)).astype(np.float32)
+    r = regions("apart", 3 * q.nbytes)
+    client.register_system_shared_memory("apart", r.key, r.size)
+    poison = np.full(3 * q.size, 7.5, np.float32)
+    # query in place at 0; key_out's slice starts inside query's.
+    r.put([q])
+    code, msg = infer_error(
+        client, "rope", [shm_input("query", q, "FP32", "apart"), input_of("key", k, "FP32")],
+        outputs=[shm_output("query_out", "apart", q.nbytes),
+                 shm_output("key_out", "apart", k.nbytes, q.nbytes - 4)])
+    assert code == "StatusCode.INVALID_ARGUMENT", msg
+    assert "query_out" in msg and "key_out" in msg and "share bytes" in msg, msg
+    np.testing.assert_array_equal(r.get(np.float32, q.shape), q)
+    # Both from the socket, both outputs on one slice.
+    r.put([poison])
+    code, msg = infer_error(
+        client, "rope", [input_of("query", q, "FP32"), input_of("key", k, "FP32")],
+        outputs=[shm_output("query_out", "apart", q.nbytes, 8),
+                 shm_output("key_out", "apart", k.nbytes, 8)])
+    assert code == "StatusCode.INVALID_ARGUMENT" and "share bytes" in msg, msg
+    np.testing.assert_array_equal(r.get(np.float32, poison.shape), poison)
+    # The bias built into a slice that holds the slopes' too.
+    code, msg = infer_error(
+        client, "attention_bias", [],
+        outputs=[shm_output("bias", "apart", r.size), shm_output("slopes", "apart", 16, 64)],
+        parameters={"causal": True, "num_heads": 2, "q_len": 4, "k_len": 4})
+    assert code == "StatusCode.INVALID_ARGUMENT" and "share bytes" in msg, msg
+    np.testing.assert_array_equal(r.get(np.float32, poison.shape), poison)
+    # Side by side, the RoPE call writes both.
+    result = client.infer(
+        "rope", [input_of("query", q, "FP32"), input_of("key", k, "FP32")],
+        outputs=[shm_output("query_out", "apart", q.nbytes),
+                 shm_output("key_out", "apart", k.nbytes, q.nbytes)])
+    assert result.get_output("key_out") is not None
+    assert not np.array_equal(r.get(np.float32, q.shape), q)
+    assert not np.array_equal(r.get(np.float32, k.shape, q.nbytes), k)
+    assert np.array_equal(r.get(np.float32, (4,), q.nbytes + k.nbytes), poison[:4])
+    client.unregister_system_shared_memory("apart")
+
+
 def test_truncated_after_registering(client, regions):
     rng = np.random.default_rng([SEED, 22])
     q = rng.standard_normal((1, 64, 4, 64)).astype(np.float32)
