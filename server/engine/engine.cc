@@ -468,7 +468,7 @@ absl::StatusOr<std::string> Engine::ApplyRope(const RopeOptions& options, RopeTe
     // The caller's buffers become the answer; its admission holds them and
     // their serialised copy already. The plan is new.
     POSENC_ASSIGN_OR_RETURN(RopePlan plan, PlanRope(options, t, [&](const PlanCost& c) {
-                              return env.admission.TryGrow(c.plan_bytes);
+                              return env.admission.TryGrow(c.plan_bytes + GpuSideBytes(env, c));
                             }));
     POSENC_RETURN_IF_ERROR(
         CheckAnswerSize(tensor_bytes, InAnswer(env, tensor_bytes), "the answer"));
@@ -662,7 +662,7 @@ absl::StatusOr<std::string> Engine::AddAbsolute(AbsoluteOptions o, AbsoluteTenso
       POSENC_ASSIGN_OR_RETURN(o.table, tables_.Find(o.table_name));
     }
     POSENC_ASSIGN_OR_RETURN(AbsolutePlan plan, PlanAbsolute(o, t, [&](const PlanCost& c) {
-                              return env.admission.TryGrow(c.plan_bytes);
+                              return env.admission.TryGrow(c.plan_bytes + GpuSideBytes(env, c));
                             }));
     POSENC_RETURN_IF_ERROR(
         CheckAnswerSize(tensor_bytes, InAnswer(env, tensor_bytes), "the answer"));
@@ -760,7 +760,7 @@ absl::StatusOr<Produced> Engine::EncodingTable(AbsoluteOptions o, int64_t dim, i
         PlanEncodingTable(o, dim, dtype, positions, count, [&](const PlanCost& c) -> absl::Status {
           POSENC_RETURN_IF_ERROR(
               CheckAnswerSize(c.output_bytes, InAnswer(env, c.output_bytes), "the table"));
-          return env.admission.TryGrow(c.plan_bytes + c.output_bytes);
+          return env.admission.TryGrow(c.plan_bytes + c.output_bytes + GpuSideBytes(env, c));
         }));
     const int64_t out_bytes = plan.num_tokens * dim * static_cast<int64_t>(SizeOf(dtype));
     POSENC_ASSIGN_OR_RETURN(char* const prepared, Prepare(out, out_bytes, env.ctx));
@@ -797,7 +797,7 @@ absl::StatusOr<Produced> Engine::AttentionBias(const BiasOptions& o, MutableTens
               8 * std::max<int64_t>(o.num_heads, logits.rank() == 4 ? logits.shape[1] : 0);
           POSENC_RETURN_IF_ERROR(CheckAnswerSize(
               tensor_bytes, InAnswer(env, tensor_bytes) + slopes_bytes, "the bias"));
-          return env.admission.TryGrow(c.plan_bytes + c.output_bytes);
+          return env.admission.TryGrow(c.plan_bytes + c.output_bytes + GpuSideBytes(env, c));
         }));
     const int64_t out_bytes = plan.NumElements() * static_cast<int64_t>(SizeOf(plan.dtype));
     produced.dtype = plan.dtype;

@@ -339,6 +339,12 @@ class Engine {
   BackendChoice Resolve(BackendChoice requested) const {
     return requested == BackendChoice::kDefault ? options_.default_backend : requested;
   }
+  // What a call that may run on a GPU holds beside its plan: the side
+  // tables the GPU stages (PlanCost::device_side_bytes); none where only
+  // the CPU can serve it.
+  int64_t GpuSideBytes(const CallEnv& env, const PlanCost& c) const {
+    return gpus_.empty() || Resolve(env.backend) == BackendChoice::kCpu ? 0 : c.device_side_bytes;
+  }
 
   const EngineOptions options_;
   std::unique_ptr<Backend> cpu_;

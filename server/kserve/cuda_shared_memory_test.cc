@@ -330,10 +330,11 @@ TEST_F(CudaSharedMemoryOnFakeRuntime, ToTheAnswerOrAnotherSliceTheInputStaysAsIt
 }
 
 // RoPE's query_out over the key's input on the device (one region), the
-// reverse, and both tensors in place on one device slice: each result is
-// that of its tensor's input as it was (both computed aside, in host
-// memory, and copied into their slices once done). In place on one slice,
-// the key used to be rotated from the rotated query.
+// reverse: each result is that of its tensor's input as it was (both
+// computed aside, in host memory, and copied into their slices once done).
+// Both tensors in place on one device slice put both results in the same
+// bytes: refused before any work (the key used to be rotated from the
+// rotated query; since, which result landed there was not specified).
 TEST_F(CudaSharedMemoryOnFakeRuntime, OneTensorsOutputOnTheOthersInputOnTheDevice) {
   const std::string k = RandomQuery();
   const std::string rq = Expected(), rk = CpuResult(*engine_, k);
@@ -358,11 +359,15 @@ TEST_F(CudaSharedMemoryOnFakeRuntime, OneTensorsOutputOnTheOthersInputOnTheDevic
                                                 {"gpu", c.query_out}, {"gpu", c.key_out});
     req.mutable_parameters()->erase("backend");
     const absl::Status s = Run(std::move(req), &resp, &backend);
-    ASSERT_TRUE(s.ok()) << s;
-    EXPECT_EQ(DeviceBytes(c.key_out, kQueryBytes), same ? rq : rk) << "key_out";
-    if (same || c.query_out + kQueryBytes <= c.key_out || c.key_out + kQueryBytes <= c.query_out) {
-      EXPECT_EQ(DeviceBytes(c.query_out, kQueryBytes), rq) << "query_out";
+    if (same) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_NE(s.message().find("share bytes"), absl::string_view::npos) << s;
+      EXPECT_EQ(DeviceBytes(c.query, kQueryBytes), query_) << "left as it was";
+      continue;
     }
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(DeviceBytes(c.key_out, kQueryBytes), rk) << "key_out";
+    EXPECT_EQ(DeviceBytes(c.query_out, kQueryBytes), rq) << "query_out";
   }
 }
 
@@ -883,8 +888,9 @@ TEST(SystemSharedMemoryOnTheCpu, SlicesOfOneObjectRegisteredTwiceAreSeenToOverla
 // from its start, "b" from half a tensor in: b:x is a:x + kBytes / 2),
 // which the engine, comparing addresses, cannot see. Each output is the
 // result of its tensor's input as it was, as if every input were read
-// before any result went out; where both results go to the same bytes,
-// those hold both (the inputs were equal).
+// before any result went out. Where both results would go to the same
+// bytes the call is refused before any work (OutputSet::CheckApart), also
+// through two registrations.
 TEST(SystemSharedMemoryOnTheCpu, OneTensorsOutputOnTheOthersInputGetsTheInputsAsTheyWere) {
   std::unique_ptr<Engine> made = CpuEngine();
   ASSERT_NE(made, nullptr);
@@ -974,14 +980,20 @@ TEST(SystemSharedMemoryOnTheCpu, OneTensorsOutputOnTheOthersInputGetsTheInputsAs
     std::string served;
     const absl::Status s =
         RunOn(engine, RopeQueryKeyRequest(kT, c.query, c.key, c.query_out, c.key_out), &r, &served);
+    // Outputs on the same bytes (of the object: two registrations too)
+    // cannot both hold their results: refused before any work.
+    const bool outputs_meet = !(object_offset(c.query_out) + kBytes <= object_offset(c.key_out) ||
+                                object_offset(c.key_out) + kBytes <= object_offset(c.query_out));
+    if (outputs_meet) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_NE(s.message().find("share bytes"), absl::string_view::npos) << s;
+      EXPECT_TRUE(read(object_offset(c.query)) == q) << "left as it was";
+      continue;
+    }
     ASSERT_TRUE(s.ok()) << s;
     EXPECT_EQ(served, "cpu");
     EXPECT_TRUE(read(object_offset(c.key_out)) == (c.same_input ? rq : rk)) << "key_out";
-    // Written before key_out, which may lie over it.
-    if (c.same_input || object_offset(c.query_out) + kBytes <= object_offset(c.key_out) ||
-        object_offset(c.key_out) + kBytes <= object_offset(c.query_out)) {
-      EXPECT_TRUE(read(object_offset(c.query_out)) == rq) << "query_out";
-    }
+    EXPECT_TRUE(read(object_offset(c.query_out)) == rq) << "query_out";
   }
   ASSERT_TRUE(engine.shared_memory().Unregister("a").ok());
   ASSERT_TRUE(engine.shared_memory().Unregister("b").ok());
@@ -1425,6 +1437,66 @@ TEST(GpuStaging, IsChargedWhatTheGpuStages) {
   others->Reset();
   ASSERT_TRUE(engine.shared_memory().Unregister("sys").ok());
   ::close(fd);
+}
+
+// A call that may run on a GPU also holds the side tables the GPU stages
+// beside its tensors (PlanCost::device_side_bytes: positions, frequencies),
+// which can outgrow the tensors: float16 rows of 4 carry 8 bytes of
+// tensor and 8 of position a token. A budget with room for the plan and
+// the tensor's staging but not for the side tables refuses the call that
+// asked for CUDA; one asking for the CPU needs none of them.
+TEST(GpuStaging, ChargesTheSideTablesTheGpuStages) {
+  testing::FakeGpuEngine gpu(BackendChoice::kCuda, /*auto_gpu_min_bytes=*/0);
+  Engine& engine = gpu.engine();
+  AdmissionControl& budget = engine.admission();
+  constexpr int64_t kT = 1 << 16, kD = 4, kBytes = kT * kD * 2;
+  // float16 values in (-1, -0.5] and [0.5, 1).
+  const unsigned seed = std::random_device()();
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  std::string x(kBytes, '\0');
+  for (int64_t i = 0; i < kT * kD; ++i) {
+    const auto h = static_cast<uint16_t>(0x3800 | (rng() & 0x83ff));
+    std::memcpy(&x[2 * i], &h, 2);
+  }
+  AbsoluteTensors t;
+  std::string y = x;
+  t.x = MutableTensor{DType::kFloat16, {1, kT, kD}, y.data(), kBytes};
+  PlanCost cost;
+  ASSERT_TRUE(PlanAbsolute(AbsoluteOptions{}, t, [&](const PlanCost& c) {
+                cost = c;
+                return absl::OkStatus();
+              }).ok());
+  ASSERT_GT(cost.device_side_bytes, kBytes);
+  const int64_t staging = engine.gpus()[0].backend->StagingBytes(kBytes, kD * 2);
+  auto others = engine.Admit(0);
+  ASSERT_TRUE(others.ok()) << others.status();
+  for (const bool room : {false, true}) {
+    for (const BackendChoice choice : {BackendChoice::kCuda, BackendChoice::kCpu}) {
+      SCOPED_TRACE(::testing::Message() << (room ? "room" : "no room") << ", "
+                                        << (choice == BackendChoice::kCuda ? "cuda" : "cpu"));
+      const int64_t free = cost.plan_bytes + staging + (room ? cost.device_side_bytes : 0);
+      others->Reset();
+      others = engine.Admit(0);
+      ASSERT_TRUE(others.ok());
+      ASSERT_TRUE(others->TryGrow(budget.options().max_bytes - budget.bytes() - free).ok());
+      y = x;
+      auto call = engine.Admit(0);
+      ASSERT_TRUE(call.ok()) << call.status();
+      RunContext ctx;
+      CallEnv env{ctx, *call};
+      env.backend = choice;
+      absl::StatusOr<std::string> served = engine.AddAbsolute(AbsoluteOptions{}, t, env);
+      if (room || choice == BackendChoice::kCpu) {
+        ASSERT_TRUE(served.ok()) << served.status();
+        EXPECT_EQ(*served, choice == BackendChoice::kCuda ? "cuda:0" : "cpu");
+        EXPECT_NE(y, x);
+      } else {
+        EXPECT_EQ(served.status().code(), absl::StatusCode::kResourceExhausted) << served.status();
+        EXPECT_EQ(y, x);
+      }
+    }
+  }
 }
 
 // The GPU's pinned staging is in the memory budget: what it keeps between

@@ -1,5 +1,6 @@
 #include "fake_device_runtime.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -61,6 +62,16 @@ int64_t FakeDeviceRuntime::pinned_bytes_in_use() const {
   int64_t n = 0;
   for (const auto& [p, b] : pinned_) n += static_cast<int64_t>(b);
   return n;
+}
+
+int64_t FakeDeviceRuntime::pinned_bytes_peak() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pinned_peak_;
+}
+
+void FakeDeviceRuntime::ResetPinnedPeak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  pinned_peak_ = pinned_in_use_;
 }
 
 int FakeDeviceRuntime::pinned_allocations() const {
@@ -278,6 +289,8 @@ cudaError_t FakeDeviceRuntime::MallocHost(void** p, size_t bytes) {
   std::memset(q, 0x5a, RoundUp(bytes));
   pinned_[reinterpret_cast<uintptr_t>(q)] = bytes;
   ++pinned_allocations_;
+  pinned_in_use_ += static_cast<int64_t>(bytes);
+  pinned_peak_ = std::max(pinned_peak_, pinned_in_use_);
   *p = q;
   return cudaSuccess;
 }
@@ -285,7 +298,10 @@ cudaError_t FakeDeviceRuntime::MallocHost(void** p, size_t bytes) {
 cudaError_t FakeDeviceRuntime::FreeHost(void* p) {
   std::lock_guard<std::mutex> lock(mu_);
   if (p == nullptr) return cudaSuccess;
-  if (pinned_.erase(reinterpret_cast<uintptr_t>(p)) != 1) return Result(cudaErrorInvalidValue);
+  const auto it = pinned_.find(reinterpret_cast<uintptr_t>(p));
+  if (it == pinned_.end()) return Result(cudaErrorInvalidValue);
+  pinned_in_use_ -= static_cast<int64_t>(it->second);
+  pinned_.erase(it);
   std::free(p);
   return cudaSuccess;
 }

@@ -56,6 +56,9 @@ class FakeDeviceRuntime final : public cuda::DeviceRuntime {
 
   int64_t device_bytes_in_use() const;
   int64_t pinned_bytes_in_use() const;
+  // The most pinned bytes held at once since the last ResetPinnedPeak.
+  int64_t pinned_bytes_peak() const;
+  void ResetPinnedPeak();
   // Successful MallocHost calls so far (a backend that allocates staging
   // per call shows here).
   int pinned_allocations() const;
@@ -121,6 +124,7 @@ class FakeDeviceRuntime final : public cuda::DeviceRuntime {
   int64_t device_memory_;
   std::map<uintptr_t, size_t> device_, pinned_, registered_;  // start -> bytes
   int pinned_allocations_ = 0;
+  int64_t pinned_in_use_ = 0, pinned_peak_ = 0;
   std::map<cudaStream_t, std::deque<Work>> streams_;
   std::map<uintptr_t, int> ipc_open_;  // allocation -> times opened
   std::deque<Injected> injected_;

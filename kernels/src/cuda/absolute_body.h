@@ -34,7 +34,9 @@ inline LaunchShape PlanAbsoluteLaunch(AbsoluteParams* p) {
     shape.grid.x = 0;
     return shape;
   }
-  p->width = WidestWidth(p->dtype, p->dim);
+  // The learned table's rows are read at the width too (its own device
+  // buffer, aligned as every allocation is).
+  p->width = WidestWidth(p->dtype, p->dim, AddressAlignment({p->x}));
   p->vector = VectorWidth(p->dtype, p->width);
   const int width = p->width;
   const int64_t chunks = p->dim / width;

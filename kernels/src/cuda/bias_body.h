@@ -28,7 +28,7 @@ inline LaunchShape PlanBiasLaunch(BiasParams* p) {
     shape.grid.x = 0;
     return shape;
   }
-  p->width = WidestWidth(p->dtype, p->k_len);
+  p->width = WidestWidth(p->dtype, p->k_len, AddressAlignment({p->out}));
   p->vector = VectorWidth(p->dtype, p->width);
   const int width = p->width;
   const int64_t chunks = p->k_len / width;

@@ -60,6 +60,8 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <new>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -192,11 +194,12 @@ class CudaBackend final : public Backend {
   absl::Status Init() {
     POSENC_CUDA(rt_.SetDevice(device_));
     for (int i = 0; i < kWorkers; ++i) {
-      auto w = std::make_unique<Worker>();
+      // Owned before its streams are made: the destructor frees those made
+      // when a later one fails.
+      Worker* w = workers_.emplace_back(std::make_unique<Worker>()).get();
       POSENC_CUDA(rt_.StreamCreate(&w->stream));
       POSENC_CUDA(rt_.StreamCreate(&w->stream2));
-      idle_.push_back(w.get());
-      workers_.push_back(std::move(w));
+      idle_.push_back(w);
     }
     return absl::OkStatus();
   }
@@ -205,10 +208,11 @@ class CudaBackend final : public Backend {
   int64_t ResidentHostBytes() const override {
     return static_cast<int64_t>(kWorkers * max_idle_staging_);
   }
-  // Whole under two chunks; else two slots of a chunk's rows (StagingOf).
+  // Whole under two chunks (each of up to two tensors padded to kAlign);
+  // else two slots of a chunk's rows (StagingOf).
   int64_t StagingBytes(int64_t tensor_bytes, int64_t row_bytes) const override {
     const auto bytes = static_cast<size_t>(std::max<int64_t>(tensor_bytes, 0));
-    if (bytes < 2 * chunk_bytes_) return static_cast<int64_t>(bytes);
+    if (bytes < 2 * chunk_bytes_) return static_cast<int64_t>(bytes + 2 * kAlign);
     const auto row = static_cast<size_t>(std::max<int64_t>(row_bytes, 1));
     const int64_t per_chunk = std::max<int64_t>(1, chunk_bytes_ / row);
     return static_cast<int64_t>(std::min(bytes, 2 * SlotBytes(per_chunk, row)));
@@ -646,6 +650,19 @@ class CudaBackend final : public Backend {
   absl::Status CopyMemory(void* to, const void* from, size_t bytes) override {
     if (bytes == 0) return absl::OkStatus();
     const bool to_device = InShared(to, bytes), from_device = InShared(from, bytes);
+    // A range that begins in a mapping and runs past its end (or begins
+    // before one) is neither host nor device memory: copied as host memory
+    // it would read or write device addresses from the CPU.
+    for (const auto& [p, on_device, name] :
+         {std::tuple<const void*, bool, const char*>{to, to_device, "destination"},
+          {from, from_device, "source"}}) {
+      if (!on_device && TouchesShared(p, bytes)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the copy's ", name, " (", bytes,
+            " bytes) lies partly in shared device memory: a copy's range must lie wholly in one "
+            "mapping or wholly outside them"));
+      }
+    }
     if (!to_device && !from_device) {
       CopyHostBytes(to, from, bytes);
       return absl::OkStatus();
@@ -915,6 +932,17 @@ class CudaBackend final : public Backend {
     return Holds(shared_, p, bytes, [](const Shared& s) { return s.bytes; });
   }
 
+  // Whether [p, p + bytes) shares a byte with any shared device mapping.
+  bool TouchesShared(const void* p, size_t bytes) {
+    const auto begin = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t end = bytes > UINTPTR_MAX - begin ? UINTPTR_MAX : begin + bytes;
+    std::lock_guard<std::mutex> lock(shared_mu_);
+    for (const auto& [start, s] : shared_) {
+      if (begin < start + s.bytes && start < end) return true;
+    }
+    return false;
+  }
+
   // Whether [p, p + bytes) lies in one PinHostMemory registration.
   bool InPinned(const void* p, size_t bytes) const {
     std::lock_guard<std::mutex> lock(pinned_mu_);
@@ -1012,7 +1040,18 @@ class CudaBackend final : public Backend {
     absl::Status s = health();
     if (s.ok()) s = Check(rt_.SetDevice(device_), "cudaSetDevice");
     if (s.ok()) s = Reserve(*w, device_bytes, host_bytes);
-    if (s.ok()) s = fn(*w);
+    if (s.ok()) {
+      // The worker goes back whatever fn does: a throw that escaped here
+      // would lose it, and with every worker lost each later call would
+      // wait for one forever.
+      try {
+        s = fn(*w);
+      } catch (const std::bad_alloc&) {
+        s = absl::ResourceExhaustedError("out of host memory for a GPU call's side tables");
+      } catch (...) {
+        s = absl::InternalError("a GPU call failed with an exception");
+      }
+    }
     if (w->pinned_bytes > max_idle_staging_) {
       // Only a large call needed this much; what stays is bounded.
       Check(rt_.StreamSynchronize(w->stream), "draining a worker's stream").IgnoreError();

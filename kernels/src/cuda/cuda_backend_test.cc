@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <random>
 #include <string>
@@ -464,8 +465,76 @@ TEST(CudaBackendOnFakeRuntime, ChunkedCallsStageThroughTwoSlotsAllocatedOnce) {
   // two slots of 3 tokens of 1280 bytes; a call under two chunks, whole;
   // rows larger than a chunk, two of them.
   EXPECT_EQ(b->StagingBytes(static_cast<int64_t>(q.size() + k.size()), 1280), 2 * 3 * 1280);
-  EXPECT_EQ(b->StagingBytes(8000, 1280), 8000);
+  EXPECT_EQ(b->StagingBytes(8000, 1280), 8000 + 2 * 256);
   EXPECT_EQ(b->StagingBytes(1 << 20, 10000), 2 * 10240);
+}
+
+// What a call pins beyond its tensors' staging is what its plan announced
+// (PlanCost::device_side_bytes), which the server charges to the call:
+// also where the side tables outgrow the tensors (eight position axes of a
+// small head, a sinusoidal add on rows of four), staged whole or chunked.
+TEST(CudaBackendOnFakeRuntime, WhatACallPinsStaysWithinItsPlansAnnouncedCost) {
+  const uint64_t seed = testing::Rng()();
+  std::mt19937_64 rng(seed);
+  for (const size_t chunk_bytes : {size_t{4096}, size_t{4} << 20}) {
+    SCOPED_TRACE(::testing::Message() << "chunk_bytes " << chunk_bytes << ", seed " << seed);
+    FakeDeviceRuntime rt;
+    auto b = OnFake(rt, chunk_bytes, /*max_idle_staging_bytes=*/0);
+    ASSERT_NE(b, nullptr);
+    const int64_t tokens = 1000 + static_cast<int64_t>(rng() % 3000);
+    PlanCost cost;
+    const ReserveFn note = [&](const PlanCost& c) {
+      cost = c;
+      return absl::OkStatus();
+    };
+    const auto pinned_for = [&](const std::function<absl::Status()>& call) -> int64_t {
+      rt.ResetPinnedPeak();
+      const int64_t before = rt.pinned_bytes_in_use();
+      EXPECT_TRUE(call().ok());
+      return rt.pinned_bytes_peak() - before;
+    };
+
+    // RoPE over eight axes (2 rotary dims each) of a float16 [1, T, 1, 16].
+    Bytes q = testing::RandomTensor(DType::kFloat16, tokens * 16);
+    std::vector<int64_t> ids(tokens * 8);
+    for (auto& id : ids) id = static_cast<int64_t>(rng() % 4096);
+    RopeTensors t;
+    t.query = testing::Mutable(DType::kFloat16, {1, tokens, 1, 16}, q);
+    t.positions.position_ids = testing::IntView(ids, {1, tokens, 8});
+    RopeOptions o;
+    o.axis_mode = AxisMode::kAxial;
+    o.axis_dims = std::vector<int64_t>(8, 2);
+    auto plan = PlanRope(o, t, note);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const int64_t q_bytes = static_cast<int64_t>(q.size());
+    ASSERT_GT(cost.device_side_bytes, q_bytes) << "the side tables outgrow the tensor";
+    EXPECT_LE(pinned_for([&] { return b->ApplyRope(*plan, q.data(), nullptr, {}); }),
+              b->StagingBytes(q_bytes, 32) + cost.device_side_bytes);
+
+    // The sinusoidal add on float16 rows of 4.
+    Bytes x = testing::RandomTensor(DType::kFloat16, tokens * 4);
+    AbsoluteTensors a;
+    a.x = testing::Mutable(DType::kFloat16, {tokens, 4}, x);
+    auto abs_plan = PlanAbsolute(AbsoluteOptions{}, a, note);
+    ASSERT_TRUE(abs_plan.ok()) << abs_plan.status();
+    const int64_t x_bytes = static_cast<int64_t>(x.size());
+    EXPECT_LE(pinned_for([&] { return b->ApplyAbsolute(*abs_plan, x.data(), {}); }),
+              b->StagingBytes(x_bytes, 8) + cost.device_side_bytes);
+
+    // An ALiBi bias built for many heads and short rows.
+    BiasOptions bo;
+    bo.batch = 3;
+    bo.num_heads = 64 + static_cast<int64_t>(rng() % 64);
+    bo.q_len = 2;
+    bo.k_len = 2;
+    bo.dtype = DType::kFloat32;
+    auto bias_plan = PlanAttentionBias(bo, TensorView(), note);
+    ASSERT_TRUE(bias_plan.ok()) << bias_plan.status();
+    Bytes out = testing::Poisoned(DType::kFloat32, bias_plan->NumElements());
+    const int64_t out_bytes = static_cast<int64_t>(out.size());
+    EXPECT_LE(pinned_for([&] { return b->ApplyAttentionBias(*bias_plan, out.data(), {}); }),
+              b->StagingBytes(out_bytes, 8) + cost.device_side_bytes);
+  }
 }
 
 // A copy that fails after results began reaching the caller cannot leave the
@@ -734,6 +803,19 @@ TEST(CudaBackendOnFakeRuntime, ComputesInSharedDeviceMemoryWithoutMovingTheTenso
   ASSERT_TRUE(CreateCpuBackend(1)->ApplyAbsolute(*abs_plan, cpu_x.data(), {}).ok());
   EXPECT_EQ(Bytes(q, q + qn), cpu_x);
 
+  // Copies: wholly in the mapping or wholly outside it. One that runs past
+  // the mapping's end is refused, not copied on the CPU.
+  Bytes host(64, 0x11), back(64, 0);
+  char* end = static_cast<char*>(*opened) + qn + kn + 512;
+  ASSERT_TRUE(b->CopyMemory(end - 64, host.data(), 64).ok());
+  ASSERT_TRUE(b->CopyMemory(back.data(), end - 64, 64).ok());
+  EXPECT_EQ(back, host);
+  EXPECT_EQ(b->CopyMemory(back.data(), end - 32, 64).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b->CopyMemory(end - 32, host.data(), 64).code(), absl::StatusCode::kInvalidArgument);
+  Bytes wide(256, 0);
+  EXPECT_EQ(b->CopyMemory(wide.data(), static_cast<char*>(*opened) - 128, 256).code(),
+            absl::StatusCode::kInvalidArgument);
+
   // A call with one tensor on the device and one in host memory is refused
   // before anything runs.
   Bytes host_k = c.k;
@@ -744,6 +826,71 @@ TEST(CudaBackendOnFakeRuntime, ComputesInSharedDeviceMemoryWithoutMovingTheTenso
   b->CloseSharedDeviceMemory(*opened);
   EXPECT_EQ(rt.ipc_open(), 0);
   EXPECT_TRUE(b->health().ok());
+  ASSERT_EQ(rt.Free(theirs), cudaSuccess);
+}
+
+// A tensor in shared device memory may start at any element-aligned
+// address (a caller's slice at offset 2, say): the kernels' vector accesses
+// narrow to what its address allows, so the call computes as the CPU does
+// and never meets cudaErrorMisalignedAddress, which would lose the GPU.
+TEST(CudaBackendOnFakeRuntime, TensorsInSharedDeviceMemoryAtAnyElementAlignedAddressRun) {
+  FakeDeviceRuntime rt;
+  auto b = OnFake(rt);
+  ASSERT_NE(b, nullptr);
+  const uint64_t seed = testing::Rng()();
+  const RopeCase c(12, seed);
+  const size_t qn = c.q.size(), kn = c.k.size();
+  void* theirs = nullptr;
+  ASSERT_EQ(rt.Malloc(&theirs, qn + kn + 1024), cudaSuccess);
+  const cudaIpcMemHandle_t h = rt.IpcHandleOf(theirs);
+  absl::StatusOr<void*> opened =
+      b->OpenSharedDeviceMemory(absl::string_view(h.reserved, sizeof(h)), qn + kn + 1024);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  for (const size_t shift : {2, 4, 6, 8, 10, 14}) {
+    SCOPED_TRACE(::testing::Message() << "shift " << shift << ", seed " << seed);
+    char* q = static_cast<char*>(*opened) + 256 + shift;
+    char* k = q + qn + 2 * (shift % 4);  // key on another alignment than query's
+    std::memcpy(q, c.q.data(), qn);
+    std::memcpy(k, c.k.data(), kn);
+    auto plan = PlanRope(RopeOptions{}, c.TensorsAt(q, k));
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_TRUE(b->ApplyRope(*plan, q, k, {}).ok());
+    ExpectMatchesCpu(c, Bytes(q, q + qn), Bytes(k, k + kn));
+
+    // The absolute encoding and the bias there too: rows of 8 x 64 bf16.
+    std::vector<int64_t> positions(c.tokens);
+    for (int64_t i = 0; i < c.tokens; ++i) positions[i] = 5 * i + 1;
+    std::memcpy(q, c.q.data(), qn);
+    AbsoluteTensors a;
+    a.x = {DType::kBFloat16, {c.tokens, 8 * 64}, q, qn};
+    a.positions.position_ids = testing::IntView(positions, {c.tokens});
+    auto abs_plan = PlanAbsolute(AbsoluteOptions{}, a);
+    ASSERT_TRUE(abs_plan.ok()) << abs_plan.status();
+    ASSERT_TRUE(b->ApplyAbsolute(*abs_plan, q, {}).ok());
+    Bytes cpu_x = c.q;
+    ASSERT_TRUE(CreateCpuBackend(1)->ApplyAbsolute(*abs_plan, cpu_x.data(), {}).ok());
+    EXPECT_EQ(Bytes(q, q + qn), cpu_x);
+
+    std::memcpy(q, c.q.data(), qn);
+    BiasOptions o;
+    o.form = BiasForm::kCausal;
+    o.causal = true;
+    o.batch = 1;
+    o.num_heads = 8;
+    o.q_len = c.tokens / 2;
+    o.k_len = 64;
+    o.dtype = DType::kBFloat16;
+    const int64_t n = o.num_heads * o.q_len * o.k_len;
+    TensorView logits{DType::kBFloat16, {1, o.num_heads, o.q_len, o.k_len}, q, size_t(n) * 2};
+    auto bias_plan = PlanAttentionBias(o, logits);
+    ASSERT_TRUE(bias_plan.ok()) << bias_plan.status();
+    ASSERT_TRUE(b->ApplyAttentionBias(*bias_plan, q, {}).ok());
+    Bytes cpu_logits(c.q.begin(), c.q.begin() + n * 2);
+    ASSERT_TRUE(CreateCpuBackend(1)->ApplyAttentionBias(*bias_plan, cpu_logits.data(), {}).ok());
+    EXPECT_EQ(Bytes(q, q + n * 2), cpu_logits);
+    ASSERT_TRUE(b->health().ok()) << b->health();
+  }
+  b->CloseSharedDeviceMemory(*opened);
   ASSERT_EQ(rt.Free(theirs), cudaSuccess);
 }
 

@@ -7,6 +7,7 @@
 #define POSENC_KERNELS_CUDA_KERNEL_PARAMS_H_
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "posenc/codes.h"
 #include "posenc/dtype.h"
@@ -101,12 +102,24 @@ struct BiasParams {
   int threads_per_row, rows_per_block;
 };
 
-// The widest run of consecutive elements (at most 16 bytes, a power of two)
-// that divides `n`: what one thread moves as one access along a row of n.
-inline int WidestWidth(DType dtype, int64_t n) {
+// The largest power of two, at most 16, that divides every address given
+// (null ones aside): the widest access a kernel may make at multiples of
+// its width from them. A caller's tensor in shared device memory may start
+// at any element-aligned address, and a vector access the GPU finds
+// misaligned is cudaErrorMisalignedAddress, which loses the context.
+inline int AddressAlignment(std::initializer_list<const void*> addresses) {
+  uintptr_t bits = 16;
+  for (const void* a : addresses) bits |= reinterpret_cast<uintptr_t>(a);
+  return static_cast<int>(bits & (~bits + 1));
+}
+
+// The widest run of consecutive elements (at most 16 bytes, a power of two,
+// and at most `alignment` bytes: AddressAlignment of the row's tensors) that
+// divides `n`: what one thread moves as one access along a row of n.
+inline int WidestWidth(DType dtype, int64_t n, int alignment = 16) {
   const int es = dtype == DType::kFloat32 ? 4 : 2;
   for (int width = 8; width > 1; width /= 2) {
-    if (width * es <= 16 && n % width == 0) return width;
+    if (width * es <= 16 && width * es <= alignment && n % width == 0) return width;
   }
   return 1;
 }

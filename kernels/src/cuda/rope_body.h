@@ -34,15 +34,19 @@ inline LaunchShape PlanRopeLaunch(RopeParams* p, int sm_count) {
   const int es = p->dtype == DType::kFloat32 ? 4 : 2;
   // The widest slice (at most 16 bytes of one access) whose accesses stay
   // aligned in every head: it must divide the half (or rotary dims) and the
-  // head size. Head dims like 120 and rotary dims like 24 keep 8 bytes.
+  // head size, and be no wider than the tensors' addresses allow
+  // (AddressAlignment). Head dims like 120 and rotary dims like 24 keep 8
+  // bytes.
   // When none does (GPT-J pairs in an odd head size: every other head
   // starts at an odd element), slices are single pairs moved element by
   // element.
+  const int alignment = AddressAlignment({p->query, p->key});
   int pairs = 1;
   bool aligned = false;
   for (int cand = 8; cand >= 1; cand /= 2) {
     const int elems = p->style == RopeStyle::kNeox ? cand : 2 * cand;
-    if (elems * es <= 16 && half % cand == 0 && p->head_dim % elems == 0) {
+    if (elems * es <= 16 && elems * es <= alignment && half % cand == 0 &&
+        p->head_dim % elems == 0) {
       pairs = cand;
       aligned = true;
       break;

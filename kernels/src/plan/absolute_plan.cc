@@ -2,8 +2,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "math/phase.h"
-#include "posenc/absolute.h"
 #include "plan/checked_math.h"
+#include "posenc/absolute.h"
 #include "posenc/limits.h"
 #include "posenc/status_macros.h"
 
@@ -41,6 +41,10 @@ int64_t PlanBytes(int64_t tokens, int64_t sequences, int64_t dim) {
   return ResolvedPositionsBytes(tokens, sequences, 1) +
          ((dim + 1) / 2) * (16 + 8 * internal::kPhaseAnchorStride);
 }
+
+// Positions and the sinusoidal tables (omega, phase steps, anchor sin and
+// cos) are what a GPU stages: copies of what the plan holds.
+int64_t DeviceSideBytes(int64_t plan_bytes) { return plan_bytes + 5 * kDeviceSidePadding; }
 
 absl::Status ResolveSource(const AbsoluteOptions& o, int64_t dim, AbsolutePlan& p) {
   POSENC_RETURN_IF_ERROR(CheckSource(o, dim));
@@ -80,8 +84,7 @@ absl::Status ResolveSource(const AbsoluteOptions& o, int64_t dim, AbsolutePlan& 
   for (int64_t i = 0; i < frequencies; ++i) p.phase_step[i] = internal::PhaseStepOf(p.omega[i]);
   p.offset_sin.resize(frequencies * internal::kPhaseAnchorStride);
   p.offset_cos.resize(frequencies * internal::kPhaseAnchorStride);
-  internal::BuildOffsetTable(p.omega.data(), frequencies, p.offset_sin.data(),
-                             p.offset_cos.data());
+  internal::BuildOffsetTable(p.omega.data(), frequencies, p.offset_sin.data(), p.offset_cos.data());
   // The float64 angle reduction of the few recomputed 16-bit elements is
   // exact to float precision while |pos * w| < 2^31 (w <= 1 always holds for
   // base > 1); the kernels' phases need |pos| < 2^32.
@@ -144,8 +147,8 @@ absl::StatusOr<AbsolutePlan> PlanAbsolute(const AbsoluteOptions& o, const Absolu
     return p;
   }
   if (reserve) {
-    POSENC_RETURN_IF_ERROR(
-        reserve(PlanCost{PlanBytes(p.num_tokens, layout.num_sequences, p.dim), 0}));
+    const int64_t plan_bytes = PlanBytes(p.num_tokens, layout.num_sequences, p.dim);
+    POSENC_RETURN_IF_ERROR(reserve(PlanCost{plan_bytes, 0, DeviceSideBytes(plan_bytes)}));
   }
   POSENC_ASSIGN_OR_RETURN(p.positions, ResolvePositions(layout, t.positions, 1));
   POSENC_RETURN_IF_ERROR(ResolveSource(o, p.dim, p));
@@ -186,7 +189,8 @@ absl::StatusOr<AbsolutePlan> PlanEncodingTable(const AbsoluteOptions& o, int64_t
   // n <= 2^28 and dim <= 2^16, so the byte count is exact.
   const int64_t out_bytes = n * dim * static_cast<int64_t>(SizeOf(dtype));
   if (reserve) {
-    POSENC_RETURN_IF_ERROR(reserve(PlanCost{p.empty() ? 0 : PlanBytes(n, 1, dim), out_bytes}));
+    const int64_t plan_bytes = p.empty() ? 0 : PlanBytes(n, 1, dim);
+    POSENC_RETURN_IF_ERROR(reserve(PlanCost{plan_bytes, out_bytes, DeviceSideBytes(plan_bytes)}));
   }
   if (p.empty()) {
     p.num_tokens = n;  // the caller still returns an [n, dim] table

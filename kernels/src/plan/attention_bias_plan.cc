@@ -1,8 +1,8 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "posenc/attention_bias.h"
 #include "plan/checked_math.h"
+#include "posenc/attention_bias.h"
 #include "posenc/limits.h"
 #include "posenc/status_macros.h"
 
@@ -135,6 +135,7 @@ absl::StatusOr<BiasPlan> PlanAttentionBias(const BiasOptions& o, const TensorVie
   if (reserve) {
     PlanCost cost;
     cost.plan_bytes = (heads + 2 * batch) * 8;  // slopes, k_lens, k_starts
+    cost.device_side_bytes = cost.plan_bytes + 3 * kDeviceSidePadding;
     cost.output_bytes = p.add_to_logits ? 0 : elements * static_cast<int64_t>(SizeOf(p.dtype));
     POSENC_RETURN_IF_ERROR(reserve(cost));
   }

@@ -163,6 +163,10 @@ absl::StatusOr<RopePlan> PlanRope(const RopeOptions& o, const RopeTensors& t,
     PlanCost cost;
     cost.plan_bytes = ResolvedPositionsBytes(p.num_tokens, num_seq, p.num_axes) +
                       max_sets * (p.half() * 8 + 8 + 64) + num_seq * 4 + p.half() * 4;
+    // Positions, frequencies, scales and slot axes, and with several sets
+    // the per-token set index (built on the host, then staged: 8 bytes).
+    cost.device_side_bytes =
+        cost.plan_bytes + (max_sets > 1 ? 8 * p.num_tokens : 0) + 5 * kDeviceSidePadding;
     POSENC_RETURN_IF_ERROR(reserve(cost));
   }
   POSENC_ASSIGN_OR_RETURN(p.positions, ResolvePositions(layout, t.positions, p.num_axes));
