@@ -1,6 +1,7 @@
 #include "backends.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_format.h"
@@ -11,6 +12,30 @@
 #endif
 
 namespace posenc::testing {
+namespace {
+
+// The conformance variants that turn AVX-512 loops off ("avx512." and
+// "avx2.", tests/conformance/CMakeLists.txt) set
+// POSENC_TEST_SKIP_WITHOUT_AVX512: on a CPU without AVX-512 they would
+// repeat the plain run's loops exactly, so they skip, saying why. The
+// emulated twins never set it.
+class SkipRepeatsWithoutAvx512 : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    const char* skip = std::getenv("POSENC_TEST_SKIP_WITHOUT_AVX512");
+    if (skip == nullptr || std::strcmp(skip, "1") != 0) return;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return;
+#endif
+    GTEST_SKIP() << "this CPU has no AVX-512: turning its loops off changes nothing here, and "
+                    "the plain run already ran these loops";
+  }
+};
+::testing::Environment* const kSkipRepeats =
+    ::testing::AddGlobalTestEnvironment(new SkipRepeatsWithoutAvx512);
+
+}  // namespace
 
 std::unique_ptr<Backend> MakeBackend(const std::string& name) {
   if (name == "cpu") return CreateCpuBackend(3);

@@ -20,7 +20,10 @@ namespace posenc {
 struct TokenLayout {
   int64_t num_tokens = 0;
   int64_t num_sequences = 0;
-  // > 0 for padded layouts: token t belongs to sequence t / padded_seq_len.
+  // Padded layouts ([batch, seq, ...]): token t belongs to sequence
+  // t / padded_seq_len. `padded` tells them from packed ones also where
+  // seq is 0 (position_ids are then [batch, 0], not [0]).
+  bool padded = false;
   int64_t padded_seq_len = 0;
   // [num_sequences + 1] start token of each sequence; last entry == num_tokens.
   std::vector<int64_t> cu_seqlens;

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "test_tensors.h"
 
 namespace posenc {
 namespace {
@@ -56,7 +57,7 @@ TEST(DType, ElementsByRuntimeDtype) {
 }
 
 TEST(DType, ConversionsRoundToNearestEven) {
-  std::mt19937 rng(std::random_device{}());
+  std::mt19937_64& rng = testing::Rng();  // seeded, the seed printed
   std::uniform_int_distribution<uint32_t> bits;
   for (int i = 0; i < 200000; ++i) {
     // Random float bit patterns over the ranges where half is interesting.

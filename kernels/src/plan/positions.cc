@@ -27,7 +27,7 @@ absl::StatusOr<PositionIdShape> CheckPositionIdShape(const TokenLayout& layout,
                                                      const TensorView& ids, int num_axes) {
   std::vector<int64_t> want;
   std::vector<int64_t> want_broadcast;
-  if (layout.padded_seq_len > 0 || (layout.num_tokens == 0 && layout.cu_seqlens.empty())) {
+  if (layout.padded || (layout.num_tokens == 0 && layout.cu_seqlens.empty())) {
     want = {layout.num_sequences, layout.padded_seq_len};
     want_broadcast = {1, layout.padded_seq_len};
   } else {
@@ -69,6 +69,7 @@ absl::StatusOr<PositionIdShape> CheckPositionIdShape(const TokenLayout& layout,
 
 TokenLayout PaddedLayout(int64_t batch, int64_t seq_len) {
   TokenLayout l;
+  l.padded = true;
   l.num_sequences = batch;
   l.padded_seq_len = seq_len;
   l.num_tokens = batch * seq_len;

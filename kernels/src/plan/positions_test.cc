@@ -52,6 +52,29 @@ TEST(Positions, PackedSequencesAndAxes) {
   EXPECT_EQ(r->sequence_length, (std::vector<int64_t>{3, 0, 7}));
 }
 
+TEST(Positions, EmptySequencesTakePaddedPositionIds) {
+  // [batch, 0] sequences: position_ids of shape [batch, 0] (or [1, 0]), as
+  // for any other length, not the packed [0].
+  std::vector<int64_t> none;
+  PositionInputs in;
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{2, 0}, {1, 0}, {2, 0, 1}}) {
+    in.position_ids = View(none, shape);
+    auto r = ResolvePositions(PaddedLayout(2, 0), in, 1);
+    ASSERT_TRUE(r.ok()) << ShapeString(shape) << ": " << r.status();
+    EXPECT_TRUE(r->values.empty());
+    EXPECT_EQ(r->sequence_length, (std::vector<int64_t>{0, 0}));
+  }
+  in.position_ids = View(none, {0});
+  auto r = ResolvePositions(PaddedLayout(2, 0), in, 1);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("position_ids.shape must be [2, 0]"), absl::string_view::npos)
+      << r.status();
+  // A packed layout of no tokens takes [0].
+  auto packed = PackedLayout(TensorView(), 0);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  EXPECT_TRUE(ResolvePositions(*packed, in, 1).ok());
+}
+
 TEST(Positions, ErrorsNameTheField) {
   std::vector<int32_t> cu = {0, 2, 1};
   auto bad = PackedLayout(View(cu, {3}), 1);

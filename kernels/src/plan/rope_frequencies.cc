@@ -179,6 +179,10 @@ absl::Status ApplyLongRope(const RopeScaling& s, double base, int64_t R, int64_t
     case LongRopeMode::kLong:
       use_long = true;
       break;
+    default:  // a value outside the enum (a library caller's cast)
+      return absl::InvalidArgumentError(
+          absl::StrCat("scaling.longrope_mode must be BY_SEQUENCE_LENGTH, SHORT or LONG, got ",
+                       static_cast<int>(s.longrope_mode)));
   }
   const std::vector<double>& ext = use_long ? s.long_factor : s.short_factor;
   for (int64_t k = 0; k < half; ++k) {
