@@ -28,6 +28,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+scripts/install-deps.sh python3 python3-venv
 scripts/install-deps.sh clang libclang-rt-14-dev llvm-14
 export CC=clang CXX=clang++
 jobs=$(nproc)
@@ -57,21 +58,21 @@ cmake --build "$tsan" -j "$jobs" --target thread_pool_test row_cache_test rotati
   model_registry_test log_settings_test call_trace_test operations_test scratch_pool_test \
   reload_gate_test table_repository_test
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
-"$tsan"/kernels/thread_pool_test
-"$tsan"/kernels/row_cache_test
-"$tsan"/kernels/rotation_cache_test
-"$tsan"/kernels/anchor_cache_test
-"$tsan"/kernels/rope_through_test
-"$tsan"/kernels/absolute_through_test
-"$tsan"/kernels/bias_through_test
-"$tsan"/server/engine/admission_test
-"$tsan"/server/engine/scratch_pool_test
-"$tsan"/server/engine/reload_gate_test
-"$tsan"/server/engine/table_repository_test
-"$tsan"/server/kserve/model_registry_test
-"$tsan"/server/kserve/log_settings_test
-"$tsan"/server/rpc/call_trace_test
-"$tsan"/server/v1/operations_test
+timeout 600 "$tsan"/kernels/thread_pool_test
+timeout 600 "$tsan"/kernels/row_cache_test
+timeout 600 "$tsan"/kernels/rotation_cache_test
+timeout 600 "$tsan"/kernels/anchor_cache_test
+timeout 600 "$tsan"/kernels/rope_through_test
+timeout 600 "$tsan"/kernels/absolute_through_test
+timeout 600 "$tsan"/kernels/bias_through_test
+timeout 600 "$tsan"/server/engine/admission_test
+timeout 600 "$tsan"/server/engine/scratch_pool_test
+timeout 600 "$tsan"/server/engine/reload_gate_test
+timeout 600 "$tsan"/server/engine/table_repository_test
+timeout 600 "$tsan"/server/kserve/model_registry_test
+timeout 600 "$tsan"/server/kserve/log_settings_test
+timeout 600 "$tsan"/server/rpc/call_trace_test
+timeout 600 "$tsan"/server/v1/operations_test
 
 gcc_asan=${POSENC_GCC_ASAN_DIR:-build-gcc-asan}
 if ! command -v nvcc > /dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then

@@ -35,7 +35,9 @@
 #include "v1/operations.h"
 
 namespace {
-// Every flag's default: the options' own (server_options.h, engine.h).
+// Every flag's default: the options' own (server_options.h, engine.h), but
+// --metrics_listen's, which serves metrics on 0.0.0.0:8002 where the
+// options (embedded servers, tests) serve none.
 const posenc::server::ServerOptions kDefaults;
 }  // namespace
 

@@ -46,7 +46,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::StartWith(const ServerOptions& o
   const int request_threads =
       options.request_threads > 0 ? options.request_threads : std::max(2, UsableCpus());
   s->executor_ = std::make_unique<RequestExecutor>(request_threads);
-  s->v1_ = std::make_unique<PositionalEncodingService>(s->engine_.get());
+  s->v1_ = std::make_unique<PositionalEncodingService>(s->engine_.get(),
+                                                       options.transport_memory_limit());
   s->kserve_ = std::make_unique<KServeService>(s->engine_.get(), options.models);
   s->router_ = std::make_unique<CallRouter>(CallRouterOptions{
       s->engine_.get(), s->metrics_.get(), s->executor_.get(), max_message_bytes});

@@ -232,7 +232,7 @@ v1::ListTablesResponse ListTables(const Engine& engine) {
   return r;
 }
 
-v1::ServerInfo GetServerInfo(const Engine& engine) {
+v1::ServerInfo GetServerInfo(const Engine& engine, int64_t transport_bytes) {
   const EngineOptions& options = engine.options();
   v1::ServerInfo info;
   info.set_version(POSENC_VERSION);
@@ -296,6 +296,7 @@ v1::ServerInfo GetServerInfo(const Engine& engine) {
   limits->set_max_abs_position(kMaxAbsPosition);
   limits->set_max_bias_elements(kMaxBiasElements);
   limits->set_max_table_rows(kMaxTableRows);
+  limits->set_max_transport_bytes(transport_bytes);
   for (const char* op :
        {"ApplyRope", "StreamRope", "AddAbsoluteEncoding", "GetEncodingTable", "AttentionBias",
         "ListTables", "ReloadTables", "GetServerInfo", "RegisterSharedMemory",

@@ -47,7 +47,9 @@ using BeforeCompute = std::function<absl::Status()>;
 
 // The control plane's answers.
 v1::ListTablesResponse ListTables(const Engine& engine);
-v1::ServerInfo GetServerInfo(const Engine& engine);
+// `transport_bytes`: the transport's memory cap (0: none), which the engine
+// does not know.
+v1::ServerInfo GetServerInfo(const Engine& engine, int64_t transport_bytes = 0);
 
 }  // namespace posenc::server
 

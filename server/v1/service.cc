@@ -39,8 +39,9 @@ std::vector<Method> PositionalEncodingService::Methods() const {
       Method::Kind::kControlIo));
   methods.push_back(ControlMethod<v1::GetServerInfoRequest, v1::ServerInfo>(
       kPositionalEncodingService, "GetServerInfo",
-      [engine](MethodCall&, const v1::GetServerInfoRequest&, v1::ServerInfo* resp) {
-        *resp = server::GetServerInfo(*engine);
+      [engine, transport = transport_bytes_](MethodCall&, const v1::GetServerInfoRequest&,
+                                             v1::ServerInfo* resp) {
+        *resp = server::GetServerInfo(*engine, transport);
         return absl::OkStatus();
       }));
   // Shared memory, the registry KServe's SystemSharedMemory* methods use too.

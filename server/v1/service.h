@@ -17,12 +17,16 @@ namespace posenc::server {
 
 class PositionalEncodingService final : public GenericallyServed<v1::PositionalEncoding> {
  public:
-  explicit PositionalEncodingService(Engine* engine) : engine_(engine) {}
+  // `transport_bytes`: the transport's memory cap, for GetServerInfo
+  // (ServerOptions::transport_memory_limit; 0: none).
+  explicit PositionalEncodingService(Engine* engine, int64_t transport_bytes = 0)
+      : engine_(engine), transport_bytes_(transport_bytes) {}
 
   std::vector<Method> Methods() const;
 
  private:
   Engine* engine_;
+  int64_t transport_bytes_;
 };
 
 }  // namespace posenc::server

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -185,6 +186,15 @@ TEST_F(EndToEnd, AbsoluteEncodingsTablesAndBias) {
   ASSERT_EQ(table->data.size(), 64u);
   EXPECT_EQ(table->shape, (std::vector<int64_t>{4, 4}));
   EXPECT_NEAR(testing::ReadDouble(DType::kFloat32, table->data.data(), 4), 0.84147098, 1e-7);
+  for (int64_t pos = 0; pos < 4; ++pos) {  // every element, against the float64 reference
+    const std::vector<double> row =
+        reference::SinusoidalRow(SinusoidalLayout::kInterleaved, 100, 4, pos);
+    for (int64_t i = 0; i < 4; ++i) {
+      EXPECT_NEAR(testing::ReadDouble(DType::kFloat32, table->data.data(), pos * 4 + i), row[i],
+                  1e-7)
+          << pos << ", " << i;
+    }
+  }
 
   // Learned table rows come back exactly.
   AbsoluteOptions learned;
@@ -210,7 +220,9 @@ TEST_F(EndToEnd, AbsoluteEncodingsTablesAndBias) {
     }
   }
 
-  // Bias built by the server and added to caller logits agree.
+  // The bias the server builds is the ALiBi paper's (six heads: its
+  // interleaved slopes for a count that is not a power of two), causal;
+  // added to the caller's logits, it agrees.
   BiasOptions breq;
   breq.num_heads = 6;
   breq.q_len = 5;
@@ -219,6 +231,23 @@ TEST_F(EndToEnd, AbsoluteEncodingsTablesAndBias) {
   auto bias = client_->AttentionBias(breq);
   ASSERT_TRUE(bias.ok()) << bias.status();
   ASSERT_EQ(bias->slopes.size(), 6u);
+  const std::vector<double> paper = reference::PaperAlibiSlopes(6);
+  for (int h = 0; h < 6; ++h) EXPECT_NEAR(bias->slopes[h], paper[h], 1e-15 * paper[h]) << h;
+  for (int h = 0; h < 6; ++h) {
+    for (int q = 0; q < 5; ++q) {
+      const int i = 11 - 5 + q;  // the query's position: the last q_len keys'
+      for (int j = 0; j < 11; ++j) {
+        const double got =
+            testing::ReadDouble(DType::kFloat32, bias->data.data(), (h * 5 + q) * 11 + j);
+        if (j > i) {
+          EXPECT_EQ(got, -std::numeric_limits<double>::infinity()) << h << ", " << q << ", " << j;
+        } else {
+          const double want = -paper[h] * (i - j);  // then rounded to float32
+          EXPECT_NEAR(got, want, 1e-7 * std::abs(want)) << h << ", " << q << ", " << j;
+        }
+      }
+    }
+  }
   std::vector<float> logits(6 * 5 * 11, 1.0f);
   std::vector<double> slopes;
   ASSERT_TRUE(
@@ -253,6 +282,9 @@ TEST_F(EndToEnd, TablesListReloadAndInfo) {
   EXPECT_EQ(info->backends(0).kind(), v1::BACKEND_CPU);
   EXPECT_EQ(info->backends(0).threads(), 2);
   EXPECT_EQ(info->limits().max_message_bytes(), 8 << 20);
+  // The transport's cap: the budget and two messages (no --max_memory_bytes).
+  EXPECT_EQ(info->limits().max_transport_bytes(),
+            info->limits().max_inflight_bytes() + 2 * (8 << 20));
   EXPECT_EQ(info->built_with_cuda(), BuiltWithCuda());
 }
 

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "posenc/v1/posenc.grpc.pb.h"
 #include "server_process.h"
@@ -114,9 +115,13 @@ TEST(Lifecycle, DrainUnderSteadyTrafficEndsPromptlyAndRefusesWithUnavailable) {
 // A caller that sends requests on a stream and never reads the answers
 // wedges its call (the server's writes wait on flow control). SIGTERM must
 // still end the process by the drain deadline, not leave it hanging.
+// While it drains, the server says so on the health service: readiness (its
+// service's name, and "", which Kubernetes' gRPC probe and clients' health
+// checking ask) turns NOT_SERVING at once, so traffic goes elsewhere;
+// liveness stays SERVING, so the kubelet does not restart it meanwhile.
 TEST(Lifecycle, AStalledCallerCannotHoldTheServerPastItsDrainDeadline) {
   testing::ServerProcess server;
-  ASSERT_TRUE(server.Start(POSENC_SERVER_BINARY, {"--drain_seconds=2", "--log_level=info",
+  ASSERT_TRUE(server.Start(POSENC_SERVER_BINARY, {"--drain_seconds=4", "--log_level=info",
                                                   "--metrics_listen=127.0.0.1:0"}))
       << server.log_text();
   const int metrics_port = testing::MetricsPortFromLog(server);
@@ -137,17 +142,41 @@ TEST(Lifecycle, AStalledCallerCannotHoldTheServerPastItsDrainDeadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_EQ(testing::MetricValue(metrics_port, computed), 1.0) << "the message was never computed";
+  auto health = grpc::health::v1::Health::NewStub(server.NewChannel(2));
+  const auto status_of = [&](const char* service) {
+    grpc::ClientContext hc;
+    hc.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(service);
+    grpc::health::v1::HealthCheckResponse resp;
+    const grpc::Status s = health->Check(&hc, req, &resp);
+    return s.ok() ? resp.status() : grpc::health::v1::HealthCheckResponse::UNKNOWN;
+  };
+  using Health = grpc::health::v1::HealthCheckResponse;
+  for (const char* service : {"", "posenc.v1.PositionalEncoding", "liveness"}) {
+    EXPECT_EQ(status_of(service), Health::SERVING) << service << " before SIGTERM";
+  }
   const auto t0 = Clock::now();
   ASSERT_EQ(kill(server.pid(), SIGTERM), 0);
+  // The stalled stream holds the drain open for its 4 s.
+  bool not_ready = false;
+  for (const auto end = t0 + std::chrono::seconds(3); !not_ready && Clock::now() < end;) {
+    not_ready = status_of("posenc.v1.PositionalEncoding") == Health::NOT_SERVING;
+    if (!not_ready) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(not_ready) << "readiness still SERVING while draining";
+  EXPECT_EQ(status_of(""), Health::NOT_SERVING);
+  EXPECT_EQ(status_of("liveness"), Health::SERVING);
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(4)) << "seen before the drain's deadline";
   const bool exited = server.Exited(std::chrono::seconds(15));
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   ctx.TryCancel();
   ASSERT_TRUE(exited) << "the server hung on a caller that stopped reading";
-  std::printf("stalled caller: exited %.2f s after SIGTERM (--drain_seconds=2), code %d\n", seconds,
+  std::printf("stalled caller: exited %.2f s after SIGTERM (--drain_seconds=4), code %d\n", seconds,
               server.exit_code());
   // Exit code 3 says the deadline cut the drain short; the time only that
   // it did not wait far past it (loose: teardown on a loaded machine).
-  EXPECT_LT(seconds, 2 + 8.0);
+  EXPECT_LT(seconds, 4 + 8.0);
   EXPECT_EQ(server.exit_code(), 3) << "a drain cut short by its deadline exits 3";
 }
 

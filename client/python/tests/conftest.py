@@ -10,6 +10,7 @@ import os
 import pathlib
 import random
 import signal
+import socket
 import struct
 import subprocess
 import tempfile
@@ -40,6 +41,27 @@ def write_safetensors(path: pathlib.Path, tensors: dict[str, np.ndarray]) -> Non
         offset += len(data)
     head = json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+
+
+def unused_port() -> int:
+    """A port nobody listens on now, below the kernel's ephemeral range: a
+    server restarted on it finds it free, where one from the range could
+    have been handed meanwhile to any outgoing connection (as
+    tests/support/replicas.h's UnusedPort)."""
+    try:
+        low = int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(10000, max(10001, low))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no unused port below the ephemeral range")
 
 
 class ServerProcess:

@@ -13,11 +13,11 @@ import grpc
 import numpy as np
 
 import posenc
-from conftest import ServerProcess
+from conftest import ServerProcess, unused_port
 
 
 def test_unavailable_is_retried_across_a_restart():
-    first = ServerProcess()
+    first = ServerProcess(port=unused_port())
     port = first.port
     q = np.ones((1, 8, 2, 16), np.float32)
     # gRPC waits a random time in [0, backoff] before each retry; with these
