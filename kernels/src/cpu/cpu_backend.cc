@@ -74,6 +74,27 @@ class CpuBackend final : public Backend {
     const int64_t per_token =
         (plan.query_heads + (plan.has_key ? plan.key_heads : 0)) * plan.head_dim;
     if (plan.num_tokens == 0 || per_token == 0) return absl::OkStatus();
+    // Blocks go out on several threads while later ones are read: an
+    // output is its own input exactly (in place) or shares no byte with
+    // any input or the other output, else a block would read what another
+    // already wrote (the contract of RopeThrough).
+    const size_t es = SizeOf(plan.dtype);
+    const auto q_bytes =
+        static_cast<size_t>(plan.num_tokens * plan.query_heads * plan.head_dim) * es;
+    const size_t k_bytes =
+        plan.has_key ? static_cast<size_t>(plan.num_tokens * plan.key_heads * plan.head_dim) * es
+                     : 0;
+    const auto meet = [](const void* a, size_t an, const void* b, size_t bn) {
+      return an > 0 && bn > 0 && HostBytesOverlap(a, an, b, bn);
+    };
+    if ((t.query_out != t.query && meet(t.query_out, q_bytes, t.query, q_bytes)) ||
+        (t.key_out != t.key && meet(t.key_out, k_bytes, t.key, k_bytes)) ||
+        meet(t.query_out, q_bytes, t.key, k_bytes) || meet(t.key_out, k_bytes, t.query, q_bytes) ||
+        meet(t.query_out, q_bytes, t.key_out, k_bytes)) {
+      return absl::InvalidArgumentError(
+          "ApplyRopeThrough: an output overlaps an input or the other output (an output may be "
+          "its own input exactly, or lie apart from every other tensor)");
+    }
     if ((t.query_work == t.query && t.query_out != t.query) ||
         (plan.has_key && t.key_work == t.key && t.key_out != t.key)) {
       return absl::InvalidArgumentError(

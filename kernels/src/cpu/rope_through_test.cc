@@ -152,6 +152,66 @@ TEST(RopeThrough, GivesApplyRopesResultAndLeavesTheInputs) {
   }
 }
 
+// An output that partly overlaps its own input, lies on the other tensor's
+// input, or on the other output is refused before anything is written:
+// blocks on several threads would read what another had already written.
+TEST(RopeThrough, OutputsOverlappingOtherTensorsAreRefusedBeforeAnyWrite) {
+  auto cpu = CreateCpuBackend(2);
+  const Case c(RopeLayout::kBSHD, DType::kBFloat16, RopeStyle::kNeox, 2, 97, true);
+  const RopePlan plan = c.Plan();
+  const size_t qn = c.q.size(), kn = c.k.size();
+  // One arena: query, key, then room for outputs.
+  Bytes arena(2 * (qn + kn) + 256, 0);
+  const auto reset = [&] {
+    std::fill(arena.begin(), arena.end(), 0x5a);
+    std::memcpy(arena.data(), c.q.data(), qn);
+    std::memcpy(arena.data() + qn, c.k.data(), kn);
+  };
+  uint8_t* q = arena.data();
+  uint8_t* k = q + qn;
+  uint8_t* free_space = k + kn;
+  struct Bad {
+    const char* what;
+    uint8_t *query_out, *key_out;
+  };
+  const Bad cases[] = {
+      {"query_out shifted over the query", q + 64, free_space + qn},
+      {"query_out over the key", k, free_space},
+      {"key_out over the query", free_space, q + 128},
+      {"key_out over query_out", free_space, free_space + 64},
+  };
+  for (const Bad& b : cases) {
+    SCOPED_TRACE(b.what);
+    reset();
+    const Bytes before = arena;
+    RopeThrough t;
+    t.query = q;
+    t.key = k;
+    t.query_out = b.query_out;
+    t.key_out = b.key_out;
+    EXPECT_EQ(cpu->ApplyRopeThrough(plan, t, {}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(arena == before) << "written before the refusal";
+  }
+  // Both in place, and both apart: served.
+  Bytes want_q, want_k;
+  c.Expected(*cpu, &want_q, &want_k);
+  reset();
+  RopeThrough in_place;
+  in_place.query = in_place.query_out = q;
+  in_place.key = in_place.key_out = k;
+  ASSERT_TRUE(cpu->ApplyRopeThrough(plan, in_place, {}).ok());
+  EXPECT_TRUE(Bytes(q, q + qn) == want_q && Bytes(k, k + kn) == want_k);
+  reset();
+  RopeThrough apart;
+  apart.query = q;
+  apart.key = k;
+  apart.query_out = free_space;
+  apart.key_out = free_space + qn;
+  ASSERT_TRUE(cpu->ApplyRopeThrough(plan, apart, {}).ok());
+  EXPECT_TRUE(Bytes(free_space, free_space + qn) == want_q);
+  EXPECT_TRUE(Bytes(free_space + qn, free_space + qn + kn) == want_k);
+}
+
 // A tensor whose work memory is its input and output is rotated in place
 // there, beside one that goes through (KServe: key_out not asked for).
 TEST(RopeThrough, ATensorWithoutAnOutputOfItsOwnIsRotatedInPlace) {
